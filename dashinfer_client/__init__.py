@@ -1,0 +1,1 @@
+"""dashinfer-py client side: API types, config builders, model loaders, ClientEngine."""

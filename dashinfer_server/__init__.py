@@ -1,0 +1,1 @@
+"""dashinfer-py runtime: Engine, scheduler, model forward, tensor parallelism, gRPC service."""

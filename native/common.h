@@ -1,0 +1,37 @@
+/* Shared by every kernel family: ISA selection, thread count, bf16 conversion. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Kernel paths, best last. DN_ISA_AVX512 means AVX-512 F/BW/VL/DQ + BF16 (vdpbf16ps):
+ * an AVX-512 CPU without BF16 runs the AVX2 path. */
+typedef enum { DN_ISA_PORTABLE = 0, DN_ISA_AVX2 = 1, DN_ISA_AVX512 = 2 } dn_isa_t;
+
+dn_isa_t dn_isa(void);           /* the path kernels take now */
+dn_isa_t dn_isa_supported(void); /* the best path this CPU runs */
+int dn_set_isa(dn_isa_t isa);    /* 0, or -1 when the CPU lacks it */
+
+int dn_num_threads(void);        /* OpenMP threads a kernel uses */
+void dn_set_num_threads(int n);
+
+static inline float dn_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even, as torch and numpy references do; NaN stays NaN. */
+static inline uint16_t dn_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Per-function targets: gcc 12 does not know every CPU here, so no -march=native. */
+#define DN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define DN_TARGET_AVX512 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))

@@ -1,0 +1,38 @@
+/* Argument checking for the bindings: numpy arrays come in through the buffer protocol,
+ * are checked for item type, rank and contiguity, and are released on every exit path. */
+#pragma once
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define DN_MAX_ARGS 16
+
+/* The buffers one call holds; dn_done/dn_fail release them all. */
+typedef struct {
+    Py_buffer views[DN_MAX_ARGS];
+    int n;
+    const char *fn; /* the Python-visible function name, for messages */
+} dn_args;
+
+/* Item type codes (numpy buffer format characters):
+ * 'f' float32, 'H' uint16 (bf16 bits), 'B' uint8, 'b' int8, 'i' int32. */
+
+/* Take `obj` as a C-contiguous array of item type `fmt` and rank `ndim` (-1: any rank).
+ * Returns NULL with a Python exception set when it is not. */
+Py_buffer *dn_take(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim, int writable);
+
+/* As dn_take, but None gives NULL without an exception (check PyErr_Occurred()). */
+Py_buffer *dn_take_opt(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim,
+                       int writable);
+
+/* Raise `exc` with a message prefixed by the function name, release everything, return NULL. */
+PyObject *dn_fail(dn_args *a, PyObject *exc, const char *fmt, ...);
+
+/* Release everything and return `ret` (None when ret is NULL and no error is set). */
+PyObject *dn_done(dn_args *a, PyObject *ret);
+
+/* Require view->shape[dim] == want; on mismatch raise ValueError naming the argument. */
+int dn_check_dim(dn_args *a, Py_buffer *v, const char *name, int dim, Py_ssize_t want);
+
+static inline Py_ssize_t dn_numel(const Py_buffer *v) {
+    return v->itemsize ? v->len / v->itemsize : 0;
+}
