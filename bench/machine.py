@@ -1,0 +1,32 @@
+"""This machine's limits, measured: streaming read bandwidth and FMA / bf16-dot peak."""
+import numpy as np
+
+from dashinfer_server import kernels as K
+
+
+def read_bandwidth(threads: int, mbytes: int = 512, reps: int = 3) -> float:
+    """GB/s streaming a buffer far larger than the last-level cache."""
+    buf = np.ones(mbytes << 18, np.float32)
+    best = min(K.probe_read(buf, threads, reps) for _ in range(3))
+    return buf.nbytes * reps / best / 1e9
+
+
+def peak_gflops(bf16: bool, threads: int) -> float:
+    """GFLOP/s of a register-resident FMA (fp32) or vdpbf16ps (bf16) loop; one
+    vdpbf16ps on 16 lanes counts 64 flops (two multiply-adds per lane)."""
+    return max(K.probe_peak(bf16, 20_000_000, threads) for _ in range(3)) / 1e9
+
+
+def limits(threads: int = 2) -> dict:
+    return {
+        "threads": threads,
+        "bw_gbs": read_bandwidth(threads),
+        "bw_gbs_1thread": read_bandwidth(1),
+        "fp32_gflops": peak_gflops(False, threads),
+        "bf16_gflops": peak_gflops(True, threads),
+    }
+
+
+if __name__ == "__main__":
+    for key, value in limits().items():
+        print(f"{key:>16}: {value:.1f}" if isinstance(value, float) else f"{key:>16}: {value}")

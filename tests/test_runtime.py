@@ -1,0 +1,49 @@
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dashinfer_server import kernels as K
+from dashinfer_client.dtypes import from_bf16, to_bf16
+
+
+def test_isa_paths_switch_and_restore(isa):
+    assert K.isa() == isa
+
+
+def test_unknown_or_unsupported_isa_is_refused():
+    with pytest.raises(ValueError, match="unknown path"):
+        K.set_isa("sse9")
+    assert K.isa() == K.supported_isa()
+
+
+def test_env_caps_the_path():
+    code = "from dashinfer_server import kernels as K; print(K.isa())"
+    env = dict(os.environ, DASHINFER_ISA="portable")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "portable"
+
+
+def test_thread_count_is_checked():
+    before = K.num_threads()
+    K.set_num_threads(1)
+    assert K.num_threads() == 1
+    K.set_num_threads(before)
+    with pytest.raises(ValueError):
+        K.set_num_threads(0)
+
+
+def test_bf16_rounding_matches_torch():
+    import torch
+
+    x = np.random.default_rng(0).standard_normal(10000).astype(np.float32) * 1e3
+    x[:4] = [np.inf, -np.inf, np.nan, 0.0]
+    ref = torch.from_numpy(x).bfloat16().view(torch.int16).numpy().view(np.uint16)
+    ours = to_bf16(x)
+    assert np.array_equal(ours[3:], ref[3:]) and np.array_equal(ours[:2], ref[:2])
+    assert np.isnan(from_bf16(ours[2:3]))[0]
+    assert np.array_equal(from_bf16(ref[3:]), torch.from_numpy(ref[3:].view(np.int16)).view(
+        torch.bfloat16).float().numpy())
