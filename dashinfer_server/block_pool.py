@@ -1,0 +1,149 @@
+"""Paged KV-cache bookkeeping: a pool of fixed-size blocks with reference counts, and the
+prefix cache (full blocks are found again by a hash chain over their tokens).
+
+Pure policy, no tensors: the KV arrays live in kv_cache.py and are indexed by block id.
+A block is in one of three states:
+  used        ref_count > 0, owned by one or more sequences
+  cached      ref_count == 0 but its tokens are remembered (hash set): reusable as a prefix,
+              evicted least-recently-freed first when fresh blocks run out
+  free        ref_count == 0, no hash
+"""
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Block:
+    id: int
+    ref_count: int = 0
+    hash: int | None = None
+    tokens: tuple = ()
+
+
+@dataclass
+class BlockTable:
+    """The blocks of one sequence, in order; `cached_len` tokens came from the prefix cache."""
+    blocks: list = field(default_factory=list)
+    cached_len: int = 0
+    hashed: int = 0  # how many leading blocks are registered in the prefix cache
+
+
+def chain_hash(parent: int | None, tokens: tuple) -> int:
+    return hash((parent, tokens))
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"BlockPool needs num_blocks >= 1 and block_size >= 1, "
+                             f"got {num_blocks} and {block_size}")
+        self.block_size = block_size
+        self.prefix_cache = prefix_cache
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+        self.cached = OrderedDict()  # block id -> None, oldest first: the eviction order
+        self.by_hash = {}  # chain hash -> block id, for full blocks with known tokens
+
+    @property
+    def num_available(self) -> int:
+        return len(self.free_ids) + len(self.cached)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, tokens) -> int:
+        """How many leading tokens of `tokens` the cache holds (whole blocks only).
+        The last token is never matched: its logits must be computed."""
+        return len(self._matching_blocks(tokens)) * self.block_size
+
+    def allocate(self, tokens) -> BlockTable | None:
+        """A block table for a new sequence whose prompt is `tokens`: cached prefix blocks are
+        shared, fresh blocks cover the rest. None when the pool cannot hold it."""
+        shared = self._matching_blocks(tokens)
+        fresh = self.blocks_needed(len(tokens)) - len(shared)
+        reclaimable = sum(1 for b in shared if b.ref_count == 0)
+        if fresh > self.num_available - reclaimable:
+            return None
+        for b in shared:
+            self._ref(b)
+        table = BlockTable([b.id for b in shared], len(shared) * self.block_size, len(shared))
+        table.blocks += [self._take().id for _ in range(fresh)]
+        return table
+
+    def grow(self, table: BlockTable, num_tokens: int) -> bool:
+        """Make `table` hold `num_tokens` tokens; False (nothing taken) when the pool is short."""
+        extra = self.blocks_needed(num_tokens) - len(table.blocks)
+        if extra > self.num_available:
+            return False
+        table.blocks += [self._take().id for _ in range(extra)]
+        return True
+
+    def register_full_blocks(self, table: BlockTable, tokens) -> None:
+        """Remember the tokens of every block of `table` that `tokens` (the sequence so far,
+        whose KV is computed) now fills, so later prompts with this prefix reuse them."""
+        if not self.prefix_cache:
+            return
+        bs = self.block_size
+        parent = self.blocks[table.blocks[table.hashed - 1]].hash if table.hashed else None
+        while (table.hashed + 1) * bs <= len(tokens):
+            block = self.blocks[table.blocks[table.hashed]]
+            chunk = tuple(tokens[table.hashed * bs:(table.hashed + 1) * bs])
+            h = chain_hash(parent, chunk)
+            if block.hash is None and h not in self.by_hash:
+                block.hash, block.tokens = h, chunk
+                self.by_hash[h] = block.id
+            parent = h
+            table.hashed += 1
+
+    def free(self, table: BlockTable) -> None:
+        """Release a sequence's blocks; the deepest blocks become the first to be evicted."""
+        for block_id in reversed(table.blocks):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None:
+                    self.cached[block_id] = None
+                else:
+                    self.free_ids.append(block_id)
+        table.blocks = []
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (their blocks become plain free blocks)."""
+        for block_id in self.cached:
+            self._forget(self.blocks[block_id])
+            self.free_ids.append(block_id)
+        self.cached.clear()
+
+    def _matching_blocks(self, tokens) -> list:
+        if not self.prefix_cache:
+            return []
+        bs, found, parent = self.block_size, [], None
+        for start in range(0, len(tokens) - 1 - bs + 1, bs):
+            chunk = tuple(tokens[start:start + bs])
+            h = chain_hash(parent, chunk)
+            block_id = self.by_hash.get(h)
+            if block_id is None or self.blocks[block_id].tokens != chunk:
+                break
+            found.append(self.blocks[block_id])
+            parent = h
+        return found
+
+    def _ref(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self.cached[block.id]
+        block.ref_count += 1
+
+    def _take(self) -> Block:
+        if self.free_ids:
+            block = self.blocks[self.free_ids.pop()]
+        else:
+            block_id, _ = self.cached.popitem(last=False)
+            block = self.blocks[block_id]
+            self._forget(block)
+        block.ref_count = 1
+        return block
+
+    def _forget(self, block: Block) -> None:
+        if block.hash is not None and self.by_hash.get(block.hash) == block.id:
+            del self.by_hash[block.hash]
+        block.hash, block.tokens = None, ()
