@@ -78,14 +78,14 @@ class BlockPool:
         table.blocks += [self._take().id for _ in range(extra)]
         return True
 
-    def register_full_blocks(self, table: BlockTable, tokens) -> None:
-        """Remember the tokens of every block of `table` that `tokens` (the sequence so far,
-        whose KV is computed) now fills, so later prompts with this prefix reuse them."""
+    def register_full_blocks(self, table: BlockTable, tokens, num_computed: int) -> None:
+        """Remember the tokens of every block of `table` that the first `num_computed` of
+        `tokens` (those whose KV is in the cache) now fill, so later prompts reuse them."""
         if not self.prefix_cache:
             return
         bs = self.block_size
         parent = self.blocks[table.blocks[table.hashed - 1]].hash if table.hashed else None
-        while (table.hashed + 1) * bs <= len(tokens):
+        while (table.hashed + 1) * bs <= num_computed:
             block = self.blocks[table.blocks[table.hashed]]
             chunk = tuple(tokens[table.hashed * bs:(table.hashed + 1) * bs])
             h = chain_hash(parent, chunk)

@@ -8,7 +8,8 @@ import os
 # hundreds of short parallel kernels, and waking a sleeping thread costs ~35 us on this VM, so
 # threads spin between kernels; after ~GOMP_SPINCOUNT spins (a few ms) they sleep, so an idle
 # server does not burn its cores. Measured in bench/threads.py.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000000")
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "1000000"
 
 from ._native import *  # noqa: E402,F401,F403
 from . import _native  # noqa: E402

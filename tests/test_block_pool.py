@@ -26,7 +26,7 @@ def test_prefix_is_shared_after_registration():
     prompt = list(range(11))
     a = pool.allocate(prompt)
     assert pool.match_prefix(prompt) == 0  # nothing registered until the KV is computed
-    pool.register_full_blocks(a, prompt)
+    pool.register_full_blocks(a, prompt, len(prompt))
     b = pool.allocate(prompt[:10] + [99, 98])
     assert b.cached_len == 8 and b.blocks[:2] == a.blocks[:2] and b.blocks[2] != a.blocks[2]
     assert pool.blocks[a.blocks[0]].ref_count == 2
@@ -36,7 +36,7 @@ def test_last_token_is_never_matched():
     pool = BlockPool(16, 4)
     prompt = list(range(8))
     a = pool.allocate(prompt)
-    pool.register_full_blocks(a, prompt)
+    pool.register_full_blocks(a, prompt, len(prompt))
     assert pool.match_prefix(prompt) == 4  # 8 tokens: the block holding token 7 is recomputed
     assert pool.match_prefix(prompt + [8]) == 8
 
@@ -44,7 +44,7 @@ def test_last_token_is_never_matched():
 def test_different_history_does_not_match():
     pool = BlockPool(16, 4)
     a = pool.allocate(list(range(9)))
-    pool.register_full_blocks(a, list(range(9)))
+    pool.register_full_blocks(a, list(range(9)), 9)
     # same second block, different first block: the chain hash differs
     assert pool.match_prefix([7, 7, 7, 7, 4, 5, 6, 7, 8]) == 0
 
@@ -53,7 +53,7 @@ def test_freed_prefix_stays_cached_until_evicted_deepest_first():
     pool = BlockPool(4, 4)
     prompt = list(range(13))
     a = pool.allocate(prompt)  # 4 blocks
-    pool.register_full_blocks(a, prompt)
+    pool.register_full_blocks(a, prompt, len(prompt))
     first, second, third = a.blocks[:3]
     pool.free(a)
     assert pool.num_available == 4 and pool.match_prefix(prompt) == 12
@@ -69,14 +69,14 @@ def test_freed_prefix_stays_cached_until_evicted_deepest_first():
 def test_prefix_cache_off_never_shares():
     pool = BlockPool(8, 4, prefix_cache=False)
     a = pool.allocate(list(range(9)))
-    pool.register_full_blocks(a, list(range(9)))
+    pool.register_full_blocks(a, list(range(9)), 9)
     assert pool.allocate(list(range(9))).cached_len == 0
 
 
 def test_clear_cache_forgets_prefixes():
     pool = BlockPool(8, 4)
     a = pool.allocate(list(range(9)))
-    pool.register_full_blocks(a, list(range(9)))
+    pool.register_full_blocks(a, list(range(9)), 9)
     pool.free(a)
     pool.clear_cache()
     assert pool.match_prefix(list(range(9))) == 0 and pool.num_available == 8

@@ -1,0 +1,97 @@
+from dashinfer_server.block_pool import BlockPool
+from dashinfer_server.scheduler import Scheduler
+from dashinfer_server.sequence import Phase, Sequence
+
+
+def run_step(sched, new_token=7):
+    """Schedule, pretend the model ran, append a token to every sampled sequence."""
+    chunks, interrupted = sched.schedule()
+    sched.advance(chunks)
+    for c in chunks:
+        if c.sample:
+            c.seq.tokens.append(new_token)
+    return chunks, interrupted
+
+
+def test_prompt_is_chunked_by_the_token_budget_then_decodes():
+    sched = Scheduler(BlockPool(64, 4), max_batch=4, max_step_tokens=8)
+    seq = Sequence(list(range(20)), 64)
+    sched.add(seq)
+    sizes = []
+    for _ in range(5):
+        chunks, _ = run_step(sched)
+        sizes.append([(c.start, c.count, c.sample) for c in chunks])
+    assert sizes == [[(0, 8, False)], [(8, 8, False)], [(16, 4, True)], [(20, 1, True)],
+                     [(21, 1, True)]]
+    assert seq.phase == Phase.DECODE and seq.num_computed == 22
+
+
+def test_new_requests_join_running_decodes_in_the_same_step():
+    sched = Scheduler(BlockPool(64, 4), max_batch=4, max_step_tokens=16)
+    a, b = Sequence(list(range(5)), 64), Sequence(list(range(10, 16)), 64)
+    sched.add(a)
+    run_step(sched)
+    sched.add(b)
+    chunks, _ = run_step(sched)
+    assert [(c.seq, c.count) for c in chunks] == [(a, 1), (b, 6)]
+
+
+def test_max_batch_and_fifo_admission():
+    sched = Scheduler(BlockPool(64, 4), max_batch=2, max_step_tokens=100)
+    seqs = [Sequence([i] * 3, 64) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    chunks, _ = run_step(sched)
+    assert [c.seq for c in chunks] == seqs[:2]
+    sched.finish(seqs[0])
+    chunks, _ = run_step(sched)
+    assert [c.seq for c in chunks] == [seqs[1], seqs[2]]
+
+
+def test_head_of_queue_is_not_overtaken_when_the_pool_is_short():
+    sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
+    big, small = Sequence(list(range(13)), 64), Sequence([1, 2], 64)
+    running = Sequence(list(range(8)), 64)
+    sched.add(running)
+    run_step(sched)  # 2 blocks used, then a 3rd for its first decode token
+    sched.add(big)
+    sched.add(small)
+    chunks, _ = run_step(sched)
+    assert [c.seq for c in chunks] == [running]
+    assert list(sched.waiting) == [big, small]
+
+
+def test_pool_exhaustion_interrupts_the_latest_admitted():
+    sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
+    first, second = Sequence(list(range(7)), 64), Sequence(list(range(8)), 64)
+    sched.add(first)
+    sched.add(second)
+    run_step(sched)  # first: 7+1 tokens in 2 blocks; second: 8 in 2 blocks, needs a 3rd
+    chunks, interrupted = run_step(sched)
+    assert interrupted == [second] and second.phase == Phase.DONE
+    assert [c.seq for c in chunks] == [first]
+    assert sched.pool.num_available == 2  # the victim's blocks, freed
+
+
+def test_prefix_cache_skips_computed_tokens():
+    sched = Scheduler(BlockPool(64, 4), max_batch=4, max_step_tokens=100)
+    a = Sequence(list(range(10)), 64)
+    sched.add(a)
+    run_step(sched)
+    b = Sequence(list(range(9)) + [42], 64)
+    sched.add(b)
+    chunks, _ = run_step(sched)
+    assert [(c.seq, c.start, c.count) for c in chunks] == [(a, 10, 1), (b, 8, 2)]
+    assert b.table.cached_len == 8
+
+
+def test_finish_frees_blocks_and_waiting_can_be_removed():
+    pool = BlockPool(8, 4)
+    sched = Scheduler(pool, max_batch=1, max_step_tokens=100)
+    a, b = Sequence(list(range(6)), 64), Sequence(list(range(3)), 64)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)
+    sched.finish(b)
+    sched.finish(a)
+    assert not sched.has_work() and pool.num_available == 8
