@@ -1,0 +1,41 @@
+"""The KV arrays of one rank: per layer, K and V of this rank's KV heads, in blocks.
+
+Formats (AsCacheMode): bf16 bits; int8 with a scale per token per head (symmetric);
+uint4 (two per byte) with a scale and a zero point per token per head.
+"""
+import numpy as np
+
+MODES = ("bf16", "int8", "uint4")
+
+
+def bytes_per_block(mode: str, num_layers: int, num_kv_heads: int, block_size: int,
+                    head_dim: int) -> int:
+    per_token_head = {"bf16": 2 * head_dim, "int8": head_dim + 4, "uint4": head_dim // 2 + 8}[mode]
+    return 2 * num_layers * num_kv_heads * block_size * per_token_head
+
+
+class KVCache:
+    def __init__(self, mode: str, num_layers: int, num_blocks: int, num_kv_heads: int,
+                 block_size: int, head_dim: int):
+        if mode not in MODES:
+            raise ValueError(f"unknown KV cache format {mode!r}; one of {MODES}")
+        self.mode, self.num_blocks, self.block_size = mode, num_blocks, block_size
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        meta = shape[:3]
+        self.layers = []
+        for _ in range(num_layers):
+            if mode == "bf16":
+                arrays = dict(k_cache=np.zeros(shape, np.uint16), v_cache=np.zeros(shape, np.uint16))
+            elif mode == "int8":
+                arrays = dict(k_cache=np.zeros(shape, np.int8), v_cache=np.zeros(shape, np.int8),
+                              k_scale=np.zeros(meta, np.float32), v_scale=np.zeros(meta, np.float32))
+            else:
+                packed = shape[:3] + (head_dim // 2,)
+                arrays = dict(k_cache=np.zeros(packed, np.uint8), v_cache=np.zeros(packed, np.uint8),
+                              k_scale=np.zeros(meta, np.float32), v_scale=np.zeros(meta, np.float32),
+                              k_zero=np.zeros(meta, np.float32), v_zero=np.zeros(meta, np.float32))
+            self.layers.append(arrays)
+
+    def layer(self, i: int) -> dict:
+        """Keyword arguments of kv_write / attention for layer i."""
+        return self.layers[i]

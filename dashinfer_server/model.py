@@ -1,0 +1,99 @@
+"""The decoder forward of the LLaMA / Qwen2 families on one rank's shard, over the C kernels.
+
+Pre-norm blocks; the residual stream `res` is updated by the fused add of rms_norm.
+Row-parallel outputs (o_proj, down_proj) are completed by the group's allreduce; the
+vocabulary-sharded logits are gathered on rank 0. Every buffer is allocated once, for the
+largest step, and steps use leading slices of them.
+"""
+import math
+
+import numpy as np
+
+from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
+
+from . import kernels as K
+from .kv_cache import KVCache
+from .parallel import LocalGroup, Shard
+from .plan import StepPlan
+from .weights import WeightLoader
+
+
+class Workspace:
+    """Activation buffers for up to `max_tokens` tokens and `max_seqs` sampled rows."""
+
+    def __init__(self, max_tokens, max_seqs, hidden, q_width, kv_width, inter, vocab_r, vocab):
+        f = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+        self.res, self.h, self.o = f(max_tokens, hidden), f(max_tokens, hidden), f(max_tokens, hidden)
+        self.q, self.attn = f(max_tokens, q_width), f(max_tokens, q_width)
+        self.k, self.v = f(max_tokens, kv_width), f(max_tokens, kv_width)
+        self.gate_up, self.act = f(max_tokens, 2 * inter), f(max_tokens, inter)
+        self.last = f(max_seqs, hidden)
+        self.logits_r = f(max_seqs, vocab_r)
+        self.logits = f(max_seqs, vocab) if vocab != vocab_r else self.logits_r
+
+
+class DecoderModel:
+    def __init__(self, model, kv_mode: str, num_blocks: int, block_size: int, max_tokens: int,
+                 max_seqs: int, group=None):
+        self.group = group or LocalGroup()
+        cfg = self.cfg = model.config
+        self.shard = Shard(self.group.rank, self.group.world, cfg.num_attention_heads,
+                           cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size,
+                           intermediate_align=max(64, (model.quantization or {}).get("group_size") or 1))
+        self.weights = WeightLoader(model, self.shard).load()
+        d = cfg.head_dim
+        heads = self.shard.heads[1] - self.shard.heads[0]
+        kv_heads = self.shard.kv_heads[1] - self.shard.kv_heads[0]
+        inter = self.shard.intermediate[1] - self.shard.intermediate[0]
+        vocab_r = self.shard.vocab[1] - self.shard.vocab[0]
+        self.heads, self.kv_heads = heads, kv_heads
+        self.max_tokens = max_tokens
+        self.cos_sin = rope_cos_sin(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling),
+                                    cfg.max_position_embeddings)
+        self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
+        self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
+                            vocab_r, cfg.vocab_size)
+        self.scale = 1.0 / math.sqrt(d)
+
+    def forward(self, plan: StepPlan) -> np.ndarray:
+        """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
+        the workspace, valid until the next step)."""
+        cfg, w, ws = self.cfg, self.weights, self.ws
+        t, d, eps = plan.num_tokens, cfg.head_dim, cfg.rms_norm_eps
+        if t > self.max_tokens:
+            raise ValueError(f"step of {t} tokens exceeds the workspace of {self.max_tokens}")
+        res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
+        q, k, v, attn = ws.q[:t], ws.k[:t], ws.v[:t], ws.attn[:t]
+        gate_up, act = ws.gate_up[:t], ws.act[:t]
+        K.embedding(plan.token_ids, w.embedding, res)
+        for i, layer in enumerate(w.layers):
+            if i == 0:
+                K.rms_norm(res, layer.input_norm, eps, h)
+            else:
+                K.rms_norm(o, layer.input_norm, eps, h, residual=res)
+            K.linear(h, layer.q, layer.q_bias, out=q)
+            K.linear(h, layer.k, layer.k_bias, out=k)
+            K.linear(h, layer.v, layer.v_bias, out=v)
+            q3 = q.reshape(t, self.heads, d)
+            k3, v3 = k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d)
+            K.rope(q3, k3, plan.positions, self.cos_sin)
+            cache = self.kv.layer(i)
+            K.kv_write(k3, v3, plan.slots, **cache)
+            K.attention(q3, cache["k_cache"], cache["v_cache"], plan.block_tables, plan.q_offsets,
+                        plan.context_lens, attn.reshape(t, self.heads, d), self.scale,
+                        **{n: a for n, a in cache.items() if not n.endswith("cache")})
+            K.linear(attn, layer.o, out=o)
+            self.group.allreduce_(o)
+            K.rms_norm(o, layer.post_norm, eps, h, residual=res)
+            K.linear(h, layer.gate_up, out=gate_up)
+            K.silu_mul(gate_up, act)
+            K.linear(act, layer.down, out=o)
+            self.group.allreduce_(o)
+        s = len(plan.sample_rows)
+        last = ws.last[:s]
+        np.take(o, plan.sample_rows, axis=0, out=last)
+        np.take(res, plan.sample_rows, axis=0, out=h[:s])
+        K.rms_norm(last, w.final_norm, eps, last, residual=h[:s])
+        K.linear(last, w.lm_head, out=ws.logits_r[:s])
+        self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s])
+        return ws.logits[:s]

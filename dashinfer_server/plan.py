@@ -1,0 +1,51 @@
+"""The step plan: what every rank's forward needs to know about one step, as int32 arrays
+(rank 0 builds it from the scheduler's chunks and broadcasts it as is)."""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StepPlan:
+    token_ids: np.ndarray     # [T] the tokens computed this step, sequence after sequence
+    positions: np.ndarray     # [T] their positions
+    slots: np.ndarray         # [T] where their K/V go: block_id * block_size + offset
+    q_offsets: np.ndarray     # [B+1] sequence b's tokens are rows q_offsets[b]:q_offsets[b+1]
+    context_lens: np.ndarray  # [B] tokens of sequence b in the cache after this step
+    block_tables: np.ndarray  # [B, max_blocks] block ids (unused entries 0)
+    sample_rows: np.ndarray   # [S] rows whose logits are sampled (last row of a finishing chunk)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def arrays(self) -> tuple:
+        return (self.token_ids, self.positions, self.slots, self.q_offsets, self.context_lens,
+                self.block_tables, self.sample_rows)
+
+
+def build_plan(chunks, block_size: int) -> StepPlan:
+    """Chunks (scheduler.Chunk) -> StepPlan."""
+    counts = [c.count for c in chunks]
+    q_offsets = np.zeros(len(chunks) + 1, np.int32)
+    np.cumsum(counts, out=q_offsets[1:])
+    total = int(q_offsets[-1])
+    token_ids = np.empty(total, np.int32)
+    positions = np.empty(total, np.int32)
+    max_blocks = max(len(c.seq.table.blocks) for c in chunks)
+    block_tables = np.zeros((len(chunks), max_blocks), np.int32)
+    context_lens = np.empty(len(chunks), np.int32)
+    sample_rows = []
+    for b, c in enumerate(chunks):
+        lo, hi = q_offsets[b], q_offsets[b + 1]
+        token_ids[lo:hi] = c.seq.tokens[c.start:c.start + c.count]
+        positions[lo:hi] = np.arange(c.start, c.start + c.count, dtype=np.int32)
+        blocks = c.seq.table.blocks
+        block_tables[b, :len(blocks)] = blocks
+        context_lens[b] = c.start + c.count
+        if c.sample:
+            sample_rows.append(hi - 1)
+    slots = block_tables[np.repeat(np.arange(len(chunks)), counts), positions // block_size]
+    slots = (slots * block_size + positions % block_size).astype(np.int32)
+    return StepPlan(token_ids, positions, slots, q_offsets, context_lens, block_tables,
+                    np.asarray(sample_rows, np.int32))

@@ -1,0 +1,123 @@
+"""A rank's weights: its shard of every tensor, sliced from the serialized model and packed
+into the kernels' layout in memory this process touches first (so it lands on its NUMA node)."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from dashinfer_client.dtypes import from_bf16
+
+from . import kernels as K
+from .parallel import Shard
+
+
+@dataclass
+class LayerWeights:
+    input_norm: np.ndarray   # [H] f32
+    q: np.ndarray            # packed [heads_r*D, H]
+    k: np.ndarray            # packed [kv_heads_r*D, H]
+    v: np.ndarray
+    q_bias: np.ndarray | None
+    k_bias: np.ndarray | None
+    v_bias: np.ndarray | None
+    o: np.ndarray            # packed [H, heads_r*D]  (row-parallel: partial sums)
+    post_norm: np.ndarray    # [H] f32
+    gate_up: np.ndarray      # packed [2*I_r, H]: gate rows, then up rows
+    down: np.ndarray         # packed [H, I_r]     (row-parallel: partial sums)
+
+
+@dataclass
+class ModelWeights:
+    embedding: np.ndarray    # [V, H] f32 or bf16 bits (replicated)
+    layers: list
+    final_norm: np.ndarray   # [H] f32
+    lm_head: np.ndarray      # packed [V_r, H]
+
+
+def _float(t: np.ndarray) -> np.ndarray:
+    """A float tensor as the kernels take it: f32 stays, bf16 bits stay, f16 -> f32."""
+    return t.astype(np.float32) if t.dtype == np.float16 else t
+
+
+def _as_f32(t: np.ndarray) -> np.ndarray:
+    return from_bf16(t) if t.dtype == np.uint16 else np.asarray(t, np.float32)
+
+
+class WeightLoader:
+    def __init__(self, model, shard: Shard):
+        self.model, self.shard = model, shard
+        self.names = set(model.tensor_names())
+        quant = model.quantization or {}
+        self.wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
+
+    def tensor(self, name):
+        return self.model.tensor(name)
+
+    def vector(self, name, rows=None) -> np.ndarray:
+        t = self.tensor(name)
+        return np.ascontiguousarray(_as_f32(t if rows is None else t[rows[0]:rows[1]]))
+
+    def slices(self, base, rows=None, cols=None) -> tuple:
+        """(codes or float weight, scales, zeros) of base's [rows, cols] slice; scales and
+        zeros are None for a float weight."""
+        r = slice(*rows) if rows else slice(None)
+        if f"{base}.weight.qweight" not in self.names:
+            w = _float(self.tensor(f"{base}.weight"))
+            return np.ascontiguousarray(w[r, slice(*cols) if cols else slice(None)]), None, None
+        q, s, z = (self.tensor(f"{base}.weight.{p}") for p in ("qweight", "scales", "zeros"))
+        per_byte = 2 if self.wtype == "u4" else 1
+        k = q.shape[1] * per_byte
+        group = k // s.shape[1]
+        c0, c1 = cols or (0, k)
+        if c0 % group or c1 % group:
+            raise ValueError(f"{base}: shard columns {c0}:{c1} split a quantization group of {group}")
+        return (np.ascontiguousarray(q[r, c0 // per_byte:c1 // per_byte]),
+                np.ascontiguousarray(s[r, c0 // group:c1 // group], np.float32),
+                np.ascontiguousarray(z[r, c0 // group:c1 // group], np.float32))
+
+    def linear(self, *parts) -> np.ndarray:
+        """Pack one linear from parts (base, rows, cols) stacked along the output rows."""
+        pieces = [self.slices(*p) for p in parts]
+        w = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]
+        if pieces[0][1] is None:
+            return K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
+        scales = np.concatenate([p[1] for p in pieces])
+        zeros = np.concatenate([p[2] for p in pieces])
+        k = w.shape[1] * (2 if self.wtype == "u4" else 1)
+        return K.pack_linear(w, self.wtype, k // scales.shape[1], scales, zeros)
+
+    def bias(self, base, rows) -> np.ndarray | None:
+        name = f"{base}.bias"
+        return self.vector(name, rows) if name in self.names else None
+
+    def load(self) -> ModelWeights:
+        cfg, shard = self.model.config, self.shard
+        d = cfg.head_dim
+        h0, h1 = shard.heads
+        kv0, kv1 = shard.kv_heads
+        i0, i1 = shard.intermediate
+        layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}"
+            attn, mlp = f"{p}.self_attn", f"{p}.mlp"
+            q_rows, kv_rows = (h0 * d, h1 * d), (kv0 * d, kv1 * d)
+            layers.append(LayerWeights(
+                input_norm=self.vector(f"{p}.input_layernorm.weight"),
+                q=self.linear((f"{attn}.q_proj", q_rows)),
+                k=self.linear((f"{attn}.k_proj", kv_rows)),
+                v=self.linear((f"{attn}.v_proj", kv_rows)),
+                q_bias=self.bias(f"{attn}.q_proj", q_rows),
+                k_bias=self.bias(f"{attn}.k_proj", kv_rows),
+                v_bias=self.bias(f"{attn}.v_proj", kv_rows),
+                o=self.linear((f"{attn}.o_proj", None, q_rows)),
+                post_norm=self.vector(f"{p}.post_attention_layernorm.weight"),
+                gate_up=self.linear((f"{mlp}.gate_proj", (i0, i1)), (f"{mlp}.up_proj", (i0, i1))),
+                down=self.linear((f"{mlp}.down_proj", None, (i0, i1))),
+            ))
+        head = "lm_head" if "lm_head.weight" in self.names or "lm_head.weight.qweight" in self.names \
+            else "model.embed_tokens"
+        return ModelWeights(
+            embedding=np.ascontiguousarray(_float(self.tensor("model.embed_tokens.weight"))),
+            layers=layers,
+            final_norm=self.vector("model.norm.weight"),
+            lm_head=self.linear((head, shard.vocab)),
+        )
