@@ -1,4 +1,5 @@
-"""One request's state inside the engine: its tokens, its KV blocks, how far it has run."""
+"""One request's state inside the engine: its tokens, its KV blocks, how far it has run,
+and where its results go."""
 import enum
 import itertools
 import time
@@ -27,6 +28,8 @@ class Sequence:
     table: BlockTable | None = None
     num_computed: int = 0           # tokens whose K/V are in the cache
     arrival: float = field(default_factory=time.perf_counter)
+    queue: object = None            # the ResultQueue its tokens go to
+    sampling: object = None         # its sampler state (params, history, RNG)
 
     def __post_init__(self):
         if self.prompt_len < 0:
