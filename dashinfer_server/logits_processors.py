@@ -69,7 +69,7 @@ def _heaviest(w, target):
     size = 64
     while size < w.size:
         ids = top_k_indices(w, size)
-        if w[ids].sum(dtype=np.float64) > target:
+        if w[ids].sum() > target:
             return _descending(w, ids)
         size *= 16
     return _descending(w, np.arange(w.size))
@@ -91,7 +91,7 @@ def sampling_weights(row, temperature, top_k, top_p):
         w_all = np.exp((row - row.max()) / np.float32(temperature))
         if top_p >= 1.0:
             return None, w_all
-        mass = w_all.sum(dtype=np.float64)
+        mass = float(w_all.sum())
         ids = _heaviest(w_all, top_p * mass)
         w = w_all[ids].astype(np.float64)
     if top_p < 1.0:
@@ -128,7 +128,7 @@ def pick(w, u):
 def logprobs(row, token, top_n):
     """log_softmax(row) at `token`, and the top_n largest as [(id, logprob)], decreasing."""
     m = row.max()
-    lse = float(m) + float(np.log(np.exp(row - m).sum(dtype=np.float64)))
+    lse = float(m) + float(np.log(np.exp(row - m).sum()))
     top = []
     if top_n:
         ids = _descending(row, top_k_indices(row, top_n))

@@ -194,7 +194,7 @@ _EMPTY_IDS = np.empty(0, np.int64)
 class RequestSamplingState:
     """What the sampler keeps of one request between steps: its params, its tokens (prompt, then
     each sampled token appended), the token sets its penalties read, updated in O(1) per token
-    (O(n) for an n-gram), and its own random generator."""
+    (O(n) for an n-gram's prefix), and its own random generator."""
 
     def __init__(self, params, prompt_ids):
         self.params = params
@@ -205,9 +205,12 @@ class RequestSamplingState:
         self.eos_array = np.array(params.eos_token_id, np.int64)
         rep = params.repetition_penalty != 1.0
         suppress = params.suppress_repetition_in_generation
-        self._seen = _IdSet() if rep and not suppress else None
+        n = params.no_repeat_ngram_size
+        # a 1-gram ban is every token seen so far: the set the repetition penalty keeps
+        self._seen = _IdSet() if (rep and not suppress) or n == 1 else None
         self._generated = _IdSet() if params.presence_penalty != 0.0 or (rep and suppress) else None
-        self._ngrams = {} if params.no_repeat_ngram_size else None
+        # (n-1)-token prefix -> tokens that followed it; lists: most prefixes have one follower
+        self._ngrams = {} if n > 1 else None
         for t in prompt_ids:
             self._record(int(t))
 
@@ -226,10 +229,11 @@ class RequestSamplingState:
         self.tokens.append(token)
         if self._seen is not None:
             self._seen.add(token)
-        if self._ngrams is not None and len(self.tokens) >= self.params.no_repeat_ngram_size:
-            n = self.params.no_repeat_ngram_size
-            gram = self.tokens[-n:]
-            self._ngrams.setdefault(tuple(gram[:-1]), _IdSet()).add(gram[-1])
+        n = self.params.no_repeat_ngram_size
+        if self._ngrams is not None and len(self.tokens) >= n:
+            followers = self._ngrams.setdefault(tuple(self.tokens[-n:-1]), [])
+            if token not in followers:
+                followers.append(token)
 
     @property
     def repetition_ids(self):
@@ -243,10 +247,11 @@ class RequestSamplingState:
         return self._generated.ids if self._generated is not None else _EMPTY_IDS
 
     def ngram_banned_ids(self):
-        """Tokens that would complete an n-gram already present, or None."""
+        """Tokens that would complete an n-gram already present (ids to index with), or None."""
         n = self.params.no_repeat_ngram_size
-        found = self._ngrams.get(tuple(self.tokens[len(self.tokens) - (n - 1):]))
-        return found.ids if found is not None else None
+        if n == 1:
+            return self._seen.ids
+        return self._ngrams.get(tuple(self.tokens[-(n - 1):]))
 
 
 @dataclass
