@@ -1,0 +1,73 @@
+"""Sampler benchmark: microseconds per decode step (one Sampler.sample call over a batch).
+
+    PYTHONPATH=. python bench/bench_sampler.py [--vocab 49152] [--steps 100] [--repeats 3]
+
+Each request has a 512-token prompt and grows by one token a step. The logits are refreshed from
+a fixed random array before every call (sample penalizes them in place); that copy is timed apart
+and subtracted. Best of --repeats runs: other processes share the 2 cores.
+"""
+import argparse
+import json
+import time
+
+import numpy as np
+
+from dashinfer_server.sampler import RequestSamplingState, Sampler, SamplingParams
+
+PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, no_repeat_ngram_size=3,
+                 min_length=600, eos_token_id=[0, 1])
+CONFIGS = {
+    "greedy": dict(do_sample=False),
+    "greedy+penalties": dict(do_sample=False, **PENALTIES),
+    "top_k=50,top_p=0.8": dict(top_k=50, top_p=0.8, temperature=0.7),
+    "top_k=50,top_p=0.8+penalties": dict(top_k=50, top_p=0.8, temperature=0.7, **PENALTIES),
+    "top_k=50,top_p=0.8+logprobs(5)": dict(top_k=50, top_p=0.8, temperature=0.7,
+                                           logprobs=True, top_logprobs=5),
+    "top_k=0,top_p=0.8": dict(top_k=0, top_p=0.8, temperature=0.7),
+}
+
+
+def step_us(config, batch, vocab, steps, repeats):
+    rng = np.random.default_rng(0)
+    source = (rng.standard_normal((batch, vocab)) * 2.5).astype(np.float32)
+    logits = np.empty_like(source)
+    params = SamplingParams(max_length=4096, seed=1, **config)
+    sampler = Sampler()
+    best = copy_best = float("inf")
+    for _ in range(repeats):
+        states = [RequestSamplingState(params, rng.integers(0, vocab, 512).tolist())
+                  for _ in range(batch)]
+        for _ in range(3):  # warm-up
+            np.copyto(logits, source)
+            sampler.sample(logits, states)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            np.copyto(logits, source)
+        copy_best = min(copy_best, (time.perf_counter() - t0) / steps)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            np.copyto(logits, source)
+            sampler.sample(logits, states)
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return (best - copy_best) * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", default="1,8,32")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"V={args.vocab}, prompt 512, us per step (per row)")
+    print(f"{'config':32s}" + "".join(f"{'B=' + str(b):>18s}" for b in batches))
+    for name, config in CONFIGS.items():
+        cells = {b: step_us(config, b, args.vocab, args.steps, args.repeats) for b in batches}
+        print(f"{name:32s}" + "".join(f"{us:10.0f} ({us / b:4.0f})" for b, us in cells.items()))
+        print(json.dumps({"config": name, "vocab": args.vocab,
+                          **{f"B{b}_us": round(us, 1) for b, us in cells.items()}}))
+
+
+if __name__ == "__main__":
+    main()

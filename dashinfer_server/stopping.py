@@ -1,0 +1,38 @@
+"""When a request stops, decided after each new token (DashInfer's UpdateIdOp::check_finish).
+
+  eos_token_id    with early_stopping on (DashInfer's default), generating an eos id (one id or a
+                  list) finishes the request; with early_stopping off, eos is an ordinary token and
+                  the request runs to max_length (early_stopping means exactly this in DashInfer).
+  stop_words_ids  the request finishes when the token sequence (prompt + generated, as DashInfer
+                  compares it) ends with one of the stop words.
+  max_length      prompt + generated tokens reach max_length.
+  min_length      never stops a request by itself: the sampler masks eos ids until it is reached
+                  (so eos cannot come earlier), but a stop word or max_length still ends a request
+                  before min_length, as in DashInfer.
+
+The token that triggers a stop (the eos, the stop word's last token) is delivered with the others:
+the engine appends it to the output before finishing, as DashInfer does.
+"""
+from enum import Enum
+
+
+class StopReason(str, Enum):
+    EOS = "eos"
+    STOP_WORDS = "stop_words"
+    LENGTH = "length"
+
+
+def check_stop(state, new_id):
+    """Why the request must stop after `new_id`, or None. `state` already holds new_id as its
+    last token (Sampler.sample appends it)."""
+    tokens = state.tokens
+    assert tokens[-1] == new_id, "check_stop: new_id is not the state's last token"
+    params = state.params
+    if params.early_stopping and new_id in state.eos_ids:
+        return StopReason.EOS
+    for word in params.stop_words_ids:
+        if word[-1] == new_id and len(word) <= len(tokens) and tuple(tokens[-len(word):]) == word:
+            return StopReason.STOP_WORDS
+    if len(tokens) >= params.max_length:
+        return StopReason.LENGTH
+    return None

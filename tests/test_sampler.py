@@ -1,0 +1,425 @@
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+from dashinfer_server.logits_processors import pick, sampling_weights, top_k_indices
+from dashinfer_server.sampler import RequestSamplingState, Sampler, SamplingParams, validate
+
+
+def make_state(prompt, generated=(), **params):
+    state = RequestSamplingState(SamplingParams(**params), prompt)
+    for t in generated:
+        state.append(t)
+    return state
+
+
+def rand_logits(rng, batch, vocab, scale=3.0):
+    return (rng.standard_normal((batch, vocab)) * scale).astype(np.float32)
+
+
+def dense_probs(row, temperature, top_k, top_p):
+    ids, w = sampling_weights(row, temperature, top_k, top_p)
+    probs = np.zeros(row.size)
+    if ids is None:
+        probs[:] = w
+    else:
+        probs[ids] = w
+    return probs / probs.sum()
+
+
+def chi_square(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# ---------------------------------------------------------------------------- params, validate
+
+def test_from_config_reads_dicts_objects_and_hf_configs():
+    p = SamplingParams.from_config({"top_k": 7, "eos_token_id": 2, "stop_words_ids": [[3, 4]],
+                                    "seed": None, "lora_name": "ignored"})
+    assert (p.top_k, p.eos_token_id, p.stop_words_ids, p.seed) == (7, (2,), ((3, 4),), None)
+    assert p.top_p == 1.0 and p.max_length == 20 and p.early_stopping  # DashInfer defaults
+
+    q = SamplingParams.from_config(SimpleNamespace(temperature=0.5, eos_token_id=[1, 2],
+                                                   presence_penalty=0.3, logprobs=True))
+    assert (q.temperature, q.eos_token_id, q.presence_penalty, q.logprobs) == (
+        0.5, (1, 2), 0.3, True)
+
+    hf = GenerationConfig(do_sample=True, top_k=9, top_p=0.7, repetition_penalty=1.3,
+                          no_repeat_ngram_size=3, eos_token_id=[5, 6], max_length=99)
+    h = SamplingParams.from_config(hf)
+    assert (h.top_k, h.top_p, h.repetition_penalty, h.no_repeat_ngram_size, h.eos_token_id,
+            h.max_length) == (9, 0.7, 1.3, 3, (5, 6), 99)
+    assert SamplingParams.from_config(h) == h
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("do_sample", "yes", "do_sample must be a bool"),
+    ("top_k", 1.5, "top_k must be an integer"),
+    ("temperature", "hot", "temperature must be a number"),
+    ("eos_token_id", [1, "x"], "eos_token_id must be an integer"),
+    ("stop_words_ids", [1, 2], "stop_words_ids must be a list of lists"),
+    ("seed", 0.5, "seed must be an integer"),
+    ("max_length", True, "max_length must be an integer"),
+])
+def test_params_refuse_wrong_types(key, value, words):
+    with pytest.raises(ValueError, match=words):
+        SamplingParams.from_config({key: value})
+
+
+def test_validate_accepts_a_full_config():
+    p = SamplingParams(do_sample=True, temperature=0.7, top_k=40, top_p=0.9,
+                       repetition_penalty=1.1, presence_penalty=-0.5, no_repeat_ngram_size=3,
+                       min_length=5, max_length=100, eos_token_id=[0, 99], stop_words_ids=[[1, 2]],
+                       seed=2**64 - 1, logprobs=True, top_logprobs=10)
+    validate(p, vocab_size=100, prompt_len=99)
+    validate(SamplingParams(do_sample=False, temperature=0.0), vocab_size=100)
+
+
+@pytest.mark.parametrize("params,words", [
+    (dict(temperature=0.0), "temperature must be a positive"),
+    (dict(temperature=float("nan")), "temperature must be a positive"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_p=0.0), "top_p must be in"),
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be a positive"),
+    (dict(presence_penalty=float("inf")), "presence_penalty must be a finite"),
+    (dict(length_penalty=1.2), "length_penalty=1.2 is not supported"),
+    (dict(no_repeat_ngram_size=-2), "no_repeat_ngram_size must be >= 0"),
+    (dict(max_length=0, min_length=0), "max_length must be >= 1"),
+    (dict(min_length=30, max_length=20), "min_length must be in 0..max_length"),
+    (dict(eos_token_id=[3, 100]), "eos_token_id .* outside the vocabulary"),
+    (dict(eos_token_id=-1), "eos_token_id .* outside the vocabulary"),
+    (dict(stop_words_ids=[[1], []]), "empty stop word"),
+    (dict(stop_words_ids=[[1, 100]]), "stop_words_ids has an id outside"),
+    (dict(seed=-1), "seed must be in"),
+    (dict(logprobs=True, top_logprobs=11), "top_logprobs must be in 0..10"),
+    (dict(top_logprobs=3), "needs logprobs=True"),
+])
+def test_validate_refuses_out_of_range(params, words):
+    with pytest.raises(ValueError, match=words):
+        validate(SamplingParams(**params), vocab_size=100)
+
+
+def test_validate_refuses_a_prompt_that_fills_max_length():
+    with pytest.raises(ValueError, match="leaves no room"):
+        validate(SamplingParams(max_length=10), vocab_size=100, prompt_len=10)
+
+
+# ---------------------------------------------------------------------------- penalties
+
+def test_greedy_batch_is_argmax():
+    rng = np.random.default_rng(0)
+    logits = rand_logits(rng, 6, 777)
+    states = [make_state([1], do_sample=False) for _ in range(6)]
+    assert np.array_equal(Sampler().sample(logits.copy(), states).ids, logits.argmax(axis=1))
+
+
+def test_repetition_penalty_changes_greedy_choice_by_the_hf_formula():
+    logits = np.array([[3.0, 2.5, -1.0, 0.5]], np.float32)
+    plain = Sampler().sample(logits.copy(), [make_state([0, 2], do_sample=False)])
+    assert plain.ids[0] == 0
+    penalized = logits.copy()
+    out = Sampler().sample(penalized, [make_state([0, 2], do_sample=False,
+                                                  repetition_penalty=1.5)])
+    assert out.ids[0] == 1  # 3.0 / 1.5 = 2.0 < 2.5
+    np.testing.assert_allclose(penalized[0], [2.0, 2.5, -1.5, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("suppress", [False, True])
+def test_repetition_penalty_matches_transformers(suppress):
+    rng = np.random.default_rng(1)
+    vocab = 300
+    for trial in range(5):
+        prompt = rng.integers(0, vocab, 40).tolist()
+        generated = rng.integers(0, vocab, 25).tolist() + prompt[:5]
+        logits = rand_logits(rng, 1, vocab)
+        ours = logits.copy()
+        Sampler().sample(ours, [make_state(prompt, generated, do_sample=False,
+                                           repetition_penalty=1.7,
+                                           suppress_repetition_in_generation=suppress)])
+        hf = RepetitionPenaltyLogitsProcessor(1.7, prompt_ignore_length=len(prompt) if suppress
+                                              else None)
+        ref = hf(torch.tensor([prompt + generated]), torch.from_numpy(logits.copy())).numpy()
+        np.testing.assert_allclose(ours, ref, rtol=1e-6)
+
+
+def test_suppress_repetition_in_generation_spares_the_prompt():
+    logits = np.full((1, 6), 1.0, np.float32)
+    Sampler().sample(logits, [make_state([0, 1], [2], do_sample=False, repetition_penalty=2.0,
+                                         suppress_repetition_in_generation=True)])
+    np.testing.assert_allclose(logits[0], [1.0, 1.0, 0.5, 1.0, 1.0, 1.0])
+
+
+def test_presence_penalty_subtracts_once_from_generated_tokens_only():
+    logits = np.array([[2.0, 1.9, 1.0, -1.0, 0.0]], np.float32)
+    state = make_state([0], [1, 1, 3, 1], do_sample=False, presence_penalty=0.5)
+    out = Sampler().sample(logits, [state])
+    np.testing.assert_allclose(logits[0], [2.0, 1.4, 1.0, -1.5, 0.0])
+    assert out.ids[0] == 0
+    logits = np.array([[1.9, 2.0, 1.0]], np.float32)
+    assert Sampler().sample(logits, [make_state([2], [1], do_sample=False,
+                                                presence_penalty=0.2)]).ids[0] == 0
+
+
+@pytest.mark.parametrize("tokens,n,banned", [
+    ([1, 2, 3, 1, 2], 3, {3}),
+    ([1, 2, 3, 1, 2], 2, {3}),
+    ([1, 2, 1, 3, 1], 2, {2, 3}),
+    ([1, 2, 3, 4], 3, set()),
+    ([4, 4, 4], 3, {4}),
+    ([5, 1, 5], 1, {1, 5}),
+])
+def test_no_repeat_ngram_bans_exactly_the_completing_tokens(tokens, n, banned):
+    logits = np.zeros((1, 8), np.float32)
+    Sampler().sample(logits, [make_state(tokens[:2], tokens[2:], do_sample=False,
+                                         no_repeat_ngram_size=n)])
+    assert set(np.flatnonzero(np.isneginf(logits[0]))) == banned
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_no_repeat_ngram_matches_transformers(n):
+    rng = np.random.default_rng(n)
+    vocab = 6
+    for trial in range(20):
+        tokens = rng.integers(0, vocab, rng.integers(1, 30)).tolist()
+        split = rng.integers(0, len(tokens)) + 1
+        logits = rand_logits(rng, 1, vocab)
+        ours = logits.copy()
+        Sampler().sample(ours, [make_state(tokens[:split], tokens[split:], do_sample=False,
+                                           no_repeat_ngram_size=n)])
+        ref = NoRepeatNGramLogitsProcessor(n)(torch.tensor([tokens]),
+                                              torch.from_numpy(logits.copy())).numpy()
+        np.testing.assert_array_equal(ours, ref)
+
+
+def test_min_length_masks_every_eos_until_reached_as_transformers():
+    rng = np.random.default_rng(3)
+    eos = [2, 5]
+    hf = MinLengthLogitsProcessor(6, eos)
+    for length in range(2, 9):
+        logits = rand_logits(rng, 1, 10)
+        ours = logits.copy()
+        Sampler().sample(ours, [make_state(list(range(length)), do_sample=False, min_length=6,
+                                           max_length=20, eos_token_id=eos)])
+        ref = hf(torch.zeros((1, length), dtype=torch.long), torch.from_numpy(logits)).numpy()
+        np.testing.assert_array_equal(ours, ref)
+        assert np.isneginf(ours[0, eos]).all() == (length < 6)
+
+
+# ---------------------------------------------------------------------------- selection
+
+@pytest.mark.parametrize("vocab", [100, 49152, 50001])
+@pytest.mark.parametrize("k", [1, 50, 128, 129, 2000])
+def test_top_k_indices_are_exact(vocab, k):
+    rng = np.random.default_rng(vocab + k)
+    x = rand_logits(rng, 1, vocab)[0]
+    x[rng.integers(0, vocab, vocab // 3)] = -np.inf
+    got = top_k_indices(x, k)
+    assert got.size == min(k, vocab) and len(set(got.tolist())) == got.size
+    assert np.sort(x[got])[0] >= np.sort(x)[-min(k, vocab)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (0.7, 50, 0.8), (1.3, 0, 0.9), (1.0, 20, 1.0), (0.5, 0, 1.0), (1.0, 0, 0.3),
+    (2.0, 400, 0.95), (1.0, 1, 0.5)])
+@pytest.mark.parametrize("vocab,scale", [(500, 3.0), (49152, 6.0)])
+def test_sampling_distribution_matches_transformers_warpers(temperature, top_k, top_p, vocab,
+                                                            scale):
+    rng = np.random.default_rng(vocab)
+    row = rand_logits(rng, 1, vocab, scale)[0]
+    scores = torch.from_numpy(row.copy()[None].astype(np.float64))
+    for warper in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k or vocab),
+                   TopPLogitsWarper(top_p)):
+        scores = warper(None, scores)
+    ref = torch.softmax(scores, dim=-1)[0].numpy()
+    ours = dense_probs(row, temperature, top_k, top_p)
+    # same support, except probabilities below float32's range (< 1e-38) that underflow to 0
+    assert not (ours > 0)[ref == 0].any() and (ours > 0)[ref > 1e-30].all()
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-9)
+
+
+def test_top_p_keeps_exactly_the_nucleus_when_sampling():
+    probs = np.array([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.01, 0.01])
+    # cumulative 0.40, 0.65, 0.80 > 0.75: the nucleus is the first three tokens
+    row = np.log(probs).astype(np.float32)
+    batch, steps = 200, 100
+    states = [make_state([0], seed=s, top_k=0, top_p=0.75) for s in range(batch)]
+    counts = np.zeros(8)
+    sampler = Sampler()
+    for _ in range(steps):
+        out = sampler.sample(np.repeat(row[None], batch, axis=0), states)
+        counts += np.bincount(out.ids, minlength=8)
+    assert counts[3:].sum() == 0
+    assert chi_square(counts[:3], probs[:3] / probs[:3].sum()) < 20.0  # df 2: p ~ 5e-5
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_temperature_sets_the_predicted_entropy_and_frequencies(temperature):
+    row = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
+    expected = np.exp(row / temperature) / np.exp(row / temperature).sum()
+    probs = dense_probs(row, temperature, 0, 1.0)
+    entropy = -(probs * np.log(probs)).sum()
+    assert math.isclose(entropy, -(expected * np.log(expected)).sum(), rel_tol=1e-6)
+    base = dense_probs(row, 1.0, 0, 1.0)
+    assert (entropy > -(base * np.log(base)).sum()) == (temperature > 1)
+    states = [make_state([0], seed=s, temperature=temperature, top_k=0) for s in range(100)]
+    counts = np.zeros(6)
+    for _ in range(100):
+        counts += np.bincount(Sampler().sample(np.repeat(row[None], 100, axis=0), states).ids,
+                              minlength=6)
+    assert chi_square(counts, expected) < 30.0  # df 5: p ~ 1.5e-5
+
+
+def test_pick_inverts_the_cdf_and_never_picks_a_zero_weight():
+    rng = np.random.default_rng(4)
+    for size in (7, 1000, 49152):
+        w = rng.random(size).astype(np.float32)
+        w[rng.random(size) < 0.5] = 0
+        cdf = np.cumsum(w, dtype=np.float64)
+        for u in np.concatenate((rng.random(200), [0.0, np.nextafter(1.0, 0)])):
+            i = pick(w, u)
+            assert w[i] > 0
+            assert cdf[i] - w[i] <= u * cdf[-1] * (1 + 1e-9) and u * cdf[-1] <= cdf[i] * (1 + 1e-9)
+
+
+def test_full_vocabulary_sampling_frequencies():
+    vocab = 3000
+    row = np.full(vocab, -30.0, np.float32)
+    hot = [5, 700, 1024, 2999]
+    row[hot] = np.log([0.1, 0.2, 0.3, 0.4])
+    states = [make_state([0], seed=s, top_k=0) for s in range(100)]
+    counts = np.zeros(vocab)
+    for _ in range(50):
+        counts += np.bincount(Sampler().sample(np.repeat(row[None], 100, axis=0), states).ids,
+                              minlength=vocab)
+    assert counts.sum() == counts[hot].sum()
+    assert chi_square(counts[hot], np.array([0.1, 0.2, 0.3, 0.4])) < 25.0
+
+
+def test_top_k_sampling_stays_in_the_top_k():
+    rng = np.random.default_rng(5)
+    row = rand_logits(rng, 1, 49152, 1.0)[0]
+    top = set(np.argsort(row)[-50:].tolist())
+    states = [make_state([0], seed=s, top_k=50) for s in range(40)]
+    seen = set()
+    for _ in range(5):
+        seen |= set(Sampler().sample(np.repeat(row[None], 40, axis=0), states).ids.tolist())
+    assert seen <= top and len(seen) > 25
+
+
+def test_top_k_1_equals_greedy():
+    rng = np.random.default_rng(6)
+    logits = rand_logits(rng, 8, 1000)
+    states = [make_state([0], seed=s, top_k=1, temperature=0.3 + s) for s in range(8)]
+    assert np.array_equal(Sampler().sample(logits.copy(), states).ids, logits.argmax(axis=1))
+
+
+# ---------------------------------------------------------------------------- seeds
+
+def test_same_seed_same_tokens_alone_and_inside_any_batch():
+    rng = np.random.default_rng(7)
+    steps, vocab = 16, 2000
+    stream = rand_logits(rng, steps, vocab, 1.0)
+    mine = dict(seed=1234, top_k=0, top_p=0.95, temperature=1.1, repetition_penalty=1.2)
+
+    alone = make_state([1, 2, 3], **mine)
+    solo = [Sampler().sample(stream[t][None].copy(), [alone]).ids[0] for t in range(steps)]
+
+    others = [make_state([4], seed=9, top_k=5), make_state([5, 6], do_sample=False),
+              make_state([7], seed=1234, top_k=40), make_state([8], seed=1, top_p=0.5)]
+    batched_state = make_state([1, 2, 3], **mine)
+    batched = []
+    for t in range(steps):
+        batch = others[:2] + [batched_state] + others[2:]
+        logits = rand_logits(rng, 5, vocab, 1.0)
+        logits[2] = stream[t]
+        batched.append(Sampler().sample(logits, batch).ids[2])
+    assert solo == batched
+
+    other_seed = make_state([1, 2, 3], **{**mine, "seed": 4321})
+    differs = [Sampler().sample(stream[t][None].copy(), [other_seed]).ids[0] for t in range(steps)]
+    assert differs != solo
+
+
+def test_each_sampled_token_draws_exactly_one_number():
+    state = make_state([0], seed=99, top_k=3, top_p=0.9)
+    greedy = make_state([0], seed=99, do_sample=False)
+    logits = rand_logits(np.random.default_rng(8), 2, 600)
+    for _ in range(5):
+        Sampler().sample(logits.copy(), [state, greedy])
+    reference = np.random.default_rng(99)
+    reference.random(5)
+    assert state.rng.random() == reference.random()
+    assert greedy.rng.random() == np.random.default_rng(99).random()
+
+
+# ---------------------------------------------------------------------------- logprobs
+
+def log_softmax64(row):
+    row = row.astype(np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
+
+
+def test_logprobs_equal_a_log_softmax_reference_of_the_penalized_logits():
+    rng = np.random.default_rng(9)
+    vocab = 49152
+    logits = rand_logits(rng, 3, vocab)
+    prompt = rng.integers(0, vocab, 30).tolist()
+    states = [make_state(prompt, do_sample=False, repetition_penalty=1.3, logprobs=True,
+                         top_logprobs=5),
+              make_state(prompt, seed=3, temperature=0.5, top_k=20, logprobs=True,
+                         top_logprobs=10),
+              make_state(prompt, seed=3)]
+    penalized = logits.copy()
+    penalized[0] = RepetitionPenaltyLogitsProcessor(1.3)(
+        torch.tensor([prompt]), torch.from_numpy(logits[:1].copy())).numpy()[0]
+    out = Sampler().sample(logits.copy(), states)
+    for r, n in ((0, 5), (1, 10)):
+        ref = log_softmax64(penalized[r])  # before temperature, as DashInfer reports them
+        assert math.isclose(out.token_logprobs[r], ref[out.ids[r]], abs_tol=1e-5)
+        top = out.top_logprobs[r]
+        assert len(top) == n
+        assert [i for i, _ in top] == np.argsort(-ref)[:n].tolist()
+        np.testing.assert_allclose([lp for _, lp in top], np.sort(ref)[::-1][:n], atol=1e-5)
+    assert np.isnan(out.token_logprobs[2]) and out.top_logprobs[2] is None
+
+
+def test_logprobs_without_top_logprobs_and_independent_of_temperature():
+    row = np.array([[1.0, 2.0, 0.5, -1.0]], np.float32)
+    hot = Sampler().sample(row.copy(), [make_state([0], seed=1, top_k=1, temperature=5.0,
+                                                   logprobs=True)])
+    cold = Sampler().sample(row.copy(), [make_state([0], seed=1, top_k=1, temperature=0.1,
+                                                    logprobs=True)])
+    assert hot.top_logprobs == [[]] and hot.ids[0] == cold.ids[0] == 1
+    assert hot.token_logprobs[0] == cold.token_logprobs[0]
+    assert math.isclose(hot.token_logprobs[0], log_softmax64(row[0])[1], abs_tol=1e-6)
+
+
+# ---------------------------------------------------------------------------- contract
+
+def test_sample_appends_the_new_tokens_to_the_history():
+    states = [make_state([3, 4], do_sample=False), make_state([5], seed=0)]
+    logits = rand_logits(np.random.default_rng(10), 2, 50)
+    out = Sampler().sample(logits, states)
+    assert states[0].tokens == [3, 4, out.ids[0]] and states[1].tokens == [5, out.ids[1]]
+    assert states[0].num_generated == 1 and states[0].prompt_len == 2
+
+
+@pytest.mark.parametrize("logits,words", [
+    (np.zeros((1, 10), np.float64), "float32"),
+    (np.zeros(10, np.float32), r"\[B, V\]"),
+    (np.zeros((10, 2), np.float32).T, "C-contiguous"),
+    (np.zeros((3, 10), np.float32), "3 logits rows for 1 requests"),
+    ([[0.0] * 10], "float32"),
+])
+def test_sample_refuses_bad_logits(logits, words):
+    with pytest.raises((TypeError, ValueError), match=words):
+        Sampler().sample(logits, [make_state([0])])
