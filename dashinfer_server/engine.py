@@ -118,7 +118,7 @@ class Engine:
             seq = Sequence(ids, gen.max_length)
             seq.queue = ResultQueue(str(seq.handle))
             seq.queue.update_stats(context_token_length=len(ids))
-            seq.sampling = RequestSamplingState(self._sampling_params(gen), ids, m.model.config.vocab_size)
+            seq.sampling = RequestSamplingState(self._sampling_params(gen), ids)
             m.requests[seq.handle] = seq
             m.runner.submit(seq)
             out["handle"], out["queue"] = seq.handle, seq.queue
@@ -264,7 +264,7 @@ class Engine:
                               f"{prompt_len}-token prompt")
         from .sampler import validate
         try:
-            validate(Engine._sampling_params(gen), m.model.config.vocab_size)
+            validate(Engine._sampling_params(gen), m.model.config.vocab_size, prompt_len)
         except ValueError as e:
             raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
         return gen

@@ -123,8 +123,7 @@ class ModelRunner:
         for row, seq in enumerate(sampled):
             token = int(result.ids[row])
             first = seq.num_generated == 0
-            seq.tokens.append(token)
-            seq.sampling.append(token)
+            seq.tokens.append(token)  # the sampler has appended it to its own history
             if first:
                 seq.queue.set_status(GenerateRequestStatus.ContextFinished)
             if result.top_logprobs is not None and seq.sampling.params.logprobs:
