@@ -7,6 +7,8 @@ module stays cheap. The engine's tests build their models with these too.
 import json
 import os
 
+import numpy as np
+
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=272, max_position_embeddings=512, rms_norm_eps=1e-6)
 # 9 query heads over 3 KV heads (SmolLM2's ratio): the uneven tensor-parallel split.
@@ -168,3 +170,83 @@ def _gguf_version(gguf):
         return version("gguf")
     except Exception:
         return getattr(gguf, "__version__", "unknown")
+
+
+def _llama_cpp_permute(w, n_head, n_kv_head):
+    """llama.cpp's converter permutation of LLaMA Q/K rows (convert_hf_to_gguf.py LlamaModel.permute)."""
+    if n_head != n_kv_head:
+        n_head = n_kv_head
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+
+
+def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
+    """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA or Qwen2) and return its path.
+
+    quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
+    the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata.
+    """
+    import gguf
+    from safetensors.numpy import load_file
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    arch = cfg["model_type"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    writer = gguf.GGUFWriter(str(gguf_path), arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    theta = rope_theta or (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
+    writer.add_rope_freq_base(theta)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    with open(os.path.join(hf_dir, "tokenizer.json")) as f:
+        vocab = json.load(f)["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
+    tokens += [f"<|unused{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS or t.startswith("<|unused")
+                            else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives (none) from scores
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    writer.add_chat_template(CHATML)
+    for name, w in tensors.items():
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gname = "output.weight"
+        else:
+            layer, rest = name[len("model.layers."):].split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            gname = f"blk.{layer}.{_GGUF_BLOCK[module]}.{kind}"
+        if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
+            w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
+        if quant_type and w.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[quant_type]
+            writer.add_tensor(gname, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gname, np.ascontiguousarray(w, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(gguf_path)
