@@ -287,6 +287,8 @@ def test_bad_data_type_and_quant_options(llama_dir):
                                  customized_quant_config={"quant_method": "instant_quant", "weight_format": "fp8_e4m3"})
     with pytest.raises(ModelSerializerException, match="not supported by this runtime: lora_cfg"):
         loader.serialize_to_path(None, "/nonexistent-never-written", lora_cfg={"x": 1})
+    with pytest.raises(ModelSerializerException, match="load_format='pt' is not supported"):
+        HuggingFaceModel(llama_dir, "tiny").load_model(load_format="pt")
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +322,7 @@ def test_bad_asparam_header(serialized, tmp_path):
     out = copy_serialized(serialized, tmp_path)
     path = os.path.join(out, "tiny.asparam")
     with open(path, "r+b") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        f.seek(8)
+        f.seek(8)  # the JSON header starts after its 8-byte length
         f.write(b"{not json")
     with pytest.raises(ModelSerializerException, match=r"bad safetensors header in .*tiny.asparam: not valid JSON"):
         DashInferModel(out, "tiny")
@@ -402,11 +403,23 @@ def test_quantize_lm_head_option(llama_dir, tmp_path):
     assert "lm_head.weight" in model.quantization["quantized"] and "lm_head.weight.qweight" in model.tensor_names()
 
 
-def test_quant_group_must_divide(llama_dir, tmp_path):
+def test_failed_conversion_leaves_previous_model(llama_dir, tmp_path, monkeypatch):
+    serialize(llama_dir, tmp_path)
     cfg = {"quant_method": "instant_quant", "weight_format": "int8", "group_size": 48}
     with pytest.raises(ModelSerializerException, match="input size 64 is not divisible by group_size 48"):
         serialize(llama_dir, tmp_path, enable_quant=True, customized_quant_config=cfg)
-    assert not os.path.exists(tmp_path / "tiny.asgraph")
+    from dashinfer_client.model import hf
+
+    def broken_fetch(self, name):
+        if name.endswith("down_proj.weight"):
+            raise OSError("disk on fire")
+        return original_fetch(self, name)
+    original_fetch = hf.HFWeights.fetch
+    monkeypatch.setattr(hf.HFWeights, "fetch", broken_fetch)
+    with pytest.raises(OSError, match="disk on fire"):
+        serialize(llama_dir, tmp_path, dtype="bfloat16")
+    model = DashInferModel(str(tmp_path), "tiny")
+    assert model.quantization is None and model.dtype == "float32"
     assert not glob.glob(str(tmp_path / "*.tmp-*"))
 
 
@@ -534,3 +547,28 @@ def test_gguf_bad_inputs(tmp_path):
     writer.close()
     with pytest.raises(ModelSerializerException, match="GGUF architecture 'gpt2' .* is not supported"):
         GGUFModel(str(tmp_path / "gpt2.gguf"), "x").read_model_config()
+
+
+def test_memory_serialization_removed_at_exit(llama_dir):
+    import subprocess
+    import sys
+    script = ("import sys; from dashinfer_client.model import HuggingFaceModel; "
+              "m = HuggingFaceModel(sys.argv[1], 'tiny', in_memory_serialize=True, progress=False); "
+              "m.load_model().serialize_to_memory(None); print(m.model_output_dir)")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", script, llama_dir], capture_output=True, text=True, env=env, check=True)
+    temp_dir = done.stdout.strip()
+    assert temp_dir.startswith(tempfile_root()) and not os.path.exists(temp_dir)
+
+
+def tempfile_root():
+    import tempfile
+    return tempfile.gettempdir()
+
+
+def test_progress_and_quiet(llama_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DASHINFER_QUIET", "1")
+    HuggingFaceModel(llama_dir, "tiny").load_model().serialize_to_path(None, str(tmp_path / "a"))
+    assert capsys.readouterr().err == ""
+    HuggingFaceModel(llama_dir, "tiny").load_model().serialize_to_path(None, str(tmp_path / "b"), progress=True)
+    assert "Model tiny serialized to" in capsys.readouterr().err

@@ -196,11 +196,13 @@ class SafetensorsWriter:
         self._pending.discard(name)
 
     def close(self):
+        """Close the file; raises if a tensor of the layout was never written."""
         self._file.close()
         if self._pending:
             raise ValueError(f"{self.path}: tensors never written: {sorted(self._pending)[:5]}")
 
     def abort(self):
+        """Close the file after a failure (the caller removes it)."""
         self._file.close()
 
 

@@ -97,25 +97,63 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
 
     fetch(name) -> (numpy array, source dtype code) gives each HF-named tensor of weight_shapes(config)
     in its checkpoint dtype; save_tokenizer(dir) writes the tokenizer files and returns True, or False
-    when the source has none.
+    when the source has none. Everything is written under temporary names first; on any error they
+    are removed and an existing model of the same prefix is left as it was.
     """
     import time
     begin = time.time()
     if dtype not in DTYPES:
         raise ModelSerializerException(f"unsupported data type {dtype!r}: use one of {', '.join(DTYPES)}")
     os.makedirs(model_dir, exist_ok=True)
-    shapes = weight_shapes(config)
     quantization = None
     if quant_settings is not None:
         quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
                         "group_size": quant_settings.group_size,
                         "quantized": quant_settings.quantized_names(config.num_hidden_layers,
-                                                                    "lm_head.weight" in shapes)}
+                                                                    not config.tie_word_embeddings)}
     manifest = expected_tensors(config, dtype, quantization)
+    tok_name = tokenizer_dir_name(prefix)
+    final = {"tok": os.path.join(model_dir, tok_name), "param": param_path(model_dir, prefix),
+             "graph": graph_path(model_dir, prefix)}
+    temp = {key: path + f".tmp-{os.getpid()}" for key, path in final.items()}
+    try:
+        _remove(temp["tok"])
+        os.makedirs(temp["tok"])
+        has_tokenizer = save_tokenizer(temp["tok"])
+        stats = _write_params(temp["param"], manifest, config, dtype, quant_settings, quantization, fetch,
+                              model_name, progress)
+        graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
+                 "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
+                 "tensors": {n: {"dtype": c, "shape": list(s)} for n, (c, s) in manifest.items()},
+                 "generation_config": generation_config, "tokenizer": tok_name if has_tokenizer else None}
+        with open(temp["graph"], "w") as f:
+            json.dump(graph, f, indent=1)
+    except BaseException:
+        for path in temp.values():
+            _remove(path)
+        raise
+    _remove(final["graph"])  # a stale .asgraph must never describe the new .asparam
+    os.replace(temp["param"], final["param"])
+    _remove(final["tok"])
+    if has_tokenizer:
+        os.replace(temp["tok"], final["tok"])
+    else:
+        _remove(temp["tok"])
+    os.replace(temp["graph"], final["graph"])
+    report = {"model_dir": model_dir, "prefix": prefix, "dtype": dtype,
+              "asparam_bytes": os.path.getsize(final["param"]), "asgraph_bytes": os.path.getsize(final["graph"]),
+              "seconds": round(time.time() - begin, 3), "quantization": None}
+    if quantization:
+        report["quantization"] = {"weight_format": quant_settings.weight_format,
+                                  "group_size": quant_settings.group_size, **stats.summary()}
+    return report
+
+
+def _write_params(path, manifest, config, dtype, quant_settings, quantization, fetch, model_name, progress):
+    """The .asparam, one source tensor in memory at a time; returns the quantization error stats."""
+    shapes = weight_shapes(config)
     quantized = set(quantization["quantized"]) if quantization else set()
-    tag = f".tmp-{os.getpid()}"
-    param_tmp = param_path(model_dir, prefix) + tag
-    writer = SafetensorsWriter(param_tmp, [(n, c, s) for n, (c, s) in manifest.items()],
+    writer = SafetensorsWriter(path, [(n, c, s) for n, (c, s) in manifest.items()],
                                metadata={"format": FORMAT, "model_name": model_name})
     stats = QuantErrorStats()
     try:
@@ -132,39 +170,11 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
                     writer.write(f"{name}.{part}", value)
             else:
                 writer.write(name, convert_dtype(array, code, dtype))
-        writer.close()
     except BaseException:
         writer.abort()
-        _remove(param_tmp)
         raise
-    tok_name = tokenizer_dir_name(prefix)
-    tok_tmp = os.path.join(model_dir, tok_name + tag)
-    _remove(tok_tmp)
-    os.makedirs(tok_tmp)
-    has_tokenizer = save_tokenizer(tok_tmp)
-    graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
-             "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
-             "tensors": {n: {"dtype": c, "shape": list(s)} for n, (c, s) in manifest.items()},
-             "generation_config": generation_config, "tokenizer": tok_name if has_tokenizer else None}
-    graph_tmp = graph_path(model_dir, prefix) + tag
-    with open(graph_tmp, "w") as f:
-        json.dump(graph, f, indent=1)
-    _remove(graph_path(model_dir, prefix))  # a stale .asgraph must never describe the new .asparam
-    os.replace(param_tmp, param_path(model_dir, prefix))
-    _remove(os.path.join(model_dir, tok_name))
-    if has_tokenizer:
-        os.replace(tok_tmp, os.path.join(model_dir, tok_name))
-    else:
-        _remove(tok_tmp)
-    os.replace(graph_tmp, graph_path(model_dir, prefix))
-    report = {"model_dir": model_dir, "prefix": prefix, "dtype": dtype,
-              "asparam_bytes": os.path.getsize(param_path(model_dir, prefix)),
-              "asgraph_bytes": os.path.getsize(graph_path(model_dir, prefix)),
-              "seconds": round(time.time() - begin, 3), "quantization": None}
-    if quantization:
-        report["quantization"] = {"weight_format": quant_settings.weight_format,
-                                  "group_size": quant_settings.group_size, **stats.summary()}
-    return report
+    writer.close()
+    return stats
 
 
 def _progress(items, enabled, desc):

@@ -77,8 +77,12 @@ class SourceModel(ModelHandle):
             self.architecture, self.config, self.generation_config = self._read_config()
         return self
 
-    def load_model(self, *args, **kwargs):
-        """Open the checkpoint (mapped, read lazily) and check that it holds every tensor the config needs."""
+    def load_model(self, direct_load=False, load_format="auto", **unsupported):
+        """Open the checkpoint (mapped, read lazily) and check that it holds every tensor the config needs.
+        DashInfer's direct_load is accepted (weights are always read directly, never through transformers)."""
+        _refuse_unsupported(unsupported)
+        if load_format != "auto":
+            raise ModelSerializerException(f"load_format={load_format!r} is not supported: the format is detected ('auto')")
         self.read_model_config()
         if self.weights is None:
             weights = self._open_weights()
