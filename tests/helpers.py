@@ -132,8 +132,17 @@ def gguf_reference_dir(gguf_path, cache_dir):
     out = os.path.join(cache_dir, "test-reference", f"transformers-{transformers.__version__}-gguf-{_gguf_version(gguf)}",
                        os.path.splitext(os.path.basename(gguf_path))[0])
     done = os.path.join(out, "reference_ids.json")
-    if os.path.exists(done):
-        return out
+    if not os.path.exists(done):
+        import fcntl
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".lock"), "w") as lock:  # concurrent test runs build it once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(done):
+                _build_gguf_reference(gguf_path, out, done)
+    return out
+
+
+def _build_gguf_reference(gguf_path, out, done):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -147,14 +156,12 @@ def gguf_reference_dir(gguf_path, cache_dir):
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"transformers GGUF reference: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
-    os.makedirs(out, exist_ok=True)
     model.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     ids = chat_prompt_ids(tokenizer)
     with open(done + ".tmp", "w") as f:
         json.dump({"prompt_ids": ids}, f)
     os.replace(done + ".tmp", done)
-    return out
 
 
 def chat_prompt_ids(tokenizer, question="What is the capital of France?"):
