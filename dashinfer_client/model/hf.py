@@ -1,0 +1,164 @@
+"""HuggingFaceModel: a transformers checkpoint directory (config.json + safetensors or pytorch_model.bin).
+
+safetensors are mapped and read without torch; .bin files need torch (loaded lazily, mmap'd,
+weights_only=True so a checkpoint cannot run code).
+"""
+import glob
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+
+from ..errors import ModelSerializerException
+from .arch import normalize_hf_config
+from .safetensors_io import SafetensorsFile, ShardedSafetensors
+from .serialized import weight_shapes
+from .source import SourceModel
+
+FLOAT_CODES = ("F32", "F16", "BF16")
+# Tensors some checkpoints carry that the runtime recomputes or does not need.
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+# Files AutoTokenizer may read; copied next to the serialized model (config.json lets it pick the class).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.json", "chat_template.jinja",
+                   "config.json")
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # without one there is no tokenizer
+
+
+class HuggingFaceModel(SourceModel):
+    """HuggingFaceModel(model_path, model_name, user_set_data_type="bfloat16"|"float16"|"float32",
+    in_memory_serialize=False, trust_remote_code=False): DashInfer's loader for a local HF model dir."""
+    source_format = "huggingface"
+
+    def _read_config(self):
+        path = os.path.join(self.model_path, "config.json")
+        if not os.path.isdir(self.model_path):
+            raise ModelSerializerException(f"model directory {self.model_path} does not exist")
+        hf = _read_json(path, what="config.json")
+        if hf.get("quantization_config"):
+            method = hf["quantization_config"].get("quant_method", "?")
+            raise ModelSerializerException(
+                f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
+                "and enable_quant=True (InstantQuant)")
+        gen_path = os.path.join(self.model_path, "generation_config.json")
+        gen = _read_json(gen_path, what="generation_config.json") if os.path.exists(gen_path) else {}
+        arch, config = normalize_hf_config(hf, gen)
+        generation = {k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"}
+        generation["eos_token_id"] = list(config.eos_token_id)
+        return arch, config, generation
+
+    def _open_weights(self):
+        weights = HFWeights(self.model_path)
+        expected = weight_shapes(self.config)
+        tied_head = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+        unexpected = [n for n in weights.keys() if n not in expected and n not in tied_head and not _IGNORED.search(n)]
+        if unexpected:
+            raise ModelSerializerException(
+                f"checkpoint {self.model_path} has tensor(s) this architecture does not use: "
+                f"{', '.join(sorted(unexpected)[:5])}; it is not a plain {self.architecture} model")
+        return weights
+
+    def _save_tokenizer(self, out_dir):
+        if not any(os.path.isfile(os.path.join(self.model_path, name)) for name in VOCABULARY_FILES):
+            return False
+        for name in TOKENIZER_FILES:
+            src = os.path.join(self.model_path, name)
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(out_dir, name))
+        return True
+
+    def _tokenizer_path(self):
+        return self.model_path
+
+    def _tokenizer_kwargs(self):
+        return {"trust_remote_code": self.trust_remote_code}
+
+
+def _read_json(path, what):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ModelSerializerException(f"{what} is missing: {path}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelSerializerException(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ModelSerializerException(f"{path} is not a JSON object")
+    return data
+
+
+class HFWeights:
+    """The tensors of a checkpoint directory by name, whatever the file layout."""
+
+    def __init__(self, model_path):
+        self.model_path = model_path
+        st_index = os.path.join(model_path, "model.safetensors.index.json")
+        st_single = os.path.join(model_path, "model.safetensors")
+        bin_index = os.path.join(model_path, "pytorch_model.bin.index.json")
+        bin_single = os.path.join(model_path, "pytorch_model.bin")
+        if os.path.exists(st_index):
+            self._st = ShardedSafetensors(st_index)
+        elif os.path.exists(st_single):
+            self._st = SafetensorsFile(st_single)
+        elif os.path.exists(bin_index) or os.path.exists(bin_single):
+            self._st = None
+            self._bin = _load_bin(bin_index, bin_single)
+        else:
+            found = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*.safetensors")))
+            raise ModelSerializerException(
+                f"no weights in {model_path}: expected model.safetensors, model.safetensors.index.json, "
+                f"pytorch_model.bin or pytorch_model.bin.index.json" + (f" (found {found})" if found else ""))
+
+    def keys(self):
+        return self._st.keys() if self._st is not None else list(self._bin)
+
+    def __contains__(self, name):
+        return name in self._st if self._st is not None else name in self._bin
+
+    def shape(self, name):
+        return self._st.info(name)[1] if self._st is not None else tuple(self._bin[name].shape)
+
+    def fetch(self, name):
+        """(numpy array, dtype code); bf16 as uint16 bits."""
+        if self._st is not None:
+            code = self._st.info(name)[0]
+            if code not in FLOAT_CODES:
+                raise ModelSerializerException(
+                    f"tensor '{name}' in {self.model_path} has dtype {code}; expected one of {', '.join(FLOAT_CODES)}")
+            return self._st.get(name), code
+        return _torch_to_numpy(name, self._bin[name], self.model_path)
+
+
+def _load_bin(index_path, single_path):
+    """{name: torch tensor} of .bin checkpoint file(s), memory-mapped (torch imported only here)."""
+    try:
+        import torch
+    except ImportError:
+        raise ModelSerializerException(
+            "reading pytorch_model.bin checkpoints needs torch (pip install torch); safetensors checkpoints do not") from None
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        paths = [os.path.join(os.path.dirname(index_path), name) for name in files]
+    else:
+        paths = [single_path]
+    tensors = {}
+    for path in paths:
+        try:
+            tensors.update(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
+        except Exception as e:  # torch raises many types for a broken file
+            raise ModelSerializerException(f"cannot read PyTorch checkpoint {path}: {e}") from None
+    return tensors
+
+
+def _torch_to_numpy(name, tensor, where):
+    import torch
+    codes = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+    if tensor.dtype not in codes:
+        raise ModelSerializerException(f"tensor '{name}' in {where} has dtype {tensor.dtype}; expected float32/16 or bf16")
+    tensor = tensor.detach().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16), "BF16"
+    return tensor.numpy(), codes[tensor.dtype]

@@ -1,0 +1,154 @@
+"""InstantQuant: weight-only asymmetric quantization per group of input channels (DashInfer's IQ).
+
+For a weight W [N, K] and groups of G consecutive k in each row:
+    scale = (max - min) / (2^bits - 1),  zero = -min / scale  (a float, not rounded),
+    q = clip(round(w / scale + zero), 0, 2^bits - 1),  dequantized w = (q - zero) * scale.
+A group with max == min (or a range too small for a normal float scale) gets scale 1, so nothing
+divides by zero; it dequantizes to its constant exactly. int8 stores one code (0..255) a byte;
+uint4 two codes (0..15) a byte, the even k in the low nibble.
+"""
+import dataclasses
+
+import numpy as np
+
+from ..errors import ModelSerializerException
+
+BITS = {"int8": 8, "uint4": 4}
+LINEAR_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_DEFAULT_GROUP = 64
+_CHUNK_ELEMENTS = 1 << 22
+_KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
+
+
+@dataclasses.dataclass(frozen=True)
+class InstantQuantSettings:
+    weight_format: str = "int8"
+    group_size: int = _DEFAULT_GROUP
+    quantize_lm_head: bool = False
+
+    @classmethod
+    def from_config(cls, config):
+        """From a DashInfer-style customized_quant_config dict; anything this runtime can't honour is refused."""
+        if config is None:
+            return cls()
+        unknown = set(config) - _KNOWN_KEYS
+        if unknown:
+            raise ModelSerializerException(
+                f"customized_quant_config: unsupported key(s) {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
+        method = config.get("quant_method", "instant_quant")
+        if method != "instant_quant":
+            raise ModelSerializerException(
+                f"customized_quant_config: quant_method {method!r} is not supported (only 'instant_quant')")
+        if config.get("compute_method", "weight_only") != "weight_only":
+            raise ModelSerializerException(
+                f"customized_quant_config: compute_method {config['compute_method']!r} is not supported on CPU "
+                "(only 'weight_only': weights dequantized on the fly, activations stay float)")
+        fmt = config.get("weight_format", "int8")
+        if fmt not in BITS:
+            raise ModelSerializerException(
+                f"customized_quant_config: weight_format {fmt!r} is not supported (use {' or '.join(BITS)})")
+        group = config.get("group_size", _DEFAULT_GROUP)
+        if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or group > 0):
+            raise ModelSerializerException(
+                f"customized_quant_config: group_size must be a positive integer or -1 (per channel), got {group!r}")
+        if fmt == "uint4" and group > 0 and group % 2:
+            raise ModelSerializerException(f"customized_quant_config: uint4 needs an even group_size, got {group}")
+        return cls(fmt, group, bool(config.get("quantize_lm_head", False)))
+
+    def quantized_names(self, num_layers, has_lm_head):
+        names = [f"model.layers.{i}.{'self_attn' if p[1:] == '_proj' else 'mlp'}.{p}.weight"
+                 for i in range(num_layers) for p in LINEAR_WEIGHTS]
+        if self.quantize_lm_head and has_lm_head:
+            names.append("lm_head.weight")
+        return names
+
+    def group_of(self, k):
+        """The group size used for a weight with k input channels (-1 means the whole row)."""
+        return k if self.group_size == -1 else self.group_size
+
+    def packed_shapes(self, n, k):
+        """Shapes of (qweight, scales, zeros) for a [n, k] weight; refuses k the groups don't tile."""
+        g = self.group_of(k)
+        if k % g:
+            raise ModelSerializerException(
+                f"InstantQuant: input size {k} is not divisible by group_size {g}; choose a group_size that "
+                f"divides {k} or -1 (per channel)")
+        if self.weight_format == "uint4" and k % 2:
+            raise ModelSerializerException(f"InstantQuant uint4: input size {k} must be even (two codes a byte)")
+        q_cols = k if self.weight_format == "int8" else k // 2
+        return (n, q_cols), (n, k // g), (n, k // g)
+
+
+def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
+    """w float [N, K] -> (qweight uint8, scales float32 [N, K/G], zeros float32 [N, K/G])."""
+    settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ModelSerializerException(f"InstantQuant: expects a 2-D weight [N, K], got shape {list(w.shape)}")
+    n, k = w.shape
+    q_shape, s_shape, _ = settings.packed_shapes(n, k)
+    q = np.empty(q_shape, dtype=np.uint8)
+    scales = np.empty(s_shape, dtype=np.float32)
+    zeros = np.empty(s_shape, dtype=np.float32)
+    rows = max(1, _CHUNK_ELEMENTS // max(k, 1))  # bounds the float64 temporaries
+    for r in range(0, n, rows):
+        q[r:r + rows], scales[r:r + rows], zeros[r:r + rows] = _quantize_rows(
+            w[r:r + rows], BITS[settings.weight_format], settings.group_of(k))
+    return q, scales, zeros
+
+
+def _quantize_rows(w, bits, g):
+    n, k = w.shape
+    levels = (1 << bits) - 1
+    groups = w.reshape(n, k // g, g).astype(np.float64)
+    lo, hi = groups.min(axis=2), groups.max(axis=2)
+    scale = ((hi - lo) / levels).astype(np.float32)
+    scale[~(scale >= np.finfo(np.float32).tiny)] = 1.0  # constant (or denormal-range) groups
+    zero = (-lo / scale).astype(np.float32)
+    # Codes from the stored float32 scale/zero, so dequantization (in float32) is what was rounded to.
+    codes = np.rint(groups / scale[..., None] + zero[..., None])
+    q = np.clip(codes, 0, levels).astype(np.uint8).reshape(n, k)
+    if bits == 4:
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    return q, scale, zero
+
+
+def unpack_codes(q, weight_format):
+    """Packed qweight -> one code per element (uint8 [N, K])."""
+    if weight_format == "int8":
+        return q
+    codes = np.empty((q.shape[0], q.shape[1] * 2), dtype=np.uint8)
+    codes[:, 0::2] = q & 0x0F
+    codes[:, 1::2] = q >> 4
+    return codes
+
+
+def dequantize(q, scales, zeros, weight_format="int8", group_size=_DEFAULT_GROUP):
+    """(qweight, scales, zeros) -> float32 [N, K]: (q - zero) * scale per group."""
+    codes = unpack_codes(np.asarray(q), weight_format)
+    n, k = codes.shape
+    g = k if group_size == -1 else group_size
+    groups = codes.reshape(n, k // g, g).astype(np.float32)
+    return ((groups - zeros[..., None]) * scales[..., None]).reshape(n, k)
+
+
+class QuantErrorStats:
+    """Accumulates the quantization error over all quantized weights: max |w - w_q| and relative RMS."""
+
+    def __init__(self):
+        self.max_abs = 0.0
+        self.sq_err = 0.0
+        self.sq_ref = 0.0
+        self.count = 0
+
+    def add(self, w, q, scales, zeros, settings):
+        w = np.asarray(w, dtype=np.float32)
+        err = dequantize(q, scales, zeros, settings.weight_format, settings.group_of(w.shape[1])) - w
+        self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
+        self.sq_err += float(np.square(err, dtype=np.float64).sum())
+        self.sq_ref += float(np.square(w, dtype=np.float64).sum())
+        self.count += w.size
+
+    def summary(self):
+        rel = (self.sq_err / self.sq_ref) ** 0.5 if self.sq_ref > 0 else 0.0
+        return {"max_abs_error": self.max_abs, "relative_rms_error": rel, "quantized_elements": self.count}

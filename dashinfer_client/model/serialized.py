@@ -1,0 +1,287 @@
+"""The serialized model: {prefix}.asgraph (JSON) + {prefix}.asparam (safetensors) + {prefix}.tokenizer/.
+
+The .asgraph says what the model is (architecture, hyper-parameters, dtype, quantization, tensor
+manifest, generation defaults); the .asparam holds the tensors under Hugging Face LLaMA names,
+unsharded, so any rank can map it and slice its own shard. Files are written under temporary names
+and renamed, the .asgraph last: an .asgraph on disk means a complete model.
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+
+from ..dtypes import from_bf16, to_bf16
+from ..errors import ModelSerializerException
+from .arch import ModelConfig
+from .base import ModelHandle
+from .quant import InstantQuantSettings, QuantErrorStats, quantize
+from .safetensors_io import SafetensorsFile, SafetensorsWriter
+
+FORMAT = "dashinfer-py"
+VERSION = 1
+DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # user dtype -> safetensors code
+QUANT_PARTS = ("qweight", "scales", "zeros")
+
+
+def graph_path(model_dir, prefix):
+    return os.path.join(model_dir, prefix + ".asgraph")
+
+
+def param_path(model_dir, prefix):
+    return os.path.join(model_dir, prefix + ".asparam")
+
+
+def tokenizer_dir_name(prefix):
+    return prefix + ".tokenizer"
+
+
+def weight_shapes(config):
+    """{HF LLaMA tensor name: shape} of the unquantized model, in layer order."""
+    c = config
+    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
+        for name, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
+            shapes[p + f"self_attn.{name}.weight"] = (out, c.hidden_size)
+            if c.attention_bias:
+                shapes[p + f"self_attn.{name}.bias"] = (out,)
+        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, q_out)
+        shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
+        shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+    shapes["model.norm.weight"] = (c.hidden_size,)
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    return shapes
+
+
+def expected_tensors(config, dtype, quantization):
+    """{stored tensor name: (safetensors dtype code, shape)} for a config, dtype and quantization dict."""
+    code = DTYPES[dtype]
+    quantized, settings = set(), None
+    if quantization:
+        settings = InstantQuantSettings(quantization["weight_format"], quantization["group_size"])
+        quantized = set(quantization["quantized"])
+    out = {}
+    for name, shape in weight_shapes(config).items():
+        if name in quantized:
+            for part, part_shape in zip(QUANT_PARTS, settings.packed_shapes(*shape)):
+                out[f"{name}.{part}"] = ("U8" if part == "qweight" else "F32", part_shape)
+        else:
+            out[name] = (code, shape)
+    return out
+
+
+def convert_dtype(array, source_code, dtype):
+    """A float tensor (numpy; BF16 as uint16 bits) -> storage array of the user dtype, exact when unchanged."""
+    target = DTYPES[dtype]
+    if source_code == target:
+        return array
+    as_f32 = from_bf16(array) if source_code == "BF16" else np.asarray(array, dtype=np.float32)
+    if target == "BF16":
+        return to_bf16(as_f32)
+    return as_f32.astype(np.float16 if target == "F16" else np.float32)
+
+
+def as_float32(array, source_code):
+    return from_bf16(array) if source_code == "BF16" else np.asarray(array, dtype=np.float32)
+
+
+def write_serialized(model_dir, prefix, *, model_name, architecture, config, dtype, quant_settings,
+                     fetch, generation_config, save_tokenizer, progress=False):
+    """Convert and write a model; returns a report (sizes, seconds, quantization error).
+
+    fetch(name) -> (numpy array, source dtype code) gives each HF-named tensor of weight_shapes(config)
+    in its checkpoint dtype; save_tokenizer(dir) writes the tokenizer files and returns True, or False
+    when the source has none. Everything is written under temporary names first; on any error they
+    are removed and an existing model of the same prefix is left as it was.
+    """
+    import time
+    begin = time.time()
+    if dtype not in DTYPES:
+        raise ModelSerializerException(f"unsupported data type {dtype!r}: use one of {', '.join(DTYPES)}")
+    os.makedirs(model_dir, exist_ok=True)
+    quantization = None
+    if quant_settings is not None:
+        quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
+                        "group_size": quant_settings.group_size,
+                        "quantized": quant_settings.quantized_names(config.num_hidden_layers,
+                                                                    not config.tie_word_embeddings)}
+    manifest = expected_tensors(config, dtype, quantization)
+    tok_name = tokenizer_dir_name(prefix)
+    final = {"tok": os.path.join(model_dir, tok_name), "param": param_path(model_dir, prefix),
+             "graph": graph_path(model_dir, prefix)}
+    temp = {key: path + f".tmp-{os.getpid()}" for key, path in final.items()}
+    try:
+        _remove(temp["tok"])
+        os.makedirs(temp["tok"])
+        has_tokenizer = save_tokenizer(temp["tok"])
+        stats = _write_params(temp["param"], manifest, config, dtype, quant_settings, quantization, fetch,
+                              model_name, progress)
+        graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
+                 "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
+                 "tensors": {n: {"dtype": c, "shape": list(s)} for n, (c, s) in manifest.items()},
+                 "generation_config": generation_config, "tokenizer": tok_name if has_tokenizer else None}
+        with open(temp["graph"], "w") as f:
+            json.dump(graph, f, indent=1)
+    except BaseException:
+        for path in temp.values():
+            _remove(path)
+        raise
+    _remove(final["graph"])  # a stale .asgraph must never describe the new .asparam
+    os.replace(temp["param"], final["param"])
+    _remove(final["tok"])
+    if has_tokenizer:
+        os.replace(temp["tok"], final["tok"])
+    else:
+        _remove(temp["tok"])
+    os.replace(temp["graph"], final["graph"])
+    report = {"model_dir": model_dir, "prefix": prefix, "dtype": dtype,
+              "asparam_bytes": os.path.getsize(final["param"]), "asgraph_bytes": os.path.getsize(final["graph"]),
+              "seconds": round(time.time() - begin, 3), "quantization": None}
+    if quantization:
+        report["quantization"] = {"weight_format": quant_settings.weight_format,
+                                  "group_size": quant_settings.group_size, **stats.summary()}
+    return report
+
+
+def _write_params(path, manifest, config, dtype, quant_settings, quantization, fetch, model_name, progress):
+    """The .asparam, one source tensor in memory at a time; returns the quantization error stats."""
+    shapes = weight_shapes(config)
+    quantized = set(quantization["quantized"]) if quantization else set()
+    writer = SafetensorsWriter(path, [(n, c, s) for n, (c, s) in manifest.items()],
+                               metadata={"format": FORMAT, "model_name": model_name})
+    stats = QuantErrorStats()
+    try:
+        for name in _progress(shapes, progress, f"serializing {model_name}"):
+            array, code = fetch(name)
+            if tuple(array.shape) != shapes[name]:
+                raise ModelSerializerException(
+                    f"tensor '{name}' has shape {list(array.shape)}, the config implies {list(shapes[name])}")
+            if name in quantized:
+                w = as_float32(array, code)
+                parts = quantize(w, quant_settings.weight_format, quant_settings.group_size)
+                stats.add(w, *parts, quant_settings)
+                for part, value in zip(QUANT_PARTS, parts):
+                    writer.write(f"{name}.{part}", value)
+            else:
+                writer.write(name, convert_dtype(array, code, dtype))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return stats
+
+
+def _progress(items, enabled, desc):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+    return tqdm(items, desc=desc, unit="tensor", leave=False)
+
+
+def _remove(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+class DashInferModel(ModelHandle):
+    """A serialized model loaded without its original checkpoint: DashInferModel(model_dir, prefix).
+
+    Checks on load: both files present, valid JSON of this format, every tensor the config needs in
+    the .asparam with the dtype and shape the config implies, and the .asparam not truncated.
+    """
+
+    def __init__(self, model_dir, prefix):
+        super().__init__()
+        self.model_dir = str(model_dir)
+        self.prefix = prefix
+        gpath, ppath = graph_path(self.model_dir, prefix), param_path(self.model_dir, prefix)
+        for path in (gpath, ppath):
+            if not os.path.exists(path):
+                raise ModelSerializerException(f"serialized model file {path} is missing")
+        try:
+            with open(gpath) as f:
+                graph = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelSerializerException(f"{gpath} is not valid JSON: {e}") from None
+        if not isinstance(graph, dict) or graph.get("format") != FORMAT:
+            raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph")
+        if graph.get("version") != VERSION:
+            raise ModelSerializerException(
+                f"{gpath} has format version {graph.get('version')}, this reader knows version {VERSION}")
+        for key in ("model_name", "architecture", "config", "dtype", "tensors"):
+            if key not in graph:
+                raise ModelSerializerException(f"{gpath} lacks '{key}'")
+        if graph["dtype"] not in DTYPES:
+            raise ModelSerializerException(f"{gpath}: unknown dtype {graph['dtype']!r}")
+        self.graph = graph
+        self.model_name = graph["model_name"]
+        self.architecture = graph["architecture"]
+        self.config = ModelConfig.from_dict(graph["config"], where=f"config in {gpath}")
+        self.dtype = graph["dtype"]
+        self.quantization = graph.get("quantization")
+        self.generation_config = graph.get("generation_config") or {}
+        self._params = SafetensorsFile(ppath)
+        self._check_tensors(gpath, ppath)
+
+    def _check_tensors(self, gpath, ppath):
+        try:
+            expected = expected_tensors(self.config, self.dtype, self.quantization)
+        except (KeyError, TypeError) as e:
+            raise ModelSerializerException(f"{gpath}: malformed quantization entry ({e!r})") from None
+        for name, (code, shape) in expected.items():
+            if name not in self._params:
+                raise ModelSerializerException(f"tensor '{name}' is missing from {ppath}")
+            got_code, got_shape = self._params.info(name)
+            if got_code != code or tuple(got_shape) != tuple(shape):
+                raise ModelSerializerException(
+                    f"tensor '{name}' in {ppath} is {got_code}{list(got_shape)}, the config in {gpath} "
+                    f"implies {code}{list(shape)}")
+
+    def tensor(self, name):
+        """Zero-copy read-only numpy view (BF16 as uint16 bits)."""
+        return self._params.get(name)
+
+    def tensor_names(self):
+        return self._params.keys()
+
+    def tensor_dtype(self, name):
+        return self._params.info(name)[0]
+
+    def _tokenizer_path(self):
+        name = self.graph.get("tokenizer")
+        if not name:
+            raise ModelSerializerException(f"serialized model {self.prefix} in {self.model_dir} has no tokenizer")
+        path = os.path.join(self.model_dir, name)
+        if not os.path.isdir(path):
+            raise ModelSerializerException(f"tokenizer directory {path} is missing")
+        return path
+
+    def _serialized_location(self):
+        return self.model_dir, self.prefix
+
+    # DashInfer's DashInferModel is already converted: these steps have nothing to do.
+    def load_model(self, *args, **kwargs):
+        return self
+
+    def read_model_config(self):
+        return self
+
+    def serialize_to_path(self, *args, **kwargs):
+        return self
+
+    def serialize_to_memory(self, *args, **kwargs):
+        return self
+
+    def free_memory_serialize_file(self):
+        return self
+
+    def free_model(self):
+        return self

@@ -1,0 +1,259 @@
+"""Tiny random Hugging Face models (LLaMA, Qwen2) and transformers references, for the tests.
+
+Every builder writes a complete model directory (config.json, generation_config.json, weights,
+tokenizer) and returns its path; torch and transformers are imported inside, so importing this
+module stays cheap. The engine's tests build their models with these too.
+"""
+import json
+import os
+
+import numpy as np
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=272, max_position_embeddings=512, rms_norm_eps=1e-6)
+# 9 query heads over 3 KV heads (SmolLM2's ratio): the uneven tensor-parallel split.
+UNEVEN = dict(TINY, hidden_size=72, num_attention_heads=9, num_key_value_heads=3, head_dim=8)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def tiny_config(arch="llama", uneven=False, **overrides):
+    """A transformers config of a tiny model; overrides go to the config class (e.g. rope_parameters)."""
+    from transformers import LlamaConfig, Qwen2Config
+    kwargs = dict(UNEVEN if uneven else TINY, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kwargs.update(overrides)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](**kwargs)
+
+
+def build_tiny_model(out_dir, arch="llama", dtype="float32", weights="safetensors", uneven=False, seed=0,
+                     **config_overrides):
+    """Write a random tiny model into out_dir and return out_dir.
+
+    arch: "llama" | "qwen2"; dtype: "float32" | "bfloat16" | "float16" (checkpoint dtype);
+    weights: "safetensors" (one file) | "sharded" (safetensors + index) | "bin" | "bin-sharded".
+    Weights are drawn with std 1/sqrt(fan_in) (not transformers' 0.02) so a wrong tensor anywhere
+    changes the logits visibly.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    config = tiny_config(arch, uneven, **config_overrides)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.ndim == 2 else 0.1 * torch.randn_like(p))
+    model = model.to(getattr(torch, dtype)).eval()
+    os.makedirs(out_dir, exist_ok=True)
+    if weights in ("safetensors", "sharded"):
+        model.save_pretrained(out_dir, max_shard_size="40KB" if weights == "sharded" else "10GB")
+    elif weights in ("bin", "bin-sharded"):
+        model.config.save_pretrained(out_dir)
+        model.generation_config.save_pretrained(out_dir)
+        _save_bin(model, out_dir, sharded=weights == "bin-sharded")
+    else:
+        raise ValueError(f"unknown weights layout {weights!r}")
+    build_tiny_tokenizer(out_dir)
+    return str(out_dir)
+
+
+def _save_bin(model, out_dir, sharded):
+    """pytorch_model.bin as transformers 4.x wrote it (5.x writes safetensors only)."""
+    import torch
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    if not sharded:
+        torch.save(state, os.path.join(out_dir, "pytorch_model.bin"))
+        return
+    names = list(state)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:])):
+        file = f"pytorch_model-{i + 1:05d}-of-00002.bin"
+        torch.save({k: state[k] for k in part}, os.path.join(out_dir, file))
+        weight_map.update({k: file for k in part})
+    with open(os.path.join(out_dir, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+def build_tiny_tokenizer(out_dir):
+    """A byte-level BPE tokenizer (256 byte tokens + ChatML specials, ids < 272) with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in sorted(byte_chars):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(out_dir)
+    return str(out_dir)
+
+
+def write_config_variant(model_dir, edit):
+    """Rewrite model_dir/config.json through edit(dict) -> dict (for hand-written 4.x/5.x spellings)."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config = edit(config)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+    return path
+
+
+def load_hf_model(model_dir):
+    """transformers model (float32, eval) of a tiny model dir, for logits references."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def gguf_reference_dir(gguf_path, cache_dir):
+    """What transformers loads from a GGUF, saved once as a Hugging Face dir (float32) and reused.
+
+    AutoModelForCausalLM.from_pretrained(gguf_file=...) needs `accelerate`, so this calls the loader
+    underneath it (transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint: name map, Q/K
+    un-permutation, dequantization). Building takes ~30 s (transformers parses the whole vocabulary
+    in Python), so the result is cached per transformers/gguf version. The dir also holds
+    reference_ids.json: the chat-templated capital-of-France prompt encoded by the tokenizer that
+    transformers builds from the GGUF.
+    """
+    import gguf
+    import transformers
+    out = os.path.join(cache_dir, "test-reference", f"transformers-{transformers.__version__}-gguf-{_gguf_version(gguf)}",
+                       os.path.splitext(os.path.basename(gguf_path))[0])
+    done = os.path.join(out, "reference_ids.json")
+    if not os.path.exists(done):
+        import fcntl
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".lock"), "w") as lock:  # concurrent test runs build it once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(done):
+                _build_gguf_reference(gguf_path, out, done)
+    return out
+
+
+def _build_gguf_reference(gguf_path, out, done):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    folder, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=skeleton)["tensors"]
+    model = AutoModelForCausalLM.from_config(config).float()
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"transformers GGUF reference: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.save_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    ids = chat_prompt_ids(tokenizer)
+    with open(done + ".tmp", "w") as f:
+        json.dump({"prompt_ids": ids}, f)
+    os.replace(done + ".tmp", done)
+
+
+def chat_prompt_ids(tokenizer, question="What is the capital of France?"):
+    """The question as a one-turn chat, templated for generation, as token ids."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _gguf_version(gguf):
+    from importlib.metadata import version
+    try:
+        return version("gguf")
+    except Exception:
+        return getattr(gguf, "__version__", "unknown")
+
+
+def _llama_cpp_permute(w, n_head, n_kv_head):
+    """llama.cpp's converter permutation of LLaMA Q/K rows (convert_hf_to_gguf.py LlamaModel.permute)."""
+    if n_head != n_kv_head:
+        n_head = n_kv_head
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+
+
+def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
+    """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA or Qwen2) and return its path.
+
+    quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
+    the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata.
+    """
+    import gguf
+    from safetensors.numpy import load_file
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    arch = cfg["model_type"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    writer = gguf.GGUFWriter(str(gguf_path), arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    theta = rope_theta or (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
+    writer.add_rope_freq_base(theta)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    with open(os.path.join(hf_dir, "tokenizer.json")) as f:
+        vocab = json.load(f)["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
+    tokens += [f"<|unused{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS or t.startswith("<|unused")
+                            else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives (none) from scores
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    writer.add_chat_template(CHATML)
+    for name, w in tensors.items():
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            gname = "output.weight"
+        else:
+            layer, rest = name[len("model.layers."):].split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            gname = f"blk.{layer}.{_GGUF_BLOCK[module]}.{kind}"
+        if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
+            w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
+        if quant_type and w.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[quant_type]
+            writer.add_tensor(gname, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gname, np.ascontiguousarray(w, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(gguf_path)

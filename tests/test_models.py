@@ -1,0 +1,574 @@
+"""Hugging Face checkpoints -> serialized model -> DashInferModel, on tiny random LLaMA / Qwen2 models."""
+import glob
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from dashinfer_client.dtypes import from_bf16, to_bf16
+from dashinfer_client.errors import ModelSerializerException
+from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
+from dashinfer_client.model.quant import dequantize
+from dashinfer_client.model.safetensors_io import SafetensorsFile, save_file
+from tests.helpers import TINY, build_tiny_gguf, build_tiny_model, chat_prompt_ids, write_config_variant
+
+TO_CODE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def source_tensors(model_dir):
+    """The checkpoint's tensors read by torch/safetensors (not by the code under test), as numpy."""
+    import torch
+    from safetensors.torch import load_file
+    state = {}
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        state.update(load_file(path))
+    for path in glob.glob(os.path.join(model_dir, "*.bin")):
+        state.update(torch.load(path, weights_only=True))
+    out = {}
+    for name, t in state.items():
+        out[name] = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    return out
+
+
+def expected_storage(array, target):
+    """What serialization must store for a source tensor: bit-exact when the dtype is unchanged."""
+    if array.dtype == np.uint16:  # bf16 bits
+        return array if target == "bfloat16" else from_bf16(array).astype(np.float16 if target == "float16" else np.float32)
+    if target == "bfloat16":
+        return to_bf16(array.astype(np.float32))
+    return array.astype(np.float16 if target == "float16" else np.float32)
+
+
+def serialize(model_dir, out_dir, dtype="float32", **kwargs):
+    loader = HuggingFaceModel(model_dir, "tiny", user_set_data_type=dtype, progress=False)
+    loader.load_model().read_model_config().serialize_to_path(None, str(out_dir), **kwargs)
+    return loader
+
+
+CASES = [  # arch, checkpoint dtype, weights layout, serialized dtype, extra config
+    ("llama", "float32", "safetensors", "float32", {}),
+    ("llama", "bfloat16", "sharded", "bfloat16", {}),
+    ("llama", "float32", "bin", "bfloat16", {"tie_word_embeddings": True}),
+    ("llama", "float16", "bin-sharded", "float32", {"uneven": True}),
+    ("qwen2", "float32", "bin", "float32", {}),
+    ("qwen2", "bfloat16", "sharded", "bfloat16", {"tie_word_embeddings": True}),
+    ("qwen2", "bfloat16", "safetensors", "float32", {"uneven": True}),
+]
+
+
+@pytest.mark.parametrize("arch,src_dtype,layout,dtype,extra", CASES,
+                         ids=[f"{a}-{s}-{w}-to-{d}{'-' + '-'.join(e) if e else ''}" for a, s, w, d, e in CASES])
+def test_serialize_roundtrip(tmp_path, arch, src_dtype, layout, dtype, extra):
+    src = build_tiny_model(tmp_path / "hf", arch=arch, dtype=src_dtype, weights=layout, **extra)
+    loader = serialize(src, tmp_path / "out", dtype=dtype)
+    model = DashInferModel(str(tmp_path / "out"), "tiny")
+
+    hf_config = json.load(open(os.path.join(src, "config.json")))
+    c = model.config
+    assert model.architecture == arch and model.dtype == dtype and model.quantization is None
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (
+        hf_config["hidden_size"], hf_config["num_attention_heads"], hf_config["num_key_value_heads"])
+    assert c.head_dim == (8 if extra.get("uneven") else TINY["hidden_size"] // TINY["num_attention_heads"])
+    assert c.attention_bias == (arch == "qwen2")
+    assert c.tie_word_embeddings == bool(extra.get("tie_word_embeddings"))
+    assert c.eos_token_id == [2] and model.generation_config["eos_token_id"] == [2]
+    assert c.rope_theta == 10000.0 and c.rope_scaling is None
+    assert model.config == loader.config
+
+    source = source_tensors(src)
+    if c.tie_word_embeddings:
+        source.pop("lm_head.weight", None)
+    assert sorted(model.tensor_names()) == sorted(source)
+    for name, array in source.items():
+        stored = model.tensor(name)
+        assert model.tensor_dtype(name) == TO_CODE[dtype]
+        np.testing.assert_array_equal(stored, expected_storage(array, dtype), err_msg=name)
+    if arch == "qwen2":
+        assert "model.layers.1.self_attn.k_proj.bias" in model.tensor_names()
+
+
+def test_asparam_opens_with_safetensors_library(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    src = build_tiny_model(tmp_path / "hf", dtype="bfloat16")
+    serialize(src, tmp_path / "out", dtype="bfloat16", enable_quant=True, weight_only_quant=True)
+    lib = load_file(str(tmp_path / "out" / "tiny.asparam"))
+    model = DashInferModel(str(tmp_path / "out"), "tiny")
+    assert sorted(lib) == sorted(model.tensor_names())
+    for name, t in lib.items():
+        mine = model.tensor(name)
+        theirs = t.view(torch.int16).numpy().view(np.uint16) if model.tensor_dtype(name) == "BF16" else t.numpy()
+        np.testing.assert_array_equal(mine, theirs, err_msg=name)
+
+
+def test_writer_mixed_dtypes_readable_by_library_and_aligned(tmp_path):
+    import safetensors
+    import torch
+    tensors = {"a": np.arange(3, dtype=np.uint8), "b": np.ones((2, 3), np.float32), "c": np.arange(5, dtype=np.uint16)}
+    save_file(tensors, tmp_path / "x.safetensors", dtypes={"c": "BF16"})
+    st = SafetensorsFile(tmp_path / "x.safetensors")
+    assert st.info("c") == ("BF16", (5,)) and st.info("b") == ("F32", (2, 3))
+    for name, array in tensors.items():
+        view = st.get(name)
+        np.testing.assert_array_equal(view, array)
+        assert view.ctypes.data % view.itemsize == 0
+    with safetensors.safe_open(str(tmp_path / "x.safetensors"), "pt") as f:  # numpy has no bf16: torch
+        assert sorted(f.keys()) == ["a", "b", "c"]
+        assert f.get_tensor("b").sum().item() == 6.0
+        assert f.get_tensor("c").view(torch.int16).numpy().view(np.uint16).tolist() == [0, 1, 2, 3, 4]
+
+
+# -- configs written by transformers 4.x and 5.x -------------------------------------------------
+
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+ROPE_VARIANTS = {
+    "5.x-default": ({"rope_parameters": {"rope_type": "default", "rope_theta": 12345.0}}, 12345.0, None),
+    "5.x-linear": ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}},
+                   1e6, {"rope_type": "linear", "factor": 4.0}),
+    "5.x-llama3": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3}},
+                   5e5, {"rope_type": "llama3", **LLAMA3}),
+    "4.x-plain": ({"rope_theta": 100000.0}, 100000.0, None),
+    "4.x-linear-type": ({"rope_theta": 20000.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+                        20000.0, {"rope_type": "linear", "factor": 2.0}),
+    "4.x-llama3-rope_type": ({"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3}},
+                             5e5, {"rope_type": "llama3", **LLAMA3}),
+    "4.x-no-theta": ({}, 10000.0, None),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("llama"), arch="llama")
+
+
+def variant(base, tmp_path, edit):
+    out = tmp_path / "variant"
+    shutil.copytree(base, out)
+    write_config_variant(out, edit)
+    return str(out)
+
+
+def _rope_edit(fields):
+    def edit(cfg):
+        for key in ("rope_parameters", "rope_theta", "rope_scaling"):
+            cfg.pop(key, None)
+        cfg.update(fields)
+        return cfg
+    return edit
+
+
+@pytest.mark.parametrize("name", list(ROPE_VARIANTS))
+def test_rope_spellings(llama_dir, tmp_path, name):
+    from transformers import AutoConfig
+    fields, theta, scaling = ROPE_VARIANTS[name]
+    model_dir = variant(llama_dir, tmp_path, _rope_edit(fields))
+    c = HuggingFaceModel(model_dir, "tiny").read_model_config().config
+    assert c.rope_theta == theta
+    assert c.rope_scaling == scaling
+    # transformers reads the same file the same way
+    params = AutoConfig.from_pretrained(model_dir).rope_parameters
+    assert params["rope_theta"] == theta
+    assert params["rope_type"] == (scaling or {"rope_type": "default"})["rope_type"]
+    for key, value in (scaling or {}).items():
+        assert params[key] == value
+
+
+def test_rope_scaling_serialized(llama_dir, tmp_path):
+    model_dir = variant(llama_dir, tmp_path, _rope_edit(ROPE_VARIANTS["4.x-llama3-rope_type"][0]))
+    serialize(model_dir, tmp_path / "out")
+    c = DashInferModel(str(tmp_path / "out"), "tiny").config
+    assert c.rope_theta == 5e5 and c.rope_scaling == {"rope_type": "llama3", **LLAMA3}
+
+
+@pytest.mark.parametrize("scaling", [{"type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}])
+def test_unsupported_rope_scaling_refused(llama_dir, tmp_path, scaling):
+    model_dir = variant(llama_dir, tmp_path, _rope_edit({"rope_theta": 1e4, "rope_scaling": scaling}))
+    with pytest.raises(ModelSerializerException, match="RoPE scaling type '(dynamic|yarn)' is not supported"):
+        HuggingFaceModel(model_dir, "tiny").read_model_config()
+
+
+def test_llama3_scaling_missing_key_refused(llama_dir, tmp_path):
+    broken = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
+    model_dir = variant(llama_dir, tmp_path, _rope_edit({"rope_parameters": {"rope_type": "llama3", **broken}}))
+    with pytest.raises(ModelSerializerException, match="llama3 RoPE scaling lacks low_freq_factor"):
+        HuggingFaceModel(model_dir, "tiny").read_model_config()
+
+
+def test_head_dim_explicit_or_derived(llama_dir, tmp_path):
+    def edit(cfg):
+        cfg["head_dim"] = 32
+        return cfg
+    assert HuggingFaceModel(variant(llama_dir, tmp_path / "a", edit), "t").read_model_config().config.head_dim == 32
+
+    def drop(cfg):
+        cfg.pop("head_dim", None)
+        return cfg
+    assert HuggingFaceModel(variant(llama_dir, tmp_path / "b", drop), "t").read_model_config().config.head_dim == 16
+
+
+def test_mistral_without_sliding_window_is_llama(llama_dir, tmp_path):
+    def mistral(window):
+        def edit(cfg):
+            cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=window)
+            return cfg
+        return edit
+    loader = HuggingFaceModel(variant(llama_dir, tmp_path / "ok", mistral(None)), "m").read_model_config()
+    assert loader.architecture == "llama"
+    with pytest.raises(ModelSerializerException, match="sliding_window=128 < max_position_embeddings=512"):
+        HuggingFaceModel(variant(llama_dir, tmp_path / "bad", mistral(128)), "m").read_model_config()
+
+
+# -- bad inputs -----------------------------------------------------------------------------------
+
+def test_missing_config_json(llama_dir, tmp_path):
+    model_dir = variant(llama_dir, tmp_path, lambda c: c)
+    os.remove(os.path.join(model_dir, "config.json"))
+    with pytest.raises(ModelSerializerException, match=r"config.json is missing: .*variant/config.json"):
+        HuggingFaceModel(model_dir, "tiny").load_model()
+
+
+def test_missing_model_dir(tmp_path):
+    with pytest.raises(ModelSerializerException, match="model directory .*nowhere does not exist"):
+        HuggingFaceModel(str(tmp_path / "nowhere"), "tiny").load_model()
+
+
+def test_unknown_architecture(llama_dir, tmp_path):
+    def edit(cfg):
+        cfg.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
+        return cfg
+    with pytest.raises(ModelSerializerException, match="unsupported architecture GPT2LMHeadModel"):
+        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").read_model_config()
+
+
+def test_missing_config_key(llama_dir, tmp_path):
+    def edit(cfg):
+        del cfg["intermediate_size"]
+        return cfg
+    with pytest.raises(ModelSerializerException, match="lacks the required key 'intermediate_size'"):
+        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").read_model_config()
+
+
+def test_checkpoint_shape_mismatch_with_config(llama_dir, tmp_path):
+    def edit(cfg):
+        cfg["intermediate_size"] = 96
+        return cfg
+    with pytest.raises(ModelSerializerException,
+                       match=r"tensor 'model.layers.0.mlp.gate_proj.weight' in .* has shape \[128, 64\], "
+                             r"the config implies \[96, 64\]"):
+        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").load_model()
+
+
+def test_checkpoint_missing_tensor(llama_dir, tmp_path):
+    def edit(cfg):
+        cfg["num_hidden_layers"] = 3
+        return cfg
+    with pytest.raises(ModelSerializerException, match=r"lacks tensor\(s\) model.layers.2.input_layernorm.weight"):
+        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").load_model()
+
+
+def test_no_weights(llama_dir, tmp_path):
+    model_dir = variant(llama_dir, tmp_path, lambda c: c)
+    os.remove(os.path.join(model_dir, "model.safetensors"))
+    with pytest.raises(ModelSerializerException, match="no weights in .*expected model.safetensors"):
+        HuggingFaceModel(model_dir, "tiny").load_model()
+
+
+def test_bad_data_type_and_quant_options(llama_dir):
+    with pytest.raises(ModelSerializerException, match="user_set_data_type 'int8' is not supported"):
+        HuggingFaceModel(llama_dir, "tiny", user_set_data_type="int8")
+    loader = HuggingFaceModel(llama_dir, "tiny", progress=False).load_model()
+    with pytest.raises(ModelSerializerException, match="activation quantization"):
+        loader.serialize_to_path(None, "/nonexistent-never-written", enable_quant=True)
+    with pytest.raises(ModelSerializerException, match="weight_format 'fp8_e4m3' is not supported"):
+        loader.serialize_to_path(None, "/nonexistent-never-written", enable_quant=True,
+                                 customized_quant_config={"quant_method": "instant_quant", "weight_format": "fp8_e4m3"})
+    with pytest.raises(ModelSerializerException, match="not supported by this runtime: lora_cfg"):
+        loader.serialize_to_path(None, "/nonexistent-never-written", lora_cfg={"x": 1})
+    with pytest.raises(ModelSerializerException, match="load_format='pt' is not supported"):
+        HuggingFaceModel(llama_dir, "tiny").load_model(load_format="pt")
+
+
+@pytest.fixture(scope="module")
+def serialized(tmp_path_factory, llama_dir):
+    out = tmp_path_factory.mktemp("serialized")
+    serialize(llama_dir, out)
+    return str(out)
+
+
+def copy_serialized(serialized, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(serialized, out)
+    return str(out)
+
+
+def test_truncated_asparam(serialized, tmp_path):
+    out = copy_serialized(serialized, tmp_path)
+    path = os.path.join(out, "tiny.asparam")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 100)
+    with pytest.raises(ModelSerializerException, match=r"truncated safetensors file: tensor '.*' in .*tiny.asparam ends at"):
+        DashInferModel(out, "tiny")
+    with open(path, "r+b") as f:
+        f.truncate(5)
+    with pytest.raises(ModelSerializerException, match=r"truncated safetensors file .*tiny.asparam: 5 bytes"):
+        DashInferModel(out, "tiny")
+
+
+def test_bad_asparam_header(serialized, tmp_path):
+    out = copy_serialized(serialized, tmp_path)
+    path = os.path.join(out, "tiny.asparam")
+    with open(path, "r+b") as f:
+        f.seek(8)  # the JSON header starts after its 8-byte length
+        f.write(b"{not json")
+    with pytest.raises(ModelSerializerException, match=r"bad safetensors header in .*tiny.asparam: not valid JSON"):
+        DashInferModel(out, "tiny")
+
+
+def test_asparam_offsets_out_of_range(tmp_path):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                         "v": {"dtype": "F32", "shape": [2], "data_offsets": [16, 20]}}).encode()
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(24))
+    with pytest.raises(ModelSerializerException, match=r"tensor 'v' in .*bad.safetensors has offsets \[16, 20\] for 8 bytes"):
+        SafetensorsFile(path)
+
+
+def test_asgraph_shape_mismatch(serialized, tmp_path):
+    out = copy_serialized(serialized, tmp_path)
+    path = os.path.join(out, "tiny.asgraph")
+    graph = json.load(open(path))
+    graph["config"]["intermediate_size"] = 96
+    json.dump(graph, open(path, "w"))
+    with pytest.raises(ModelSerializerException,
+                       match=r"tensor 'model.layers.0.mlp.gate_proj.weight' in .*tiny.asparam is F32\[128, 64\], "
+                             r"the config in .*tiny.asgraph implies F32\[96, 64\]"):
+        DashInferModel(out, "tiny")
+
+
+def test_asgraph_missing_or_invalid(serialized, tmp_path):
+    out = copy_serialized(serialized, tmp_path)
+    path = os.path.join(out, "tiny.asgraph")
+    with open(path, "w") as f:
+        f.write("{")
+    with pytest.raises(ModelSerializerException, match=r"tiny.asgraph is not valid JSON"):
+        DashInferModel(out, "tiny")
+    os.remove(path)
+    with pytest.raises(ModelSerializerException, match=r"serialized model file .*tiny.asgraph is missing"):
+        DashInferModel(out, "tiny")
+
+
+def test_asparam_missing_tensor(serialized, tmp_path):
+    out = copy_serialized(serialized, tmp_path)
+    path = os.path.join(out, "tiny.asgraph")
+    graph = json.load(open(path))
+    graph["config"]["tie_word_embeddings"] = False
+    graph["config"]["num_hidden_layers"] = 3
+    json.dump(graph, open(path, "w"))
+    with pytest.raises(ModelSerializerException, match=r"tensor 'model.layers.2.input_layernorm.weight' is missing from"):
+        DashInferModel(out, "tiny")
+
+
+# -- quantized serialization, memory serialization, DashInfer steps -----------------------------
+
+@pytest.mark.parametrize("fmt,group", [("int8", 32), ("uint4", 64), ("int8", -1)])
+def test_quantized_serialization(llama_dir, tmp_path, fmt, group):
+    cfg = {"quant_method": "instant_quant", "weight_format": fmt, "group_size": group}
+    loader = serialize(llama_dir, tmp_path, dtype="bfloat16", enable_quant=True, customized_quant_config=cfg)
+    model = DashInferModel(str(tmp_path), "tiny")
+    q = model.quantization
+    assert q["weight_format"] == fmt and q["group_size"] == group
+    assert len(q["quantized"]) == 7 * TINY["num_hidden_layers"] and "lm_head.weight" not in q["quantized"]
+    source = source_tensors(llama_dir)
+    name = "model.layers.1.mlp.down_proj.weight"  # [64, 128]
+    qw, scales, zeros = (model.tensor(f"{name}.{p}") for p in ("qweight", "scales", "zeros"))
+    g = 128 if group == -1 else group
+    assert qw.shape == (64, 128 if fmt == "int8" else 64) and scales.shape == (64, 128 // g) == zeros.shape
+    w = source[name]
+    err = np.abs(dequantize(qw, scales, zeros, fmt, group) - w)
+    assert (err <= np.repeat(scales, g, axis=1) / 2 + 1e-6).all()
+    assert model.tensor_dtype("lm_head.weight") == "BF16" and model.tensor_dtype("model.norm.weight") == "BF16"
+    report = loader.serialization_report
+    assert report["asparam_bytes"] == os.path.getsize(tmp_path / "tiny.asparam")
+    assert 0 < report["quantization"]["max_abs_error"] <= float(np.max(scales)) and report["quantization"]["relative_rms_error"] < 0.2
+
+
+def test_quantize_lm_head_option(llama_dir, tmp_path):
+    cfg = {"quant_method": "instant_quant", "weight_format": "int8", "quantize_lm_head": True}
+    serialize(llama_dir, tmp_path, enable_quant=True, customized_quant_config=cfg)
+    model = DashInferModel(str(tmp_path), "tiny")
+    assert "lm_head.weight" in model.quantization["quantized"] and "lm_head.weight.qweight" in model.tensor_names()
+
+
+def test_failed_conversion_leaves_previous_model(llama_dir, tmp_path, monkeypatch):
+    serialize(llama_dir, tmp_path)
+    cfg = {"quant_method": "instant_quant", "weight_format": "int8", "group_size": 48}
+    with pytest.raises(ModelSerializerException, match="input size 64 is not divisible by group_size 48"):
+        serialize(llama_dir, tmp_path, enable_quant=True, customized_quant_config=cfg)
+    from dashinfer_client.model import hf
+
+    def broken_fetch(self, name):
+        if name.endswith("down_proj.weight"):
+            raise OSError("disk on fire")
+        return original_fetch(self, name)
+    original_fetch = hf.HFWeights.fetch
+    monkeypatch.setattr(hf.HFWeights, "fetch", broken_fetch)
+    with pytest.raises(OSError, match="disk on fire"):
+        serialize(llama_dir, tmp_path, dtype="bfloat16")
+    model = DashInferModel(str(tmp_path), "tiny")
+    assert model.quantization is None and model.dtype == "float32"
+    assert not glob.glob(str(tmp_path / "*.tmp-*"))
+
+
+def test_serialize_to_memory_and_reference_builders(llama_dir):
+    from dashinfer_client.types import TargetDevice
+    loader = HuggingFaceModel(llama_dir, "tiny/model", in_memory_serialize=True, progress=False)
+    loader.load_model().read_model_config().serialize_to_memory(None, enable_quant=True, weight_only_quant=True)
+    loader.free_model()  # DashInfer frees the source before install_model: the files must stay
+    rt = loader.create_reference_runtime_config_builder("tiny", TargetDevice.CPU, [0], max_batch=4).max_length(100).build()
+    assert rt.model_prefix == "tiny_model" and os.path.exists(rt.model_path) and os.path.exists(rt.weights_path)
+    assert DashInferModel(rt.model_dir, rt.model_prefix).quantization["weight_format"] == "int8"
+    gen = loader.create_reference_generation_config_builder(rt).build()
+    assert gen["eos_token_id"] in ([2], 2) and gen["max_length"] == 100
+    assert loader.get_model_context_length() == TINY["max_position_embeddings"]
+    temp_dir = rt.model_dir
+    loader.free_memory_serialize_file()
+    assert not os.path.exists(temp_dir)
+
+
+def test_serialize_to_memory_needs_the_flag(llama_dir):
+    with pytest.raises(ModelSerializerException, match="in_memory_serialize=True"):
+        HuggingFaceModel(llama_dir, "tiny").load_model().serialize_to_memory(None)
+
+
+def test_skip_if_exists_and_diconfig(llama_dir, tmp_path):
+    import yaml
+    serialize(llama_dir, tmp_path)
+    stamp = os.stat(tmp_path / "tiny.asparam").st_mtime_ns
+    loader = serialize(llama_dir, tmp_path, skip_if_exists=True)
+    assert os.stat(tmp_path / "tiny.asparam").st_mtime_ns == stamp
+    serialize(llama_dir, tmp_path, dtype="bfloat16", skip_if_exists=True)  # other dtype: converts again
+    assert DashInferModel(str(tmp_path), "tiny").dtype == "bfloat16"
+    loader.export_model_diconfig(str(tmp_path / "di" / "diconfig.yaml"))
+    doc = yaml.safe_load(open(tmp_path / "di" / "diconfig.yaml"))
+    assert doc["model"]["data_type"] == "float32" and doc["model"]["architecture"] == "llama"
+    assert doc["serialized"] == {"model_dir": str(tmp_path), "prefix": "tiny"}
+
+
+def test_tokenizer_travels_with_the_model(serialized, llama_dir):
+    from transformers import AutoTokenizer
+    model = DashInferModel(serialized, "tiny")
+    text = "Hello, world! <|im_end|>"
+    assert model.init_tokenizer().get_tokenizer().encode(text) == AutoTokenizer.from_pretrained(llama_dir).encode(text)
+    ids = chat_prompt_ids(model.get_tokenizer(), "hi")
+    assert model.get_tokenizer().decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_serialized_without_tokenizer_says_so(llama_dir, tmp_path):
+    model_dir = variant(llama_dir, tmp_path, lambda c: c)
+    for path in glob.glob(os.path.join(model_dir, "tokenizer*")) + glob.glob(os.path.join(model_dir, "special*")):
+        os.remove(path)
+    serialize(model_dir, tmp_path / "out")
+    with pytest.raises(ModelSerializerException, match="has no tokenizer"):
+        DashInferModel(str(tmp_path / "out"), "tiny").get_tokenizer()
+
+
+# -- GGUF files (written here from the tiny models, as llama.cpp's converter writes them) ----------
+
+def transformers_gguf_tensors(gguf_path):
+    """What transformers' own GGUF loader makes of the file (name map, Q/K un-permutation, dequantization)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    config = AutoConfig.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=skeleton)["tensors"]
+    return {k: v.numpy() for k, v in tensors.items()}
+
+
+def serialize_gguf(gguf_path, out_dir, dtype="float32"):
+    loader = GGUFModel(gguf_path, "tg", user_set_data_type=dtype, progress=False)
+    loader.load_model().read_model_config().serialize_to_path(None, str(out_dir))
+    return DashInferModel(str(out_dir), "tg")
+
+
+@pytest.mark.parametrize("arch,uneven,quant", [("llama", False, None), ("llama", True, None), ("qwen2", True, None),
+                                               ("llama", False, "Q8_0"), ("qwen2", False, "Q4_1")])
+def test_gguf_matches_source_and_transformers(tmp_path, arch, uneven, quant):
+    from transformers import AutoTokenizer
+    hf = build_tiny_model(tmp_path / "hf", arch=arch, uneven=uneven)
+    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf, quant_type=quant, rope_theta=100000.0)
+    model = serialize_gguf(gguf_path, tmp_path / "out")
+    c = model.config
+    assert model.architecture == arch and c.rope_theta == 100000.0 and c.attention_bias == (arch == "qwen2")
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == ((9, 3, 8) if uneven else (4, 2, 16))
+    assert c.eos_token_id == [2] and model.generation_config == {"bos_token_id": 1, "pad_token_id": 0, "eos_token_id": [2]}
+    reference = transformers_gguf_tensors(gguf_path)
+    source = source_tensors(hf)
+    assert sorted(model.tensor_names()) == sorted(reference) == sorted(source)
+    for name, expected in reference.items():
+        np.testing.assert_array_equal(model.tensor(name), expected, err_msg=name)
+        if quant is None:  # F32 GGUF: the permutation round trip is exact
+            np.testing.assert_array_equal(model.tensor(name), source[name], err_msg=name)
+    text = "Hello, world! <|im_end|>"
+    assert model.get_tokenizer().encode(text) == AutoTokenizer.from_pretrained(hf).encode(text)
+
+
+def test_gguf_to_bf16_and_quantized(tmp_path):
+    hf = build_tiny_model(tmp_path / "hf", arch="llama", uneven=True)
+    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf)
+    loader = GGUFModel(gguf_path, "tq", user_set_data_type="bfloat16", progress=False)
+    loader.load_model().serialize_to_path(None, str(tmp_path / "out"), enable_quant=True,
+                                          customized_quant_config={"weight_format": "uint4", "group_size": 8})
+    model = DashInferModel(str(tmp_path / "out"), "tq")
+    source = source_tensors(hf)
+    np.testing.assert_array_equal(model.tensor("model.norm.weight"), to_bf16(source["model.norm.weight"]))
+    name = "model.layers.0.self_attn.k_proj.weight"  # permuted in the GGUF, quantized after un-permuting
+    deq = dequantize(*(model.tensor(f"{name}.{p}") for p in ("qweight", "scales", "zeros")), "uint4", 8)
+    assert np.abs(deq - source[name]).max() <= model.tensor(f"{name}.scales").max() / 2 + 1e-6
+
+
+def test_gguf_bad_inputs(tmp_path):
+    import gguf
+    with pytest.raises(ModelSerializerException, match="GGUF file .*missing.gguf does not exist"):
+        GGUFModel(str(tmp_path / "missing.gguf"), "x").load_model()
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelSerializerException, match="cannot read GGUF file .*junk.gguf"):
+        GGUFModel(str(tmp_path / "junk.gguf"), "x").load_model()
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelSerializerException, match="GGUF architecture 'gpt2' .* is not supported"):
+        GGUFModel(str(tmp_path / "gpt2.gguf"), "x").read_model_config()
+
+
+def test_memory_serialization_removed_at_exit(llama_dir):
+    import subprocess
+    import sys
+    script = ("import sys; from dashinfer_client.model import HuggingFaceModel; "
+              "m = HuggingFaceModel(sys.argv[1], 'tiny', in_memory_serialize=True, progress=False); "
+              "m.load_model().serialize_to_memory(None); print(m.model_output_dir)")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", script, llama_dir], capture_output=True, text=True, env=env, check=True)
+    temp_dir = done.stdout.strip()
+    assert temp_dir.startswith(tempfile_root()) and not os.path.exists(temp_dir)
+
+
+def tempfile_root():
+    import tempfile
+    return tempfile.gettempdir()
+
+
+def test_progress_and_quiet(llama_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DASHINFER_QUIET", "1")
+    HuggingFaceModel(llama_dir, "tiny").load_model().serialize_to_path(None, str(tmp_path / "a"))
+    assert capsys.readouterr().err == ""
+    HuggingFaceModel(llama_dir, "tiny").load_model().serialize_to_path(None, str(tmp_path / "b"), progress=True)
+    assert "Model tiny serialized to" in capsys.readouterr().err

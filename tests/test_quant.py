@@ -1,0 +1,103 @@
+"""InstantQuant: per-group asymmetric int8 / uint4, the error bound, packing, and refusals."""
+import numpy as np
+import pytest
+
+from dashinfer_client.errors import ModelSerializerException
+from dashinfer_client.model.quant import InstantQuantSettings, dequantize, quantize, unpack_codes
+
+LEVELS = {"int8": 255, "uint4": 15}
+
+
+def weight(n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    # rows of very different magnitudes and a shifted mean, so groups are not symmetric around 0
+    return (rng.standard_normal((n, k)) * rng.uniform(0.01, 3.0, (n, 1)) + rng.uniform(-1, 1, (n, 1))).astype(np.float32)
+
+
+def check_bound(w, fmt, group):
+    q, scales, zeros = quantize(w, fmt, group)
+    n, k = w.shape
+    g = k if group == -1 else group
+    assert scales.shape == zeros.shape == (n, k // g) and scales.dtype == zeros.dtype == np.float32
+    assert q.dtype == np.uint8 and q.shape == (n, k if fmt == "int8" else k // 2)
+    deq = dequantize(q, scales, zeros, fmt, group)
+    bound = np.repeat(scales, g, axis=1) / 2
+    slack = 4 * np.finfo(np.float32).eps * (np.abs(w) + np.repeat(np.abs(zeros * scales), g, axis=1))
+    assert (np.abs(deq - w) <= bound + slack).all()
+    return q, scales, zeros
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint4"])
+@pytest.mark.parametrize("shape,group", [((7, 128), 32), ((5, 192), 64), ((3, 96), -1), ((1, 64), 64), ((9, 24), 8)])
+def test_error_within_half_a_step(fmt, shape, group):
+    check_bound(weight(*shape), fmt, group)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint4"])
+def test_formula_and_full_code_range(fmt):
+    w = weight(4, 64, seed=3)
+    q, scales, zeros = quantize(w, fmt, 16)
+    groups = w.reshape(4, 4, 16).astype(np.float64)
+    lo, hi = groups.min(axis=2), groups.max(axis=2)
+    np.testing.assert_allclose(scales, (hi - lo) / LEVELS[fmt], rtol=1e-6)
+    np.testing.assert_allclose(zeros, -lo / scales, rtol=1e-5)
+    codes = unpack_codes(q, fmt).reshape(4, 4, 16)
+    assert (codes.min(axis=2) == 0).all() and (codes.max(axis=2) == LEVELS[fmt]).all()
+
+
+def test_uint4_nibble_order():
+    # one group 0..15 in order: codes equal the values; even k in the low nibble
+    w = np.arange(16, dtype=np.float32)[None, :]
+    q, scales, zeros = quantize(w, "uint4", 16)
+    assert scales[0, 0] == 1.0 and zeros[0, 0] == 0.0
+    assert q[0].tolist() == [(2 * i) | ((2 * i + 1) << 4) for i in range(8)]
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint4"])
+def test_constant_groups_are_exact(fmt):
+    w = weight(4, 64)
+    w[0, :32] = 0.75      # a constant group
+    w[1, :] = -2.5        # a constant row
+    w[2, 32:] = 0.0       # a zero group
+    w[3, :32] = 1e-40     # denormal-range group
+    q, scales, zeros = check_bound(w, fmt, 32)
+    assert np.isfinite(scales).all() and np.isfinite(zeros).all() and (scales > 0).all()
+    deq = dequantize(q, scales, zeros, fmt, 32)
+    np.testing.assert_array_equal(deq[0, :32], w[0, :32])
+    np.testing.assert_array_equal(deq[1], w[1])
+    np.testing.assert_array_equal(deq[2, 32:], w[2, 32:])
+
+
+def test_per_channel_group():
+    w = weight(6, 80)
+    q, scales, zeros = check_bound(w, "int8", -1)
+    assert scales.shape == (6, 1)
+    np.testing.assert_allclose(scales[:, 0], (w.max(axis=1) - w.min(axis=1)) / 255, rtol=1e-6)
+
+
+def test_k_not_divisible_by_group():
+    with pytest.raises(ModelSerializerException, match="input size 100 is not divisible by group_size 64"):
+        quantize(weight(2, 100), "int8", 64)
+    with pytest.raises(ModelSerializerException, match="uint4: input size 9 must be even"):
+        quantize(weight(2, 9), "uint4", -1)
+
+
+def test_bad_arguments():
+    with pytest.raises(ModelSerializerException, match="weight_format 'int4' is not supported"):
+        quantize(weight(2, 64), "int4", 32)
+    with pytest.raises(ModelSerializerException, match="group_size must be a positive integer or -1"):
+        quantize(weight(2, 64), "int8", 0)
+    with pytest.raises(ModelSerializerException, match=r"expects a 2-D weight \[N, K\], got shape \[64\]"):
+        quantize(np.zeros(64, np.float32), "int8", 32)
+
+
+def test_customized_quant_config():
+    s = InstantQuantSettings.from_config({"quant_method": "instant_quant", "weight_format": "uint4", "group_size": 128})
+    assert (s.weight_format, s.group_size, s.quantize_lm_head) == ("uint4", 128, False)
+    assert InstantQuantSettings.from_config(None) == InstantQuantSettings("int8", 64, False)
+    with pytest.raises(ModelSerializerException, match=r"unsupported key\(s\) \['group_settings'\]"):
+        InstantQuantSettings.from_config({"quant_method": "instant_quant", "group_settings": {}})
+    with pytest.raises(ModelSerializerException, match="quant_method 'gptq' is not supported"):
+        InstantQuantSettings.from_config({"quant_method": "gptq"})
+    with pytest.raises(ModelSerializerException, match="compute_method 'activate_quant' is not supported"):
+        InstantQuantSettings.from_config({"quant_method": "instant_quant", "compute_method": "activate_quant"})

@@ -1,0 +1,423 @@
+"""API types: enums, GeneratedElements, RequestStatInfo, ResultQueue under threads, PromptTemplate,
+and the light package import."""
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dashinfer_client as allspark
+from dashinfer_client import (AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus,
+                              PromptTemplate, RequestStatInfo, ResultQueue, RoPEScaleMethod,
+                              TargetDevice)
+
+S = GenerateRequestStatus
+JOIN_S = 10  # generous bound for a thread that must finish; never a timing assert
+
+
+def in_thread(fn):
+    """Run fn in a thread; return (thread, result list) so a test can check it did or did not return."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
+
+
+# ---- enums ---------------------------------------------------------------------------------------
+
+def test_as_status_has_dashinfers_codes():
+    assert {s.name: int(s) for s in AsStatus} == {
+        "ALLSPARK_SUCCESS": 0, "ALLSPARK_UNKNOWN_ERROR": 1, "ALLSPARK_PARAM_ERROR": 2,
+        "ALLSPARK_IO_ERROR": 3, "ALLSPARK_MEMORY_ERROR": 4, "ALLSPARK_RUNTIME_ERROR": 5,
+        "ALLSPARK_EXCEED_LIMIT_ERROR": 7, "ALLSPARK_INVALID_CALL_ERROR": 8, "ALLSPARK_EMPTY_REQUEST": 9,
+        "ALLSPARK_ILLEGAL_REQUEST_ID": 10, "ALLSPARK_CACHE_MEMORY_OUT": 11, "ALLSPARK_REQUEST_DENIED": 12,
+        "ALLSPARK_LORA_NOT_LOADED": 13, "ALLSPARK_CHUNK_PREFILL": 14, "ALLSPARK_DEPRECATED": 20,
+        "ALLSPARK_STREAMING": 200}
+
+
+def test_other_enums():
+    assert [(s.name, int(s)) for s in GenerateRequestStatus] == [
+        ("Init", 0), ("ContextFinished", 1), ("Generating", 2), ("GenerateFinished", 3),
+        ("GenerateInterrupted", 4), ("InternalError", 5)]
+    assert [(m.name, int(m)) for m in AsCacheMode] == [
+        ("AsCacheDefault", 0), ("AsCacheQuantI8", 1), ("AsCacheQuantU4", 2)]
+    assert [d.name for d in TargetDevice] == ["CPU", "CPU_NUMA"]
+    assert (RoPEScaleMethod.NO_SCALE.value, RoPEScaleMethod.YaRN.value, RoPEScaleMethod.NTK.value) == (0, 3, 4)
+
+
+# ---- GeneratedElements, RequestStatInfo ----------------------------------------------------------
+
+def test_generated_elements_round_trip():
+    ele = GeneratedElements([5, 6], [[(5, -0.1), (9, -2.0)], [(6, -0.3), (1, -1.0)]], [-0.1, -0.3],
+                            {}, 16, 0, 16)
+    d = ele.to_dict()
+    d["log_probs_list"] = [[list(p) for p in tok] for tok in d["log_probs_list"]]  # as JSON gives it back
+    assert GeneratedElements.from_dict(d) == ele
+    with pytest.raises(ValueError, match="ids"):
+        GeneratedElements.from_dict({"ids": [1]})
+
+
+def test_request_stat_info_keys_and_attributes():
+    info = RequestStatInfo({"time_to_first_token": 12.5, "context_token_length": 7})
+    assert set(info) == {k.value for k in RequestStatInfo.Key}
+    assert info.time_to_first_token == 12.5 and info.context_token_length == 7
+    assert info.generated_token_length == 0 and info.finish_time == info["finished_time"] == 0
+    assert info[RequestStatInfo.Key.KEY_TTFT_MS.value] == 12.5
+    assert RequestStatInfo.from_dict(info.to_dict()) == info and type(info.to_dict()) is dict
+    with pytest.raises(AttributeError, match="ttft"):
+        info.ttft
+
+
+# ---- ResultQueue: the consumer API ---------------------------------------------------------------
+
+def test_fresh_queue():
+    q = ResultQueue("r1")
+    assert q.GenerateStatus() == S.Init and q.GeneratedLength() == 0 and q.error is None
+    assert q.GetNoWait() is None
+    assert q.GetWithTimeout(5) is None
+    assert q.RequestStatInfo().generated_token_length == 0
+
+
+def test_get_aggregates_everything_since_last_get():
+    q = ResultQueue()
+    q.push([1, 2], [[(1, -0.5)], [(2, -0.25)]], [-0.5, -0.25], prefix_cache_len=32)
+    q.push(3, [[(3, -1.0)]], [-1.0], prefix_cache_len=32)
+    q.push(np.array([4, 5]), [[(4, -0.1)], [(np.int64(5), np.float32(-0.125))]], np.array([-0.1, -0.125]))
+    assert q.GeneratedLength() == 5
+    ele = q.Get()
+    assert ele.ids_from_generate == [1, 2, 3, 4, 5]
+    assert ele.log_probs_list == [[(1, -0.5)], [(2, -0.25)], [(3, -1.0)], [(4, -0.1)], [(5, -0.125)]]
+    assert ele.token_logprobs_list == pytest.approx([-0.5, -0.25, -1.0, -0.1, -0.125])
+    assert all(type(i) is int for i in ele.ids_from_generate)
+    assert (ele.prefix_cache_len, ele.prefix_len_gpu, ele.prefix_len_cpu) == (32, 0, 32)
+    assert q.GetNoWait() is None  # everything was delivered
+    q.push(np.int64(6), [[]], [-0.5])
+    assert q.GetNoWait().ids_from_generate == [6] and q.GeneratedLength() == 6
+
+
+def test_elements_without_logprobs_have_empty_lists():
+    q = ResultQueue()
+    q.push([7, 8])
+    ele = q.GetWithTimeout(1000)
+    assert ele.ids_from_generate == [7, 8] and ele.log_probs_list == [] and ele.token_logprobs_list == []
+
+
+def test_get_blocks_until_a_push_then_wakes():
+    q = ResultQueue()
+    t, out = in_thread(q.Get)
+    time.sleep(0.05)
+    assert t.is_alive()  # nothing pushed: Get waits
+    q.push(42)
+    t.join(JOIN_S)
+    assert not t.is_alive() and out[0].ids_from_generate == [42]
+
+
+def test_get_wakes_with_none_when_the_request_ends_without_tokens():
+    q = ResultQueue()
+    t, out = in_thread(q.Get)
+    time.sleep(0.05)
+    assert t.is_alive()
+    q.set_status(S.GenerateInterrupted, error="KV cache full")
+    t.join(JOIN_S)
+    assert not t.is_alive() and out == [None]
+    assert q.error == "KV cache full"
+
+
+def test_none_after_the_end_and_all_delivered():
+    q = ResultQueue()
+    q.push([1, 2])
+    q.set_status(S.GenerateFinished)
+    assert q.Get().ids_from_generate == [1, 2]  # still delivered after the end
+    for get in (q.Get, lambda: q.GetWithTimeout(10_000), q.GetNoWait):
+        t, out = in_thread(get)
+        t.join(JOIN_S)
+        assert not t.is_alive() and out == [None]  # returns at once, never blocks
+
+
+def test_interrupted_request_delivers_its_tokens_then_none():
+    q = ResultQueue()
+    q.push([3, 4])
+    assert q.set_status(S.GenerateInterrupted, error="out of KV blocks")
+    assert q.GenerateStatus() == S.GenerateInterrupted and q.error == "out of KV blocks"
+    assert q.Get().ids_from_generate == [3, 4]
+    assert q.Get() is None
+
+
+def test_get_with_timeout_refuses_bad_timeouts():
+    q = ResultQueue()
+    for bad in (-1, "10", None, True):
+        with pytest.raises(ValueError, match="timeout_ms"):
+            q.GetWithTimeout(bad)
+
+
+def _producer(q, n, with_logprobs, sleep_s=0.002):
+    for i in range(n):
+        time.sleep(sleep_s)
+        if with_logprobs:
+            q.push([i], [[(i, -float(i)), (i + 1, -float(i) - 1)]], [-float(i)])
+        else:
+            q.push([i])
+    q.set_status(S.GenerateFinished)
+
+
+@pytest.mark.parametrize("mode", ["Get", "GetWithTimeout", "GetNoWait"])
+def test_threaded_producer_consumer(mode):
+    n = 60
+    q = ResultQueue()
+    producer = threading.Thread(target=_producer, args=(q, n, True))
+    producer.start()
+    got, lp, tlp = [], [], []
+    seen_generating = False
+    deadline = time.monotonic() + JOIN_S
+    while time.monotonic() < deadline:
+        ended = q.GenerateStatus() == S.GenerateFinished  # read before the get: nothing comes after
+        if mode == "Get":
+            ele = q.Get()
+        elif mode == "GetWithTimeout":
+            ele = q.GetWithTimeout(3)
+        else:
+            ele = q.GetNoWait()
+        if ele is None:
+            if ended or mode == "Get":
+                break
+            if mode == "GetNoWait":
+                time.sleep(0.001)
+            continue
+        assert len(ele.ids_from_generate) == len(ele.log_probs_list) == len(ele.token_logprobs_list)
+        got += ele.ids_from_generate
+        lp += ele.log_probs_list
+        tlp += ele.token_logprobs_list
+        # everything delivered was generated: the count never lags behind what the consumer holds
+        assert q.GeneratedLength() >= len(got)
+        seen_generating |= q.GenerateStatus() == S.Generating
+    producer.join(JOIN_S)
+    assert got == list(range(n))
+    assert lp == [[(i, -float(i)), (i + 1, -float(i) - 1)] for i in range(n)]
+    assert tlp == [-float(i) for i in range(n)]
+    assert q.GeneratedLength() == n and q.GenerateStatus() == S.GenerateFinished
+    assert q.RequestStatInfo().generated_token_length == n
+    assert seen_generating or mode != "Get"
+
+
+def test_generated_length_is_right_at_every_moment():
+    q = ResultQueue()
+    pushed = []
+    stop = threading.Event()
+    bad = []
+
+    def watch():  # GeneratedLength is read while pushes happen: never beyond what was pushed
+        while not stop.is_set():
+            n = q.GeneratedLength()
+            if n > len(pushed):
+                bad.append((n, len(pushed)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for i in range(300):
+        pushed.append(i)  # appended before the push: GeneratedLength may lag, never lead
+        q.push(i)
+        assert q.GeneratedLength() == i + 1
+    stop.set()
+    watcher.join(JOIN_S)
+    assert not bad
+
+
+def test_two_consumers_share_the_tokens_without_duplicates():
+    q = ResultQueue()
+    results = [[], []]
+
+    def consume(k):
+        while (ele := q.Get()) is not None:
+            results[k] += ele.ids_from_generate
+
+    consumers = [threading.Thread(target=consume, args=(k,)) for k in range(2)]
+    for c in consumers:
+        c.start()
+    _producer(q, 200, False, sleep_s=0.0002)
+    for c in consumers:
+        c.join(JOIN_S)
+    assert not any(c.is_alive() for c in consumers)
+    assert sorted(results[0] + results[1]) == list(range(200))
+
+
+# ---- ResultQueue: the producer API ---------------------------------------------------------------
+
+def test_status_sequence_and_push_promotes_to_generating():
+    q = ResultQueue()
+    assert q.set_status(S.ContextFinished) and q.GenerateStatus() == S.ContextFinished
+    q.push(1)
+    assert q.GenerateStatus() == S.Generating
+    assert q.set_status(S.Generating)  # repeating the current status is harmless
+    assert q.set_status(S.GenerateFinished)
+    assert q.GenerateStatus() == S.GenerateFinished
+    q2 = ResultQueue()
+    q2.push([])  # nothing new: no promotion
+    assert q2.GenerateStatus() == S.Init and q2.GetNoWait() is None
+    q2.push([9])
+    assert q2.GenerateStatus() == S.Generating
+
+
+def test_status_cannot_go_back():
+    q = ResultQueue()
+    q.set_status(S.Generating)
+    with pytest.raises(ValueError, match="Generating -> ContextFinished"):
+        q.set_status(S.ContextFinished)
+    with pytest.raises(ValueError):
+        q.set_status(17)
+
+
+def test_final_status_is_kept_first_one_wins():
+    q = ResultQueue()
+    q.push(1)
+    assert q.set_status(S.GenerateInterrupted, error="stopped")
+    assert not q.set_status(S.GenerateFinished)
+    assert not q.set_status(S.Generating)
+    assert q.GenerateStatus() == S.GenerateInterrupted and q.error == "stopped"
+    assert q.push(2) is False  # a push racing with the stop is dropped
+    assert q.GeneratedLength() == 1
+    assert q.Get().ids_from_generate == [1] and q.Get() is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(ids=[1, 2], log_probs=[[(1, -1.0)]], token_logprobs=[-1.0]), "2 ids"),
+    (dict(ids=[1], log_probs=[[(1, -1.0)]], token_logprobs=[-1.0, -2.0]), "token_logprobs"),
+    (dict(ids=[1], log_probs=[[(1, -1.0)]]), "together"),
+    (dict(ids=[1], token_logprobs=[-1.0]), "together"),
+])
+def test_push_refuses_misaligned_logprobs(kwargs, match):
+    q = ResultQueue()
+    with pytest.raises(ValueError, match=match):
+        q.push(**kwargs)
+    assert q.GeneratedLength() == 0
+
+
+def test_push_refuses_mixing_logprobs_and_none():
+    q = ResultQueue()
+    q.push([1], [[(1, -1.0)]], [-1.0])
+    with pytest.raises(ValueError, match="some pushes"):
+        q.push([2])
+    q2 = ResultQueue()
+    q2.push([1])
+    with pytest.raises(ValueError, match="some pushes"):
+        q2.push([2], [[(2, -1.0)]], [-1.0])
+
+
+def test_push_prefix_lengths_and_tensors():
+    q = ResultQueue()
+    q.push([1], prefix_cache_len=64, prefix_len_gpu=16)
+    ele = q.Get()
+    assert (ele.prefix_cache_len, ele.prefix_len_gpu, ele.prefix_len_cpu) == (64, 16, 48)
+    q.push([], tensors={"hidden": np.zeros(3)})
+    ele = q.GetNoWait()
+    assert ele.ids_from_generate == [] and list(ele.tensors_from_model_inference) == ["hidden"]
+    assert ele.prefix_cache_len == 64  # the latest known values ride along
+
+
+def test_stats_derived_by_the_queue():
+    q = ResultQueue()
+    q.update_stats(context_token_length=100, time_in_queue=1.0)
+    running = q.RequestStatInfo()
+    assert running.first_token_time == 0 and running.time_to_first_token == 0 and running.finished_time == 0
+    time.sleep(0.01)
+    q.push([1], prefix_cache_len=60)
+    time.sleep(0.01)
+    q.push([2, 3])
+    q.set_status(S.GenerateFinished)
+    info = q.RequestStatInfo()
+    assert isinstance(info, RequestStatInfo)
+    assert info.arrival_time > 1.6e12  # epoch milliseconds
+    assert info.arrival_time < info.first_token_time < info.last_token_time
+    assert info.time_to_first_token == pytest.approx(info.first_token_time - info.arrival_time)
+    assert info.prefill_time == pytest.approx(info.time_to_first_token - 1.0)
+    assert info.decode_time == pytest.approx(info.last_token_time - info.first_token_time)
+    assert info.finished_time >= info.time_to_first_token + info.decode_time - 1e-6
+    assert (info.context_token_length, info.context_cached_length, info.generated_token_length) == (100, 60, 3)
+    assert info.context_tps == pytest.approx(40 * 1000.0 / info.prefill_time)
+    assert info.generate_tps == pytest.approx(2 * 1000.0 / info.decode_time)
+
+
+def test_stats_given_by_the_producer_win():
+    q = ResultQueue()
+    q.push([1, 2])
+    q.update_stats({"time_to_first_token": 5.0, "prefill_time": 4.0}, context_tps=123.0,
+                   generated_token_length=99)
+    info = q.RequestStatInfo()
+    assert (info.time_to_first_token, info.prefill_time, info.context_tps) == (5.0, 4.0, 123.0)
+    assert info.generated_token_length == 2  # always the pushed count
+    for bad, match in (({"ttft": 1}, "ttft"), ({"prefill_time": "5"}, "prefill_time"),
+                       ({"context_token_length": True}, "context_token_length")):
+        with pytest.raises(ValueError, match=match):
+            q.update_stats(bad)
+
+
+# ---- PromptTemplate ------------------------------------------------------------------------------
+
+def test_chatml_template():
+    expected = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert PromptTemplate.apply_chatml_template("What is the capital of France?") == expected
+    assert PromptTemplate.apply_chatml_template(["a", "b"])[1].startswith("<|im_start|>system\n")
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in PromptTemplate.apply_chatml_template("x", "Be brief.")
+    with pytest.raises(TypeError, match="str"):
+        PromptTemplate.apply_chatml_template(5)
+
+
+def _tokenizer(chat_template):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(WordLevel({"<unk>": 0, "hi": 1}, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=chat_template)
+
+
+def test_chat_template_of_the_tokenizer():
+    template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok = _tokenizer(template)
+    assert PromptTemplate.apply_chat_template(tok, "hi") == "<user>hi</s><assistant>"
+    assert PromptTemplate.apply_chat_template(tok, ["hi"], system_prompt="S") == [
+        "<system>S</s><user>hi</s><assistant>"]
+    with pytest.raises(ValueError, match="no chat template"):
+        PromptTemplate.apply_chat_template(_tokenizer(None), "hi")
+
+
+# ---- the package ---------------------------------------------------------------------------------
+
+def test_contract_names_are_exported():
+    eager = ["AsModelRuntimeConfigBuilder", "ASGenerationConfigBuilder", "TargetDevice", "AsCacheMode",
+             "AsStatus", "GenerateRequestStatus", "GeneratedElements", "ResultQueue", "RequestStatInfo",
+             "PromptTemplate", "RoPEScaleMethod"]
+    lazy = ["Engine", "ClientEngine", "HuggingFaceModel", "GGUFModel", "DashInferModel",
+            "ModelSerializerException"]
+    for name in eager:
+        assert getattr(allspark, name) is not None
+    assert set(eager + lazy) <= set(allspark.__all__) and set(lazy) <= set(dir(allspark))
+
+
+def test_lazy_names_fail_with_a_clear_import_error(monkeypatch):
+    monkeypatch.setitem(allspark._LAZY, "Missing", "dashinfer_client.no_such_module")
+    with pytest.raises(ImportError, match="dashinfer_client.Missing comes from dashinfer_client.no_such_module"):
+        allspark.Missing
+    with pytest.raises(AttributeError, match="Nonexistent"):
+        allspark.Nonexistent
+
+
+def test_lazy_name_resolves_and_is_cached(monkeypatch):
+    monkeypatch.setitem(allspark._LAZY, "DEFAULT_SYSTEM_PROMPT", "dashinfer_client.prompt")
+    monkeypatch.delitem(allspark.__dict__, "DEFAULT_SYSTEM_PROMPT", raising=False)
+    assert allspark.DEFAULT_SYSTEM_PROMPT == "You are a helpful assistant."
+    assert "DEFAULT_SYSTEM_PROMPT" in allspark.__dict__
+    monkeypatch.delitem(allspark.__dict__, "DEFAULT_SYSTEM_PROMPT")
+
+
+def test_import_is_light():
+    code = ("import sys, dashinfer_client as a\n"
+            "a.ASGenerationConfigBuilder().build(); a.ResultQueue().push(1)\n"
+            "heavy = [m for m in ('torch', 'transformers', 'dashinfer_server') if m in sys.modules]\n"
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
