@@ -1,6 +1,181 @@
-/* Bindings: linear kernels (being written). */
+/* Bindings: pack_linear, unpack_linear, linear (see linear.h for the packed layout). */
+#include "linear.h"
 #include "pyarg.h"
 
+static const char *const wtype_names[] = {"f32", "bf16", "i8", "u4"};
+
+/* numpy.empty(shape, dtype): arrays users get back are plain numpy arrays. */
+static PyObject *np_empty(PyObject *shape, const char *dtype) {
+    PyObject *np = PyImport_ImportModule("numpy");
+    if (!np) return NULL;
+    PyObject *arr = PyObject_CallMethod(np, "empty", "(Os)", shape, dtype);
+    Py_DECREF(np);
+    return arr;
+}
+
+/* A 1-D uint8 array of `bytes` whose data is 64-byte aligned (a view into a slightly larger
+ * array), so panels start on cache lines. */
+static PyObject *aligned_bytes(Py_ssize_t bytes) {
+    PyObject *shape = Py_BuildValue("(n)", bytes + 63);
+    if (!shape) return NULL;
+    PyObject *base = np_empty(shape, "uint8");
+    Py_DECREF(shape);
+    if (!base) return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(base, &v, PyBUF_SIMPLE) != 0) {
+        Py_DECREF(base);
+        return NULL;
+    }
+    Py_ssize_t off = (Py_ssize_t)(-(uintptr_t)v.buf & 63);
+    PyBuffer_Release(&v);
+    PyObject *lo = PyLong_FromSsize_t(off), *hi = PyLong_FromSsize_t(off + bytes);
+    PyObject *slice = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    PyObject *view = slice ? PyObject_GetItem(base, slice) : NULL;
+    Py_XDECREF(slice);
+    Py_DECREF(base);
+    return view;
+}
+
+static int parse_wtype(const char *fn, const char *name, dn_wtype *t) {
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, wtype_names[i]) == 0) {
+            *t = (dn_wtype)i;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "%s: unknown wtype '%s' (f32, bf16, i8 or u4)", fn, name);
+    return -1;
+}
+
+static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"w", "wtype", "group_size", "scales", "zeros", NULL};
+    PyObject *w_obj, *s_obj = Py_None, *z_obj = Py_None;
+    const char *tname;
+    Py_ssize_t group = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|nOO:pack_linear", kwlist, &w_obj, &tname,
+                                     &group, &s_obj, &z_obj))
+        return NULL;
+    dn_args a = {.fn = "pack_linear"};
+    dn_wtype t;
+    if (parse_wtype(a.fn, tname, &t) != 0) return NULL;
+    static const char fmts[] = {'f', 'H', 'B', 'B'};
+    Py_buffer *w = dn_take(&a, w_obj, "w", fmts[t], 2, 0);
+    if (!w) return dn_done(&a, NULL);
+    int64_t n = w->shape[0], k = w->shape[1] * (t == DN_W_U4 ? 2 : 1);
+    int quant = dn_linear_quantized(t);
+    if (quant && group == 0)
+        return dn_fail(&a, PyExc_ValueError, "%s needs group_size (32, 64, 128, 256 or K)", tname);
+    const char *why = dn_linear_check_shape(t, n, k, group);
+    if (why)
+        return dn_fail(&a, PyExc_ValueError, "%s weight [N=%lld, K=%lld], group_size %zd: %s",
+                       tname, (long long)n, (long long)k, group, why);
+    Py_buffer *s = NULL, *z = NULL;
+    if (quant) {
+        if (!(s = dn_take(&a, s_obj, "scales", 'f', 2, 0)) || dn_check_dim(&a, s, "scales", 0, n) ||
+            dn_check_dim(&a, s, "scales", 1, k / group) ||
+            !(z = dn_take(&a, z_obj, "zeros", 'f', 2, 0)) || dn_check_dim(&a, z, "zeros", 0, n) ||
+            dn_check_dim(&a, z, "zeros", 1, k / group))
+            return dn_done(&a, NULL);
+    } else if (s_obj != Py_None || z_obj != Py_None) {
+        return dn_fail(&a, PyExc_ValueError, "scales and zeros apply to i8/u4 only, not %s", tname);
+    }
+    int64_t bytes = dn_linear_packed_bytes(t, n, k, group);
+    PyObject *out = aligned_bytes((Py_ssize_t)bytes);
+    if (!out) return dn_done(&a, NULL);
+    Py_buffer *o = dn_take(&a, out, "packed", 'B', 1, 1);
+    if (!o) {
+        Py_DECREF(out);
+        return dn_done(&a, NULL);
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    dn_linear_pack(o->buf, t, n, k, group, w->buf, s ? s->buf : NULL, z ? z->buf : NULL);
+    Py_END_ALLOW_THREADS;
+    return dn_done(&a, out);
+}
+
+static Py_buffer *take_packed(dn_args *a, PyObject *obj, dn_linear_w *w) {
+    Py_buffer *v = dn_take(a, obj, "packed", 'B', 1, 0);
+    if (!v) return NULL;
+    const char *why = dn_linear_open(w, v->buf, (size_t)v->len);
+    if (why) {
+        PyErr_Format(PyExc_ValueError, "%s: packed: %s", a->fn, why);
+        return NULL;
+    }
+    return v;
+}
+
+static PyObject *py_unpack_linear(PyObject *self, PyObject *arg) {
+    dn_args a = {.fn = "unpack_linear"};
+    dn_linear_w w;
+    if (!take_packed(&a, arg, &w)) return dn_done(&a, NULL);
+    return dn_done(&a, Py_BuildValue("(sLLL)", wtype_names[w.wtype], (long long)w.n,
+                                     (long long)w.k, (long long)w.group));
+}
+
+static int overlaps(const Py_buffer *a, const Py_buffer *b) {
+    if (!a || !b) return 0;
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"x", "packed", "bias", "out", NULL};
+    PyObject *x_obj, *p_obj, *b_obj = Py_None, *o_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:linear", kwlist, &x_obj, &p_obj, &b_obj,
+                                     &o_obj))
+        return NULL;
+    dn_args a = {.fn = "linear"};
+    dn_linear_w w;
+    Py_buffer *p = take_packed(&a, p_obj, &w), *x, *b = NULL, *o;
+    if (!p || !(x = dn_take(&a, x_obj, "x", 'f', 2, 0)) || dn_check_dim(&a, x, "x", 1, w.k))
+        return dn_done(&a, NULL);
+    int64_t m = x->shape[0];
+    if (b_obj != Py_None &&
+        (!(b = dn_take(&a, b_obj, "bias", 'f', 1, 0)) || dn_check_dim(&a, b, "bias", 0, w.n)))
+        return dn_done(&a, NULL);
+    PyObject *out;
+    if (o_obj == Py_None) {
+        PyObject *shape = Py_BuildValue("(LL)", (long long)m, (long long)w.n);
+        out = shape ? np_empty(shape, "float32") : NULL;
+        Py_XDECREF(shape);
+        if (!out) return dn_done(&a, NULL);
+    } else {
+        out = o_obj;
+        Py_INCREF(out);
+    }
+    if (!(o = dn_take(&a, out, "out", 'f', 2, 1)) || dn_check_dim(&a, o, "out", 0, m) ||
+        dn_check_dim(&a, o, "out", 1, w.n)) {
+        Py_DECREF(out);
+        return dn_done(&a, NULL);
+    }
+    if (overlaps(o, x) || overlaps(o, b) || overlaps(o, p)) {
+        Py_DECREF(out);
+        return dn_fail(&a, PyExc_ValueError, "out must not share memory with x, packed or bias");
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = dn_linear(&w, x->buf, m, b ? b->buf : NULL, o->buf);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) {
+        Py_DECREF(out);
+        return dn_fail(&a, PyExc_MemoryError, "cannot allocate scratch for M=%lld",
+                       (long long)m);
+    }
+    return dn_done(&a, out);
+}
+
 PyMethodDef dn_linear_methods[] = {
+    {"pack_linear", (PyCFunction)(void (*)(void))py_pack_linear, METH_VARARGS | METH_KEYWORDS,
+     "pack_linear(w, wtype, group_size=0, scales=None, zeros=None) -> packed uint8 array\n"
+     "wtype 'f32' (w float32 [N,K]), 'bf16' (w uint16 bits [N,K]), 'i8' (w uint8 codes [N,K]),\n"
+     "'u4' (w uint8 [N,K/2], low nibble = even k). i8/u4: scales, zeros float32 [N, K/group_size],\n"
+     "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K."},
+    {"unpack_linear", py_unpack_linear, METH_O,
+     "unpack_linear(packed) -> (wtype, N, K, group_size) of a packed weight"},
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
+     "linear(x, packed, bias=None, out=None) -> out: out[M,N] = x[M,K] . W^T (+ bias), float32.\n"
+     "Releases the GIL. On the avx512 path with M > 4, activations are rounded to bf16 for\n"
+     "vdpbf16ps (and i8/u4 weights dequantized to bf16); M <= 4 and the other paths stay fp32."},
     {NULL, NULL, 0, NULL},
 };

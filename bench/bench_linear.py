@@ -1,0 +1,142 @@
+"""Linear kernels against the machine's limits and against torch.
+
+    PYTHONPATH=. python bench/bench_linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
+
+rows(limits) returns one dict per (shape, wtype): time, GB/s over the packed weight bytes
+(scales and zeros included; i8/u4 groups of 128 along K, 64 when K = 576), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
+bw_gbs, flops at the bf16 peak, or the fp32 peak for f32 weights) over the measured time, and
+`vs_torch` = torch time / our time (torch bf16 matmul for bf16/i8/u4, fp32 for f32, 2 threads).
+Decode shapes (M = 1, 16) cycle through copies of the weight bigger than the LLC, so each call
+streams its weights from DRAM, as in a real decode step.
+"""
+import argparse
+import time
+
+import numpy as np
+
+from dashinfer_client.dtypes import to_bf16
+from dashinfer_server import kernels as K
+
+LIMITS = {"bw_gbs": 43.0, "bf16_gflops": 915.0, "fp32_gflops": 457.0}
+LLC_BYTES = 32 << 20
+THREADS = 2
+
+DECODE = [(576, 1536), (576, 49152), (4096, 4096)]  # (K, N)
+PREFILL = [(576, 1536), (4096, 4096)]
+WTYPES = ["bf16", "i8", "u4", "f32"]
+
+
+def _group(k):
+    """The quantization group: 128 where K allows it (576 = 9 x 64 does not)."""
+    return 128 if k % 128 == 0 else 64
+
+
+def _pack(wtype, n, k, rng):
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    if wtype == "f32":
+        return K.pack_linear(w, "f32")
+    if wtype == "bf16":
+        return K.pack_linear(to_bf16(w), "bf16")
+    group = _group(k)
+    g = k // group
+    scales = np.full((n, g), 0.01, np.float32)
+    zeros = np.full((n, g), 128.0 if wtype == "i8" else 8.0, np.float32)
+    if wtype == "i8":
+        codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    else:
+        codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    return K.pack_linear(codes, wtype, group, scales, zeros)
+
+
+def _copies(nbytes, cold):
+    """How many weight copies make a cycle bigger than the LLC (1 when cache reuse is fine)."""
+    return max(1, min(64, -(-3 * LLC_BYTES // nbytes))) if cold else 1
+
+
+def _best_time(fn, copies, reps=3):
+    """Best over `reps` of the mean time of one call, cycling through `copies` operands."""
+    calls = max(copies, 8)
+    for i in range(min(copies, 4)):
+        fn(i)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for i in range(calls):
+            fn(i % copies)
+        best = min(best, (time.perf_counter() - t) / calls)
+    return best
+
+
+def _torch_time(wtype, m, k, n, cold):
+    import torch
+
+    torch.set_num_threads(THREADS)
+    dt = torch.float32 if wtype == "f32" else torch.bfloat16
+    nbytes = n * k * (4 if wtype == "f32" else 2)
+    copies = _copies(nbytes, cold)
+    ws = [torch.randn(n, k).to(dt) for _ in range(copies)]
+    x = torch.randn(m, k).to(dt)
+    lin = torch.nn.functional.linear
+    with torch.no_grad():
+        return _best_time(lambda i: lin(x, ws[i]), copies)
+
+
+def _row(case, wtype, m, k, n, limits, rng, with_torch):
+    packed0 = _pack(wtype, n, k, rng)
+    nbytes = packed0.nbytes
+    cold = m <= 16
+    copies = _copies(nbytes, cold)
+    packs = [packed0] + [_pack(wtype, n, k, rng) for _ in range(copies - 1)]
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    out = np.empty((m, n), np.float32)
+    t = _best_time(lambda i: K.linear(x, packs[i], None, out), copies)
+    flops = 2.0 * m * n * k
+    peak = limits["fp32_gflops"] if wtype == "f32" else limits["bf16_gflops"]
+    t_bw, t_flop = nbytes / (limits["bw_gbs"] * 1e9), flops / (peak * 1e9)
+    row = {
+        "case": case, "wtype": wtype, "group": _group(k) if wtype in ("i8", "u4") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
+        "GB/s": nbytes / t / 1e9, "GFLOP/s": flops / t / 1e9,
+        "bound": "bw" if t_bw >= t_flop else "flops", "roofline": max(t_bw, t_flop) / t,
+    }
+    if with_torch:
+        tt = _torch_time(wtype, m, k, n, cold)
+        row["torch_us"], row["vs_torch"] = tt * 1e6, tt / t
+    return row
+
+
+def rows(limits: dict, quick: bool = False, with_torch: bool = True) -> list:
+    """Every shape x wtype of the brief; `limits` has bw_gbs, bf16_gflops, fp32_gflops."""
+    limits = {**LIMITS, **limits}
+    rng = np.random.default_rng(0)
+    threads = K.num_threads()
+    K.set_num_threads(THREADS)
+    try:
+        out = []
+        for m, shapes in ((1, DECODE), (16, DECODE), (512, PREFILL)):
+            for k, n in shapes[:1] if quick else shapes:
+                for wtype in WTYPES:
+                    case = f"M={m} [{m}x{k}]x[{k}x{n}]"
+                    out.append(_row(case, wtype, m, k, n, limits, rng, with_torch))
+                    print_row(out[-1])
+        return out
+    finally:
+        K.set_num_threads(threads)
+
+
+def print_row(r):
+    torch = f"  torch {r['torch_us']:9.1f} us  x{r['vs_torch']:5.2f}" if "torch_us" in r else ""
+    print(f"{r['case']:32s} {r['wtype']:4s} {r['us']:9.1f} us  {r['GB/s']:6.1f} GB/s  "
+          f"{r['GFLOP/s']:6.1f} GFLOP/s  {100 * r['roofline']:5.1f}% of {r['bound']:5s}{torch}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bw", type=float, default=LIMITS["bw_gbs"], help="read bandwidth, GB/s")
+    ap.add_argument("--bf16", type=float, default=LIMITS["bf16_gflops"], help="bf16 dot peak, GFLOP/s")
+    ap.add_argument("--fp32", type=float, default=LIMITS["fp32_gflops"], help="fp32 FMA peak, GFLOP/s")
+    ap.add_argument("--quick", action="store_true", help="first shape of each M only")
+    ap.add_argument("--no-torch", action="store_true")
+    a = ap.parse_args()
+    print(f"isa {K.isa()}, {THREADS} threads")
+    rows({"bw_gbs": a.bw, "bf16_gflops": a.bf16, "fp32_gflops": a.fp32}, a.quick, not a.no_torch)

@@ -1,0 +1,194 @@
+/* Linear layer: packing, header checks, and the driver that runs one ISA's kernels in one
+ * parallel region per call (the kernels themselves live in linear_<isa>.c). */
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "linear_kernels.h"
+
+static const char magic[8] = {'D', 'N', 'L', 'I', 'N', 'E', 'A', 'R'};
+
+const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t group) {
+    if (t < DN_W_F32 || t > DN_W_U4) return "unknown weight type";
+    if (n < 1 || k < 1) return "N and K must be at least 1";
+    if (n > ((int64_t)1 << 31) || k > ((int64_t)1 << 31)) return "N or K is too large";
+    if (!dn_linear_quantized(t)) return group == 0 ? NULL : "group_size applies to i8/u4 only";
+    if (group != 32 && group != 64 && group != 128 && group != 256 && group != k)
+        return "group_size must be 32, 64, 128, 256 or K";
+    if (k % group != 0) return "K must be a multiple of group_size";
+    if (t == DN_W_U4 && k % 2 != 0) return "u4 needs an even K (two codes per byte)";
+    return NULL;
+}
+
+static int64_t panel_bytes(dn_wtype t, int64_t k, int64_t group, int width) {
+    int64_t kp = (k + 1) / 2 * 2;
+    switch (t) {
+    case DN_W_F32: return k * width * 4;
+    case DN_W_BF16: return kp * width * 2;
+    default: return k / group * dn_linear_group_bytes(t, group, width);
+    }
+}
+
+static int64_t data_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group) {
+    int64_t full = n / DN_LINEAR_NR, n16 = (n + 15) / 16 * 16;
+    int last = (int)(n16 - full * DN_LINEAR_NR);
+    return full * panel_bytes(t, k, group, DN_LINEAR_NR) + (last ? panel_bytes(t, k, group, last) : 0);
+}
+
+int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group) {
+    return DN_LINEAR_HEADER + data_bytes(t, n, k, group);
+}
+
+/* One panel: columns [n0, n0 + width) of W, zero past N (scale and zero 0 too, so padded
+ * quantized columns dequantize to 0). */
+static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
+                       int width, const void *w, const float *scales, const float *zeros) {
+    int64_t kp = (k + 1) / 2 * 2;
+    if (t == DN_W_F32) {
+        const float *src = w; /* [n][k] */
+        float *d = (float *)dst;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int c = 0; c < width; c++)
+                d[kk * width + c] = n0 + c < n ? src[(n0 + c) * k + kk] : 0.0f;
+        return;
+    }
+    if (t == DN_W_BF16) {
+        const uint16_t *src = w; /* [n][k] */
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t kk = 0; kk < kp; kk++)
+            for (int c = 0; c < width; c++)
+                d[(kk / 2 * width + c) * 2 + (kk & 1)] =
+                    n0 + c < n && kk < k ? src[(n0 + c) * k + kk] : 0;
+        return;
+    }
+    int64_t ngroups = k / group, pairs = (group + 1) / 2;
+    int64_t gb = dn_linear_group_bytes(t, group, width);
+    const uint8_t *src = w; /* i8: [n][k]; u4: [n][k/2] */
+    for (int64_t g = 0; g < ngroups; g++) {
+        uint8_t *blk = dst + g * gb;
+        float *scale = (float *)blk, *zero = scale + width;
+        uint8_t *codes = blk + 8 * width;
+        for (int c = 0; c < width; c++) {
+            scale[c] = n0 + c < n ? scales[(n0 + c) * ngroups + g] : 0.0f;
+            zero[c] = n0 + c < n ? zeros[(n0 + c) * ngroups + g] : 0.0f;
+        }
+        if (t == DN_W_U4) memset(codes, 0, pairs * width);
+        for (int64_t kk = 0; kk < 2 * pairs; kk++) {
+            int64_t kg = g * group + kk;
+            for (int c = 0; c < width; c++) {
+                int q = 0;
+                if (n0 + c < n && kk < group) {
+                    if (t == DN_W_I8) q = src[(n0 + c) * k + kg];
+                    else q = (src[(n0 + c) * (k / 2) + kg / 2] >> (4 * (kg & 1))) & 15;
+                }
+                if (t == DN_W_I8) {
+                    codes[(kk / 2 * width + c) * 2 + (kk & 1)] = (uint8_t)q;
+                } else {
+                    int cc = c & 15;
+                    uint8_t *b = codes + kk / 2 * width + (c - cc) + 2 * (cc & 7) + (kk & 1);
+                    *b |= (uint8_t)(cc < 8 ? q : q << 4);
+                }
+            }
+        }
+    }
+}
+
+void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
+                    const float *scales, const float *zeros) {
+    dn_linear_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, magic, 8);
+    h.version = DN_LINEAR_VERSION;
+    h.wtype = (uint32_t)t;
+    h.n = n, h.k = k, h.group = group;
+    h.nr = DN_LINEAR_NR;
+    h.panel_bytes = panel_bytes(t, k, group, DN_LINEAR_NR);
+    h.data_bytes = data_bytes(t, n, k, group);
+    memcpy(dst, &h, sizeof h);
+    int64_t npanels = (n + DN_LINEAR_NR - 1) / DN_LINEAR_NR;
+    /* Panels are independent; threads also first-touch the pages they write. */
+#pragma omp parallel for schedule(static) num_threads(dn_num_threads())
+    for (int64_t p = 0; p < npanels; p++) {
+        int64_t n0 = p * DN_LINEAR_NR, n16 = (n + 15) / 16 * 16;
+        int width = (int)(n16 - n0 < DN_LINEAR_NR ? n16 - n0 : DN_LINEAR_NR);
+        pack_panel(dst + DN_LINEAR_HEADER + p * h.panel_bytes, t, n, k, group, n0, width, w,
+                   scales, zeros);
+    }
+}
+
+const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
+    dn_linear_header h;
+    if (len < sizeof h) return "too short to be a packed linear weight";
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, magic, 8) != 0) return "not a packed linear weight (bad magic)";
+    if (h.version != DN_LINEAR_VERSION) return "packed by another version of the linear kernels";
+    if (h.nr != DN_LINEAR_NR) return "packed with another panel width";
+    if (h.wtype > DN_W_U4) return "corrupt header (unknown weight type)";
+    dn_wtype t = (dn_wtype)h.wtype;
+    if (dn_linear_check_shape(t, h.n, h.k, h.group)) return "corrupt header (bad shape)";
+    if (h.panel_bytes != panel_bytes(t, h.k, h.group, DN_LINEAR_NR) ||
+        h.data_bytes != data_bytes(t, h.n, h.k, h.group))
+        return "corrupt header (sizes do not match the shape)";
+    if ((uint64_t)h.data_bytes > len - DN_LINEAR_HEADER) return "truncated packed weight";
+    w->wtype = t;
+    w->n = h.n, w->k = h.k, w->group = h.group;
+    w->kp = (h.k + 1) / 2 * 2;
+    w->npanels = (h.n + DN_LINEAR_NR - 1) / DN_LINEAR_NR;
+    w->panel_bytes = h.panel_bytes;
+    w->data = buf + DN_LINEAR_HEADER;
+    return NULL;
+}
+
+/* Scratch that grows on demand and belongs to the calling thread, so two Python threads can
+ * run linear at once; freed when the thread exits. */
+typedef struct {
+    uint8_t *p;
+    size_t n;
+} scratch_buf;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *s) {
+    free(((scratch_buf *)s)->p);
+    free(s);
+}
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static uint8_t *scratch_get(size_t n) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_buf *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        pthread_setspecific(scratch_key, s);
+    }
+    if (s->n < n) {
+        free(s->p);
+        s->p = NULL, s->n = 0;
+        if (posix_memalign((void **)&s->p, 64, n) != 0) return s->p = NULL;
+        s->n = n;
+    }
+    return s->p;
+}
+
+static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear_avx2,
+                                                 &dn_linear_avx512};
+
+int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y) {
+    if (m <= 0) return 0;
+    const dn_linear_kernels *kern = paths[dn_isa()];
+    if (!kern->run) kern = &dn_linear_portable; /* TEMP */
+    int nt = dn_num_threads();
+    /* Under ~100k multiply-adds a second thread costs more than it saves. */
+    if ((double)m * w->n * w->k < 1e5) nt = 1;
+    dn_linear_call c = {w, x, m, bias, y, NULL};
+    size_t need = kern->scratch_bytes(w, m, nt);
+    if (need) {
+        c.scratch = scratch_get(need);
+        if (!c.scratch) return -1;
+    }
+#pragma omp parallel num_threads(nt)
+    kern->run(&c, omp_get_thread_num(), omp_get_num_threads());
+    return 0;
+}

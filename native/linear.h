@@ -1,0 +1,84 @@
+/* Linear layer y[M,N] = x[M,K] . W[N,K]^T (+ bias[N]): fp32 activations, weights fp32, bf16,
+ * int8 or uint4 with per-group asymmetric quantization along K (w = (q - zero) * scale).
+ *
+ * Weights are packed once into a self-describing buffer: a 64-byte header, then panels of
+ * DN_LINEAR_NR output columns (the last one narrower, a multiple of 16; columns past N are zero),
+ * each panel holding all of K contiguously so a thread streams it front to back:
+ *   f32   [K][w] float
+ *   bf16  [K/2][w][2] bf16 bits: pairs of consecutive k per column, the vdpbf16ps operand order
+ *   i8    per group: scale[w] float, zero[w] float, codes [G/2][w][2] uint8
+ *   u4    per group: scale[w] float, zero[w] float, codes [G/2][w/16][16] bytes; byte j of a
+ *         16-column chunk holds element j of (cols 0..7 x k pair) in its low nibble and of
+ *         (cols 8..15 x k pair) in its high nibble, so one byte load feeds two 16-lane registers.
+ * K is padded to even with zero weights (and zero activations). The layout does not depend on
+ * the ISA: a buffer packed once runs on every path. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3 } dn_wtype;
+
+#define DN_LINEAR_NR 64          /* output columns per panel */
+#define DN_LINEAR_HEADER 64      /* header bytes; panels start 64-byte aligned after it */
+#define DN_LINEAR_VERSION 1
+
+typedef struct {
+    char magic[8];        /* "DNLINEAR" */
+    uint32_t version;
+    uint32_t wtype;       /* dn_wtype */
+    int64_t n, k;
+    int64_t group;        /* quantization group along K; 0 for f32/bf16 */
+    int32_t nr;           /* DN_LINEAR_NR at pack time */
+    int32_t reserved;
+    int64_t panel_bytes;  /* bytes of one full-width panel */
+    int64_t data_bytes;   /* bytes after the header */
+} dn_linear_header;
+
+/* A validated packed weight, as the kernels see it. */
+typedef struct {
+    dn_wtype wtype;
+    int64_t n, k, group;
+    int64_t kp;           /* K rounded up to even */
+    int64_t npanels;
+    int64_t panel_bytes;  /* stride between panels */
+    const uint8_t *data;  /* first panel */
+} dn_linear_w;
+
+static inline int dn_linear_quantized(dn_wtype t) { return t == DN_W_I8 || t == DN_W_U4; }
+
+/* Columns of panel p (a multiple of 16) and how many of them are real outputs. */
+static inline int dn_linear_width(const dn_linear_w *w, int64_t p) {
+    int64_t n16 = (w->n + 15) / 16 * 16;
+    int64_t left = n16 - p * DN_LINEAR_NR;
+    return (int)(left < DN_LINEAR_NR ? left : DN_LINEAR_NR);
+}
+static inline int dn_linear_valid(const dn_linear_w *w, int64_t p) {
+    int64_t left = w->n - p * DN_LINEAR_NR;
+    return (int)(left < DN_LINEAR_NR ? left : DN_LINEAR_NR);
+}
+
+/* Bytes of one quantization group block of a panel `width` wide (i8/u4). */
+static inline int64_t dn_linear_group_bytes(dn_wtype t, int64_t group, int width) {
+    int64_t pairs = (group + 1) / 2;
+    return 8 * (int64_t)width + pairs * 2 * width / (t == DN_W_U4 ? 2 : 1);
+}
+
+/* Why (wtype, n, k, group) cannot be packed, or NULL when it can. */
+const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t group);
+
+/* Total bytes of the packed buffer (header included); shape must pass dn_linear_check_shape. */
+int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group);
+
+/* Pack into dst (64-byte aligned, dn_linear_packed_bytes long).
+ * w: f32 float[n][k] | bf16 uint16[n][k] | i8 uint8[n][k] | u4 uint8[n][k/2] (low nibble = even k)
+ * scales, zeros: float[n][k/group] for i8/u4, else unused. */
+void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
+                    const float *scales, const float *zeros);
+
+/* Check a packed buffer of `len` bytes and describe it; NULL or the reason it is not one. */
+const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);
+
+/* y[m][n] = x[m][k] . W^T (+ bias[n]). x: [m][k], bias: [n] or NULL, y: [m][n].
+ * Uses the ISA path dn_isa() and dn_num_threads() threads; safe to call from several threads.
+ * Returns 0, or -1 when its scratch memory cannot be allocated. */
+int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y);
