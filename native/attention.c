@@ -265,7 +265,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
 
     void (*tile)(const attn_tile_t *) = attn_tile_portable;
     /* the vector tiles read 32 values of head_dim at a time */
-    (void)D;
+    if (D % 32 == 0 && dn_isa() == DN_ISA_AVX512) tile = attn_tile_avx512;
     int64_t q_stride = (int64_t)n_heads * D;
 
 #pragma omp parallel num_threads(nt)
