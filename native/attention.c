@@ -1,0 +1,310 @@
+/* Paged attention: cuts a batch step into tiles (GQA group x query rows x context range), runs
+ * them on the OpenMP threads, and merges the tiles that split one context (flash-decoding).
+ * The per-ISA tile kernels live in attention_<isa>.c; the portable one is here. */
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "attention_tile.h"
+#include "common.h"
+
+typedef struct {
+    int32_t seq, kv_head, head0, n_q_heads;
+    int32_t row0, n_rows;   /* rows within the sequence's chunk */
+    int32_t kv_begin, kv_end;
+    int32_t n_split;        /* > 1 on the first of n_split consecutive units of one context */
+    int64_t part;           /* float offset of its partial in the partial area, or -1 */
+} attn_unit_t;
+
+/* ---- scratch: one growing buffer per calling thread, so concurrent callers never share it */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+typedef struct {
+    void *p;
+    size_t n;
+} scratch_t;
+
+static void scratch_free(void *s) {
+    free(((scratch_t *)s)->p);
+    free(s);
+}
+
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static void *scratch_get(size_t n) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        pthread_setspecific(scratch_key, s);
+    }
+    if (s->n < n) {
+        free(s->p);
+        s->n = (n + 65535) & ~(size_t)65535;
+        s->p = aligned_alloc(64, s->n);
+        if (!s->p) s->n = 0;
+    }
+    return s->p;
+}
+
+/* ---- helpers shared by the tiles */
+
+size_t attn_work_bytes(int block_size, int head_dim) {
+    /* q^T, scores, acc: M x (head_dim or block), two fp32 blocks, per-vector state */
+    size_t floats = (size_t)ATTN_MAX_M * head_dim * 2 + (size_t)ATTN_MAX_M * block_size +
+                    (size_t)2 * block_size * head_dim + 16 * ATTN_MAX_M + 256;
+    return (floats * 4 + 63) & ~(size_t)63;
+}
+
+void attn_finish(const attn_tile_t *t, const float *acc, const float *mx, const float *sum) {
+    int D = t->kv->head_dim, M = t->n_q_heads * t->n_rows;
+    if (!t->out) {
+        float *p = t->part;
+        for (int i = 0; i < M * D; i++) p[i] = acc[i];
+        for (int i = 0; i < M; i++) {
+            p[M * D + i] = mx[i];
+            p[M * D + M + i] = sum[i];
+        }
+        return;
+    }
+    for (int i = 0; i < M; i++) {
+        int r = i / t->n_q_heads, h = i % t->n_q_heads;
+        float *o = t->out + r * t->q_stride + (int64_t)h * D;
+        float inv = 1.0f / sum[i];
+        for (int d = 0; d < D; d++) o[d] = acc[(int64_t)i * D + d] * inv;
+    }
+}
+
+void attn_dequant_rows(const dn_kv_cache_t *c, int which, int64_t row, int n, float *dst) {
+    int D = c->head_dim;
+    const void *base = which ? c->v : c->k;
+    switch (c->format) {
+    case DN_KV_BF16: {
+        const uint16_t *src = (const uint16_t *)base + row * D;
+        for (int i = 0; i < n * D; i++) dst[i] = dn_bf16_to_f32(src[i]);
+        break;
+    }
+    case DN_KV_INT8: {
+        const int8_t *src = (const int8_t *)base + row * D;
+        const float *sc = (which ? c->v_scale : c->k_scale) + row;
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < D; d++) dst[j * D + d] = src[j * D + d] * sc[j];
+        break;
+    }
+    case DN_KV_UINT4: {
+        const uint8_t *src = (const uint8_t *)base + row * (D / 2);
+        const float *sc = (which ? c->v_scale : c->k_scale) + row;
+        const float *zr = (which ? c->v_zero : c->k_zero) + row;
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < D; d += 2) {
+                uint8_t b = src[j * (D / 2) + d / 2];
+                dst[j * D + d] = ((b & 15) - zr[j]) * sc[j];
+                dst[j * D + d + 1] = ((b >> 4) - zr[j]) * sc[j];
+            }
+        break;
+    }
+    }
+}
+
+/* ---- the portable tile: one cache block at a time, each query vector on its own */
+
+void attn_tile_portable(const attn_tile_t *t) {
+    int D = t->kv->head_dim, bs = t->kv->block_size, nh = t->n_q_heads;
+    int M = nh * t->n_rows;
+    float *acc = t->work;     /* [M][D] */
+    float *mx = acc + M * D;  /* [M] */
+    float *sum = mx + M;      /* [M] */
+    float *s = sum + M;       /* [bs] */
+    float *kf = s + bs;       /* [bs][D] */
+    float *vf = kf + bs * D;  /* [bs][D] */
+    for (int i = 0; i < M * D; i++) acc[i] = 0.0f;
+    for (int i = 0; i < M; i++) {
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        int n = bs - pos % bs;
+        if (n > t->kv_end - pos) n = t->kv_end - pos;
+        int64_t row = attn_cache_row(t, pos);
+        attn_dequant_rows(t->kv, 0, row, n, kf);
+        attn_dequant_rows(t->kv, 1, row, n, vf);
+        for (int i = 0; i < M; i++) {
+            int r = i / nh;
+            int nv = t->first_pos + r - pos + 1; /* causal: positions this row sees in the block */
+            if (nv > n) nv = n;
+            if (nv <= 0) continue;
+            const float *qi = t->q + r * t->q_stride + (int64_t)(i % nh) * D;
+            float bmax = -INFINITY;
+            for (int j = 0; j < nv; j++) {
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int d = 0; d < D; d++) dot += qi[d] * kf[j * D + d];
+                s[j] = dot * t->scale;
+                bmax = fmaxf(bmax, s[j]);
+            }
+            float mnew = fmaxf(mx[i], bmax);
+            float alpha = expf(mx[i] - mnew), psum = 0.0f;
+            float *a = acc + (int64_t)i * D;
+            for (int d = 0; d < D; d++) a[d] *= alpha;
+            for (int j = 0; j < nv; j++) {
+                float p = expf(s[j] - mnew);
+                psum += p;
+                for (int d = 0; d < D; d++) a[d] += p * vf[j * D + d];
+            }
+            sum[i] = sum[i] * alpha + psum;
+            mx[i] = mnew;
+        }
+        pos += n;
+    }
+    attn_finish(t, acc, mx, sum);
+}
+
+/* ---- planning */
+
+/* Combine the partials of one split context: weights exp(max_s - max) rescale each split. */
+static void merge_split(const attn_unit_t *u, const float *parts, int D, float *out_row0,
+                        int64_t q_stride) {
+    int M = u->n_q_heads * u->n_rows, ns = u->n_split;
+    for (int i = 0; i < M; i++) {
+        float m = -INFINITY, l = 0.0f;
+        for (int s = 0; s < ns; s++) m = fmaxf(m, parts[u[s].part + M * D + i]);
+        for (int s = 0; s < ns; s++) {
+            const float *p = parts + u[s].part;
+            l += p[M * D + M + i] * expf(p[M * D + i] - m);
+        }
+        int r = i / u->n_q_heads, h = i % u->n_q_heads;
+        float *o = out_row0 + r * q_stride + (int64_t)h * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float *p = parts + u[s].part;
+            float w = expf(p[M * D + i] - m) / l;
+            for (int d = 0; d < D; d++) o[d] += w * p[(int64_t)i * D + d];
+        }
+    }
+}
+
+/* Fill units (when not NULL) and count them and their partial floats. Tiles of a long context
+ * are split into block-aligned ranges when there are too few tiles to keep every thread busy. */
+static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int32_t *context_lens,
+                    int B, int group, int n_threads, attn_unit_t *units, int64_t *part_floats) {
+    int nkv = c->n_kv_heads, bs = c->block_size, D = c->head_dim;
+    int head_chunks = (group + ATTN_MAX_M - 1) / ATTN_MAX_M;
+    int heads = (group + head_chunks - 1) / head_chunks;
+    int rows = ATTN_MAX_M / heads;
+    /* total work in vector-positions, to size the split ranges */
+    double total = 0;
+    for (int b = 0; b < B; b++) {
+        int ql = q_offsets[b + 1] - q_offsets[b];
+        total += (double)ql * group * nkv * context_lens[b];
+    }
+    double target = total / (n_threads * 16.0);
+    int64_t n = 0, floats = 0;
+    for (int b = 0; b < B; b++) {
+        int ql = q_offsets[b + 1] - q_offsets[b], ctx = context_lens[b];
+        for (int g = 0; g < nkv; g++)
+            for (int h0 = 0; h0 < group; h0 += heads) {
+                int nh = group - h0 < heads ? group - h0 : heads;
+                for (int r0 = 0; r0 < ql; r0 += rows) {
+                    int nr = ql - r0 < rows ? ql - r0 : rows;
+                    int first = ctx - ql + r0, end = first + nr, split_len = 0;
+                    /* split only the range every row of the tile sees, [0, first]: the
+                     * last split runs on to the causal end */
+                    int ns = 1;
+                    if (n_threads > 1 && (double)nh * nr * end >= 2 * target) {
+                        int len = (int)(target / (nh * nr));
+                        if (len < 256) len = 256;
+                        len = (len + bs - 1) / bs * bs;
+                        ns = (first + 1) / len > 1 ? (first + 1) / len : 1;
+                        split_len = len;
+                    }
+                    for (int s = 0; s < ns; s++) {
+                        if (units) {
+                            attn_unit_t *u = &units[n];
+                            u->seq = b;
+                            u->kv_head = g;
+                            u->head0 = h0;
+                            u->n_q_heads = nh;
+                            u->row0 = r0;
+                            u->n_rows = nr;
+                            u->kv_begin = s * split_len;
+                            u->kv_end = s == ns - 1 ? end : (s + 1) * split_len;
+                            u->n_split = s == 0 ? ns : 0;
+                            u->part = ns > 1 ? floats : -1;
+                        }
+                        n++;
+                        if (ns > 1) floats += (int64_t)nh * nr * (D + 2);
+                    }
+                }
+            }
+    }
+    *part_floats = floats;
+    return n;
+}
+
+int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_tables,
+                 int max_blocks, const int32_t *q_offsets, const int32_t *context_lens, int B,
+                 int n_heads, float scale, float *out) {
+    int D = c->head_dim, group = n_heads / c->n_kv_heads;
+    int threads = dn_num_threads(), nt = threads;
+    int64_t part_floats;
+    int64_t n_units = plan(c, q_offsets, context_lens, B, group, threads, NULL, &part_floats);
+    if (n_units == 0) return 0;
+    if (n_units < nt) nt = (int)n_units;
+    size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
+    size_t part_bytes = ((size_t)part_floats * 4 + 63) & ~(size_t)63;
+    size_t work_bytes = attn_work_bytes(c->block_size, D);
+    char *buf = scratch_get(units_bytes + part_bytes + work_bytes * nt);
+    if (!buf) return -1;
+    attn_unit_t *units = (attn_unit_t *)buf;
+    float *parts = (float *)(buf + units_bytes);
+    plan(c, q_offsets, context_lens, B, group, threads, units, &part_floats);
+
+    void (*tile)(const attn_tile_t *) = attn_tile_portable;
+    /* the vector tiles read 32 values of head_dim at a time */
+    if (D % 32 == 0 && dn_isa() == DN_ISA_AVX512) tile = attn_tile_avx512;
+    int64_t q_stride = (int64_t)n_heads * D;
+
+#pragma omp parallel num_threads(nt)
+    {
+        void *work = buf + units_bytes + part_bytes + work_bytes * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_units; i++) {
+            const attn_unit_t *u = &units[i];
+            int ql = q_offsets[u->seq + 1] - q_offsets[u->seq];
+            int64_t row0 = q_offsets[u->seq] + u->row0;
+            int64_t head0 = (int64_t)u->kv_head * group + u->head0;
+            attn_tile_t t = {
+                .kv = c,
+                .blocks = block_tables + (int64_t)u->seq * max_blocks,
+                .q = q + row0 * q_stride + head0 * D,
+                .q_stride = q_stride,
+                .kv_head = u->kv_head,
+                .n_q_heads = u->n_q_heads,
+                .n_rows = u->n_rows,
+                .first_pos = context_lens[u->seq] - ql + u->row0,
+                .kv_begin = u->kv_begin,
+                .kv_end = u->kv_end,
+                .scale = scale,
+                .out = u->part < 0 ? out + row0 * q_stride + head0 * D : NULL,
+                .part = u->part < 0 ? NULL : parts + u->part,
+                .work = work,
+            };
+            tile(&t);
+        }
+        if (part_floats > 0) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < n_units; i++) {
+                const attn_unit_t *u = &units[i];
+                if (u->n_split < 2) continue;
+                int64_t row0 = q_offsets[u->seq] + u->row0;
+                int64_t head0 = (int64_t)u->kv_head * group + u->head0;
+                merge_split(u, parts, D, out + row0 * q_stride + head0 * D, q_stride);
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,40 @@
+/* Paged attention with GQA over a block KV cache, and the kernel that writes new K/V into it.
+ *
+ * One layer's cache is a pair of arrays [num_blocks, n_kv_heads, block_size, head_dim]; a token's
+ * slot is block_id * block_size + offset_in_block. Three storage formats:
+ *   bf16 : uint16 bits.
+ *   int8 : codes q, x ~= q * scale, scale = max|x| / 127 per token per head.
+ *   uint4: two codes per byte (low nibble = even d), x ~= (q - zero) * scale, q in 0..15,
+ *          scale = (max - min) / 15, zero = -min / scale per token per head.
+ * Callers validate every argument (py_attention.c does); these functions trust them. */
+#pragma once
+#include <stdint.h>
+
+typedef enum { DN_KV_BF16 = 0, DN_KV_INT8 = 1, DN_KV_UINT4 = 2 } dn_kv_format_t;
+
+typedef struct {
+    dn_kv_format_t format;
+    int num_blocks, n_kv_heads, block_size, head_dim;
+    void *k, *v;              /* [num_blocks, n_kv_heads, block_size, head_dim] (uint4: head_dim/2 bytes) */
+    float *k_scale, *v_scale; /* [num_blocks, n_kv_heads, block_size]; int8 and uint4 */
+    float *k_zero, *v_zero;   /* [num_blocks, n_kv_heads, block_size]; uint4 only */
+} dn_kv_cache_t;
+
+/* Quantize T tokens into their slots; a negative slot skips the token (padding). */
+void dn_kv_write(const dn_kv_cache_t *c,
+                 const float *k,       /* [T, n_kv_heads, head_dim] */
+                 const float *v,       /* [T, n_kv_heads, head_dim] */
+                 const int32_t *slots, /* [T] */
+                 int T);
+
+/* One continuous-batching step: B sequences, sequence b owns query rows q_offsets[b]..q_offsets[b+1]
+ * which sit at its last q_len positions of context_lens[b] cached tokens and attend causally.
+ * Query head h reads kv head h / (n_heads / n_kv_heads). Returns 0, or -1 when out of memory. */
+int dn_attention(const dn_kv_cache_t *c,
+                 const float *q,              /* [T_total, n_heads, head_dim] */
+                 const int32_t *block_tables, /* [B, max_blocks] */
+                 int max_blocks,
+                 const int32_t *q_offsets,    /* [B + 1] */
+                 const int32_t *context_lens, /* [B] */
+                 int B, int n_heads, float scale,
+                 float *out);                 /* [T_total, n_heads, head_dim] */

@@ -1,0 +1,49 @@
+/* Inside attention: the unit of work every ISA path implements, and helpers they share. */
+#pragma once
+#include <stddef.h>
+
+#include "attention.h"
+
+/* Query vectors per tile: heads of one GQA group x query rows. Bounds the per-thread scratch. */
+#define ATTN_MAX_M 64
+
+/* Some query heads of one kv head and some query rows of one sequence, against the cached
+ * positions [kv_begin, kv_end). Query vector i is row i / n_q_heads, head i % n_q_heads. */
+typedef struct {
+    const dn_kv_cache_t *kv;
+    const int32_t *blocks; /* [max_blocks] this sequence's block table */
+    const float *q;        /* vector 0; rows q_stride floats apart, heads head_dim apart */
+    int64_t q_stride;      /* n_heads * head_dim */
+    int kv_head;
+    int n_q_heads, n_rows; /* M = n_q_heads * n_rows <= ATTN_MAX_M */
+    int first_pos;         /* position of row 0: row r sees positions 0..first_pos + r */
+    int kv_begin, kv_end;  /* kv_end <= first_pos + n_rows; every row sees kv_begin */
+    float scale;           /* softmax scale */
+    float *out;            /* complete unit: output of vector 0, same strides as q; else NULL */
+    float *part;           /* split unit: [M][head_dim] unnormalized acc, [M] max, [M] sum */
+    void *work;            /* attn_work_bytes() of per-thread scratch, 64-byte aligned */
+} attn_tile_t;
+
+/* Scratch one thread needs for any tile of this cache shape. */
+size_t attn_work_bytes(int block_size, int head_dim);
+
+/* Write a tile's result: out = acc / sum (complete) or the partial triple (split). */
+void attn_finish(const attn_tile_t *t,
+                 const float *acc,  /* [M][head_dim] */
+                 const float *mx,   /* [M] running max of the scaled scores */
+                 const float *sum); /* [M] running sum of exp(score - max) */
+
+/* Cache row of (position, kv head): index into the per-token scale arrays; times head_dim (or
+ * head_dim / 2 for uint4) is the element offset into the cache. */
+static inline int64_t attn_cache_row(const attn_tile_t *t, int pos) {
+    int bs = t->kv->block_size;
+    return ((int64_t)t->blocks[pos / bs] * t->kv->n_kv_heads + t->kv_head) * bs + pos % bs;
+}
+
+/* Dequantize n consecutive cache rows (one block) of K (which = 0) or V (which = 1) to fp32. */
+void attn_dequant_rows(const dn_kv_cache_t *c, int which, int64_t row, int n,
+                       float *dst); /* [n][head_dim] */
+
+void attn_tile_portable(const attn_tile_t *t);
+void attn_tile_avx2(const attn_tile_t *t);
+void attn_tile_avx512(const attn_tile_t *t);

@@ -1,0 +1,279 @@
+"""Paged GQA attention and kv_write against float64 numpy references, on every ISA path."""
+import numpy as np
+import pytest
+
+from dashinfer_client.dtypes import from_bf16
+from dashinfer_server import kernels as K
+
+FORMATS = ("bf16", "int8", "uint4")
+
+
+def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
+    """Cache arrays filled with garbage (NaN where it can be) so reads of unwritten slots show."""
+    shape = (num_blocks, n_kv, bs, d)
+    extra = {}
+    if fmt == "bf16":
+        kc = np.full(shape, 0x7FC0, np.uint16)  # bf16 NaN
+        vc = kc.copy()
+    elif fmt == "int8":
+        kc = rng.integers(-128, 128, shape, dtype=np.int8)
+        vc = kc.copy()
+    else:
+        kc = rng.integers(0, 256, shape[:3] + (d // 2,), dtype=np.uint8)
+        vc = kc.copy()
+    if fmt != "bf16":
+        extra["k_scale"] = np.full(shape[:3], np.nan, np.float32)
+        extra["v_scale"] = np.full(shape[:3], np.nan, np.float32)
+    if fmt == "uint4":
+        extra["k_zero"] = np.full(shape[:3], np.nan, np.float32)
+        extra["v_zero"] = np.full(shape[:3], np.nan, np.float32)
+    return kc, vc, extra
+
+
+def dequant(fmt, cache, scale=None, zero=None):
+    """The cache as float64 [num_blocks, n_kv, bs, head_dim], decoded as the kernels do."""
+    if fmt == "bf16":
+        return from_bf16(cache).astype(np.float64)
+    if fmt == "int8":
+        return cache.astype(np.float64) * scale[..., None]
+    codes = np.stack([cache & 15, cache >> 4], axis=-1).reshape(cache.shape[:3] + (-1,))
+    return (codes.astype(np.float64) - zero[..., None]) * scale[..., None]
+
+
+def reference(q, kd, vd, tables, q_offsets, ctx, scale, group):
+    """Causal attention per sequence, gathering K/V through the block table, in float64."""
+    bs = kd.shape[2]
+    out = np.zeros(q.shape, np.float64)
+    for b in range(len(ctx)):
+        rows = slice(q_offsets[b], q_offsets[b + 1])
+        ql = q_offsets[b + 1] - q_offsets[b]
+        if ql == 0:
+            continue
+        pos = np.arange(ctx[b])
+        blk = tables[b, pos // bs]
+        k = kd[blk, :, pos % bs].repeat(group, axis=1)  # [ctx, n_heads, d]
+        v = vd[blk, :, pos % bs].repeat(group, axis=1)
+        s = np.einsum("qhd,khd->hqk", q[rows].astype(np.float64), k) * scale
+        limit = ctx[b] - ql + np.arange(ql)
+        s[:, pos[None, :] > limit[:, None]] = -np.inf
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out[rows] = np.einsum("hqk,khd->qhd", p, v)
+    return out
+
+
+def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
+    """A batch step: seqs = [(q_len, context_len)]. Writes every sequence's K/V through kv_write
+    into shuffled blocks, returns (args for attention, float64 reference output)."""
+    rng = np.random.default_rng(seed)
+    n_heads = n_kv * group
+    need = [(c + bs - 1) // bs for _, c in seqs]
+    num_blocks = sum(need) + 3
+    ids = rng.permutation(num_blocks)
+    max_blocks = max(need) + 1
+    tables = np.full((len(seqs), max_blocks), -1, np.int32)
+    slots, start = [], 0
+    for b, (_, c) in enumerate(seqs):
+        tables[b, : need[b]] = ids[start : start + need[b]]
+        start += need[b]
+        pos = np.arange(c)
+        slots.append(tables[b, pos // bs] * bs + pos % bs)
+    slots = np.concatenate(slots).astype(np.int32)
+    kc, vc, extra = empty_cache(fmt, num_blocks, n_kv, bs, d, rng)
+    k = rng.standard_normal((len(slots), n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((len(slots), n_kv, d)).astype(np.float32)
+    K.kv_write(k, v, slots, kc, vc, **extra)
+    q_offsets = np.concatenate([[0], np.cumsum([ql for ql, _ in seqs])]).astype(np.int32)
+    ctx = np.array([c for _, c in seqs], np.int32)
+    q = rng.standard_normal((q_offsets[-1], n_heads, d)).astype(np.float32)
+    scale = 1.0 / np.sqrt(d)
+    kd = dequant(fmt, kc, extra.get("k_scale"), extra.get("k_zero"))
+    vd = dequant(fmt, vc, extra.get("v_scale"), extra.get("v_zero"))
+    ref = reference(q, kd, vd, tables, q_offsets, ctx, scale, group)
+    args = dict(q=q, k_cache=kc, v_cache=vc, block_tables=tables, q_offsets=q_offsets,
+                context_lens=ctx, scale=scale, **extra)
+    return args, ref
+
+
+def run(args):
+    out = np.full(args["q"].shape, np.nan, np.float32)
+    K.attention(out=out, **args)
+    return out
+
+
+CASES = {
+    # decode rows, context 1, prefill chunks after a prefix, lengths crossing block boundaries
+    "mixed_d64_g3_bs16": dict(seqs=[(1, 1), (1, 17), (5, 40), (16, 16), (1, 300), (33, 100)],
+                              n_kv=3, group=3, d=64, bs=16),
+    "prefill_d128_g4_bs64": dict(seqs=[(100, 230), (1, 129), (64, 64), (0, 5)],
+                                 n_kv=2, group=4, d=128, bs=64),
+    "batch37_d64_g1_bs16": dict(seqs=[(1 + (i % 3 == 0) * (i % 7), 1 + 23 * i % 150)
+                                      for i in range(37)], n_kv=4, group=1, d=64, bs=16),
+    # one long context: the kernel splits it across threads and merges the partials
+    "split_decode_d128_g4_bs16": dict(seqs=[(1, 2100)], n_kv=1, group=4, d=128, bs=16),
+    "split_prefill_d64_g3_bs64": dict(seqs=[(3, 3000)], n_kv=1, group=3, d=64, bs=64),
+    "odd_d48_g2_bs32": dict(seqs=[(2, 70), (1, 33)], n_kv=2, group=2, d=48, bs=32),
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_attention_matches_reference(isa, fmt, case):
+    args, ref = make_step(fmt, **CASES[case])
+    threads = K.num_threads()
+    K.set_num_threads(2)
+    try:
+        out = run(args)
+    finally:
+        K.set_num_threads(threads)
+    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=3e-5)
+
+
+def test_attention_single_thread_equals_two(isa):
+    args, _ = make_step("int8", **CASES["split_decode_d128_g4_bs16"])
+    threads = K.num_threads()
+    try:
+        K.set_num_threads(1)
+        one = run(args)
+        K.set_num_threads(2)
+        two = run(args)
+    finally:
+        K.set_num_threads(threads)
+    np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kv_write_quantization_error(isa, fmt):
+    rng = np.random.default_rng(1)
+    n_kv, bs, d, t = 2, 16, 64, 40
+    kc, vc, extra = empty_cache(fmt, 4, n_kv, bs, d, rng)
+    k = (rng.standard_normal((t, n_kv, d)) * rng.uniform(0.1, 10, (t, n_kv, 1))).astype(np.float32)
+    v = rng.standard_normal((t, n_kv, d)).astype(np.float32)
+    k[3, 1] = 0.0  # all-zero and constant vectors have no range
+    v[4, 0] = 2.5
+    slots = rng.permutation(4 * bs)[:t].astype(np.int32)
+    slots[7] = -1  # padding: skipped
+    K.kv_write(k, v, slots, kc, vc, **extra)
+    keep = slots >= 0
+    blk, off = slots[keep] // bs, slots[keep] % bs
+    for x, cache, name in ((k, kc, "k"), (v, vc, "v")):
+        got = dequant(fmt, cache, extra.get(name + "_scale"), extra.get(name + "_zero"))
+        got = got[blk, :, off]  # [t_kept, n_kv, d]
+        want = x[keep].astype(np.float64)
+        if fmt == "bf16":
+            bound = np.abs(want) * 2.0**-8
+        else:
+            bound = extra[name + "_scale"][blk, :, off][..., None] / 2 * (1 + 1e-5) + 1e-7
+        assert np.all(np.abs(got - want) <= bound)
+    if fmt != "bf16":
+        # the padded token's slot was never written
+        untouched = np.isnan(extra["k_scale"]).sum()
+        assert untouched == 4 * bs * n_kv - keep.sum() * n_kv
+
+
+def test_two_python_threads_at_once():
+    import threading
+
+    args, ref = make_step("bf16", **CASES["split_decode_d128_g4_bs16"])
+    results = [None] * 4
+
+    def work(i):
+        results[i] = run(args)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        np.testing.assert_allclose(r, ref, rtol=1e-3, atol=3e-5)
+
+
+# ---- bad arguments: each raises a clear exception and the process survives
+
+
+def _good(fmt="int8"):
+    args, _ = make_step(fmt, seqs=[(2, 20), (1, 5)], n_kv=2, group=2, d=64, bs=16)
+    args["out"] = np.zeros(args["q"].shape, np.float32)
+    return args
+
+
+def _with(fmt="int8", **change):
+    args = _good(fmt)
+    args.update(change)
+    return args
+
+
+BAD_ATTENTION = {
+    "q float64": (TypeError, "q must be float32",
+                  lambda a: dict(q=a["q"].astype(np.float64))),
+    "cache float32": (TypeError, "k_cache must be",
+                      lambda a: dict(k_cache=a["k_cache"].astype(np.float32))),
+    "missing k_scale": (TypeError, "k_scale is required",
+                        lambda a: dict(k_scale=None)),
+    "zero for int8": (TypeError, "k_zero must be None",
+                      lambda a: dict(k_zero=a["k_scale"])),
+    "block id out of range": (IndexError, "block_tables",
+                              lambda a: dict(block_tables=np.where(a["block_tables"] >= 0, 999,
+                                                                   -1).astype(np.int32))),
+    "context too long": (ValueError, "does not fit",
+                         lambda a: dict(context_lens=np.array([20, 500], np.int32))),
+    "context shorter than chunk": (ValueError, "less than",
+                                   lambda a: dict(context_lens=np.array([1, 5], np.int32))),
+    "q_offsets not matching T": (ValueError, "q_offsets",
+                                 lambda a: dict(q_offsets=np.array([0, 2, 2], np.int32))),
+    "q_offsets decreasing": (ValueError, "q_offsets",
+                             lambda a: dict(q_offsets=np.array([0, 4, 3], np.int32))),
+    "heads not divisible": (ValueError, "multiple of the 2 kv heads",
+                            lambda a: dict(q=np.zeros((3, 3, 64), np.float32),
+                                           out=np.zeros((3, 3, 64), np.float32))),
+    "head_dim mismatch": (ValueError, "k_cache",
+                          lambda a: dict(q=np.zeros((3, 4, 32), np.float32),
+                                         out=np.zeros((3, 4, 32), np.float32))),
+    "out shape": (ValueError, "out", lambda a: dict(out=np.zeros((3, 4, 32), np.float32))),
+    "non-contiguous q": (ValueError, "C-contiguous",
+                         lambda a: dict(q=np.zeros((3, 4, 128), np.float32)[:, :, ::2])),
+    "scale shape": (ValueError, "k_scale",
+                    lambda a: dict(k_scale=a["k_scale"][:-1].copy())),
+    "out aliases q": (ValueError, "overlap", lambda a: dict(out=a["q"])),
+    "read-only out": (ValueError, "writable", lambda a: dict(out=_readonly(a["out"]))),
+}
+
+
+def _readonly(x):
+    x = x.copy()
+    x.flags.writeable = False
+    return x
+
+
+@pytest.mark.parametrize("case", list(BAD_ATTENTION))
+def test_attention_bad_arguments(case):
+    exc, msg, change = BAD_ATTENTION[case]
+    args = _good()
+    args.update(change(args))
+    with pytest.raises(exc, match=msg):
+        K.attention(**args)
+
+
+def test_kv_write_bad_arguments():
+    rng = np.random.default_rng(0)
+    kc, vc, extra = empty_cache("uint4", 2, 2, 16, 64, rng)
+    k = np.zeros((3, 2, 64), np.float32)
+    slots = np.array([0, 5, 31], np.int32)
+    K.kv_write(k, k, slots, kc, vc, **extra)  # the good call works
+    with pytest.raises(IndexError, match="slots\\[2\\] = 32"):
+        K.kv_write(k, k, np.array([0, 5, 32], np.int32), kc, vc, **extra)
+    with pytest.raises(TypeError, match="k_zero is required"):
+        K.kv_write(k, k, slots, kc, vc, k_scale=extra["k_scale"], v_scale=extra["v_scale"])
+    with pytest.raises(TypeError, match="slots must be int32"):
+        K.kv_write(k, k, slots.astype(np.int64), kc, vc, **extra)
+    with pytest.raises(ValueError, match="kv heads"):
+        K.kv_write(np.zeros((3, 1, 64), np.float32), np.zeros((3, 1, 64), np.float32), slots,
+                   kc, vc, **extra)
+    with pytest.raises(ValueError, match="writable"):
+        K.kv_write(k, k, slots, _readonly(kc), vc, **extra)
+    with pytest.raises(TypeError, match="k_scale must be None"):
+        bc, bv, _ = empty_cache("bf16", 2, 2, 16, 64, rng)
+        K.kv_write(k, k, slots, bc, bv, k_scale=extra["k_scale"])
+    with pytest.raises(ValueError, match="v has size"):
+        K.kv_write(k, k[:2], slots, kc, vc, **extra)
