@@ -240,6 +240,16 @@ class ResultQueue:
         with self._cond:
             return self._take()
 
+    def wait_finished(self, timeout=None) -> bool:
+        """Block until the request has ended (what sync_request waits for); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._status in _FINAL, timeout)
+
+    @property
+    def finished(self) -> bool:
+        with self._cond:
+            return self._status in _FINAL
+
     def RequestStatInfo(self) -> RequestStatInfo:
         with self._cond:
             return self._stats()

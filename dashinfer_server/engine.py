@@ -10,15 +10,11 @@ import threading
 import numpy as np
 
 from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
-from dashinfer_client.types import AsStatus, GenerateRequestStatus, ResultQueue
+from dashinfer_client.types import AsStatus, ResultQueue
 
 from .sequence import Sequence
 
 log = logging.getLogger("dashinfer_server")
-
-FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted,
-         GenerateRequestStatus.InternalError)
-
 
 class ModelState(enum.Enum):
     Initial = "Initial"
@@ -151,14 +147,14 @@ class Engine:
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
         def stop():
             m, seq = self._request(model_name, request_handle)
-            if m.runner is not None and seq.queue.GenerateStatus() not in FINAL:
+            if m.runner is not None and not seq.queue.finished:
                 m.runner.stop_request(seq)
         return self._call("stop_request", stop)
 
     def release_request(self, model_name: str, request_handle) -> AsStatus:
         def release():
             m, seq = self._request(model_name, request_handle)
-            if m.runner is not None and seq.queue.GenerateStatus() not in FINAL:
+            if m.runner is not None and not seq.queue.finished:
                 m.runner.stop_request(seq)
             del m.requests[seq.handle]
         return self._call("release_request", release)
@@ -174,9 +170,7 @@ class Engine:
         except EngineError as e:
             return self._refuse("sync_request", e)
         for seq in seqs:
-            q = seq.queue
-            with q._cond:
-                q._cond.wait_for(lambda: q._status in FINAL)
+            seq.queue.wait_finished()
         return AsStatus.ALLSPARK_SUCCESS
 
     # ---- checks ----------------------------------------------------------------------------
