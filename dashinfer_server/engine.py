@@ -41,7 +41,8 @@ class _Installed:
 
 class Engine:
     def __init__(self, group=None):
-        self._group = group
+        from .parallel import LocalGroup
+        self._group = group or LocalGroup()
         self._models = {}
         self._lock = threading.RLock()
         self.last_error = None  # the reason of the last refused call, for logs and the gRPC layer
@@ -66,12 +67,14 @@ class Engine:
             if cfg.max_length > context:
                 raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
                                   f"max_length {cfg.max_length} exceeds the model's context {context}")
+            self._group.command("install_model", cfg.to_dict())
             self._models[cfg.model_name] = _Installed(cfg, model)
         return self._call("install_model", install)
 
     def start_model(self, model_name: str) -> AsStatus:
         def start():
             m = self._model(model_name, (ModelState.Initial, ModelState.Stopped))
+            self._group.command("start_model", {"model_name": model_name})
             if m.runner is None:
                 from .runner import ModelRunner
                 m.runner = ModelRunner(m.model, m.cfg, self._group)
@@ -83,6 +86,7 @@ class Engine:
         def stop():
             m = self._model(model_name, (ModelState.Running,))
             m.runner.stop()
+            self._group.command("stop_model", {"model_name": model_name})
             m.state = ModelState.Stopped
         return self._call("stop_model", stop)
 
@@ -91,6 +95,7 @@ class Engine:
             m = self._model(model_name, (ModelState.Initial, ModelState.Running, ModelState.Stopped))
             if m.state == ModelState.Running:
                 m.runner.stop()
+            self._group.command("release_model", {"model_name": model_name})
             m.state = ModelState.Released
             del self._models[model_name]
         return self._call("release_model", release)

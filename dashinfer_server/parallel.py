@@ -66,6 +66,13 @@ class LocalGroup:
     rank = 0
     world = 1
 
+    def command(self, name: str, payload: dict) -> None:
+        """Rank 0 tells the other ranks to run an engine command (install_model, start_model,
+        stop_model, release_model) on their shard; raises if one of them fails."""
+
+    def step(self, model_name: str, plan) -> None:
+        """Rank 0 hands the other ranks the next step's plan, before its own forward."""
+
     def allreduce_(self, x) -> None:
         """Sum `x` over the ranks, in place."""
 
@@ -73,3 +80,8 @@ class LocalGroup:
         """Assemble rank shards of logits [B, V_rank] into out [B, V] on rank 0."""
         if out is not local:
             out[...] = local
+
+
+def init_group():
+    """The group this process belongs to: LocalGroup for a single process."""
+    return LocalGroup()

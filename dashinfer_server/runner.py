@@ -116,7 +116,9 @@ class ModelRunner:
                          "KV cache exhausted: interrupted to let earlier requests go on")
         if not chunks:
             return
-        logits = self.model.forward(build_plan(chunks, self.pool.block_size))
+        plan = build_plan(chunks, self.pool.block_size)
+        self.model.group.step(self.cfg.model_name, plan)
+        logits = self.model.forward(plan)
         self.scheduler.advance(chunks)
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
