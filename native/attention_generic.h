@@ -12,44 +12,12 @@
 
 #define GL 8 /* query vectors per lane group */
 
-/* n cache rows of K (which = 0) or V (which = 1) from `row` on, to fp32 [n][head_dim] */
-static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
-                       float *restrict dst) {
-    const int D = c->head_dim;
-    const void *base = which ? c->v : c->k;
-    if (c->format == DN_KV_BF16) {
-        const uint16_t *restrict src = (const uint16_t *)base + row * D;
-        for (int i = 0; i < n * D; i++) {
-            uint32_t u = (uint32_t)src[i] << 16;
-            memcpy(&dst[i], &u, 4);
-        }
-        return;
-    }
-    const float *sc = (which ? c->v_scale : c->k_scale) + row;
-    if (c->format == DN_KV_INT8) {
-        const int8_t *restrict src = (const int8_t *)base + row * D;
-        for (int j = 0; j < n; j++) {
-            const float s = sc[j];
-            for (int d = 0; d < D; d++) dst[j * D + d] = (float)(int32_t)src[j * D + d] * s;
-        }
-        return;
-    }
-    const float *zr = (which ? c->v_zero : c->k_zero) + row;
-    const uint8_t *restrict src = (const uint8_t *)base + row * (D / 2);
-    for (int j = 0; j < n; j++) {
-        float s = sc[j], zs = zr[j] * sc[j];
-        for (int d = 0; d < D / 2; d++) {
-            uint8_t b = src[j * (D / 2) + d];
-            dst[j * D + 2 * d] = (float)(b & 15) * s - zs;
-            dst[j * D + 2 * d + 1] = (float)(b >> 4) * s - zs;
-        }
-    }
-}
-
 /* 8-float vectors (gcc vector extensions): AVX2 registers in the AVX2 build, SSE pairs in the
  * baseline one. Loads and stores go through memcpy, so any alignment is fine. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int8_t v8c __attribute__((vector_size(8)));
+typedef uint8_t v8u __attribute__((vector_size(8)));
 
 static inline __attribute__((always_inline)) v8f load8(const float *p) {
     v8f v;
@@ -84,6 +52,45 @@ static inline __attribute__((always_inline)) v8f exp8(v8f x) {
     p = p * r + 1.0f;
     v8f pow2n = (v8f)((n + 127) << 23);
     return (v8f)((v8i)(p * pow2n) & ~tiny);
+}
+
+/* n cache rows of K (which = 0) or V (which = 1) from `row` on, to fp32 [n][head_dim] */
+static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
+                       float *restrict dst) {
+    const int D = c->head_dim;
+    const void *base = which ? c->v : c->k;
+    if (c->format == DN_KV_BF16) {
+        const uint16_t *restrict src = (const uint16_t *)base + row * D;
+        for (int i = 0; i < n * D; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+        return;
+    }
+    const float *sc = (which ? c->v_scale : c->k_scale) + row;
+    if (c->format == DN_KV_INT8) {
+        const int8_t *src = (const int8_t *)base + row * D;
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < D; d += 8) {
+                v8c b;
+                memcpy(&b, src + j * D + d, sizeof b);
+                store8(dst + j * D + d, __builtin_convertvector(__builtin_convertvector(b, v8i), v8f) * sc[j]);
+            }
+        return;
+    }
+    const float *zr = (which ? c->v_zero : c->k_zero) + row;
+    const uint8_t *src = (const uint8_t *)base + row * (D / 2);
+    for (int j = 0; j < n; j++) {
+        float s = sc[j], zs = zr[j] * sc[j];
+        for (int d = 0; d < D; d += 16) { /* 8 bytes: codes d..d+16, low nibble first */
+            v8u b;
+            memcpy(&b, src + j * (D / 2) + d / 2, sizeof b);
+            v8f lo = __builtin_convertvector(__builtin_convertvector(b & 15, v8i), v8f) * s - zs;
+            v8f hi = __builtin_convertvector(__builtin_convertvector(b >> 4, v8i), v8f) * s - zs;
+            store8(dst + j * D + d, __builtin_shuffle(lo, hi, (v8i){0, 8, 1, 9, 2, 10, 3, 11}));
+            store8(dst + j * D + d + 8, __builtin_shuffle(lo, hi, (v8i){4, 12, 5, 13, 6, 14, 7, 15}));
+        }
+    }
 }
 
 /* s[j][c..c+8) = sum_d kf[j][d] * qt[d][c..c+8) for R tokens from j */
