@@ -183,10 +183,10 @@ class MPIGroup:
         self._payload = np.zeros(HEAD, np.int32)
         self._reply = np.zeros(REPLY, np.int32)
         self._replies = np.zeros((self.world, REPLY), np.int32) if self.rank == 0 else None
-        self.timeout = float(os.environ.get("DASHINFER_ALLREDUCE_TIMEOUT", "60"))
+        self.timeout = float(os.environ.get("DASHINFER_ALLREDUCE_TIMEOUT") or 60)
         self._shm = None
         self._shm_name = None
-        self.allreduce_kind = self._setup_allreduce(os.environ.get("DASHINFER_ALLREDUCE", "auto"))
+        self.allreduce_kind = self._setup_allreduce(os.environ.get("DASHINFER_ALLREDUCE") or "auto")
         if self.rank == 0:
             atexit.register(self.close)
 
