@@ -14,9 +14,11 @@ in DASHINFER_NODE and its OpenMP placement in its environment (and runs under nu
 is installed); the rank binds itself again at start (topology.place_rank).
 """
 import argparse
+import glob
 import os
 import shutil
 import sys
+import time
 
 from . import topology
 
@@ -102,6 +104,40 @@ def _numactl(place, numactl) -> list:
     return cmd
 
 
+def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) -> list:
+    """Remove this user's MPICH segments (mpich_shm_*) that no process maps any more. MPICH
+    removes its segment when the job ends normally but leaves it when a rank is killed; a
+    restarted group (systemd Restart=) cleans up after the one that died. Segments younger than
+    min_age_s are left alone: a job starting this instant may not have mapped its own yet
+    (MPICH maps it right after creating it)."""
+    stale = []
+    for path in glob.glob(os.path.join(shm_dir, "mpich_shm_*")):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and time.time() - st.st_mtime > min_age_s:
+            stale.append(path)
+    if not stale:
+        return []
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[5].strip() for line in f if "mpich_shm_" in line)
+        except (OSError, IndexError):
+            continue  # gone, or not ours to read
+    removed = []
+    for path in stale:
+        if path not in mapped:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def main(argv=None) -> int:
     args, rest = parse_args(sys.argv[1:] if argv is None else argv, os.environ)
     try:
@@ -112,6 +148,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(" ".join(f"{k}={v}" for k, v in extra_env.items()), " ".join(cmd))
         return 0
+    for path in sweep_stale_mpich_segments():
+        print(f"dashinfer-launch: removed {path}, left by a group that died", file=sys.stderr)
     sys.stdout.flush()
     os.execve(cmd[0], cmd, {**os.environ, **extra_env})
 

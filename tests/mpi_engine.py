@@ -4,14 +4,17 @@ driven by tests/test_parallel.py:
     [mpiexec -n 2] python tests/mpi_engine.py SPEC_JSON
 
 SPEC_JSON: {"models": [{"dir", "prefix", "prompts": [[ids]...] | "question": str, "max_new",
-            "max_batch"}], "linger": seconds to keep generating after printing GENERATING}
+            "max_batch", "max_length"}], "linger": print GENERATING once tokens flow,
+            "wait_sigterm": print WAITING at the end, then close the group on SIGTERM}
 Rank 0 prints "RESULT <json>" (per model, the greedy ids of each prompt, and the answer text
 for a question); every rank prints "PID <rank> <pid>" first. Workers run run_worker.
 """
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 
 from dashinfer_server.parallel import init_group
 
@@ -77,6 +80,12 @@ def main():
     results = [serve(engine, m, i, spec.get("linger")) for i, m in enumerate(spec["models"])]
     print("RESULT", json.dumps({"world": group.world, "allreduce": getattr(group, "allreduce_kind", None),
                                 "models": results}), flush=True)
+    if spec.get("wait_sigterm"):  # as the service does: drain on SIGTERM, then shut down
+        term = threading.Event()
+        signal.signal(signal.SIGTERM, lambda s, f: term.set())
+        print("WAITING", flush=True)
+        term.wait(60)
+        print("rank 0: SIGTERM", flush=True)
     group.close()
     return 0
 
