@@ -156,7 +156,7 @@ def _wait(request, spin_s: float = 0.02) -> None:
     nap = 1e-4
     while not request.Test():
         time.sleep(nap)
-        nap = min(nap * 2, 2e-3)
+        nap = min(nap * 2, 5e-3)
 
 
 def _encode(text: str) -> np.ndarray:

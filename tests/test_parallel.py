@@ -206,6 +206,7 @@ def test_killed_rank_fails_the_group_fast(tiny_uneven):
     spec = {"models": [{"dir": tiny_uneven, "prefix": "tiny", "prompts": [[3, 4, 5]], "max_new": 500,
                         "max_length": 512}], "linger": True}
     cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_engine.py"), json.dumps(spec)]
+    mpich_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=group_env())
     pids, lines = {}, []
     try:
@@ -231,6 +232,11 @@ def test_killed_rank_fails_the_group_fast(tiny_uneven):
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)
     assert our_segments() == []
+    # MPICH leaves its own segment behind when a rank is killed; the next launch removes it
+    from dashinfer_server.launch import sweep_stale_mpich_segments
+    time.sleep(1.1)
+    sweep_stale_mpich_segments()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_") and n not in mpich_before]
 
 
 @needs_mpi
