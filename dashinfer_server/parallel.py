@@ -182,6 +182,7 @@ class MPIGroup:
         self._head = np.zeros(HEAD, np.int32)
         self._payload = np.zeros(HEAD, np.int32)
         self._reply = np.zeros(REPLY, np.int32)
+        self._stage = np.zeros(0, np.float32)  # rank 0: logits shards of several rows
         self._replies = np.zeros((self.world, REPLY), np.int32) if self.rank == 0 else None
         self.timeout = float(os.environ.get("DASHINFER_ALLREDUCE_TIMEOUT") or 60)
         self._shm = None
@@ -255,22 +256,19 @@ class MPIGroup:
 
     def gather_vocab(self, local, out) -> None:
         """Rank 0 receives every rank's logits shard [S, V_r] into out's columns; the others
-        send theirs. Ends the step on rank 0."""
+        send theirs. Ends the step on rank 0 (a failure leaves it open: step_failed aborts)."""
         MPI = self._MPI
-        try:
-            s = local.shape[0]
-            if self.rank:
-                self.comm.Gatherv(local, None, root=0)
-                return
-            vocab = out.shape[1]
-            bounds = [split_range(vocab, r, self.world) for r in range(self.world)]
-            if s == 1:  # one row: every shard is a contiguous piece of out
-                out[:, :bounds[0][1]] = local
-                counts = [0] + [b - a for a, b in bounds[1:]]
-                displs = [a for a, _ in bounds]
-                self.comm.Gatherv(MPI.IN_PLACE, [out, counts, displs, MPI.FLOAT], root=0)
-                return
-            # several rows: shards arrive one after another and are copied into out's columns
+        if self.rank:
+            self.comm.Gatherv(local, None, root=0)
+            return
+        s, vocab = out.shape
+        bounds = [split_range(vocab, r, self.world) for r in range(self.world)]
+        if s == 1:  # one row: every shard is a contiguous piece of out
+            out[:, :bounds[0][1]] = local
+            counts = [0] + [b - a for a, b in bounds[1:]]
+            displs = [a for a, _ in bounds]
+            self.comm.Gatherv(MPI.IN_PLACE, [out, counts, displs, MPI.FLOAT], root=0)
+        else:  # several rows: shards arrive one after another, then go to out's columns
             counts = [0] + [s * (b - a) for a, b in bounds[1:]]
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
             staging = self._staging(sum(counts))
@@ -279,12 +277,10 @@ class MPIGroup:
             for r in range(1, self.world):
                 a, b = bounds[r]
                 out[:, a:b] = staging[displs[r]:displs[r] + counts[r]].reshape(s, b - a)
-        finally:
-            if self.rank == 0:
-                self._end_step()
+        self._end_step()
 
     def _staging(self, n: int) -> np.ndarray:
-        if getattr(self, "_stage", None) is None or self._stage.size < n:
+        if self._stage.size < n:
             self._stage = np.empty(n, np.float32)
         return self._stage[:n]
 
