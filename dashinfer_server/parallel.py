@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -183,6 +184,7 @@ class MPIGroup:
         self._payload = np.zeros(HEAD, np.int32)
         self._reply = np.zeros(REPLY, np.int32)
         self._stage = np.zeros(0, np.float32)  # rank 0: logits shards of several rows
+        self._starts = None                     # int32 [world+1]: vocabulary shard borders
         self._replies = np.zeros((self.world, REPLY), np.int32) if self.rank == 0 else None
         self.timeout = float(os.environ.get("DASHINFER_ALLREDUCE_TIMEOUT") or 60)
         self._shm = None
@@ -199,7 +201,16 @@ class MPIGroup:
         from mpi4py import MPI
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise RuntimeError("the MPI library does not provide MPI_THREAD_SERIALIZED")
-        return cls(MPI.COMM_WORLD)
+        group = cls(MPI.COMM_WORLD)
+        sys.excepthook = group._abort_on_uncaught
+        return group
+
+    def _abort_on_uncaught(self, kind, error, tb) -> None:
+        """A rank that dies of an exception must take the job down at once: exiting normally
+        would enter MPI_Finalize while its peers wait for it in a collective."""
+        log.critical("rank %d: uncaught %s: aborting the group", self.rank, kind.__name__,
+                     exc_info=(kind, error, tb))
+        self.abort(1)
 
     # ---- allreduce ----------------------------------------------------------------------
 
@@ -245,7 +256,7 @@ class MPIGroup:
                 f"rank {r}: {e}" for r, e in enumerate(errors) if e))
         K.comm_set_split_threshold(self._shm, SHM_SPLIT)
         self._shm_name = name
-        self._comm_allreduce = K.comm_allreduce
+        self._comm_allreduce, self._comm_gather = K.comm_allreduce, K.comm_gather_columns
 
     def allreduce_(self, x) -> None:
         """Sum float32 x over the ranks, in place (inside a step: the lock is held)."""
@@ -255,9 +266,18 @@ class MPIGroup:
             self.comm.Allreduce(self._MPI.IN_PLACE, x, op=self._MPI.SUM)
 
     def gather_vocab(self, local, out) -> None:
-        """Rank 0 receives every rank's logits shard [S, V_r] into out's columns; the others
-        send theirs. Ends the step on rank 0 (a failure leaves it open: step_failed aborts)."""
+        """Rank 0 receives every rank's logits shard local [S, V_r] into out [S, V]'s columns;
+        the others send theirs (their out gives V, and is not written). Shared memory when the
+        group has it, else MPI Gatherv. Ends the step on rank 0 (a failure leaves it open:
+        step_failed aborts)."""
         MPI = self._MPI
+        if self._shm is not None:
+            starts = self._column_starts(out.shape[1])
+            if int(np.diff(starts).max()) <= SHM_CAPACITY:
+                self._comm_gather(self._shm, local, out if self.rank == 0 else None, starts, self.timeout)
+                if self.rank == 0:
+                    self._end_step()
+                return
         if self.rank:
             self.comm.Gatherv(local, None, root=0)
             return
@@ -278,6 +298,13 @@ class MPIGroup:
                 a, b = bounds[r]
                 out[:, a:b] = staging[displs[r]:displs[r] + counts[r]].reshape(s, b - a)
         self._end_step()
+
+    def _column_starts(self, vocab: int) -> np.ndarray:
+        """int32 [world+1]: where each rank's vocabulary shard starts (split_range's cut)."""
+        if self._starts is None or self._starts[-1] != vocab:
+            self._starts = np.array([split_range(vocab, r, self.world)[0] for r in range(self.world)]
+                                    + [vocab], np.int32)
+        return self._starts
 
     def _staging(self, n: int) -> np.ndarray:
         if self._stage.size < n:

@@ -276,3 +276,48 @@ int dn_comm_allreduce(dn_comm *c, float *x, size_t n, double timeout_s, char *er
     }
     return 0;
 }
+
+size_t dn_comm_capacity(const dn_comm *c) { return c->capacity; }
+int dn_comm_rank(const dn_comm *c) { return c->rank; }
+int dn_comm_world(const dn_comm *c) { return c->world; }
+
+/* Rounds of as many whole rows as fit a slot: the workers copy their rows of the round into
+ * their slots, everyone publishes and waits (so parities are reused as in an allreduce), and
+ * rank 0 copies each slot's rows into its columns of out. */
+int dn_comm_gather_columns(dn_comm *c, const float *local, float *out, size_t rows,
+                           const int32_t *starts, double timeout_s, char *err, size_t errlen) {
+    if (c->broken) {
+        say(err, errlen, "the group is broken by an earlier failure");
+        return -1;
+    }
+    const size_t width = (size_t)starts[c->world];
+    const size_t mine = (size_t)(starts[c->rank + 1] - starts[c->rank]);
+    size_t widest = 1;
+    for (int r = 0; r < c->world; r++) {
+        size_t w = (size_t)(starts[r + 1] - starts[r]);
+        widest = w > widest ? w : widest;
+    }
+    if (widest > c->capacity) {
+        say(err, errlen, "a shard of %zu columns does not fit a slot of %zu floats", widest, c->capacity);
+        return -1;
+    }
+    const size_t per_round = c->capacity / widest;
+    for (size_t r0 = 0; r0 < rows; r0 += per_round) {
+        size_t m = rows - r0 < per_round ? rows - r0 : per_round;
+        int p = (int)(c->rounds++ & 1);
+        if (c->rank) memcpy(slot(c, p, c->rank), local + r0 * mine, m * mine * 4);
+        publish(c);
+        if (wait_peers(c, timeout_s, err, errlen)) {
+            c->broken = 1;
+            return -1;
+        }
+        if (c->rank) continue;
+        for (int q = 0; q < c->world; q++) {
+            size_t cols = (size_t)(starts[q + 1] - starts[q]);
+            const float *src = q ? slot(c, p, q) : local + r0 * cols;
+            for (size_t i = 0; i < m; i++)
+                memcpy(out + (r0 + i) * width + starts[q], src + i * cols, cols * 4);
+        }
+    }
+    return 0;
+}

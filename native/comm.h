@@ -27,6 +27,17 @@ void dn_comm_close(dn_comm *c);
  * call fails. */
 int dn_comm_allreduce(dn_comm *c, float *x, size_t n, double timeout_s, char *err, size_t errlen);
 
+/* Rank 0 assembles out [rows, starts[world]] whose columns starts[r]..starts[r+1] are rank r's
+ * local [rows, starts[r+1] - starts[r]] (the vocabulary shards of the logits); the other ranks
+ * pass out = NULL. Every shard must fit a slot (starts[r+1] - starts[r] <= capacity). 0, or -1
+ * with a message in err (the group is then broken). */
+int dn_comm_gather_columns(dn_comm *c, const float *local, float *out, size_t rows,
+                           const int32_t *starts, double timeout_s, char *err, size_t errlen);
+
+size_t dn_comm_capacity(const dn_comm *c);
+int dn_comm_rank(const dn_comm *c);
+int dn_comm_world(const dn_comm *c);
+
 /* n from which a call reduces one share per rank and gathers the shares (reduce-scatter +
  * allgather) instead of every rank adding every vector. */
 void dn_comm_set_split_threshold(dn_comm *c, size_t n);

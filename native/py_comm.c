@@ -97,6 +97,44 @@ static PyObject *py_comm_allreduce(PyObject *self, PyObject *args, PyObject *kw)
     return dn_done(&a, NULL);
 }
 
+static PyObject *py_comm_gather_columns(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"comm", "local", "out", "starts", "timeout", NULL};
+    PyObject *cap, *ol, *oo, *os;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|d:comm_gather_columns", names, &cap, &ol, &oo,
+                                     &os, &timeout))
+        return NULL;
+    dn_comm *c = comm_of(cap, "comm_gather_columns");
+    if (!c) return NULL;
+    const int rank = dn_comm_rank(c);
+    if (!(timeout > 0.0))
+        return PyErr_Format(PyExc_ValueError, "comm_gather_columns: timeout must be > 0, got %g", timeout);
+    dn_args a = {.fn = "comm_gather_columns"};
+    Py_buffer *l = dn_take(&a, ol, "local", 'f', 2, 0);
+    Py_buffer *st = l ? dn_take(&a, os, "starts", 'i', 1, 0) : NULL;
+    Py_buffer *o = st ? dn_take_opt(&a, oo, "out", 'f', 2, 1) : NULL;
+    if (!st || PyErr_Occurred()) return dn_done(&a, NULL);
+    const int32_t *s = st->buf;
+    const Py_ssize_t world = dn_comm_world(c);
+    if (dn_check_dim(&a, st, "starts", 0, world + 1)) return dn_done(&a, NULL);
+    for (Py_ssize_t r = 0; r < world; r++)
+        if (s[r] < 0 || s[r + 1] < s[r])
+            return dn_fail(&a, PyExc_ValueError, "starts must ascend from 0");
+    if (s[0] != 0) return dn_fail(&a, PyExc_ValueError, "starts must ascend from 0");
+    if (dn_check_dim(&a, l, "local", 1, s[rank + 1] - s[rank])) return dn_done(&a, NULL);
+    if (rank == 0 && !o) return dn_fail(&a, PyExc_TypeError, "rank 0 needs out");
+    if (o && (dn_check_dim(&a, o, "out", 0, l->shape[0]) || dn_check_dim(&a, o, "out", 1, s[world])))
+        return dn_done(&a, NULL);
+    char err[256] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dn_comm_gather_columns(c, l->buf, rank == 0 ? o->buf : NULL, (size_t)l->shape[0], s,
+                                timeout, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc) return dn_fail(&a, PyExc_RuntimeError, "%s", err);
+    return dn_done(&a, NULL);
+}
+
 static PyObject *py_comm_set_split_threshold(PyObject *self, PyObject *args) {
     PyObject *cap;
     Py_ssize_t n;
@@ -119,6 +157,11 @@ PyMethodDef dn_comm_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "comm_allreduce(comm, x, timeout=60.0): sum float32 x over the ranks, in place; "
      "RuntimeError when a peer died or did not arrive within timeout seconds"},
+    {"comm_gather_columns", (PyCFunction)(void (*)(void))py_comm_gather_columns,
+     METH_VARARGS | METH_KEYWORDS,
+     "comm_gather_columns(comm, local, out, starts, timeout=60.0): rank 0 gets out [S, V] whose "
+     "columns starts[r]:starts[r+1] (int32 [world+1]) are rank r's local [S, V_r]; other ranks "
+     "pass out=None"},
     {"comm_set_split_threshold", py_comm_set_split_threshold, METH_VARARGS,
      "comm_set_split_threshold(comm, n): from n floats on, reduce-scatter + allgather"},
     {NULL, NULL, 0, NULL},

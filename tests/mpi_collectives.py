@@ -1,7 +1,9 @@
 """Run under mpiexec -n N by tests/test_parallel.py: the collectives of MPIGroup against numpy.
 
 Prints one line "OK <allreduce kind>" on rank 0 when every check passed; any failure raises
-(and mpiexec tears the group down with a non-zero exit)."""
+(and mpiexec tears the group down with a non-zero exit). RAISE_ON_RANK=r makes rank r raise
+while the others wait for it in a collective."""
+import os
 import sys
 
 import numpy as np
@@ -46,19 +48,21 @@ def check_plans(g) -> None:
     for step in range(6):
         want = plan_of(step)
         name = f"model-{step}-é"
+        a, b = split_range(2 * g.world, g.rank, g.world)
+        logits = np.zeros((0, b - a), np.float32), np.zeros((0, 2 * g.world), np.float32)
         if g.rank == 0:
             g.step(name, want)
-            g.gather_vocab(np.zeros((0, 1), np.float32), np.zeros((0, 2), np.float32))
+            g.gather_vocab(*logits)
         else:
             kind, got_name, got = g.receive()
             assert (kind, got_name) == ("step", name), (kind, got_name)
             for a, b in zip(want.arrays(), got.arrays()):
                 assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-            g.gather_vocab(np.zeros((0, 1), np.float32), None)
+            g.gather_vocab(*logits)
 
 
 def check_gather_vocab(g) -> None:
-    for s, vocab in ((1, 49152), (3, 101), (32, 1000), (2, g.world)):
+    for s, vocab in ((1, 49152), (3, 101), (32, 1000), (2, g.world), (40, 49152), (2, 600001)):
         a, b = split_range(vocab, g.rank, g.world)
         full = np.arange(s * vocab, dtype=np.float32).reshape(s, vocab)
         local = np.ascontiguousarray(full[:, a:b])
@@ -68,7 +72,7 @@ def check_gather_vocab(g) -> None:
             g.gather_vocab(local, out)
             assert np.array_equal(out, full), f"gather_vocab s={s} vocab={vocab}"
         else:
-            g.gather_vocab(local, None)
+            g.gather_vocab(local, np.zeros((s, vocab), np.float32))
 
 
 def check_commands(g) -> None:
@@ -91,6 +95,8 @@ def check_commands(g) -> None:
 
 def main() -> None:
     g = MPIGroup.init()
+    if os.environ.get("RAISE_ON_RANK") == str(g.rank):
+        raise RuntimeError(f"rank {g.rank} fails before its first allreduce")
     check_allreduce(g)
     check_plans(g)
     check_gather_vocab(g)

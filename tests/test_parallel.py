@@ -152,6 +152,18 @@ def test_collectives_under_mpiexec(kind, n):
     assert our_segments() == before
 
 
+@needs_mpi
+@pytest.mark.parametrize("kind", ["auto", "mpi"])
+def test_a_rank_that_raises_ends_the_job(kind):
+    """Rank 1 dies of an exception while rank 0 waits for it in an allreduce: the job ends with
+    an error instead of hanging (no rank enters MPI_Finalize while a peer waits)."""
+    t0 = time.monotonic()
+    out = mpirun("mpi_collectives.py", timeout=30, RAISE_ON_RANK="1", DASHINFER_ALLREDUCE=kind)
+    assert out.returncode != 0 and "OK" not in out.stdout
+    assert "rank 1 fails before its first allreduce" in out.stderr
+    assert time.monotonic() - t0 < 30
+
+
 # ---- whole engines: 2 ranks against 1 --------------------------------------------------------
 
 @pytest.fixture(scope="module")
