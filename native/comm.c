@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <immintrin.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -167,7 +168,7 @@ static void publish(dn_comm *c) {
 }
 
 /* Spin until every peer has finished phase c->phase. Every SPINS_PER_CHECK spins (~0.1 ms)
- * look at the clock and at whether the peer process still exists. */
+ * look at the clock and at whether the peer process still exists, and yield the cpu once. */
 static int wait_peers(dn_comm *c, double timeout_s, char *err, size_t errlen) {
     const uint64_t target = c->phase;
     for (int r = 0; r < c->world; r++) {
@@ -189,6 +190,8 @@ static int wait_peers(dn_comm *c, double timeout_s, char *err, size_t errlen) {
                 say(err, errlen, "rank %d did not arrive within %.1f s", r, timeout_s);
                 return -1;
             }
+            /* a long wait: let a peer that shares this cpu (more ranks than cores) run */
+            sched_yield();
         }
     }
     return 0;

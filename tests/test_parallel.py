@@ -114,6 +114,15 @@ def test_comm_bindings_check_arguments_and_time_out():
             K.comm_allreduce(comm, x, 0.0)
         with pytest.raises(TypeError, match="comm_open"):
             K.comm_allreduce(object(), x)
+        local, starts = np.ones((2, 3), np.float32), np.array([0, 3, 5], np.int32)
+        with pytest.raises(TypeError, match="rank 0 needs out"):
+            K.comm_gather_columns(comm, local, None, starts)
+        with pytest.raises(ValueError, match="starts"):
+            K.comm_gather_columns(comm, local, np.zeros((2, 5), np.float32), starts[:2])
+        with pytest.raises(ValueError, match="local"):
+            K.comm_gather_columns(comm, local, np.zeros((2, 5), np.float32), np.array([0, 2, 5], np.int32))
+        with pytest.raises(ValueError, match="out"):
+            K.comm_gather_columns(comm, local, np.zeros((2, 4), np.float32), starts)
         # rank 1 never comes: the wait ends with an error, and the group stays failed
         with pytest.raises(RuntimeError, match="rank 1 did not arrive"):
             K.comm_allreduce(comm, x, 0.05)
