@@ -127,7 +127,6 @@ def init_group(threads: int | None = None):
     return MPIGroup.init()
 
 
-
 # ---- the multi-rank group --------------------------------------------------------------------
 #
 # Rank 0 drives; the others (worker.run_worker) mirror each of its calls. Every message starts
@@ -188,7 +187,6 @@ class MPIGroup:
         self._replies = np.zeros((self.world, REPLY), np.int32) if self.rank == 0 else None
         self.timeout = float(os.environ.get("DASHINFER_ALLREDUCE_TIMEOUT") or 60)
         self._shm = None
-        self._shm_name = None
         self.allreduce_kind = self._setup_allreduce(os.environ.get("DASHINFER_ALLREDUCE") or "auto")
         if self.rank == 0:
             atexit.register(self.close)
@@ -255,7 +253,6 @@ class MPIGroup:
             raise RuntimeError("shared-memory allreduce: " + "; ".join(
                 f"rank {r}: {e}" for r, e in enumerate(errors) if e))
         K.comm_set_split_threshold(self._shm, SHM_SPLIT)
-        self._shm_name = name
         self._comm_allreduce, self._comm_gather = K.comm_allreduce, K.comm_gather_columns
 
     def allreduce_(self, x) -> None:
@@ -368,6 +365,9 @@ class MPIGroup:
         try:
             self._send(SHUTDOWN, [], [])
             self._closed = True
+            if self._shm is not None:
+                from . import kernels as K
+                K.comm_close(self._shm)
         finally:
             self._lock.release()
 
