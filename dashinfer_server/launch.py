@@ -105,13 +105,13 @@ def _numactl(place, numactl) -> list:
 
 
 def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) -> list:
-    """Remove this user's MPICH segments (mpich_shm_*) that no process maps any more. MPICH
-    removes its segment when the job ends normally but leaves it when a rank is killed; a
+    """Remove this user's MPICH segments (mpich_shm_*, mpich_shar_tmp*) that no process maps any
+    more. MPICH removes them when the job ends normally but leaves them when a rank is killed; a
     restarted group (systemd Restart=) cleans up after the one that died. Segments younger than
     min_age_s are left alone: a job starting this instant may not have mapped its own yet
     (MPICH maps it right after creating it)."""
     stale = []
-    for path in glob.glob(os.path.join(shm_dir, "mpich_shm_*")):
+    for path in glob.glob(os.path.join(shm_dir, "mpich_sh*")):
         try:
             st = os.stat(path)
         except OSError:
@@ -124,7 +124,7 @@ def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) 
     for maps in glob.glob("/proc/[0-9]*/maps"):
         try:
             with open(maps) as f:
-                mapped.update(line.split(None, 5)[5].strip() for line in f if "mpich_shm_" in line)
+                mapped.update(line.split(None, 5)[5].strip() for line in f if "mpich_sh" in line)
         except (OSError, IndexError):
             continue  # gone, or not ours to read
     removed = []

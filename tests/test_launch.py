@@ -137,7 +137,7 @@ def test_env_file_documents_only_variables_the_code_reads():
 
 
 def test_sweep_removes_only_unmapped_old_mpich_segments(tmp_path):
-    old, young, mapped = (tmp_path / f"mpich_shm_{n}_0" for n in ("aa", "bb", "cc"))
+    old, young, mapped = (tmp_path / n for n in ("mpich_shar_tmpAb12Cd", "mpich_shm_bb_0", "mpich_shm_cc_0"))
     for p in (old, young, mapped):
         p.write_bytes(b"\0" * 4096)
     long_ago = time.time() - 3600

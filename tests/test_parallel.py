@@ -257,7 +257,7 @@ def test_killed_rank_fails_the_group_fast(tiny_uneven):
     from dashinfer_server.launch import sweep_stale_mpich_segments
     time.sleep(1.1)
     sweep_stale_mpich_segments()
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_") and n not in mpich_before]
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("mpich_sh") and n not in mpich_before]
 
 
 @needs_mpi
