@@ -19,7 +19,9 @@
 #define NR DN_LINEAR_NR
 #define GEMV_MAX_M 4 /* rows the fp32 GEMV handles; above, the bf16 microkernel is faster */
 #define MR 6         /* microkernel rows: 6 x 4 accumulators + 4 weight registers */
-#define KC 256       /* k per block in the microkernel loop (even) */
+#ifndef KC
+#define KC 2048 /* k per block: a bf16 slice of 64 columns is 256 KB, at home in L2 */
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
@@ -29,14 +31,15 @@ INLINE __mmask16 col_mask(int valid, int v) {
     return left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
 }
 
-/* y[r][16v..] = acc[r][v] (+ y if accumulate) (+ bias), only the first `valid` columns. */
-INLINE void store_tile(const int mr, const int nv, __m512 acc[][4], float *y, int64_t ldy,
+/* y[r][16v..] = acc[r * nv + v] (+ y if accumulate) (+ bias), only the first `valid` columns.
+ * Accumulators are one flat array of at most 24, so gcc keeps them all in registers. */
+INLINE void store_tile(const int mr, const int nv, __m512 *acc, float *y, int64_t ldy,
                        int accumulate, const float *bias, int valid) {
     for (int v = 0; v < nv; v++) {
         __mmask16 k = col_mask(valid, v);
         __m512 b = bias ? _mm512_maskz_loadu_ps(k, bias + 16 * v) : _mm512_setzero_ps();
         for (int r = 0; r < mr; r++) {
-            __m512 a = _mm512_add_ps(acc[r][v], b);
+            __m512 a = _mm512_add_ps(acc[r * nv + v], b);
             if (accumulate) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(k, y + r * ldy + 16 * v));
             _mm512_mask_storeu_ps(y + r * ldy + 16 * v, k, a);
         }
@@ -48,15 +51,14 @@ INLINE void store_tile(const int mr, const int nv, __m512 acc[][4], float *y, in
 /* f32 panel [k][nv*16]; x [mb][ldx]. */
 INLINE void gemv_f32(const int mb, const int nv, const float *wp, int64_t k, const float *x,
                      int64_t ldx, float *y, int64_t ldy, const float *bias, int valid) {
-    __m512 acc[4][4];
-    for (int r = 0; r < mb; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
+    __m512 acc[16];
+    for (int i = 0; i < mb * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; kk++) {
         __m512 w[4];
         for (int v = 0; v < nv; v++) w[v] = _mm512_loadu_ps(wp + (kk * nv + v) * 16);
         for (int r = 0; r < mb; r++) {
             __m512 xv = _mm512_set1_ps(x[r * ldx + kk]);
-            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_fmadd_ps(w[v], xv, acc[r][v]);
+            for (int v = 0; v < nv; v++) acc[r * nv + v] = _mm512_fmadd_ps(w[v], xv, acc[r * nv + v]);
         }
     }
     store_tile(mb, nv, acc, y, ldy, 0, bias, valid);
@@ -68,9 +70,8 @@ INLINE void gemv_bf16(const int mb, const int nv, const uint16_t *wp, int64_t kp
                       const float *x, int64_t ldx, float *y, int64_t ldy, const float *bias,
                       int valid) {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000);
-    __m512 acc[4][4];
-    for (int r = 0; r < mb; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
+    __m512 acc[16];
+    for (int i = 0; i < mb * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < kpairs; kp++) {
         __m512 we[4], wo[4];
         for (int v = 0; v < nv; v++) {
@@ -82,8 +83,8 @@ INLINE void gemv_bf16(const int mb, const int nv, const uint16_t *wp, int64_t kp
             __m512 xe = _mm512_set1_ps(x[r * ldx + 2 * kp]);
             __m512 xo = _mm512_set1_ps(x[r * ldx + 2 * kp + 1]);
             for (int v = 0; v < nv; v++) {
-                acc[r][v] = _mm512_fmadd_ps(we[v], xe, acc[r][v]);
-                acc[r][v] = _mm512_fmadd_ps(wo[v], xo, acc[r][v]);
+                acc[r * nv + v] = _mm512_fmadd_ps(we[v], xe, acc[r * nv + v]);
+                acc[r * nv + v] = _mm512_fmadd_ps(wo[v], xo, acc[r * nv + v]);
             }
         }
     }
@@ -269,39 +270,54 @@ static void gemv(const dn_linear_call *c, int t, int nt) {
 
 /* ---------------------------------------------------------------- GEMM, bf16 microkernel */
 
-/* acc[r][v] += sum over kcp pairs of xb[r][kp] . wb[kp][v*16..][2] (vdpbf16ps), then store.
- * xb [MR][kcp] bf16 pairs as uint32; wb [kcp][nv*16][2] bf16. */
+/* While one weight slice is in use, the next one is prefetched into L2 a few lines per
+ * iteration, spread over the row-block calls that share the slice: with few rows (batched
+ * decode) the weights come from DRAM, and a slice fetched on demand by the first row block
+ * would stall it while the others wait for nothing. */
+typedef struct {
+    const char *at; /* this call's share of the next slice */
+    int64_t iters;  /* iterations that prefetch ... */
+    int lines;      /* ... this many cache lines each */
+} prefetch;
+
+INLINE void prefetch_step(const prefetch *pf, int64_t i) {
+    if (i < pf->iters)
+        for (int l = 0; l < pf->lines; l++) _mm_prefetch(pf->at + (i * pf->lines + l) * 64, _MM_HINT_T1);
+}
+
+/* acc[r][v] = sum over kcp pairs of xb[r][kp] . wb[kp][v*16..][2] (vdpbf16ps), then store.
+ * xb [mr][kcp] bf16 pairs as uint32; wb [kcp][ldw*16][2] bf16, of which nv*16 columns. */
 INLINE void mk_bf16(const int mr, const int nv, int64_t kcp, const uint32_t *xb,
-                    const uint16_t *wb, float *y, int64_t ldy, int accumulate,
-                    const float *bias, int valid) {
-    __m512 acc[MR][4];
-    for (int r = 0; r < mr; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
+                    const uint16_t *wb, int ldw, float *y, int64_t ldy, int accumulate,
+                    const float *bias, int valid, const prefetch *pf) {
+    __m512 acc[MR * 4];
+    for (int i = 0; i < mr * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < kcp; kp++) {
+        prefetch_step(pf, kp);
         __m512i w[4];
-        for (int v = 0; v < nv; v++) w[v] = _mm512_loadu_si512(wb + (kp * nv + v) * 32);
+        for (int v = 0; v < nv; v++) w[v] = _mm512_loadu_si512(wb + (kp * ldw + v) * 32);
         for (int r = 0; r < mr; r++) {
-            __m512i xv = _mm512_set1_epi32((int)xb[r * kcp + kp]);
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[r * kcp + kp]);
             for (int v = 0; v < nv; v++)
-                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)xv, (__m512bh)w[v]);
+                acc[r * nv + v] = _mm512_dpbf16_ps(acc[r * nv + v], xv, (__m512bh)w[v]);
         }
     }
     store_tile(mr, nv, acc, y, ldy, accumulate, bias, valid);
 }
 
-/* Same loop with fp32 weights [kc][nv*16] and fp32 activations x [mr][ldx]. */
+/* Same loop with fp32 weights [kc][ldw*16] and fp32 activations x [mr][ldx]. */
 INLINE void mk_f32(const int mr, const int nv, int64_t kc, const float *x, int64_t ldx,
-                   const float *wf, float *y, int64_t ldy, int accumulate, const float *bias,
-                   int valid) {
-    __m512 acc[MR][4];
-    for (int r = 0; r < mr; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
+                   const float *wf, int ldw, float *y, int64_t ldy, int accumulate,
+                   const float *bias, int valid, const prefetch *pf) {
+    __m512 acc[MR * 4];
+    for (int i = 0; i < mr * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < kc; kk++) {
+        prefetch_step(pf, kk);
         __m512 w[4];
-        for (int v = 0; v < nv; v++) w[v] = _mm512_loadu_ps(wf + (kk * nv + v) * 16);
+        for (int v = 0; v < nv; v++) w[v] = _mm512_loadu_ps(wf + (kk * ldw + v) * 16);
         for (int r = 0; r < mr; r++) {
-            __m512 xv = _mm512_set1_ps(x[r * ldx + kk]);
-            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_fmadd_ps(w[v], xv, acc[r][v]);
+            __m512 xv = _mm512_set1_ps(x[r * ldx + kk]); /* folded into the FMA as {1to16} */
+            for (int v = 0; v < nv; v++) acc[r * nv + v] = _mm512_fmadd_ps(w[v], xv, acc[r * nv + v]);
         }
     }
     store_tile(mr, nv, acc, y, ldy, accumulate, bias, valid);
@@ -313,15 +329,17 @@ typedef struct {
     const float *x;             /* fp32 activations of the row block, [MR][ldx] at k0 */
     int64_t ldx;
     const void *wt;             /* the weight slice: bf16 [kc/2][width][2] or f32 [kc][width] */
+    int ldw;                    /* width / 16 */
     float *y;                   /* output tile, [mr][ldy] at the panel's first column */
     int64_t ldy;
     int accumulate;
     const float *bias;          /* NULL unless this is the last k block */
     int valid;
+    prefetch pf;
 } mk_args;
 
-#define MK_BF16(MR_, NV) mk_bf16(MR_, NV, a->kc / 2, a->xb, a->wt, a->y, a->ldy, a->accumulate, a->bias, a->valid)
-#define MK_F32(MR_, NV) mk_f32(MR_, NV, a->kc, a->x, a->ldx, a->wt, a->y, a->ldy, a->accumulate, a->bias, a->valid)
+#define MK_BF16(MR_, NV) mk_bf16(MR_, NV, a->kc / 2, a->xb, a->wt, a->ldw, a->y, a->ldy, a->accumulate, a->bias, a->valid, &a->pf)
+#define MK_F32(MR_, NV) mk_f32(MR_, NV, a->kc, a->x, a->ldx, a->wt, a->ldw, a->y, a->ldy, a->accumulate, a->bias, a->valid, &a->pf)
 #define MK_ROWS(MK) switch (mr) { \
     case 1: switch (nv) { NV_CASES(MK, 1) } break; \
     case 2: switch (nv) { NV_CASES(MK, 2) } break; \
@@ -405,6 +423,37 @@ static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
     return (size_t)(xb + (dn_linear_quantized(w->wtype) ? nthreads * slice_bytes() : 0));
 }
 
+/* Where k block [k0, k0+kc) of panel p lies in the packed buffer. */
+static const char *slice_span(const dn_linear_w *w, int64_t p, int64_t k0, int64_t kc,
+                              int64_t *bytes) {
+    int width = dn_linear_width(w, p);
+    const char *panel = (const char *)dn_linear_panel(w, p);
+    if (!dn_linear_quantized(w->wtype)) {
+        int64_t size = w->wtype == DN_W_F32 ? 4 : 2;
+        *bytes = kc * width * size;
+        return panel + k0 * width * size;
+    }
+    int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width), ngroups = w->k / w->group;
+    int64_t g0 = k0 / w->group, g1 = (k0 + kc + w->group - 1) / w->group;
+    *bytes = ((g1 < ngroups ? g1 : ngroups) - g0) * gb;
+    return panel + g0 * gb;
+}
+
+/* Share of the next slice [at, at + bytes) that row block `i` of `calls` prefetches while
+ * running `iters` iterations. */
+static prefetch prefetch_share(const char *at, int64_t bytes, int64_t i, int64_t calls,
+                               int64_t iters) {
+    prefetch pf = {NULL, 0, 0};
+    int64_t lines = (bytes + 63) / 64, share = (lines + calls - 1) / calls;
+    int64_t first = i * share, mine = lines - first < share ? lines - first : share;
+    if (!at || mine <= 0 || iters <= 0) return pf;
+    pf.lines = (int)((mine + iters - 1) / iters);
+    if (pf.lines > 4) pf.lines = 4; /* more than the slice itself streams: let hardware do it */
+    pf.iters = (mine + pf.lines - 1) / pf.lines;
+    pf.at = at + first * 64;
+    return pf;
+}
+
 static void gemm(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     int64_t m = c->m, k = w->k, kp = w->kp, n = w->n;
@@ -420,11 +469,11 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
     }
     int64_t p0, p1, m0, m1;
     dn_linear_share(w, m, MR, t, nt, &p0, &p1, &m0, &m1);
-    int64_t kend = f32 ? k : kp;
+    int64_t kend = f32 ? k : kp, calls = (m1 - m0 + MR - 1) / MR;
     for (int64_t p = p0; p < p1; p++) {
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), nv = width / 16;
-        mk_args a = {.ldx = k, .ldy = n, .valid = dn_linear_valid(w, p)};
+        mk_args a = {.ldx = k, .ldy = n, .ldw = nv, .valid = dn_linear_valid(w, p)};
         for (int64_t k0 = 0; k0 < kend; k0 += KC) {
             a.kc = kend - k0 < KC ? kend - k0 : KC;
             a.accumulate = k0 > 0;
@@ -437,9 +486,14 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
                 dequant_bf16(w, panel, width, k0 / 2, (k0 + a.kc) / 2, slice);
                 a.wt = slice;
             }
-            for (int64_t r = m0; r < m1; r += MR) {
+            /* the slice this thread reads next: the next k block, or the next panel's first */
+            int64_t next_bytes = 0, np = k0 + KC < kend ? p : p + 1, nk0 = np == p ? k0 + KC : 0;
+            const char *next = NULL;
+            if (np < p1) next = slice_span(w, np, nk0, kend - nk0 < KC ? kend - nk0 : KC, &next_bytes);
+            for (int64_t r = m0, i = 0; r < m1; r += MR, i++) {
                 int mr = m1 - r < MR ? (int)(m1 - r) : MR;
                 a.y = c->y + r * n + p * NR;
+                a.pf = prefetch_share(next, next_bytes, i, calls, f32 ? a.kc : a.kc / 2);
                 if (f32) {
                     a.x = c->x + r * k + k0;
                     mk_f32_any(&a, mr, nv);

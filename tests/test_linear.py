@@ -65,13 +65,15 @@ def check(y, x, wexact, bias, wtype, isa):
     assert rms < (3e-3 if rounded else 1e-4), f"relative rms error {rms}"
 
 
-# (M, N, K, group): every awkward M, N and K (not a multiple of 16/32) appears at least once.
+# (M, N, K, group): every awkward M, N and K (not a multiple of 16/32) appears at least once;
+# K = 4201 / 4224 spans several k blocks of the blocked loops.
 DENSE_CASES = [(1, 1, 33, 0), (3, 7, 77, 0), (16, 33, 64, 0), (37, 1000, 33, 0), (64, 7, 576, 0),
                (200, 33, 77, 0), (513, 1000, 64, 0), (1, 1000, 576, 0), (5, 64, 128, 0),
-               (4, 130, 96, 0), (2, 1536, 64, 0), (13, 200, 1000, 0)]
+               (4, 130, 96, 0), (2, 1536, 64, 0), (13, 200, 1000, 0), (7, 40, 4201, 0)]
 QUANT_CASES = [(1, 1, 64, 32), (3, 7, 128, 64), (16, 33, 256, 128), (37, 1000, 256, 256),
                (64, 7, 96, 96), (200, 33, 64, 32), (513, 1000, 128, 64), (1, 1000, 512, 128),
-               (4, 130, 256, 32), (2, 1536, 128, 128), (13, 200, 1024, 256), (9, 48, 64, 64)]
+               (4, 130, 256, 32), (2, 1536, 128, 128), (13, 200, 1024, 256), (9, 48, 64, 64),
+               (7, 40, 4224, 128)]  # K past one k block of the microkernel loop
 
 
 @pytest.mark.parametrize("wtype", ["f32", "bf16", "i8", "u4"])
