@@ -35,9 +35,12 @@ INLINE __mmask16 col_mask(int valid, int v) {
  * Accumulators are one flat array of at most 24, so gcc keeps them all in registers. */
 INLINE void store_tile(const int mr, const int nv, __m512 *acc, float *y, int64_t ldy,
                        int accumulate, const float *bias, int valid) {
+    /* fully unrolled, or gcc keeps acc[] in memory and stores it in the hot loop */
+#pragma GCC unroll 4
     for (int v = 0; v < nv; v++) {
         __mmask16 k = col_mask(valid, v);
         __m512 b = bias ? _mm512_maskz_loadu_ps(k, bias + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
             __m512 a = _mm512_add_ps(acc[r * nv + v], b);
             if (accumulate) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(k, y + r * ldy + 16 * v));
