@@ -10,6 +10,9 @@
 #define NR DN_LINEAR_NR
 #define MR 6   /* rows per microkernel: 6 x 2 accumulators + 2 weights + 1 broadcast */
 #define KC 256 /* k per slice: 256 x 64 floats = 64 KB, in L2 */
+#ifndef KC_FEW
+#define KC_FEW 32 /* ... with 1-2 rows: widen and use 8 KB at a time, so the DRAM stream never idles */
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 /* Lanes [0, valid) of 8 set, for maskload / maskstore. */
@@ -82,41 +85,44 @@ static void widen_bf16(const uint16_t *src, int width, int64_t kc, float *dst) {
         }
 }
 
-/* 16 codes (k even, k odd) x 8 columns, interleaved, -> dequantized rows k and k+1. */
-INLINE void dequant_pairs(__m128i codes, const float *scale, const float *zero, float *row0,
-                          float *row1) {
+/* 16 codes (k even, k odd) x 8 columns, interleaved, -> rows k and k+1 of q * s + b. */
+INLINE void dequant_pairs(__m128i codes, __m256 s, __m256 b, float *row0, float *row1) {
     const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m128i eo = _mm_shuffle_epi8(codes, split);
-    __m256 s = _mm256_loadu_ps(scale), z = _mm256_loadu_ps(zero);
     __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eo));
     __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(eo, 8)));
-    _mm256_storeu_ps(row0, _mm256_mul_ps(_mm256_sub_ps(q0, z), s));
-    _mm256_storeu_ps(row1, _mm256_mul_ps(_mm256_sub_ps(q1, z), s));
+    _mm256_storeu_ps(row0, _mm256_fmadd_ps(q0, s, b));
+    _mm256_storeu_ps(row1, _mm256_fmadd_ps(q1, s, b));
 }
 
-/* i8/u4 rows [k0, k0+kc) of a panel -> fp32 [kc][width], k0 and kc even (see linear.h). */
+/* i8/u4 rows [k0, k0+kc) of a panel -> fp32 [kc][width], k0 and kc even (see linear.h);
+ * w = q * scale + offset, offset = -zero * scale worked out once per group. */
 static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64_t k0, int64_t kc,
                     float *dst) {
     const int u4 = w->wtype == DN_W_U4;
     const int64_t gpairs = (w->group + 1) / 2, gb = dn_linear_group_bytes(w->wtype, w->group, width);
     const int64_t rowbytes = u4 ? width : 2 * width;
     const __m128i low = _mm_set1_epi8(15);
-    for (int64_t kp = k0 / 2; kp < (k0 + kc) / 2; kp++) {
-        int64_t g = kp / gpairs;
-        const uint8_t *blk = panel + g * gb;
+    float offset[NR];
+    for (int64_t kp0 = k0 / 2, kp1; kp0 < (k0 + kc) / 2; kp0 = kp1) {
+        int64_t g = kp0 / gpairs;
+        kp1 = (g + 1) * gpairs < (k0 + kc) / 2 ? (g + 1) * gpairs : (k0 + kc) / 2;
+        const uint8_t *blk = panel + g * gb, *codes = blk + 8 * width - g * gpairs * rowbytes;
         const float *scale = (const float *)blk, *zero = scale + width;
-        const uint8_t *row = blk + 8 * width + (kp - g * gpairs) * rowbytes;
-        float *d0 = dst + (2 * kp - k0) * width, *d1 = d0 + width;
-        for (int c = 0; c < width; c += 16) {
-            if (u4) {
-                __m128i b = _mm_loadu_si128((const __m128i *)(row + c));
-                dequant_pairs(_mm_and_si128(b, low), scale + c, zero + c, d0 + c, d1 + c);
-                dequant_pairs(_mm_and_si128(_mm_srli_epi16(b, 4), low), scale + c + 8, zero + c + 8,
-                              d0 + c + 8, d1 + c + 8);
-            } else {
-                for (int h = 0; h < 16; h += 8)
-                    dequant_pairs(_mm_loadu_si128((const __m128i *)(row + 2 * (c + h))), scale + c + h,
-                                  zero + c + h, d0 + c + h, d1 + c + h);
+        for (int c = 0; c < width; c++) offset[c] = -zero[c] * scale[c];
+        for (int64_t kp = kp0; kp < kp1; kp++) {
+            const uint8_t *row = codes + kp * rowbytes;
+            float *d0 = dst + (2 * kp - k0) * width;
+            for (int c = 0; c < width; c += 8) {
+                __m128i q;
+                if (!u4) {
+                    q = _mm_loadu_si128((const __m128i *)(row + 2 * c));
+                } else { /* 16-column chunks: cols 0-7 in the low nibbles, 8-15 in the high */
+                    q = _mm_loadu_si128((const __m128i *)(row + (c & ~15)));
+                    q = _mm_and_si128(c & 8 ? _mm_srli_epi16(q, 4) : q, low);
+                }
+                dequant_pairs(q, _mm256_loadu_ps(scale + c), _mm256_loadu_ps(offset + c), d0 + c,
+                              d0 + width + c);
             }
         }
     }
@@ -130,12 +136,13 @@ static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     int64_t n = w->n, k = w->k, p0, p1, m0, m1;
     dn_linear_share(w, c->m, MR, t, nt, &p0, &p1, &m0, &m1);
-    float *slice = (float *)c->scratch + (size_t)t * KC * NR; /* [KC][width] */
+    float *slice = (float *)c->scratch + (size_t)t * KC * NR; /* [kb][width] */
+    int64_t kb = m1 - m0 <= 2 ? KC_FEW : KC;
     for (int64_t p = p0; p < p1; p++) {
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
-        for (int64_t k0 = 0; k0 < k; k0 += KC) {
-            int64_t kc = k - k0 < KC ? k - k0 : KC;
+        for (int64_t k0 = 0; k0 < k; k0 += kb) {
+            int64_t kc = k - k0 < kb ? k - k0 : kb;
             const float *wf = (const float *)panel + k0 * width;
             /* whole pairs: KC is even, and a final odd k meets its zero partner */
             if (w->wtype == DN_W_BF16) {
@@ -145,7 +152,7 @@ static void run(const dn_linear_call *c, int t, int nt) {
                 dequant(w, panel, width, k0, (kc + 1) / 2 * 2, slice);
                 wf = slice;
             }
-            const float *bias = k0 + KC >= k && c->bias ? c->bias + p * NR : NULL;
+            const float *bias = k0 + kb >= k && c->bias ? c->bias + p * NR : NULL;
             for (int64_t r = m0; r < m1; r += MR) {
                 int mr = m1 - r < MR ? (int)(m1 - r) : MR, nv = row_nv(mr);
                 if (nv > width / 8) nv = width / 8;
