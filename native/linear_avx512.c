@@ -17,7 +17,9 @@
 #include "linear_kernels.h"
 
 #define NR DN_LINEAR_NR
+#ifndef GEMV_MAX_M
 #define GEMV_MAX_M 4 /* rows the fp32 GEMV handles; above, the bf16 microkernel is faster */
+#endif
 #define MR 6         /* microkernel rows: 6 x 4 accumulators + 4 weight registers */
 #ifndef KC
 #define KC 2048 /* k per block: a bf16 slice of 64 columns is 256 KB, at home in L2 */
@@ -407,7 +409,9 @@ INLINE void mk_f32(const int mr, const int nv, int64_t kc, const float *x, int64
         __m512 w[4];
         for (int v = 0; v < nv; v++) w[v] = _mm512_loadu_ps(wf + (kk * ldw + v) * 16);
         for (int r = 0; r < mr; r++) {
-            __m512 xv = _mm512_set1_ps(x[r * ldx + kk]); /* folded into the FMA as {1to16} */
+            __m512 xv = _mm512_set1_ps(x[r * ldx + kk]);
+            /* one broadcast per row: folded into each FMA as {1to16} it would be four loads */
+            __asm__("" : "+v"(xv));
             for (int v = 0; v < nv; v++) acc[r * nv + v] = _mm512_fmadd_ps(w[v], xv, acc[r * nv + v]);
         }
     }
