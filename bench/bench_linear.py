@@ -53,7 +53,7 @@ def _copies(nbytes, cold):
     return max(1, min(128, -(-3 * LLC_BYTES // nbytes))) if cold else 1
 
 
-def _best_time(fn, copies, calls=40, budget=2.0):
+def _best_time(fn, copies, calls=200, budget=3.0):
     """Best time of one call over `calls` calls (or `budget` seconds), cycling through `copies`
     operands: the best is the run least disturbed by whatever else the machine is doing."""
     for i in range(min(copies, 4)):
