@@ -6,7 +6,9 @@
 #include "linear_kernels.h"
 
 #define NR DN_LINEAR_NR
+#ifndef GEMV_MAX_M
 #define GEMV_MAX_M 4 /* rows the fp32 GEMV handles; above, the bf16 microkernel is faster */
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
