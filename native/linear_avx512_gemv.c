@@ -252,6 +252,35 @@ static void gemv_scratch_parts(const dn_linear_w *w, int64_t m, int64_t *xpad_by
     *xhl_bytes = w->wtype == DN_W_U4 ? round64(m * w->kp * 4) : 0;
 }
 
+/* xs[g][0..1] = sums of x[g * group ...] over the group's even and odd k (x zero past k). */
+static void group_sums(const float *x, int64_t k, int64_t group, float *xs) {
+    for (int64_t g = 0; g < k / group; g++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
+            int64_t left = (g + 1) * group - i; /* group may be K, any length */
+            acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(left >= 16 ? 0xffff : (1u << left) - 1, x + i));
+        }
+        /* group starts even except when it is K (one group), so lane parity is k parity */
+        xs[2 * g] = _mm512_mask_reduce_add_ps(0x5555, acc);
+        xs[2 * g + 1] = _mm512_mask_reduce_add_ps(0xaaaa, acc);
+    }
+}
+
+/* x[k] (k even) -> per k pair, bf16 hi pair then bf16 lo pair: x ~ hi + lo to 2^-17. */
+static void split_bf16(const float *x, int64_t k, uint32_t *xhl) {
+    const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    for (int64_t i = 0; i < k; i += 16) {
+        __mmask16 m = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(v, v); /* 16 bf16 twice; pairs in dwords 0-7 */
+        __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+        __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v, back), _mm512_sub_ps(v, back));
+        /* (hi pair j, lo pair j) for the 8 pairs of these 16 k */
+        __m512i out = _mm512_permutex2var_epi32(hi, interleave, lo);
+        _mm512_mask_storeu_epi32(xhl + i, m, out);
+    }
+}
+
 size_t dn_avx512_gemv_scratch(const dn_linear_w *w, int64_t m) {
     int64_t xpad_bytes, xs_bytes, xhl_bytes;
     gemv_scratch_parts(w, m, &xpad_bytes, &xs_bytes, &xhl_bytes);
@@ -269,24 +298,13 @@ void dn_avx512_gemv(const dn_linear_call *c, int t, int nt) {
     if (xpad_bytes) x = xpad, ldx = w->kp;
     if (xpad_bytes || xs_bytes) {
 #pragma omp single
-        {
-            for (int64_t r = 0; r < m && xpad_bytes; r++) {
+        for (int64_t r = 0; r < m; r++) {
+            if (xpad_bytes) {
                 memcpy(xpad + r * ldx, c->x + r * k, k * 4);
                 xpad[r * ldx + k] = 0;
             }
-            int64_t ngroups = xs_bytes ? k / w->group : 0;
-            for (int64_t r = 0; r < m; r++)
-                for (int64_t g = 0; g < ngroups; g++) {
-                    float s[2] = {0, 0};
-                    for (int64_t kk = g * w->group; kk < (g + 1) * w->group; kk++) s[kk & 1] += x[r * ldx + kk];
-                    xs[(r * ngroups + g) * 2] = s[0], xs[(r * ngroups + g) * 2 + 1] = s[1];
-                }
-            for (int64_t i = 0; i < (xhl_bytes ? m * k : 0); i += 2) {
-                uint16_t h0 = dn_f32_to_bf16(x[i]), h1 = dn_f32_to_bf16(x[i + 1]);
-                uint16_t l0 = dn_f32_to_bf16(x[i] - dn_bf16_to_f32(h0));
-                uint16_t l1 = dn_f32_to_bf16(x[i + 1] - dn_bf16_to_f32(h1));
-                xhl[i] = h0 | (uint32_t)h1 << 16, xhl[i + 1] = l0 | (uint32_t)l1 << 16;
-            }
+            if (xs_bytes) group_sums(x + r * ldx, k, w->group, xs + r * (k / w->group) * 2);
+            if (xhl_bytes) split_bf16(x + r * k, k, xhl + r * k); /* u4: K is even, ldx = K */
         }
     }
     int64_t p0, p1;
