@@ -51,6 +51,9 @@ class DecoderModel:
         self.cos_sin = rope_cos_sin(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling),
                                     cfg.max_position_embeddings)
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
+        # attention's keyword arguments per layer, built once: the caches and their scales/zeros
+        self.kv_args = [{n: a for n, a in self.kv.layer(i).items() if not n.endswith("cache")}
+                        for i in range(cfg.num_hidden_layers)]
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
                             vocab_r, cfg.vocab_size)
         self.scale = 1.0 / math.sqrt(d)
@@ -81,7 +84,7 @@ class DecoderModel:
             K.kv_write(k3, v3, plan.slots, **cache)
             K.attention(q3, cache["k_cache"], cache["v_cache"], plan.block_tables, plan.q_offsets,
                         plan.context_lens, attn.reshape(t, self.heads, d), self.scale,
-                        **{n: a for n, a in cache.items() if not n.endswith("cache")})
+                        **self.kv_args[i])
             K.linear(attn, layer.o, out=o)
             self.group.allreduce_(o)
             K.rms_norm(o, layer.post_norm, eps, h, residual=res)

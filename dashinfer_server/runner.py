@@ -2,8 +2,8 @@
 
     schedule -> plan -> forward -> sample -> deliver -> retire finished
 
-User threads only hand requests and stops over (under the lock); the thread owns every
-sequence, the block pool and the model from then on.
+User threads only hand requests and stops over (under the condition's lock); the thread owns
+every sequence, the block pool and the model from then on.
 """
 import logging
 import threading
@@ -11,11 +11,12 @@ import time
 
 from dashinfer_client.types import GenerateRequestStatus
 
-from .block_pool import BlockPool
+from . import kernels as K
+from .block_pool import BlockPool, BlockTable
 from .model import DecoderModel
 from .plan import build_plan
 from .sampler import Sampler
-from .scheduler import Scheduler
+from .scheduler import Chunk, Scheduler
 from .sequence import Phase, Sequence
 from .stopping import check_stop
 
@@ -33,7 +34,7 @@ class ModelRunner:
         self.max_step_tokens = max(cfg.max_prefill_length or 1024, cfg.max_batch + 1)
         num_blocks = self._num_blocks(cfg, mc, block_size)
         self.model = DecoderModel(model, KV_MODES[int(cfg.kv_cache_mode)], num_blocks, block_size,
-                                  self.max_step_tokens + cfg.max_batch, cfg.max_batch, group)
+                                  self.max_step_tokens, cfg.max_batch, group)
         self.pool = BlockPool(num_blocks, block_size, cfg.prefill_cache)
         self.scheduler = Scheduler(self.pool, cfg.max_batch, self.max_step_tokens)
         self.sampler = Sampler()
@@ -42,6 +43,8 @@ class ModelRunner:
         self._incoming, self._stops = [], []
         self._running = False
         self._thread = None
+        self._ready = threading.Event()
+        self._start_error = None
 
     @staticmethod
     def _num_blocks(cfg, mc, block_size) -> int:
@@ -54,7 +57,12 @@ class ModelRunner:
 
     @property
     def block_capacity(self) -> int:
+        """Tokens the KV pool holds in all."""
         return self.pool.block_size * len(self.pool.blocks)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     # ---- called by user threads ---------------------------------------------------------
 
@@ -64,15 +72,26 @@ class ModelRunner:
             self._cond.notify()
 
     def stop_request(self, seq: Sequence) -> None:
+        """Ask the thread to finish `seq` before its next step (its queue then turns final)."""
         with self._cond:
             self._stops.append(seq)
             self._cond.notify()
 
     def start(self) -> None:
-        self._warm_up()
+        """Start the scheduler thread and wait for its warm-up; raise what the warm-up raised."""
+        if self.cfg.thread_num:
+            K.set_num_threads(self.cfg.thread_num)
+        self._ready.clear()
+        self._start_error = None
         self._running = True
-        self._thread = threading.Thread(target=self._loop, name="dashinfer-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"dashinfer-{self.cfg.model_name}",
+                                        daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._start_error
 
     def stop(self) -> None:
         """Stop the thread; every unfinished request is interrupted."""
@@ -82,13 +101,24 @@ class ModelRunner:
         if self._thread:
             self._thread.join()
             self._thread = None
-        for seq in self._incoming + list(self.scheduler.waiting) + list(self.scheduler.running):
+        with self._cond:
+            incoming, self._incoming, self._stops = self._incoming, [], []
+        for seq in incoming:
+            self.scheduler.add(seq)
+        for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
             self._retire(seq, GenerateRequestStatus.GenerateInterrupted, "the model was stopped")
-        self._incoming.clear()
 
     # ---- the scheduler thread -----------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._warm_up()  # here: kernel scratch buffers belong to the thread that runs steps
+        except Exception as e:
+            log.exception("warm-up failed")
+            self._start_error = e
+            self._ready.set()
+            return
+        self._ready.set()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: not self._running or self._incoming or self._stops
@@ -112,6 +142,8 @@ class ModelRunner:
     def step(self) -> None:
         chunks, interrupted = self.scheduler.schedule()
         for seq in interrupted:
+            log.warning("request %d interrupted: KV cache exhausted after %d generated tokens",
+                        seq.handle, seq.num_generated)
             self._retire(seq, GenerateRequestStatus.GenerateInterrupted,
                          "KV cache exhausted: interrupted to let earlier requests go on")
         if not chunks:
@@ -123,18 +155,21 @@ class ModelRunner:
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
         for row, seq in enumerate(sampled):
-            token = int(result.ids[row])
-            first = seq.num_generated == 0
-            seq.tokens.append(token)  # the sampler has appended it to its own history
-            if first:
-                seq.queue.set_status(GenerateRequestStatus.ContextFinished)
-            if result.top_logprobs is not None and seq.sampling.params.logprobs:
-                seq.queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
-                               prefix_cache_len=seq.table.cached_len)
-            else:
-                seq.queue.push(token, prefix_cache_len=seq.table.cached_len)
-            if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
-                self._retire(seq, GenerateRequestStatus.GenerateFinished)
+            self._deliver(seq, int(result.ids[row]), result, row)
+
+    def _deliver(self, seq: Sequence, token: int, result, row: int) -> None:
+        queue = seq.queue
+        seq.tokens.append(token)  # the sampler has appended it to its own history
+        if seq.num_generated == 1:
+            queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
+            queue.set_status(GenerateRequestStatus.ContextFinished)
+        if seq.sampling.params.logprobs:
+            queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
+                       prefix_cache_len=seq.table.cached_len)
+        else:
+            queue.push(token, prefix_cache_len=seq.table.cached_len)
+        if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
+            self._retire(seq, GenerateRequestStatus.GenerateFinished)
 
     def _retire(self, seq: Sequence, status, error=None) -> None:
         if seq.phase != Phase.DONE:
@@ -142,14 +177,45 @@ class ModelRunner:
         seq.queue.set_status(status, error)
 
     def _warm_up(self) -> None:
-        """Run one step of the largest size so every buffer is touched before requests come."""
+        """Run the two extreme steps before any request comes: the largest one (max_step_tokens
+        tokens over max_batch sequences, each with a logits row) and a decode at the deepest
+        position a request can reach (attention over a whole max_length context). Every
+        workspace row and every per-thread kernel scratch reaches its final size here, so a
+        request that fits the KV pool never needs new memory later. The KV pool itself is
+        allocated whole at construction and its pages are mapped by the OS on first write (see
+        kv_cache.py); only the blocks used here are touched."""
         t0 = time.perf_counter()
-        n = min(self.max_step_tokens, self.block_capacity - 1, self.cfg.max_length)
-        seq = Sequence([0] * n, n + 1)
-        table = self.pool.allocate(seq.tokens)
-        seq.table, seq.phase = table, Phase.PREFILL
-        from .scheduler import Chunk
-        self.model.forward(build_plan([Chunk(seq, 0, n, True)], self.pool.block_size))
-        self.pool.free(table)
-        self.pool.clear_cache()
-        log.info("warm-up: %d tokens in %.2f s", n, time.perf_counter() - t0)
+        self.pool.clear_cache()  # a restarted model starts from an empty prefix cache
+        bs, n = self.pool.block_size, self.max_step_tokens
+        per_seq = max(1, n // self.cfg.max_batch)
+        chunks = []
+        while n > 0 and len(chunks) < self.cfg.max_batch:
+            count = min(per_seq if len(chunks) < self.cfg.max_batch - 1 else n, n)
+            chunk = self._dummy_chunk(count, count)
+            if chunk is None:
+                break
+            chunks.append(chunk)
+            n -= count
+        try:
+            if chunks:
+                self.model.forward(build_plan(chunks, bs))
+        finally:
+            for c in chunks:
+                self.pool.free(c.seq.table)
+        deepest = min(self.cfg.max_length, self.block_capacity)
+        chunk = self._dummy_chunk(deepest, 1)
+        try:
+            self.model.forward(build_plan([chunk], bs))
+        finally:
+            self.pool.free(chunk.seq.table)
+        log.info("warm-up of %s: %d + 1 tokens (context %d) in %.2f s", self.cfg.model_name,
+                 self.max_step_tokens - n, deepest, time.perf_counter() - t0)
+
+    def _dummy_chunk(self, length: int, count: int):
+        """A chunk computing the last `count` of `length` dummy tokens, or None if the pool
+        cannot hold them (blocks are taken directly; nothing is registered as a prefix)."""
+        table = BlockTable()
+        if not self.pool.grow(table, length):
+            return None
+        seq = Sequence([0] * length, length + 1, table=table, phase=Phase.PREFILL)
+        return Chunk(seq, length - count, count, True)
