@@ -5,6 +5,7 @@ API tests are written against it and the public API only, so they run unchanged 
 engine that offers DashInfer's API (the in-process Engine now; the ClientEngine later).
 Import this module from a test module (`from tests.engine_fixtures import *`) to get them.
 """
+import contextlib
 import os
 
 import numpy as np
@@ -15,12 +16,15 @@ from dashinfer_client import ASGenerationConfigBuilder, GenerateRequestStatus
 from tests.helpers import build_tiny_model
 
 __all__ = ["api_engine", "tiny_checkpoint", "serialized_tiny", "greedy", "collect", "hf_greedy",
-           "ENGINE_KINDS", "API_CONTEXT", "API_MAX_BATCH", "FINAL"]
+           "ENGINE_KINDS", "API_CONTEXT", "API_MAX_BATCH", "FINAL",
+           "DEFAULT_KV_FORMAT", "round_like_cache", "cache_rounding"]
 
 FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted)
 ENGINE_KINDS = ["engine"]  # the gRPC client adds "client"
 API_CONTEXT = 8192  # long enough for a model whose KV pool is smaller than one max_length request
 API_MAX_BATCH = 16
+# How AsCacheDefault stores K/V of an fp32 model: bf16 for now ("fp32" once that format exists).
+DEFAULT_KV_FORMAT = "bf16"
 
 
 @pytest.fixture(scope="session")
@@ -100,13 +104,15 @@ def collect(queue, timeout_s=120.0):
         elements.append(ele)
 
 
-def hf_greedy(model, prompt, n, process=None):
-    """Greedy ids of a transformers model, recomputing the whole sequence each step (tiny models
-    only); process(logits float64 [V], tokens so far list) may penalize the logits in place."""
+def hf_greedy(model, prompt, n, process=None, kv_format=DEFAULT_KV_FORMAT):
+    """Greedy ids of a transformers model whose K/V are rounded like the engine's cache, so that
+    near-ties are decided alike; recomputes the whole sequence each step (tiny models only).
+    process(logits float64 [V], tokens so far list) may penalize the logits in place."""
     import torch
     tokens = list(prompt)
     out = []
-    with torch.no_grad():
+    saved, model.config._attn_implementation = model.config._attn_implementation, "eager"
+    with torch.no_grad(), cache_rounding(kv_format):
         for _ in range(n):
             logits = model(torch.tensor([tokens])).logits[0, -1].double().numpy()
             if process is not None:
@@ -114,4 +120,46 @@ def hf_greedy(model, prompt, n, process=None):
             token = int(np.argmax(logits))
             tokens.append(token)
             out.append(token)
+    model.config._attn_implementation = saved
     return out
+
+
+def round_like_cache(x, fmt):
+    """x (torch float32 [..., head_dim]) rounded per vector as the KV cache stores it
+    (native/kv_cache.c: bf16; int8 symmetric, scale amax/127; uint4 asymmetric over min..max)."""
+    import torch
+    if fmt == "fp32":
+        return x
+    if fmt == "bf16":
+        return x.bfloat16().float()
+    if fmt == "int8":
+        s = x.abs().amax(-1, keepdim=True) / 127.0
+        safe = torch.where(s > 0, s, torch.ones_like(s))
+        return torch.round(x / safe).clamp(-127, 127) * s
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    s = (hi - lo) / 15.0
+    s = torch.where(s > 0, s, torch.where(lo != 0, lo.abs(), torch.ones_like(lo)))
+    z = -lo / s
+    return (torch.round(x / s + z).clamp(0, 15) - z) * s
+
+
+@contextlib.contextmanager
+def cache_rounding(fmt):
+    """Within: transformers' eager attention (LLaMA, Qwen2) sees K/V rounded like the cache."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+    saved = {m: m.eager_attention_forward for m in (modeling_llama, modeling_qwen2)}
+
+    def wrap(original):
+        def attention(module, query, key, value, *args, **kwargs):
+            return original(module, query, round_like_cache(key, fmt), round_like_cache(value, fmt),
+                            *args, **kwargs)
+        return attention
+    try:
+        for module, original in saved.items():
+            module.eager_attention_forward = wrap(original)
+        yield
+    finally:
+        for module, original in saved.items():
+            module.eager_attention_forward = original
+

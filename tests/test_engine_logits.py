@@ -7,8 +7,6 @@ greedy choice (teacher forcing), so the two runs see the same tokens. The prompt
 in chunks (max_prefill_length 16) and 16 tokens are decoded; a second request that shares a
 prefix with the first reuses its KV blocks from the prefix cache.
 """
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from dashinfer_client.model import DashInferModel
 from dashinfer_server.plan import build_plan
 from dashinfer_server.runner import ModelRunner
 from dashinfer_server.sequence import Sequence
+from tests.engine_fixtures import DEFAULT_KV_FORMAT, cache_rounding
 from tests.engine_fixtures import serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
 from tests.helpers import load_hf_model
 
@@ -27,52 +26,12 @@ BLOCK = 16
 # now, even for fp32 weights; once it stores fp32 K/V for fp32 models its entry becomes
 # ("fp32", 1e-3).
 KV_FORMATS = {
-    AsCacheMode.AsCacheDefault: ("bf16", 3e-2),
+    AsCacheMode.AsCacheDefault: (DEFAULT_KV_FORMAT, 3e-2),
     AsCacheMode.AsCacheQuantI8: ("int8", 1e-1),
     AsCacheMode.AsCacheQuantU4: ("uint4", 1.5),
 }
 # Against transformers whose K/V go through the same rounding as the cache.
 SIMULATED_TOLERANCE = 1e-3
-
-
-def round_like_cache(x, fmt):
-    """x (torch float32 [..., head_dim]) rounded per vector as the KV cache stores it
-    (native/kv_cache.c: bf16; int8 symmetric, scale amax/127; uint4 asymmetric over min..max)."""
-    import torch
-    if fmt == "fp32":
-        return x
-    if fmt == "bf16":
-        return x.bfloat16().float()
-    if fmt == "int8":
-        s = x.abs().amax(-1, keepdim=True) / 127.0
-        safe = torch.where(s > 0, s, torch.ones_like(s))
-        return torch.round(x / safe).clamp(-127, 127) * s
-    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-    s = (hi - lo) / 15.0
-    s = torch.where(s > 0, s, torch.where(lo != 0, lo.abs(), torch.ones_like(lo)))
-    z = -lo / s
-    return (torch.round(x / s + z).clamp(0, 15) - z) * s
-
-
-@contextlib.contextmanager
-def cache_rounding(fmt):
-    """Within: transformers' eager attention (LLaMA, Qwen2) sees K/V rounded like the cache."""
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
-    saved = {m: m.eager_attention_forward for m in (modeling_llama, modeling_qwen2)}
-
-    def wrap(original):
-        def attention(module, query, key, value, *args, **kwargs):
-            return original(module, query, round_like_cache(key, fmt), round_like_cache(value, fmt),
-                            *args, **kwargs)
-        return attention
-    try:
-        for module, original in saved.items():
-            module.eager_attention_forward = wrap(original)
-        yield
-    finally:
-        for module, original in saved.items():
-            module.eager_attention_forward = original
 
 
 def reference(hf_model, prompt, fmt):
