@@ -186,13 +186,13 @@ class ModelRunner:
         kv_cache.py); only the blocks used here are touched."""
         t0 = time.perf_counter()
         self.pool.clear_cache()  # a restarted model starts from an empty prefix cache
-        bs, n = self.pool.block_size, self.max_step_tokens
-        per_seq = max(1, n // self.cfg.max_batch)
+        bs, batch, longest = self.pool.block_size, self.cfg.max_batch, self.cfg.max_length - 1
+        n = total = min(self.max_step_tokens, batch * longest)
         chunks = []
-        while n > 0 and len(chunks) < self.cfg.max_batch:
-            count = min(per_seq if len(chunks) < self.cfg.max_batch - 1 else n, n)
+        while n > 0 and len(chunks) < batch:
+            count = min(-(-n // (batch - len(chunks))), longest)
             chunk = self._dummy_chunk(count, count)
-            if chunk is None:
+            if chunk is None:  # a KV budget smaller than the largest step: warm what fits
                 break
             chunks.append(chunk)
             n -= count
@@ -209,7 +209,7 @@ class ModelRunner:
         finally:
             self.pool.free(chunk.seq.table)
         log.info("warm-up of %s: %d + 1 tokens (context %d) in %.2f s", self.cfg.model_name,
-                 self.max_step_tokens - n, deepest, time.perf_counter() - t0)
+                 total - n, deepest, time.perf_counter() - t0)
 
     def _dummy_chunk(self, length: int, count: int):
         """A chunk computing the last `count` of `length` dummy tokens, or None if the pool

@@ -131,7 +131,7 @@ def round_like_cache(x, fmt):
     if fmt == "fp32":
         return x
     if fmt == "bf16":
-        return x.bfloat16().float()
+        return x.bfloat16().to(x.dtype)
     if fmt == "int8":
         s = x.abs().amax(-1, keepdim=True) / 127.0
         safe = torch.where(s > 0, s, torch.ones_like(s))
