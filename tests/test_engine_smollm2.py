@@ -132,3 +132,26 @@ def test_release_model_frees_its_memory():
     weights_mb = 135e6 * 2 / 2**20
     assert running - before > 0.8 * weights_mb
     assert after - before < 0.25 * (running - before), (before, running, after)
+
+
+def test_chat_streams_the_answer():
+    import io
+    from dashinfer_client.chat import chat
+    out, err = io.StringIO(), io.StringIO()
+    assert chat("What is the capital of France?", max_new_tokens=12, out=out, err=err) == 0
+    assert "Paris" in out.getvalue()
+    assert "time to first token" in err.getvalue() and "decode" in err.getvalue()
+
+
+def test_incremental_decoding_keeps_multibyte_characters_whole(tmp_path):
+    from transformers import AutoTokenizer
+    from dashinfer_client.chat import IncrementalDecoder
+    from tests.helpers import build_tiny_tokenizer
+    tok = AutoTokenizer.from_pretrained(build_tiny_tokenizer(str(tmp_path)))
+    text = "café 日本 🚀!"
+    ids = tok(text)["input_ids"]
+    assert len(ids) == len(text.encode())  # one token per byte: characters span several tokens
+    decoder = IncrementalDecoder(tok)
+    pieces = [decoder.push([i]) for i in ids]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    assert pieces[text.encode().index("日".encode()) + 2] == "日"  # its third byte completes it
