@@ -23,6 +23,9 @@ from .stopping import check_stop
 log = logging.getLogger("dashinfer_server")
 
 KV_MODES = {0: "bf16", 1: "int8", 2: "uint4"}
+# Tokens per step when max_prefill_length is 0: a step this long keeps the linear kernels at
+# full speed while running decodes wait at most one such step for their next token.
+DEFAULT_STEP_TOKENS = 512
 
 
 class ModelRunner:
@@ -31,7 +34,7 @@ class ModelRunner:
         self.cfg = cfg
         mc = model.config
         block_size = cfg.kv_cache_span_size
-        self.max_step_tokens = max(cfg.max_prefill_length or 1024, cfg.max_batch + 1)
+        self.max_step_tokens = max(cfg.max_prefill_length or DEFAULT_STEP_TOKENS, cfg.max_batch + 1)
         num_blocks = self._num_blocks(cfg, mc, block_size)
         self.model = DecoderModel(model, KV_MODES[int(cfg.kv_cache_mode)], num_blocks, block_size,
                                   self.max_step_tokens, cfg.max_batch, group)
