@@ -8,8 +8,9 @@ size is reserved up front, so a request the pool holds never fails for lack of m
 while resident memory grows only with the blocks actually written (freed blocks are handed out
 again first, so it settles at the peak number of live tokens). Pages are first touched by the
 kernel threads of the rank that writes them, so on a multi-socket server they land on that
-rank's NUMA node. Writing the whole pool at start would cost max_batch x max_length tokens of
-RAM whatever the load (1.5 GB for SmolLM2 at 32 x 2048) for no gain in safety on Linux.
+rank's NUMA node. Writing the whole pool at start would only move an out-of-memory failure from
+a busy moment to start_model, at the price of max_batch x max_length tokens of RAM whatever the
+load (1.5 GB for SmolLM2 at 32 x 2048): size the pool with kv_cache_memory_mb instead.
 """
 import numpy as np
 
