@@ -16,6 +16,9 @@ workspaces, Python), on --threads kernel threads. Figures:
     peak_rss_mb      the workload process's peak resident memory (ru_maxrss)
     bw_fraction      decode1 only: decode_tok_s over the memory-bandwidth bound (bytes of packed
                      weights read per token / streaming read bandwidth of bench/machine.py)
+
+    python bench/engine.py --profile [--quant int8] [--threads N]
+times every kernel call and runner stage of 100 decode1 steps instead (ms per step).
 """
 import argparse
 import json
@@ -86,6 +89,83 @@ def run_workload(name, dtype, quant, threads, max_prefill):
     }
 
 
+def profile_decode(dtype, quant, threads, steps=100):
+    """Where a decode1 step goes: the ModelRunner stepped in this thread (no scheduler thread),
+    every kernel call and every runner stage timed -> ms per step."""
+    import collections
+
+    import numpy as np
+
+    import dashinfer_server.model as model_module
+    import dashinfer_server.runner as runner_module
+    from dashinfer_client import ASGenerationConfigBuilder, ResultQueue, default_model
+    from dashinfer_client.model import DashInferModel
+    from dashinfer_server import kernels as K
+    from dashinfer_server.sampler import RequestSamplingState, SamplingParams
+    from dashinfer_server.sequence import Sequence
+
+    model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
+    cfg = (allspark_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
+           .thread_num(threads).build())
+    K.set_num_threads(threads)
+    runner = runner_module.ModelRunner(model, cfg)
+    runner._warm_up()
+    spent = collections.defaultdict(float)
+
+    def timed(label, fn):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - t
+        return call
+
+    class TimedKernels:
+        def __getattr__(self, name):
+            return timed("kernel " + name, getattr(K, name))
+
+    prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, 32).tolist()
+    gen = ASGenerationConfigBuilder(seed=0).update(
+        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4}).build()
+    seq = Sequence(prompt, gen.max_length)
+    seq.queue, seq.sampling = ResultQueue(), RequestSamplingState(SamplingParams.from_config(gen), prompt)
+    runner.scheduler.add(seq)
+    runner.step()  # the prompt
+    runner.step()  # a first decode, untimed
+    model_module.K = TimedKernels()
+    runner_module.build_plan = timed("runner build_plan", runner_module.build_plan)
+    runner.scheduler.schedule = timed("runner schedule", runner.scheduler.schedule)
+    runner.scheduler.advance = timed("runner advance", runner.scheduler.advance)
+    runner.sampler.sample = timed("runner sample", runner.sampler.sample)
+    runner._deliver = timed("runner deliver", runner._deliver)
+    forward = runner.model.forward
+    runner.model.forward = timed("forward", forward)
+    t = time.perf_counter()
+    for _ in range(steps):
+        runner.step()
+    step = (time.perf_counter() - t) / steps
+    model_module.K = K
+    per_step = {k: v / steps * 1e3 for k, v in spent.items()}
+    kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
+    runner_parts = sum(v for k, v in per_step.items() if k.startswith("runner "))
+    return {
+        "profile": "decode1", "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
+        "step_ms": round(step * 1e3, 3),
+        "kernels_ms": round(kernels, 3),
+        "forward_python_ms": round(per_step["forward"] - kernels, 3),
+        "runner_python_ms": round(runner_parts, 3),
+        "step_rest_ms": round(step * 1e3 - per_step["forward"] - runner_parts, 3),
+        "detail_ms": {k: round(v, 3) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])
+                      if k != "forward"},
+    }
+
+
+def allspark_builder(model):
+    from dashinfer_client import AsModelRuntimeConfigBuilder
+    return AsModelRuntimeConfigBuilder().model_dir(model.model_dir, model.prefix)
+
+
 def weight_bytes_per_token(dtype, quant):
     """Bytes of packed weights one decode step streams: every linear layer and lm_head."""
     from dashinfer_client import default_model
@@ -110,8 +190,14 @@ def main():
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=0, help="max_prefill_length (0: the engine's)")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: time every kernel and runner stage of decode1 steps")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile:
+        sys.path.insert(0, ROOT)
+        print(json.dumps(profile_decode(args.dtype, args.quant, args.threads)))
+        return
     if args.child:
         print(json.dumps(run_workload(args.child, args.dtype, args.quant, args.threads, args.max_prefill)))
         return
