@@ -41,7 +41,6 @@ class ModelRunner:
         self.pool = BlockPool(num_blocks, block_size, cfg.prefill_cache)
         self.scheduler = Scheduler(self.pool, cfg.max_batch, self.max_step_tokens)
         self.sampler = Sampler()
-        self.vocab_size = mc.vocab_size
         self._cond = threading.Condition()
         self._incoming, self._stops = [], []
         self._running = False
@@ -97,7 +96,8 @@ class ModelRunner:
             raise self._start_error
 
     def stop(self) -> None:
-        """Stop the thread; every unfinished request is interrupted."""
+        """Stop the thread; every unfinished request is interrupted (the Engine's stop_model
+        waits for them to finish first: this only catches what a failure left behind)."""
         with self._cond:
             self._running = False
             self._cond.notify()
