@@ -13,7 +13,7 @@ workspaces, Python), on --threads kernel threads. Figures:
     prefill_tok_s    prompt tokens / (submission -> the last request's first token)
     decode_tok_s     tokens after each request's first / (earliest first token -> last token)
     total_tok_s      new tokens / (submission -> last token)
-    peak_rss_mb      the workload process's peak resident memory (ru_maxrss)
+    peak_rss_mb      the workload process's peak resident memory (VmHWM)
     bw_fraction      decode1 only: decode_tok_s over the memory-bandwidth bound (bytes of packed
                      weights read per token / streaming read bandwidth of bench/machine.py)
 
@@ -23,7 +23,6 @@ times every kernel call and runner stage of 100 decode1 steps instead (ms per st
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -84,7 +83,7 @@ def run_workload(name, dtype, quant, threads, max_prefill):
         "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
         "decode_tok_s": round(after_first / (last - min(first)) * 1e3, 1) if after_first else None,
         "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_mb": peak_rss_mb(),
         "start_model_s": round(start_s, 2),
     }
 
@@ -164,6 +163,14 @@ def profile_decode(dtype, quant, threads, steps=100):
 def allspark_builder(model):
     from dashinfer_client import AsModelRuntimeConfigBuilder
     return AsModelRuntimeConfigBuilder().model_dir(model.model_dir, model.prefix)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM, which starts afresh at exec (ru_maxrss would
+    carry over the parent's peak: Linux keeps it across fork and exec)."""
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return round(kb / 1024)
 
 
 def weight_bytes_per_token(dtype, quant):

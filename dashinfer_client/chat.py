@@ -59,6 +59,7 @@ def summary(stats) -> str:
 
 def chat(question, ranks=0, dtype="bfloat16", quant=None, max_new_tokens=256, temperature=0.0,
          seed=None, out=sys.stdout, err=sys.stderr) -> int:
+    engine = open_engine(ranks)
     model_dir, prefix = default_model.ensure_default_model(dtype, quant=quant)
     loader = allspark.DashInferModel(model_dir, prefix)
     tokenizer = loader.get_tokenizer()
@@ -67,7 +68,6 @@ def chat(question, ranks=0, dtype="bfloat16", quant=None, max_new_tokens=256, te
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     max_length = min(loader.get_model_context_length(), max(2048, len(prompt) + max_new_tokens))
 
-    engine = open_engine(ranks)
     runtime = (loader.create_reference_runtime_config_builder(MODEL_NAME, allspark.TargetDevice.CPU, [0],
                                                               max_batch=1)
                .max_length(max_length).max_prefill_length(512).build())

@@ -64,7 +64,7 @@ class WeightLoader:
     def release_read(self) -> None:
         """Drop the mapped pages of every tensor read so far from this process."""
         for t in self._read:
-            _drop_mapped_pages(t)
+            drop_mapped_pages(t)
         self._read = []
 
     def vector(self, name, rows=None) -> np.ndarray:
@@ -141,7 +141,7 @@ class WeightLoader:
         )
 
 
-def _drop_mapped_pages(t: np.ndarray) -> None:
+def drop_mapped_pages(t: np.ndarray) -> None:
     """Unmap the pages under `t` from this process if it views a read-only file mapping (a later
     read faults them back in from the page cache); anything else is left alone."""
     base = t
