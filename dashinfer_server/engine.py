@@ -45,7 +45,17 @@ class Engine:
         self._group = group or LocalGroup()
         self._models = {}
         self._lock = threading.RLock()
-        self.last_error = None  # the reason of the last refused call, for logs and the gRPC layer
+        self.last_error = None  # the reason of the last refused call, for logs
+        self._reason = threading.local()  # the reason of the calling thread's last refused call
+
+    def call_with_reason(self, method: str, *args):
+        """(what `method(*args)` returns, why it was refused or "" when it was not).
+
+        For the gRPC service: the reason is this call's own, even when other threads call the
+        Engine at the same time (last_error may already hold another call's reason)."""
+        self._reason.text = ""
+        result = getattr(self, method)(*args)
+        return result, self._reason.text
 
     # ---- models ----------------------------------------------------------------------------
 
@@ -192,7 +202,7 @@ class Engine:
             return self._refuse(what, EngineError(AsStatus.ALLSPARK_RUNTIME_ERROR, f"{type(e).__name__}: {e}"))
 
     def _refuse(self, what, e: EngineError) -> AsStatus:
-        self.last_error = f"{what}: {e}"
+        self.last_error = self._reason.text = f"{what}: {e}"
         log.error("%s refused (%s): %s", what, e.status.name, e)
         return e.status
 
