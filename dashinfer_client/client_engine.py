@@ -1,0 +1,618 @@
+"""ClientEngine: the Engine API over gRPC to a server group (proto/dashinfer.proto).
+
+    engine = ClientEngine()                       # spawns a local group, shut down on close()
+    engine = ClientEngine("unix:///run/dashinfer.sock")   # or connects to a running one
+
+Every method has the in-process Engine's signature, status codes and messages (the server runs
+the Engine's own method; `last_error` holds the reason of the last refused call). A request is
+started and streamed in one call; a reader thread feeds its ResultQueue (the in-process class)
+from the stream, so Get/GetWithTimeout/GetNoWait/GenerateStatus/GeneratedLength/RequestStatInfo
+behave as in-process, logprobs included.
+
+Faults: if the server dies or the connection breaks, every open request's queue turns
+GenerateInterrupted with the reason in ResultQueue.error, and calls return
+ALLSPARK_RUNTIME_ERROR instead of hanging. The next call reconnects; a group this ClientEngine
+spawned is started again. A new server knows nothing of the old one, so the models this
+ClientEngine installed are installed again (and started again if they were running) before that
+call proceeds; if that fails the call returns the error and the model must be installed by the
+user. Handles of the old server stay usable for stop/sync/release (the request has ended).
+"""
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+
+import numpy as np
+
+from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
+from .types import AsStatus, GenerateRequestStatus, RequestStatInfo, ResultQueue
+
+log = logging.getLogger("dashinfer_client")
+
+SUCCESS = AsStatus.ALLSPARK_SUCCESS
+FAILED = AsStatus.ALLSPARK_RUNTIME_ERROR
+INTERRUPTED = GenerateRequestStatus.GenerateInterrupted
+_FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted,
+          GenerateRequestStatus.InternalError)
+_COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
+# Local sockets answer within milliseconds: retry connecting often (gRPC's default waits 1-120 s).
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                    ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.keepalive_time_ms", 30000),
+                    ("grpc.max_receive_message_length", 64 * 2**20)]
+
+
+def group_command(address, nodes=None, threads_per_rank=None) -> list:
+    """The command that starts a local server group serving on `address`.
+    (Until dashinfer_server.launch exists, one rank started directly.)"""
+    if nodes not in (None, 1):
+        raise ValueError(f"nodes={nodes}: more than one rank needs dashinfer_server.launch")
+    cmd = [sys.executable, "-m", "dashinfer_server", "--address", address, "--exit-on-stdin-eof"]
+    if threads_per_rank:
+        cmd += ["--threads", str(int(threads_per_rank))]
+    return cmd
+
+
+def _unique_address() -> str:
+    folder = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    if not os.access(folder, os.W_OK):
+        folder = "/tmp"
+    return f"unix://{folder}/dashinfer-{os.getuid()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+
+
+class Unavailable(Exception):
+    """No server to talk to (it could not be started, reached or it is closed)."""
+
+
+class _Refused(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class _Group:
+    """A server group this client spawned: the process, its output tail, its socket."""
+
+    def __init__(self, command, address, env):
+        self.address = address
+        self.socket = address[len("unix://"):] if address.startswith("unix://") else None
+        self.tail = deque(maxlen=40)
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._reader = threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True,
+                                        name="dashinfer-server-output")
+        self._reader.start()
+
+    def _drain(self, pipe) -> None:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            self.tail.append(line)
+            log.debug("server: %s", line)
+        pipe.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def describe_exit(self, wait=0.0) -> str:
+        """Why the group is gone: its exit code and last output lines ("" while it runs)."""
+        try:
+            code = self.proc.wait(wait) if wait else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            return ""
+        self._reader.join(1.0)  # its last lines
+        lines = "\n    ".join(list(self.tail)[-15:]) or "(no output)"
+        return f"the server process exited with code {code}; its last output:\n    {lines}"
+
+    def stop(self, timeout=15.0) -> None:
+        """SIGTERM (the server drains), SIGKILL after `timeout` s; reap; remove the socket file."""
+        proc = self.proc
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("the server group did not stop within %.0f s; killing it", timeout)
+                proc.kill()
+                proc.wait()
+        if proc.stdin:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        if self.socket:
+            try:
+                os.unlink(self.socket)
+            except FileNotFoundError:
+                pass
+
+
+class _Connection:
+    """A channel to one server instance, the session that owns this client's requests on it, and
+    the request streams open on it."""
+
+    def __init__(self, address, timeout, group=None):
+        import grpc
+        from .proto import load
+        self.grpc = grpc
+        self.pb, pb_grpc = load()
+        self.address = address
+        self.group = group
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = pb_grpc.DashInferStub(self.channel)
+        self.broken = ""  # why this connection cannot be used any more
+        self.draining = ""
+        self.streams = {}  # (model, handle) -> (call, queue)
+        self._lock = threading.Lock()
+        try:
+            self.health = self._wait_healthy(timeout)
+            self._session = self.stub.Session(self.pb.SessionRequest())
+            first = next(self._session)
+        except grpc.RpcError as e:
+            self.channel.close()
+            raise Unavailable(f"cannot open a session with {address}: {e.code().name}: {e.details()}") from e
+        except BaseException:
+            self.channel.close()
+            raise
+        self.session_id, self.instance_id = first.session_id, first.instance_id
+        threading.Thread(target=self._watch_session, daemon=True, name="dashinfer-session").start()
+
+    def _wait_healthy(self, timeout):
+        """Poll Health with a growing per-try deadline until it answers; fail early when the group
+        this client spawned has exited."""
+        grpc = self.grpc
+        deadline = time.monotonic() + timeout
+        wait = 0.05
+        while True:
+            if self.group is not None and not self.group.alive():
+                raise Unavailable(f"the server group did not start: {self.group.describe_exit(1.0)}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                tail = f"\n{self.group.describe_exit() or 'its last output: ' + ' | '.join(self.group.tail)}" \
+                    if self.group is not None else ""
+                raise Unavailable(f"no dashinfer server answered at {self.address} within {timeout:g} s{tail}")
+            try:
+                return self.stub.Health(self.pb.Empty(), timeout=min(wait, left), wait_for_ready=True)
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise Unavailable(f"{self.address} does not answer as a dashinfer server: "
+                                      f"{e.code().name}: {e.details()}") from e
+            wait = min(wait * 2, 1.0)
+
+    def _watch_session(self) -> None:
+        try:
+            for event in self._session:
+                if event.shutting_down:
+                    self.draining = event.message
+            why = "the server closed the connection"
+        except self.grpc.RpcError as e:
+            why = f"{e.code().name}: {e.details()}"
+        self.mark_broken(why)
+
+    def mark_broken(self, why) -> None:
+        if not self.broken:
+            self.broken = f"lost the connection to the dashinfer server at {self.address} ({why})"
+
+    def lost(self, error) -> str:
+        """The message for a call or stream that failed with `error` (a grpc.RpcError)."""
+        self.mark_broken(f"{error.code().name}: {error.details()}")
+        exit_note = self.group.describe_exit(0.5) if self.group is not None else ""
+        return self.broken + (f"; {exit_note}" if exit_note else "")
+
+    def close(self, why) -> None:
+        """Cancel the open streams (their queues end as interrupted) and close the channel; the
+        server releases this session's requests."""
+        self.mark_broken(why)
+        with self._lock:
+            streams = list(self.streams.values())
+        for call, queue in streams:
+            queue.set_status(INTERRUPTED, why)
+            call.cancel()
+        self._session.cancel()
+        self.channel.close()
+
+
+class ClientEngine:
+    """The Engine API over gRPC; see the module docstring.
+
+    address: the server's address (unix:///path or HOST:PORT). None: spawn a local group on a
+    new private unix socket (nodes ranks, threads_per_rank threads each) and stop it on close(),
+    at exit or when this object is garbage-collected. startup_timeout: seconds to wait for the
+    server to answer its health check. shutdown_timeout: seconds the spawned group gets to stop
+    after SIGTERM before it is killed. env: extra environment variables for the spawned group.
+    """
+
+    def __init__(self, address=None, nodes=None, threads_per_rank=None, startup_timeout=120.0,
+                 shutdown_timeout=15.0, env=None):
+        self._spawn = address is None
+        self.address = _unique_address() if self._spawn else address
+        self._command = group_command(self.address, nodes, threads_per_rank) if self._spawn else None
+        self._env = dict(os.environ, **(env or {}))
+        if self._spawn:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            self._env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (root, self._env.get("PYTHONPATH")) if p)  # the server runs this same code
+        self.startup_timeout = startup_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.last_error = None
+        self._reason = threading.local()
+        self._lock = threading.RLock()
+        self._state = _State()
+        self._models = {}  # name -> {"config": dict, "running": bool}, in install order
+        self._tokenizers = {}  # model name -> loader whose tokenizer start_request_text uses
+        self._stale = set()  # (model, handle) of requests of a server that is gone
+        self._instance_id = None
+        self._finalizer = weakref.finalize(self, self._state.close, "the ClientEngine was closed",
+                                           shutdown_timeout)
+        try:
+            self._connection()
+        except Unavailable:
+            self._finalizer()
+            raise
+
+    # ---- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel open streams (their queues turn GenerateInterrupted), close the connection and stop
+        the group this ClientEngine spawned. Idempotent."""
+        with self._lock:
+            self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def call_with_reason(self, method: str, *args):
+        """(what `method(*args)` returns, why it was refused or ""): as Engine.call_with_reason."""
+        self._reason.text = ""
+        result = getattr(self, method)(*args)
+        return result, self._reason.text
+
+    # ---- models ---------------------------------------------------------------------------------
+
+    def install_model(self, runtime_cfg) -> AsStatus:
+        try:
+            cfg = runtime_cfg.build() if hasattr(runtime_cfg, "build") else runtime_cfg
+        except Exception as e:  # the Engine reports a failing build() the same way
+            return self._refuse("install_model", FAILED, f"{type(e).__name__}: {e}")
+        if not isinstance(cfg, AsModelRuntimeConfig):
+            return self._refuse("install_model", AsStatus.ALLSPARK_PARAM_ERROR,
+                                f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
+        d = cfg.to_dict()
+        d["model_dir"] = os.path.abspath(d["model_dir"])  # the server's working directory is not ours
+        status = self._unary("install_model", "InstallModel",
+                             lambda pb: pb.InstallModelRequest(runtime_config_json=json.dumps(d)))
+        if status == SUCCESS:
+            with self._lock:
+                self._models[cfg.model_name] = {"config": d, "running": False}
+        return status
+
+    def start_model(self, model_name: str) -> AsStatus:
+        status = self._unary("start_model", "StartModel", lambda pb: pb.ModelRef(model_name=model_name))
+        self._note_model(model_name, status, running=True)
+        return status
+
+    def stop_model(self, model_name: str) -> AsStatus:
+        status = self._unary("stop_model", "StopModel", lambda pb: pb.ModelRef(model_name=model_name))
+        self._note_model(model_name, status, running=False)
+        return status
+
+    def release_model(self, model_name: str) -> AsStatus:
+        status = self._unary("release_model", "ReleaseModel", lambda pb: pb.ModelRef(model_name=model_name))
+        if status == SUCCESS:
+            with self._lock:
+                self._models.pop(model_name, None)
+                self._tokenizers.pop(model_name, None)
+        return status
+
+    def get_stats(self) -> dict:
+        """The server's view: {"models": {name: {state, requests, running, waiting, kv_blocks_total,
+        kv_blocks_free, runtime_config}}, "streams", "sessions", "draining"}; raises Unavailable."""
+        conn = self._connection()
+        try:
+            reply = conn.stub.GetStats(conn.pb.Empty())
+        except conn.grpc.RpcError as e:
+            raise Unavailable(conn.lost(e)) from e
+        models = {m.model_name: {"state": m.state, "requests": m.requests, "running": m.running,
+                                 "waiting": m.waiting, "kv_blocks_total": m.kv_blocks_total,
+                                 "kv_blocks_free": m.kv_blocks_free,
+                                 "runtime_config": json.loads(m.runtime_config_json)}
+                  for m in reply.models}
+        return {"models": models, "streams": reply.streams, "sessions": reply.sessions,
+                "draining": reply.draining}
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def start_request_ids(self, model_name: str, model, input_ids, generate_config):
+        """-> (AsStatus, handle, ResultQueue); handle and queue are None when refused."""
+        try:
+            conn = self._connection()
+            request = conn.pb.StartRequestRequest(model_name=model_name, session_id=conn.session_id,
+                                                  generation_config_json=_generation_json(generate_config),
+                                                  **_encode_ids(input_ids))
+        except _Refused as e:
+            return self._refuse("start_request", e.status, str(e)), None, None
+        except Unavailable as e:
+            return self._refuse("start_request", FAILED, str(e)), None, None
+        call = conn.stub.StartRequest(request)
+        try:
+            first = next(call)
+        except conn.grpc.RpcError as e:
+            return self._refuse("start_request", FAILED, conn.lost(e)), None, None
+        status = AsStatus(first.started.status)
+        if status != SUCCESS:
+            return self._refuse_as_server(status, first.started.message), None, None
+        handle = first.handle
+        queue = ResultQueue(str(handle))
+        key = (model_name, handle)
+        with conn._lock:
+            conn.streams[key] = (call, queue)
+        threading.Thread(target=_pump, args=(conn, key, call, queue), daemon=True,
+                         name=f"dashinfer-stream-{handle}").start()
+        return SUCCESS, handle, queue
+
+    def start_request_text(self, model_name: str, model, text, generate_config):
+        """Tokenize here with the loader's tokenizer (or that of the installed model's files), then
+        start_request_ids. A list of texts starts one request each: -> (AsStatus, [handles], [queues])."""
+        if isinstance(text, (list, tuple)):
+            results = [self.start_request_text(model_name, model, t, generate_config) for t in text]
+            bad = [r[0] for r in results if r[0] != SUCCESS]
+            return (bad[0] if bad else SUCCESS, [r[1] for r in results], [r[2] for r in results])
+        try:
+            loader = model if model is not None and hasattr(model, "get_tokenizer") else self._loader(model_name)
+            if not isinstance(text, str):
+                raise _Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                               f"start_request_text takes a str or a list of str, got {type(text).__name__}")
+            ids = loader.get_tokenizer()(text)["input_ids"]
+        except _Refused as e:
+            return self._refuse("start_request_text", e.status, str(e)), None, None
+        return self.start_request_ids(model_name, model, ids, generate_config)
+
+    def stop_request(self, model_name: str, request_handle) -> AsStatus:
+        if self._is_stale(model_name, request_handle):
+            return SUCCESS  # its server is gone: the request has ended (interrupted)
+        return self._unary("stop_request", "StopRequest", lambda pb: _request_ref(pb, model_name, request_handle))
+
+    def release_request(self, model_name: str, request_handle) -> AsStatus:
+        if self._is_stale(model_name, request_handle):
+            with self._lock:
+                self._stale.discard((model_name, request_handle))
+            return SUCCESS
+        status = self._unary("release_request", "ReleaseRequest",
+                             lambda pb: _request_ref(pb, model_name, request_handle))
+        return status
+
+    def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
+        """Block until the request (None: every request of the model) has ended, and its queue here
+        holds everything the server produced."""
+        if request_handle is not None and self._is_stale(model_name, request_handle):
+            return SUCCESS
+        status = self._unary("sync_request", "SyncRequest",
+                             lambda pb: _request_ref(pb, model_name, request_handle))
+        if status == SUCCESS:
+            # The reply can overtake the streams' last events; wait for them (a broken stream
+            # ends its queue as interrupted, so this cannot hang).
+            with self._lock:
+                conn = self._state.conn
+            if conn is not None:
+                with conn._lock:
+                    queues = [q for (m, h), (_, q) in conn.streams.items()
+                              if m == model_name and request_handle in (None, h)]
+                for q in queues:
+                    q.wait_finished()
+        return status
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _connection(self) -> _Connection:
+        """The live connection; reconnects (respawning the group this client started) when it broke."""
+        state = self._state
+        conn = state.conn
+        if conn is not None and not conn.broken:
+            return conn
+        with self._lock:
+            if self.closed:
+                raise Unavailable("this ClientEngine is closed")
+            conn = state.conn
+            if conn is not None and not conn.broken:
+                return conn
+            if conn is not None:
+                log.warning("%s; reconnecting", conn.broken)
+                with conn._lock:
+                    self._stale.update(conn.streams)
+                conn.close(conn.broken)
+                state.conn = None
+            if self._spawn:
+                if state.group is not None:
+                    state.group.stop(self.shutdown_timeout)  # a group we cannot talk to is of no use
+                state.group = _Group(self._command, self.address, self._env)
+            conn = _Connection(self.address, self.startup_timeout, state.group)
+            state.conn = conn
+            if self._instance_id is not None and conn.instance_id != self._instance_id:
+                self._instance_id = conn.instance_id
+                self._reinstall(conn)
+            self._instance_id = conn.instance_id
+            return conn
+
+    def _reinstall(self, conn) -> None:
+        """A new server: install (and start) again the models this client had installed."""
+        pb = conn.pb
+        for name, m in list(self._models.items()):
+            log.warning("the server restarted: installing model %r again", name)
+            try:
+                reply = conn.stub.InstallModel(pb.InstallModelRequest(runtime_config_json=json.dumps(m["config"])))
+                if reply.status == SUCCESS and m["running"]:
+                    reply = conn.stub.StartModel(pb.ModelRef(model_name=name))
+            except conn.grpc.RpcError as e:
+                raise Unavailable(conn.lost(e)) from e
+            if reply.status != SUCCESS:
+                del self._models[name]
+                raise _Refused(AsStatus(reply.status),
+                               f"the server restarted and installing model {name!r} again failed "
+                               f"({reply.message}); install it again")
+
+    def _unary(self, what, rpc, make_request) -> AsStatus:
+        try:
+            conn = self._connection()
+        except Unavailable as e:
+            return self._refuse(what, FAILED, str(e))
+        except _Refused as e:
+            return self._refuse(what, e.status, str(e))
+        try:
+            reply = getattr(conn.stub, rpc)(make_request(conn.pb))
+        except conn.grpc.RpcError as e:
+            return self._refuse(what, FAILED, conn.lost(e))
+        status = AsStatus(reply.status)
+        if status != SUCCESS:
+            return self._refuse_as_server(status, reply.message)
+        return status
+
+    def _note_model(self, name, status, running) -> None:
+        if status == SUCCESS:
+            with self._lock:
+                if name in self._models:
+                    self._models[name]["running"] = running
+
+    def _loader(self, model_name):
+        """The serialized model whose tokenizer start_request_text uses when no loader is given."""
+        loader = self._tokenizers.get(model_name)
+        if loader is not None:
+            return loader
+        cfg = self._models.get(model_name, {}).get("config")
+        if cfg is None:
+            try:
+                cfg = self.get_stats()["models"].get(model_name, {}).get("runtime_config")
+            except Unavailable as e:
+                raise _Refused(FAILED, str(e)) from e
+        if cfg is None:
+            raise _Refused(AsStatus.ALLSPARK_PARAM_ERROR, f"unknown model {model_name!r}")
+        from .model.serialized import DashInferModel
+        try:
+            loader = DashInferModel(cfg["model_dir"], cfg["model_prefix"])
+        except Exception as e:
+            raise _Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                           f"cannot read the tokenizer of {model_name!r} here ({e}); pass its loader as "
+                           f"`model`") from e
+        self._tokenizers[model_name] = loader
+        return loader
+
+    def _is_stale(self, model_name, handle) -> bool:
+        with self._lock:
+            return (model_name, handle) in self._stale
+
+    def _refuse(self, what, status, message) -> AsStatus:
+        return self._refuse_as_server(status, f"{what}: {message}")
+
+    def _refuse_as_server(self, status, message) -> AsStatus:
+        self.last_error = self._reason.text = message
+        log.error("%s (%s)", message, AsStatus(status).name)
+        return AsStatus(status)
+
+
+class _State:
+    """What must be cleaned up whether close() is called or not (weakref.finalize holds this,
+    never the ClientEngine)."""
+
+    def __init__(self):
+        self.conn = None
+        self.group = None
+
+    def close(self, why, timeout) -> None:
+        if self.conn is not None:
+            self.conn.close(why)
+            self.conn = None
+        if self.group is not None:
+            self.group.stop(timeout)
+            self.group = None
+
+
+def _pump(conn, key, call, queue) -> None:
+    """Feed `queue` from the request's stream until its last event; a broken stream ends the
+    request as interrupted with the reason."""
+    try:
+        for event in call:
+            _apply(event, queue)
+        if not queue.finished:
+            queue.set_status(INTERRUPTED, "the server ended the stream before the request finished")
+    except conn.grpc.RpcError as e:
+        if not queue.finished:
+            queue.set_status(INTERRUPTED, conn.lost(e))
+    except Exception as e:  # a malformed event must not leave the consumer waiting forever
+        log.exception("stream of request %s failed", key[1])
+        queue.set_status(INTERRUPTED, f"client error while reading the stream: {type(e).__name__}: {e}")
+        call.cancel()
+    finally:
+        with conn._lock:
+            conn.streams.pop(key, None)
+
+
+def _apply(event, queue) -> None:
+    """Mirror one server event into the client's queue: tokens first, then the status."""
+    status = GenerateRequestStatus(event.status)
+    if event.stats:
+        queue.update_stats({k: int(v) if k in _COUNT_KEYS else v for k, v in event.stats.items()})
+    if status == GenerateRequestStatus.ContextFinished and queue.GenerateStatus() < status:
+        queue.set_status(status)
+    if event.ids or event.tensors:
+        logprobs = token_logprobs = None
+        if event.token_logprobs:
+            logprobs = [list(zip(top.ids, top.logprobs)) for top in event.log_probs]
+            token_logprobs = list(event.token_logprobs)
+        tensors = {name: np.frombuffer(t.data, dtype=np.dtype(t.dtype)).reshape(tuple(t.shape))
+                   for name, t in event.tensors.items()}
+        queue.push(list(event.ids), logprobs, token_logprobs, prefix_cache_len=event.prefix_cache_len,
+                   prefix_len_gpu=event.prefix_len_gpu, prefix_len_cpu=event.prefix_len_cpu,
+                   tensors=tensors or None)
+    if status in _FINAL or status > queue.GenerateStatus():
+        queue.set_status(status, event.error or None)
+
+
+def _encode_ids(input_ids) -> dict:
+    """input_ids as StartRequestRequest fields: an integer array's values and shape, else its JSON
+    (for the server's Engine to refuse with its own message)."""
+    try:
+        arr = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)
+    except Exception:
+        arr = None
+    if arr is not None and (arr.dtype.kind in "iu" or arr.size == 0) and arr.ndim > 0:
+        if arr.size == 0 or (arr.min() >= -2**63 and arr.max() < 2**63):
+            return {"input_ids": arr.astype(np.int64).ravel().tolist(), "input_shape": list(arr.shape)}
+    try:
+        return {"input_ids_json": json.dumps(input_ids, default=repr)}
+    except (TypeError, ValueError):
+        return {"input_ids_json": json.dumps(repr(input_ids))}
+
+
+def _generation_json(gen) -> str:
+    """The generation config as the Engine accepts it: ASGenerationConfig.to_dict() or the user's dict."""
+    if isinstance(gen, ASGenerationConfigBuilder):
+        try:
+            gen = gen.build()
+        except Exception as e:  # the Engine reports a failing build() the same way
+            raise _Refused(FAILED, f"{type(e).__name__}: {e}") from e
+    if isinstance(gen, ASGenerationConfig):
+        gen = gen.to_dict()
+    if not isinstance(gen, dict):
+        raise _Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                       f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
+    return json.dumps(gen, default=repr)
+
+
+def _request_ref(pb, model_name, handle):
+    if handle is None:
+        return pb.RequestRef(model_name=model_name)
+    if isinstance(handle, int) and not isinstance(handle, bool) and -2**63 <= handle < 2**63:
+        return pb.RequestRef(model_name=model_name, id=handle)
+    return pb.RequestRef(model_name=model_name, foreign=repr(handle))
