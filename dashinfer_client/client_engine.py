@@ -224,12 +224,14 @@ class ClientEngine:
     address: the server's address (unix:///path or HOST:PORT). None: spawn a local group on a
     new private unix socket (nodes ranks, threads_per_rank threads each) and stop it on close(),
     at exit or when this object is garbage-collected. startup_timeout: seconds to wait for the
-    server to answer its health check. shutdown_timeout: seconds the spawned group gets to stop
-    after SIGTERM before it is killed. env: extra environment variables for the spawned group.
+    server to answer its health check (at start, and when a spawned group is started again).
+    reconnect_timeout: seconds a call waits for a server at `address` to answer again after the
+    connection broke (a supervisor restarting it). shutdown_timeout: seconds the spawned group gets
+    to stop after SIGTERM before it is killed. env: extra environment variables for the spawned group.
     """
 
     def __init__(self, address=None, nodes=None, threads_per_rank=None, startup_timeout=120.0,
-                 shutdown_timeout=15.0, env=None):
+                 reconnect_timeout=10.0, shutdown_timeout=15.0, env=None):
         self._spawn = address is None
         self.address = _unique_address() if self._spawn else address
         self._command = group_command(self.address, nodes, threads_per_rank) if self._spawn else None
@@ -239,6 +241,7 @@ class ClientEngine:
             self._env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (root, self._env.get("PYTHONPATH")) if p)  # the server runs this same code
         self.startup_timeout = startup_timeout
+        self.reconnect_timeout = reconnect_timeout
         self.shutdown_timeout = shutdown_timeout
         self.last_error = None
         self._reason = threading.local()
@@ -434,11 +437,14 @@ class ClientEngine:
                     self._stale.update(conn.streams)
                 conn.close(conn.broken)
                 state.conn = None
+            timeout = self.startup_timeout
             if self._spawn:
                 if state.group is not None:
                     state.group.stop(self.shutdown_timeout)  # a group we cannot talk to is of no use
                 state.group = _Group(self._command, self.address, self._env)
-            conn = _Connection(self.address, self.startup_timeout, state.group)
+            elif self._instance_id is not None:
+                timeout = self.reconnect_timeout
+            conn = _Connection(self.address, timeout, state.group)
             state.conn = conn
             if self._instance_id is not None and conn.instance_id != self._instance_id:
                 self._instance_id = conn.instance_id
