@@ -28,8 +28,12 @@ def generate_stubs():
 
     protoc writes `import dashinfer_pb2`, which only works with the stub directory on sys.path;
     the stubs are made package-relative (`from . import dashinfer_pb2`)."""
-    from grpc_tools import protoc
-    import grpc_tools
+    try:
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError as e:
+        raise RuntimeError("building dashinfer-py needs grpcio-tools (pip install grpcio-tools) to "
+                           "generate the gRPC stubs from proto/") from e
     protos = sorted(glob.glob(os.path.join(PROTO_DIR, "*.proto")))
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
     for proto in protos:
