@@ -17,6 +17,7 @@ ClientEngine installed are installed again (and started again if they were runni
 call proceeds; if that fails the call returns the error and the model must be installed by the
 user. Handles of the old server stay usable for stop/sync/release (the request has ended).
 """
+import itertools
 import json
 import logging
 import os
@@ -147,8 +148,7 @@ class _Connection:
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.DashInferStub(self.channel)
         self.broken = ""  # why this connection cannot be used any more
-        self.draining = ""
-        self.streams = {}  # (model, handle) -> (call, queue)
+        self.streams = {}  # client handle -> (call, queue), while the request's stream is open
         self._lock = threading.Lock()
         try:
             self.health = self._wait_healthy(timeout)
@@ -189,7 +189,7 @@ class _Connection:
         try:
             for event in self._session:
                 if event.shutting_down:
-                    self.draining = event.message
+                    log.warning("the dashinfer server at %s: %s", self.address, event.message)
             why = "the server closed the connection"
         except self.grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
@@ -249,7 +249,8 @@ class ClientEngine:
         self._state = _State()
         self._models = {}  # name -> {"config": dict, "running": bool}, in install order
         self._tokenizers = {}  # model name -> loader whose tokenizer start_request_text uses
-        self._stale = set()  # (model, handle) of requests of a server that is gone
+        self._requests = {}  # client handle -> _Request, until released
+        self._handles = itertools.count(1)
         self._instance_id = None
         self._finalizer = weakref.finalize(self, self._state.close, "the ClientEngine was closed",
                                            shutdown_timeout)
@@ -296,28 +297,30 @@ class ClientEngine:
         d = cfg.to_dict()
         d["model_dir"] = os.path.abspath(d["model_dir"])  # the server's working directory is not ours
         status = self._unary("install_model", "InstallModel",
-                             lambda pb: pb.InstallModelRequest(runtime_config_json=json.dumps(d)))
+                             lambda conn: conn.pb.InstallModelRequest(runtime_config_json=json.dumps(d)))
         if status == SUCCESS:
             with self._lock:
                 self._models[cfg.model_name] = {"config": d, "running": False}
         return status
 
     def start_model(self, model_name: str) -> AsStatus:
-        status = self._unary("start_model", "StartModel", lambda pb: pb.ModelRef(model_name=model_name))
+        status = self._unary("start_model", "StartModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         self._note_model(model_name, status, running=True)
         return status
 
     def stop_model(self, model_name: str) -> AsStatus:
-        status = self._unary("stop_model", "StopModel", lambda pb: pb.ModelRef(model_name=model_name))
+        status = self._unary("stop_model", "StopModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         self._note_model(model_name, status, running=False)
         return status
 
     def release_model(self, model_name: str) -> AsStatus:
-        status = self._unary("release_model", "ReleaseModel", lambda pb: pb.ModelRef(model_name=model_name))
+        status = self._unary("release_model", "ReleaseModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         if status == SUCCESS:
             with self._lock:
                 self._models.pop(model_name, None)
                 self._tokenizers.pop(model_name, None)
+                for handle in [h for h, r in self._requests.items() if r.model == model_name]:
+                    del self._requests[handle]  # the server forgot them with the model
         return status
 
     def get_stats(self) -> dict:
@@ -357,12 +360,13 @@ class ClientEngine:
         status = AsStatus(first.started.status)
         if status != SUCCESS:
             return self._refuse_as_server(status, first.started.message), None, None
-        handle = first.handle
+        handle = next(self._handles)
         queue = ResultQueue(str(handle))
-        key = (model_name, handle)
+        with self._lock:
+            self._requests[handle] = _Request(conn, model_name, first.handle, queue)
         with conn._lock:
-            conn.streams[key] = (call, queue)
-        threading.Thread(target=_pump, args=(conn, key, call, queue), daemon=True,
+            conn.streams[handle] = (call, queue)
+        threading.Thread(target=_pump, args=(conn, handle, call, queue), daemon=True,
                          name=f"dashinfer-stream-{handle}").start()
         return SUCCESS, handle, queue
 
@@ -384,37 +388,30 @@ class ClientEngine:
         return self.start_request_ids(model_name, model, ids, generate_config)
 
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
-        if self._is_stale(model_name, request_handle):
-            return SUCCESS  # its server is gone: the request has ended (interrupted)
-        return self._unary("stop_request", "StopRequest", lambda pb: _request_ref(pb, model_name, request_handle))
+        return self._unary("stop_request", "StopRequest",
+                           lambda conn: self._request_ref(conn, model_name, request_handle))
 
     def release_request(self, model_name: str, request_handle) -> AsStatus:
-        if self._is_stale(model_name, request_handle):
-            with self._lock:
-                self._stale.discard((model_name, request_handle))
-            return SUCCESS
         status = self._unary("release_request", "ReleaseRequest",
-                             lambda pb: _request_ref(pb, model_name, request_handle))
+                             lambda conn: self._request_ref(conn, model_name, request_handle))
+        if status == SUCCESS:
+            with self._lock:
+                self._requests.pop(request_handle, None)
         return status
 
     def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
         """Block until the request (None: every request of the model) has ended, and its queue here
         holds everything the server produced."""
-        if request_handle is not None and self._is_stale(model_name, request_handle):
-            return SUCCESS
         status = self._unary("sync_request", "SyncRequest",
-                             lambda pb: _request_ref(pb, model_name, request_handle))
+                             lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
-            # The reply can overtake the streams' last events; wait for them (a broken stream
+            # The reply can overtake the streams' last events: wait for them too (a broken stream
             # ends its queue as interrupted, so this cannot hang).
             with self._lock:
-                conn = self._state.conn
-            if conn is not None:
-                with conn._lock:
-                    queues = [q for (m, h), (_, q) in conn.streams.items()
-                              if m == model_name and request_handle in (None, h)]
-                for q in queues:
-                    q.wait_finished()
+                queues = [r.queue for h, r in self._requests.items()
+                          if r.model == model_name and request_handle in (None, h)]
+            for q in queues:
+                q.wait_finished()
         return status
 
     # ---- internals ------------------------------------------------------------------------------
@@ -433,8 +430,6 @@ class ClientEngine:
                 return conn
             if conn is not None:
                 log.warning("%s; reconnecting", conn.broken)
-                with conn._lock:
-                    self._stale.update(conn.streams)
                 conn.close(conn.broken)
                 state.conn = None
             timeout = self.startup_timeout
@@ -476,8 +471,11 @@ class ClientEngine:
             return self._refuse(what, FAILED, str(e))
         except _Refused as e:
             return self._refuse(what, e.status, str(e))
+        request = make_request(conn)
+        if request is None:
+            return SUCCESS  # a request of a server that is gone: it has ended already
         try:
-            reply = getattr(conn.stub, rpc)(make_request(conn.pb))
+            reply = getattr(conn.stub, rpc)(request)
         except conn.grpc.RpcError as e:
             return self._refuse(what, FAILED, conn.lost(e))
         status = AsStatus(reply.status)
@@ -514,9 +512,20 @@ class ClientEngine:
         self._tokenizers[model_name] = loader
         return loader
 
-    def _is_stale(self, model_name, handle) -> bool:
+    def _request_ref(self, conn, model_name, handle):
+        """The RequestRef naming `handle` on the server, or None when the handle is one of a server
+        that has gone (the request ended with it). A handle this client did not give out goes as
+        its repr, for the server to refuse in the Engine's words."""
+        pb = conn.pb
+        if handle is None:
+            return pb.RequestRef(model_name=model_name)
         with self._lock:
-            return (model_name, handle) in self._stale
+            known = self._requests.get(handle) if _is_int(handle) else None
+        if known is None or known.model != model_name:
+            return pb.RequestRef(model_name=model_name, foreign=repr(handle))
+        if known.conn is not conn:
+            return None
+        return pb.RequestRef(model_name=model_name, id=known.server_handle)
 
     def _refuse(self, what, status, message) -> AsStatus:
         return self._refuse_as_server(status, f"{what}: {message}")
@@ -525,6 +534,14 @@ class ClientEngine:
         self.last_error = self._reason.text = message
         log.error("%s (%s)", message, AsStatus(status).name)
         return AsStatus(status)
+
+
+class _Request:
+    """A request this client started: where it lives and the queue its stream feeds."""
+    __slots__ = ("conn", "model", "server_handle", "queue")
+
+    def __init__(self, conn, model, server_handle, queue):
+        self.conn, self.model, self.server_handle, self.queue = conn, model, server_handle, queue
 
 
 class _State:
@@ -616,9 +633,5 @@ def _generation_json(gen) -> str:
     return json.dumps(gen, default=repr)
 
 
-def _request_ref(pb, model_name, handle):
-    if handle is None:
-        return pb.RequestRef(model_name=model_name)
-    if isinstance(handle, int) and not isinstance(handle, bool) and -2**63 <= handle < 2**63:
-        return pb.RequestRef(model_name=model_name, id=handle)
-    return pb.RequestRef(model_name=model_name, foreign=repr(handle))
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

@@ -192,8 +192,7 @@ class DashInferService(pb_grpc.DashInferServicer):
     def Health(self, request, context):
         world = getattr(self.engine._group, "world", 1)
         return pb.HealthReply(ready=not self._draining, instance_id=self.instance_id, pid=os.getpid(),
-                              uid=os.getuid(), hostname=socket.gethostname(), world_size=world,
-                              message=self._draining or "ready")
+                              world_size=world, message=self._draining or "ready")
 
     def GetStats(self, request, context):
         with self._lock:
@@ -326,7 +325,7 @@ def _model_stats(engine) -> list:
                               runtime_config_json=json.dumps(m.cfg.to_dict()))
         if runner is not None:
             stats.running = len(runner.scheduler.running)
-            stats.waiting = len(runner.scheduler.waiting) + len(runner._incoming)
+            stats.waiting = len(runner.scheduler.waiting)
             stats.kv_blocks_total = len(runner.pool.blocks)
             stats.kv_blocks_free = runner.pool.num_available
         out.append(stats)

@@ -251,9 +251,14 @@ def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized
         assert engine.sync_request("tiny", handle2) == AsStatus.ALLSPARK_SUCCESS
         _, _, ref = local.start_request_ids("tiny", None, PROMPT, _gen(60))
         assert _drain(queue2)[0] == _drain(ref)[0]
-        # The old handle belongs to the dead server: the request has ended, releasing it is fine.
+        # The old handle names the request of the dead server (which has ended), never the new
+        # server's request that may carry the same server-side number.
+        assert handle2 != handle
         assert engine.stop_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
+        assert engine.sync_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
         assert engine.release_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
+        assert engine.release_request("tiny", handle) == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
+        assert engine.release_request("tiny", handle2) == AsStatus.ALLSPARK_SUCCESS
     finally:
         engine.close()
     assert _our_files() <= before
@@ -271,6 +276,15 @@ def test_call_on_a_dead_server_returns_an_error_not_a_hang(serialized):
         assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS, engine.last_error
     finally:
         engine.close()
+
+
+def test_garbage_collected_client_stops_its_server():
+    import gc
+    engine = allspark.ClientEngine(startup_timeout=60)
+    proc, socket_path = engine._state.group.proc, engine._state.group.socket
+    del engine
+    gc.collect()
+    assert proc.poll() is not None and not os.path.exists(socket_path)
 
 
 def test_sigterm_drains_running_requests_and_exits_zero(serialized):
