@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -112,7 +113,8 @@ class _Group:
         return f"the server process exited with code {code}; its last output:\n    {lines}"
 
     def stop(self, timeout=15.0) -> None:
-        """SIGTERM (the server drains), SIGKILL after `timeout` s; reap; remove the socket file."""
+        """SIGTERM to the leader (rank 0 or its launcher drains and stops the others), SIGKILL to
+        the whole process group after `timeout` s; reap; remove the socket file."""
         proc = self.proc
         if proc.poll() is None:
             proc.terminate()
@@ -120,8 +122,11 @@ class _Group:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 log.warning("the server group did not stop within %.0f s; killing it", timeout)
-                proc.kill()
-                proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left (its own session)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
         if proc.stdin:
             try:
                 proc.stdin.close()
@@ -151,7 +156,7 @@ class _Connection:
         self.streams = {}  # client handle -> (call, queue), while the request's stream is open
         self._lock = threading.Lock()
         try:
-            self.health = self._wait_healthy(timeout)
+            self._wait_healthy(timeout)
             self._session = self.stub.Session(self.pb.SessionRequest())
             first = next(self._session)
         except grpc.RpcError as e:
@@ -163,7 +168,7 @@ class _Connection:
         self.session_id, self.instance_id = first.session_id, first.instance_id
         threading.Thread(target=self._watch_session, daemon=True, name="dashinfer-session").start()
 
-    def _wait_healthy(self, timeout):
+    def _wait_healthy(self, timeout) -> None:
         """Poll Health with a growing per-try deadline until it answers; fail early when the group
         this client spawned has exited."""
         grpc = self.grpc
@@ -174,11 +179,13 @@ class _Connection:
                 raise Unavailable(f"the server group did not start: {self.group.describe_exit(1.0)}")
             left = deadline - time.monotonic()
             if left <= 0:
-                tail = f"\n{self.group.describe_exit() or 'its last output: ' + ' | '.join(self.group.tail)}" \
-                    if self.group is not None else ""
-                raise Unavailable(f"no dashinfer server answered at {self.address} within {timeout:g} s{tail}")
+                why = f"no dashinfer server answered at {self.address} within {timeout:g} s"
+                if self.group is not None:
+                    why += "; its output so far:\n    " + "\n    ".join(self.group.tail)
+                raise Unavailable(why)
             try:
-                return self.stub.Health(self.pb.Empty(), timeout=min(wait, left), wait_for_ready=True)
+                self.stub.Health(self.pb.Empty(), timeout=min(wait, left), wait_for_ready=True)
+                return
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise Unavailable(f"{self.address} does not answer as a dashinfer server: "
