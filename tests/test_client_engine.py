@@ -17,7 +17,7 @@ from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.client_engine import Unavailable
 from helpers import build_tiny_model
 
-MAX_LENGTH = 512
+MAX_LENGTH = 4096  # a request of this length runs for seconds: long enough to be caught running
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12, 9, 44, 3, 77]
 
 
@@ -51,7 +51,8 @@ def _our_files():
 @pytest.fixture(scope="module")
 def serialized(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    loader = allspark.HuggingFaceModel(build_tiny_model(str(root / "hf")), "tiny", user_set_data_type="float32")
+    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=MAX_LENGTH)
+    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
     loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
     return str(root / "ser")
 
@@ -118,14 +119,14 @@ def test_same_tokens_logprobs_and_stats_as_in_process(local, remote, options):
 
 
 def test_results_are_streamed_as_produced(remote):
-    status, handle, queue = remote.start_request_ids("tiny", None, PROMPT, _gen(MAX_LENGTH - 1))
+    status, handle, queue = remote.start_request_ids("tiny", None, PROMPT, _gen(300))
     assert status == AsStatus.ALLSPARK_SUCCESS
     first = queue.Get()
     assert first is not None and first.ids_from_generate
     assert queue.GenerateStatus() in (S.Generating, S.GenerateFinished)
     ids, _, _, gets = _drain(queue)
     assert gets >= 2, "every token arrived in one piece: not streamed"
-    assert len(first.ids_from_generate) + len(ids) == MAX_LENGTH - 1 - len(PROMPT) == queue.GeneratedLength()
+    assert len(first.ids_from_generate) + len(ids) == 300 - len(PROMPT) == queue.GeneratedLength()
     assert queue.GetNoWait() is None and queue.GetWithTimeout(10) is None
     assert remote.release_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
 
@@ -234,6 +235,7 @@ def test_cancelled_stream_frees_its_request(remote):
 def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized, local):
     before = _our_files()
     engine = allspark.ClientEngine(startup_timeout=60)
+    watcher = allspark.ClientEngine(engine.address, reconnect_timeout=0.5)  # connected by address
     try:
         assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS
         assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
@@ -244,7 +246,10 @@ def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized
         assert queue.wait_finished(10), "the queue of a request on a dead server never ended"
         assert queue.GenerateStatus() == S.GenerateInterrupted
         assert "lost the connection" in queue.error and "exited with code -9" in queue.error
-        # The next call starts a new server; the model is installed and started again for it.
+        # A client connected by address has nothing to respawn: its calls fail with the reason.
+        assert watcher.stop_model("tiny") == AsStatus.ALLSPARK_RUNTIME_ERROR
+        assert "no dashinfer server answered" in watcher.last_error
+        # The spawning client's next call starts a new server and installs and starts the model again.
         status, handle2, queue2 = engine.start_request_ids("tiny", None, PROMPT, _gen(60))
         assert status == AsStatus.ALLSPARK_SUCCESS, engine.last_error
         assert _server_pid(engine) != old_pid
@@ -259,23 +264,17 @@ def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized
         assert engine.release_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
         assert engine.release_request("tiny", handle) == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
         assert engine.release_request("tiny", handle2) == AsStatus.ALLSPARK_SUCCESS
+        # The server is back at the same address: the other client reconnects to it.
+        assert watcher.get_stats()["models"]["tiny"]["state"] == "Running"
     finally:
+        watcher.close()
         engine.close()
     assert _our_files() <= before
 
 
-def test_call_on_a_dead_server_returns_an_error_not_a_hang(serialized):
-    engine = allspark.ClientEngine(startup_timeout=60)
-    address = engine.address
-    try:
-        os.kill(_server_pid(engine), signal.SIGKILL)
-        engine._state.group.proc.wait()
-        # Connecting by address to nothing fails with the reason; the spawning engine respawns.
-        with pytest.raises(Unavailable, match="no dashinfer server answered"):
-            allspark.ClientEngine(address, startup_timeout=0.5)
-        assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS, engine.last_error
-    finally:
-        engine.close()
+def test_nothing_at_the_address_is_a_clear_error():
+    with pytest.raises(Unavailable, match="no dashinfer server answered at unix:///nonexistent/x.sock"):
+        allspark.ClientEngine("unix:///nonexistent/x.sock", startup_timeout=0.3)
 
 
 def test_garbage_collected_client_stops_its_server():
@@ -292,7 +291,7 @@ def test_sigterm_drains_running_requests_and_exits_zero(serialized):
     try:
         assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS
         assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
-        queues = [engine.start_request_ids("tiny", None, PROMPT, _gen(MAX_LENGTH - 1))[2] for _ in range(3)]
+        queues = [engine.start_request_ids("tiny", None, PROMPT, _gen(800))[2] for _ in range(3)]
         assert all(q.Get() is not None for q in queues)
         group = engine._state.group
         group.proc.send_signal(signal.SIGTERM)
@@ -301,7 +300,7 @@ def test_sigterm_drains_running_requests_and_exits_zero(serialized):
         for queue in queues:
             assert queue.wait_finished(5)
             assert queue.GenerateStatus() == S.GenerateFinished, queue.error
-            assert queue.GeneratedLength() == MAX_LENGTH - 1 - len(PROMPT)
+            assert queue.GeneratedLength() == 800 - len(PROMPT)
         assert not os.path.exists(group.socket)
     finally:
         engine.close()

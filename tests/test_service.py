@@ -25,14 +25,15 @@ PROMPT = [5, 17, 101, 33, 7, 250, 64, 12]
 @pytest.fixture(scope="module")
 def serialized(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    loader = allspark.HuggingFaceModel(build_tiny_model(str(root / "hf")), "tiny", user_set_data_type="float32")
+    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4096)
+    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
     loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
     return str(root / "ser")
 
 
 def _config(serialized):
     return (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(serialized, "tiny")
-            .max_length(512).max_batch(4).build())
+            .max_length(4096).max_batch(4).build())
 
 
 @pytest.fixture
@@ -139,7 +140,7 @@ def test_draining_refuses_new_work_and_tells_sessions(server, stub):
 
 
 def test_shutdown_interrupts_what_outlives_the_grace_period(server, stub):
-    call = _start(stub, 512)
+    call = _start(stub, 4096)
     handle = next(call).handle
     assert next(call).ids
     events = []
@@ -149,7 +150,7 @@ def test_shutdown_interrupts_what_outlives_the_grace_period(server, stub):
     reader.join(10)
     assert events and events[-1].status == S.GenerateInterrupted
     assert "grace period" in events[-1].error
-    assert sum(len(e.ids) for e in events) < 512 - len(PROMPT)
+    assert sum(len(e.ids) for e in events) < 4096 - len(PROMPT)
     assert not os.path.exists(server.socket_path) and handle > 0
 
 
