@@ -369,6 +369,7 @@ class ClientEngine:
             return self._refuse_as_server(status, first.started.message), None, None
         handle = next(self._handles)
         queue = ResultQueue(str(handle))
+        _apply(first, queue)  # the server's arrival time and prompt length
         with self._lock:
             self._requests[handle] = _Request(conn, model_name, first.handle, queue)
         with conn._lock:

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         K.set_num_threads(args.threads)
 
     from .engine import Engine
-    from .service import serve
+    from .service import release_models, serve
     engine = Engine(group)
     try:
         if args.model_dir:
@@ -119,17 +119,10 @@ def main(argv=None) -> int:
         server.shutdown(args.grace_period)
         return 0
     finally:
-        _release_all(engine)
+        release_models(engine)
         close = getattr(group, "close", None)
         if close is not None:
             close()
-
-
-def _release_all(engine) -> None:
-    with engine._lock:
-        names = list(engine._models)
-    for name in names:
-        engine.call_with_reason("release_model", name)
 
 
 if __name__ == "__main__":

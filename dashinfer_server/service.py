@@ -145,15 +145,19 @@ class DashInferService(pb_grpc.DashInferServicer):
             if session:
                 session.requests.add(key)
         context.add_callback(lambda: self._stream_ended(key, held))
-        yield pb.RequestEvent(started=_reply(SUCCESS), handle=handle, status=queue.GenerateStatus())
+        sent = {}
+        first = _event(queue, None, sent)
+        first.started.CopyFrom(_reply(SUCCESS))
+        first.handle = handle
+        yield first
         while True:
             elements = queue.Get()
             if queue.finished:
                 elements = _merge(elements, queue.GetNoWait())  # pushed before the final status
                 held.streaming = False
-                yield _event(queue, elements)
+                yield _event(queue, elements, sent)
                 return
-            yield _event(queue, elements)
+            yield _event(queue, elements, sent)
 
     def StopRequest(self, request, context):
         return self._call("stop_request", request.model_name, self._handle(request))
@@ -295,10 +299,14 @@ def _merge(a, b):
     return a
 
 
-def _event(queue, elements) -> pb.RequestEvent:
-    """What the client's queue needs to mirror this one after `elements` were taken from it."""
-    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "",
-                            stats=queue.RequestStatInfo())
+def _event(queue, elements, sent) -> pb.RequestEvent:
+    """What the client's queue needs to mirror this one after `elements` were taken from it.
+    sent: the statistics the stream has carried so far (updated): only changed entries go, and
+    never generated_token_length, which the client's queue counts itself."""
+    stats = queue.RequestStatInfo()
+    changed = {k: v for k, v in stats.items() if sent.get(k) != v and k != "generated_token_length"}
+    sent.update(changed)
+    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed)
     if elements is not None:
         event.ids.extend(elements.ids_from_generate)
         for top in elements.log_probs_list:
@@ -313,13 +321,17 @@ def _event(queue, elements) -> pb.RequestEvent:
     return event
 
 
-def _model_stats(engine) -> list:
-    """Per installed model: state, config, requests held and the scheduler's queues. Reads the
-    Engine's tables under its lock; the scheduler's lists are only counted."""
-    out = []
+def _installed(engine) -> list:
+    """(name, installed model) of every model the Engine holds, read under its lock. The service
+    reads the Engine's tables only here, for stats and shutdown."""
     with engine._lock:
-        models = list(engine._models.items())
-    for name, m in models:
+        return list(engine._models.items())
+
+
+def _model_stats(engine) -> list:
+    """Per installed model: state, config, requests held and the scheduler's queues (counted)."""
+    out = []
+    for name, m in _installed(engine):
         runner = m.runner
         stats = pb.ModelStats(model_name=name, state=m.state.value, requests=len(m.requests),
                               runtime_config_json=json.dumps(m.cfg.to_dict()))
@@ -330,6 +342,12 @@ def _model_stats(engine) -> list:
             stats.kv_blocks_free = runner.pool.num_available
         out.append(stats)
     return out
+
+
+def release_models(engine) -> None:
+    """Release every installed model (stopping those that run): the last step of a shutdown."""
+    for name, _ in _installed(engine):
+        engine.call_with_reason("release_model", name)
 
 
 def _claim_unix_socket(path: str) -> None:
@@ -404,10 +422,8 @@ class Server:
 
     def stop_models(self) -> None:
         """Stop every running model (its unfinished requests are interrupted)."""
-        with self.engine._lock:
-            names = list(self.engine._models)
-        for name in names:
-            if self.engine.get_model_state(name).value == "Running":
+        for name, m in _installed(self.engine):
+            if m.state.value == "Running":
                 self.engine.call_with_reason("stop_model", name)
 
     def stop(self) -> None:

@@ -121,6 +121,7 @@ def test_same_tokens_logprobs_and_stats_as_in_process(local, remote, options):
 def test_results_are_streamed_as_produced(remote):
     status, handle, queue = remote.start_request_ids("tiny", None, PROMPT, _gen(300))
     assert status == AsStatus.ALLSPARK_SUCCESS
+    assert queue.RequestStatInfo().context_token_length == len(PROMPT)  # known from the start
     first = queue.Get()
     assert first is not None and first.ids_from_generate
     assert queue.GenerateStatus() in (S.Generating, S.GenerateFinished)

@@ -103,8 +103,13 @@ def test_stream_carries_start_tokens_status_and_stats(stub):
     first, last = events[0], events[-1]
     assert first.started.status == 0 and first.handle > 0
     assert sum(len(e.ids) for e in events) == 40 - len(PROMPT)
-    assert last.status == S.GenerateFinished and last.stats["generated_token_length"] == 40 - len(PROMPT)
+    assert last.status == S.GenerateFinished and last.stats["finished_time"] > 0
     assert all(e.status == S.Generating for e in events[1:-1])
+    # Statistics go as changes: the prompt length once (at the start), the latest token time
+    # with every token.
+    assert [e.stats["context_token_length"] for e in events if "context_token_length" in e.stats] == [len(PROMPT)]
+    assert first.stats["context_token_length"] == len(PROMPT) and first.stats["arrival_time"] > 0
+    assert all("last_token_time" in e.stats for e in events[1:])
     assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=first.handle)).status == 0
 
 
