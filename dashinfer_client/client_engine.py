@@ -256,6 +256,7 @@ class ClientEngine:
         self._state = _State()
         self._models = {}  # name -> {"config": dict, "running": bool}, in install order
         self._tokenizers = {}  # model name -> loader whose tokenizer start_request_text uses
+        self._tokenizer_lock = threading.Lock()
         self._requests = {}  # client handle -> _Request, until released
         self._handles = itertools.count(1)
         self._instance_id = None
@@ -333,7 +334,10 @@ class ClientEngine:
     def get_stats(self) -> dict:
         """The server's view: {"models": {name: {state, requests, running, waiting, kv_blocks_total,
         kv_blocks_free, runtime_config}}, "streams", "sessions", "draining"}; raises Unavailable."""
-        conn = self._connection()
+        try:
+            conn = self._connection()
+        except _Refused as e:
+            raise Unavailable(str(e)) from e
         try:
             reply = conn.stub.GetStats(conn.pb.Empty())
         except conn.grpc.RpcError as e:
@@ -390,7 +394,8 @@ class ClientEngine:
             if not isinstance(text, str):
                 raise _Refused(AsStatus.ALLSPARK_PARAM_ERROR,
                                f"start_request_text takes a str or a list of str, got {type(text).__name__}")
-            ids = loader.get_tokenizer()(text)["input_ids"]
+            with self._tokenizer_lock:  # Hugging Face fast tokenizers are not safe across threads
+                ids = loader.get_tokenizer()(text)["input_ids"]
         except _Refused as e:
             return self._refuse("start_request_text", e.status, str(e)), None, None
         return self.start_request_ids(model_name, model, ids, generate_config)

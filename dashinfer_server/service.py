@@ -144,7 +144,9 @@ class DashInferService(pb_grpc.DashInferServicer):
             self._held[key] = held = _Held(queue, request.session_id if session else None)
             if session:
                 session.requests.add(key)
-        context.add_callback(lambda: self._stream_ended(key, held))
+        if not context.add_callback(lambda: self._stream_ended(key, held)):
+            self._stream_ended(key, held)  # the client is gone already
+            return
         sent = {}
         first = _event(queue, None, sent)
         first.started.CopyFrom(_reply(SUCCESS))
@@ -180,7 +182,9 @@ class DashInferService(pb_grpc.DashInferServicer):
         session = _Session()
         with self._lock:
             self._sessions[sid] = session
-        context.add_callback(lambda: self._session_ended(sid))
+        if not context.add_callback(lambda: self._session_ended(sid)):
+            self._session_ended(sid)
+            return
         yield pb.SessionEvent(session_id=sid, instance_id=self.instance_id)
         told = False
         while True:
