@@ -24,17 +24,28 @@ log = logging.getLogger("dashinfer_server")
 KV_MODES = {0: "bf16", 1: "int8", 2: "uint4"}
 
 
+def max_step_tokens(cfg) -> int:
+    """Tokens one step computes at most (a prefill chunk plus the decodes beside it)."""
+    return max(cfg.max_prefill_length or 1024, cfg.max_batch + 1)
+
+
+def build_decoder(model, cfg, group=None) -> DecoderModel:
+    """This rank's DecoderModel for the runtime config cfg. Rank 0's runner and every worker
+    build theirs here, so workspaces and KV caches agree with the plans rank 0 broadcasts."""
+    block_size = cfg.kv_cache_span_size
+    return DecoderModel(model, KV_MODES[int(cfg.kv_cache_mode)],
+                        ModelRunner._num_blocks(cfg, model.config, block_size), block_size,
+                        max_step_tokens(cfg) + cfg.max_batch, cfg.max_batch, group)
+
+
 class ModelRunner:
     def __init__(self, model, cfg, group=None):
         """model: a DashInferModel; cfg: the AsModelRuntimeConfig."""
         self.cfg = cfg
         mc = model.config
-        block_size = cfg.kv_cache_span_size
-        self.max_step_tokens = max(cfg.max_prefill_length or 1024, cfg.max_batch + 1)
-        num_blocks = self._num_blocks(cfg, mc, block_size)
-        self.model = DecoderModel(model, KV_MODES[int(cfg.kv_cache_mode)], num_blocks, block_size,
-                                  self.max_step_tokens + cfg.max_batch, cfg.max_batch, group)
-        self.pool = BlockPool(num_blocks, block_size, cfg.prefill_cache)
+        self.max_step_tokens = max_step_tokens(cfg)
+        self.model = build_decoder(model, cfg, group)
+        self.pool = BlockPool(self.model.kv.num_blocks, cfg.kv_cache_span_size, cfg.prefill_cache)
         self.scheduler = Scheduler(self.pool, cfg.max_batch, self.max_step_tokens)
         self.sampler = Sampler()
         self.vocab_size = mc.vocab_size
@@ -116,9 +127,7 @@ class ModelRunner:
                          "KV cache exhausted: interrupted to let earlier requests go on")
         if not chunks:
             return
-        plan = build_plan(chunks, self.pool.block_size)
-        self.model.group.step(self.cfg.model_name, plan)
-        logits = self.model.forward(plan)
+        logits = self._forward(build_plan(chunks, self.pool.block_size))
         self.scheduler.advance(chunks)
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
@@ -136,6 +145,16 @@ class ModelRunner:
             if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
                 self._retire(seq, GenerateRequestStatus.GenerateFinished)
 
+    def _forward(self, plan):
+        """Hand the plan to the other ranks, then run this rank's shard of it."""
+        group = self.model.group
+        group.step(self.cfg.model_name, plan)
+        try:
+            return self.model.forward(plan)
+        except BaseException as e:
+            group.step_failed(e)
+            raise
+
     def _retire(self, seq: Sequence, status, error=None) -> None:
         if seq.phase != Phase.DONE:
             self.scheduler.finish(seq)
@@ -149,7 +168,7 @@ class ModelRunner:
         table = self.pool.allocate(seq.tokens)
         seq.table, seq.phase = table, Phase.PREFILL
         from .scheduler import Chunk
-        self.model.forward(build_plan([Chunk(seq, 0, n, True)], self.pool.block_size))
+        self._forward(build_plan([Chunk(seq, 0, n, True)], self.pool.block_size))
         self.pool.free(table)
         self.pool.clear_cache()
         log.info("warm-up: %d tokens in %.2f s", n, time.perf_counter() - t0)

@@ -1,6 +1,7 @@
 /* Paged attention: cuts a batch step into tiles (GQA group x query rows x context range), runs
  * them on the OpenMP threads, and merges the tiles that split one context (flash-decoding).
- * The per-ISA tile kernels live in attention_<isa>.c; the portable one is here. */
+ * The tile kernels: attention_generic.h (portable, and AVX2 via attention_avx2.c) and
+ * attention_avx512.c. */
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -79,89 +80,11 @@ void attn_finish(const attn_tile_t *t, const float *acc, const float *mx, const 
     }
 }
 
-void attn_dequant_rows(const dn_kv_cache_t *c, int which, int64_t row, int n, float *dst) {
-    int D = c->head_dim;
-    const void *base = which ? c->v : c->k;
-    switch (c->format) {
-    case DN_KV_BF16: {
-        const uint16_t *src = (const uint16_t *)base + row * D;
-        for (int i = 0; i < n * D; i++) dst[i] = dn_bf16_to_f32(src[i]);
-        break;
-    }
-    case DN_KV_INT8: {
-        const int8_t *src = (const int8_t *)base + row * D;
-        const float *sc = (which ? c->v_scale : c->k_scale) + row;
-        for (int j = 0; j < n; j++)
-            for (int d = 0; d < D; d++) dst[j * D + d] = src[j * D + d] * sc[j];
-        break;
-    }
-    case DN_KV_UINT4: {
-        const uint8_t *src = (const uint8_t *)base + row * (D / 2);
-        const float *sc = (which ? c->v_scale : c->k_scale) + row;
-        const float *zr = (which ? c->v_zero : c->k_zero) + row;
-        for (int j = 0; j < n; j++)
-            for (int d = 0; d < D; d += 2) {
-                uint8_t b = src[j * (D / 2) + d / 2];
-                dst[j * D + d] = ((b & 15) - zr[j]) * sc[j];
-                dst[j * D + d + 1] = ((b >> 4) - zr[j]) * sc[j];
-            }
-        break;
-    }
-    }
-}
+/* ---- the portable tile: plain C, see attention_generic.h */
 
-/* ---- the portable tile: one cache block at a time, each query vector on its own */
-
-void attn_tile_portable(const attn_tile_t *t) {
-    int D = t->kv->head_dim, bs = t->kv->block_size, nh = t->n_q_heads;
-    int M = nh * t->n_rows;
-    float *acc = t->work;     /* [M][D] */
-    float *mx = acc + M * D;  /* [M] */
-    float *sum = mx + M;      /* [M] */
-    float *s = sum + M;       /* [bs] */
-    float *kf = s + bs;       /* [bs][D] */
-    float *vf = kf + bs * D;  /* [bs][D] */
-    for (int i = 0; i < M * D; i++) acc[i] = 0.0f;
-    for (int i = 0; i < M; i++) {
-        mx[i] = -INFINITY;
-        sum[i] = 0.0f;
-    }
-    for (int pos = t->kv_begin; pos < t->kv_end;) {
-        int n = bs - pos % bs;
-        if (n > t->kv_end - pos) n = t->kv_end - pos;
-        int64_t row = attn_cache_row(t, pos);
-        attn_dequant_rows(t->kv, 0, row, n, kf);
-        attn_dequant_rows(t->kv, 1, row, n, vf);
-        for (int i = 0; i < M; i++) {
-            int r = i / nh;
-            int nv = t->first_pos + r - pos + 1; /* causal: positions this row sees in the block */
-            if (nv > n) nv = n;
-            if (nv <= 0) continue;
-            const float *qi = t->q + r * t->q_stride + (int64_t)(i % nh) * D;
-            float bmax = -INFINITY;
-            for (int j = 0; j < nv; j++) {
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int d = 0; d < D; d++) dot += qi[d] * kf[j * D + d];
-                s[j] = dot * t->scale;
-                bmax = fmaxf(bmax, s[j]);
-            }
-            float mnew = fmaxf(mx[i], bmax);
-            float alpha = expf(mx[i] - mnew), psum = 0.0f;
-            float *a = acc + (int64_t)i * D;
-            for (int d = 0; d < D; d++) a[d] *= alpha;
-            for (int j = 0; j < nv; j++) {
-                float p = expf(s[j] - mnew);
-                psum += p;
-                for (int d = 0; d < D; d++) a[d] += p * vf[j * D + d];
-            }
-            sum[i] = sum[i] * alpha + psum;
-            mx[i] = mnew;
-        }
-        pos += n;
-    }
-    attn_finish(t, acc, mx, sum);
-}
+#define TILE_FN attn_tile_portable
+#define DEQUANT_FN dequant_rows_portable
+#include "attention_generic.h"
 
 /* ---- planning */
 
@@ -265,7 +188,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
 
     void (*tile)(const attn_tile_t *) = attn_tile_portable;
     /* the vector tiles read 32 values of head_dim at a time */
-    if (D % 32 == 0 && dn_isa() == DN_ISA_AVX512) tile = attn_tile_avx512;
+    if (dn_isa() == DN_ISA_AVX512 && D % 32 == 0) tile = attn_tile_avx512;
+    else if (dn_isa() >= DN_ISA_AVX2) tile = attn_tile_avx2;
     int64_t q_stride = (int64_t)n_heads * D;
 
 #pragma omp parallel num_threads(nt)

@@ -40,10 +40,6 @@ static inline int64_t attn_cache_row(const attn_tile_t *t, int pos) {
     return ((int64_t)t->blocks[pos / bs] * t->kv->n_kv_heads + t->kv_head) * bs + pos % bs;
 }
 
-/* Dequantize n consecutive cache rows (one block) of K (which = 0) or V (which = 1) to fp32. */
-void attn_dequant_rows(const dn_kv_cache_t *c, int which, int64_t row, int n,
-                       float *dst); /* [n][head_dim] */
-
 void attn_tile_portable(const attn_tile_t *t);
 void attn_tile_avx2(const attn_tile_t *t);
 void attn_tile_avx512(const attn_tile_t *t);

@@ -11,11 +11,15 @@
 
 #include "common.h"
 
-/* Floats of work below which a kernel runs on the calling thread. Measured on the 2-core
- * EPYC with spinning OpenMP threads: a region costs ~1-2 us, which one thread spends on
- * ~16K floats of RMSNorm or RoPE; SiLU costs more per float (the exp), so it splits sooner. */
-#define SERIAL_FLOATS 16384
-#define SERIAL_FLOATS_SILU 4096
+/* Output floats below which a kernel runs on the calling thread. A parallel region costs
+ * ~1-2 us on this 2-core VM even with spinning threads; these are the sizes where two threads
+ * started to win (threads 1 vs 2, best of many runs). SiLU splits soonest: its exp costs ~20
+ * cycles per 16 floats, while RoPE and the embedding copy are nearly free per float.
+ * A single row (decode) is never split: RMSNorm would need a cross-thread reduction for it. */
+#define RMS_SERIAL_FLOATS 16384
+#define ROPE_SERIAL_FLOATS 40960
+#define SILU_SERIAL_FLOATS 8192
+#define EMBED_SERIAL_FLOATS 65536
 
 static int threads_for(long work, long serial_limit) {
     return work < serial_limit ? 1 : dn_num_threads();
@@ -166,7 +170,7 @@ void dn_rms_norm(const float *x, const float *weight, float *residual, float *ou
     rms_row_fn row = isa == DN_ISA_AVX512 ? rms_row_avx512
                      : isa == DN_ISA_AVX2 ? rms_row_avx2
                                           : rms_row_portable;
-    int nt = threads_for((long)M * N, SERIAL_FLOATS);
+    int nt = threads_for((long)M * N, RMS_SERIAL_FLOATS);
     if (nt == 1 || M == 1) {
         for (int m = 0; m < M; m++)
             row(x + (size_t)m * N, weight, residual ? residual + (size_t)m * N : NULL,
@@ -228,6 +232,16 @@ DN_TARGET_AVX512 static void rope_heads_avx512(float *x, int heads, const float 
         }
 }
 
+static void rope_tokens(rope_heads_fn heads, float *q, int n_heads, long ldq, float *k,
+                        int n_kv_heads, long ldk, const int32_t *positions, const float *cos_sin,
+                        int t0, int t1, int D) {
+    for (int t = t0; t < t1; t++) {
+        const float *cs = cos_sin + (size_t)positions[t] * D;
+        heads(q + (size_t)t * ldq, n_heads, cs, D);
+        if (k) heads(k + (size_t)t * ldk, n_kv_heads, cs, D);
+    }
+}
+
 void dn_rope(float *q, int n_heads, long ldq, float *k, int n_kv_heads, long ldk,
              const int32_t *positions, const float *cos_sin, int T, int D) {
     dn_isa_t isa = dn_isa();
@@ -235,12 +249,16 @@ void dn_rope(float *q, int n_heads, long ldq, float *k, int n_kv_heads, long ldk
                           : isa == DN_ISA_AVX2 ? rope_heads_avx2
                                                : rope_heads_portable;
     if (!k) n_kv_heads = 0;
-    int nt = threads_for((long)T * (n_heads + n_kv_heads) * D, SERIAL_FLOATS);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int t = 0; t < T; t++) {
-        const float *cs = cos_sin + (size_t)positions[t] * D;
-        heads(q + (size_t)t * ldq, n_heads, cs, D);
-        if (k) heads(k + (size_t)t * ldk, n_kv_heads, cs, D);
+    int nt = threads_for((long)T * (n_heads + n_kv_heads) * D, ROPE_SERIAL_FLOATS);
+    if (nt == 1 || T == 1) {
+        rope_tokens(heads, q, n_heads, ldq, k, n_kv_heads, ldk, positions, cos_sin, 0, T, D);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int id = omp_get_thread_num(), n = omp_get_num_threads();
+        rope_tokens(heads, q, n_heads, ldq, k, n_kv_heads, ldk, positions, cos_sin,
+                    (int)((long)T * id / n), (int)((long)T * (id + 1) / n), D);
     }
 }
 
@@ -347,7 +365,7 @@ void dn_silu_mul(const float *gate_up, float *out, int M, int I) {
                         : isa == DN_ISA_AVX2 ? silu_span_avx2
                                              : silu_span_portable;
     long total = (long)M * I;
-    int nt = threads_for(total, SERIAL_FLOATS_SILU);
+    int nt = threads_for(total, SILU_SERIAL_FLOATS);
     if (nt == 1) {
         silu_range(span, gate_up, out, 0, total, I);
         return;
@@ -373,8 +391,13 @@ long dn_embedding_first_bad(const int32_t *ids, long T, long V) {
 }
 
 void dn_embedding_f32(const int32_t *ids, const float *table, float *out, int T, int D) {
-    int nt = threads_for((long)T * D, SERIAL_FLOATS);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    int nt = threads_for((long)T * D, EMBED_SERIAL_FLOATS);
+    if (nt == 1 || T == 1) {
+        for (int t = 0; t < T; t++)
+            memcpy(out + (size_t)t * D, table + (size_t)ids[t] * D, (size_t)D * sizeof(float));
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < T; t++)
         memcpy(out + (size_t)t * D, table + (size_t)ids[t] * D, (size_t)D * sizeof(float));
 }
@@ -407,7 +430,11 @@ void dn_embedding_bf16(const int32_t *ids, const uint16_t *table, float *out, in
     bf16_row_fn row = isa == DN_ISA_AVX512 ? bf16_row_avx512
                       : isa == DN_ISA_AVX2 ? bf16_row_avx2
                                            : bf16_row_portable;
-    int nt = threads_for((long)T * D, SERIAL_FLOATS);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    int nt = threads_for((long)T * D, EMBED_SERIAL_FLOATS);
+    if (nt == 1 || T == 1) {
+        for (int t = 0; t < T; t++) row(table + (size_t)ids[t] * D, out + (size_t)t * D, D);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < T; t++) row(table + (size_t)ids[t] * D, out + (size_t)t * D, D);
 }

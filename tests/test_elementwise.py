@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
@@ -91,6 +92,10 @@ def test_rope_tables_match_transformers(theta, D, scaling):
     assert inv_freq.dtype == np.float32 and inv_freq.shape == (D // 2,)
     # bit-exact but for torch's vectorized pow, which is off by one ulp now and then
     np.testing.assert_allclose(inv_freq, emb.inv_freq.numpy(), rtol=2e-7, atol=0)
+    if scaling is not None:
+        init_inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[emb.rope_type](cfg)
+        assert attention_factor == 1.0
+        np.testing.assert_allclose(inv_freq, init_inv_freq.numpy(), rtol=2e-7, atol=0)
     cos, sin = emb(torch.zeros(1), torch.arange(8192)[None])
     cs = rope_cos_sin(inv_freq, 8192)
     assert cs.dtype == np.float32 and cs.shape == (8192, D)

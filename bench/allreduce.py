@@ -1,0 +1,53 @@
+"""Microseconds per allreduce of float32 vectors between the ranks: MPI vs shared memory.
+
+    DASHINFER_NUMA_NODES="0:0;1:1" PYTHONPATH=. /work/venv/bin/mpiexec -n 2 \
+        /work/venv/bin/python bench/allreduce.py
+
+Each rank pins itself to its (simulated) node's cpus, as a server rank does. Prints, on rank 0,
+the best of RUNS runs of `reps` calls per size (the machine may be busy).
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from dashinfer_server.parallel import init_group  # noqa: E402
+
+SIZES = (576, 4096, 65536, 576 * 512)
+RUNS = 10
+
+
+def per_call_us(g, reduce, x, reps):
+    best = float("inf")
+    for _ in range(RUNS):
+        g.comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            reduce(x)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best * 1e6
+
+
+def main():
+    g = init_group()
+    from mpi4py import MPI
+    mpi = lambda x: g.comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)  # noqa: E731
+    rows = []
+    for n in SIZES:
+        x = np.ones(n, np.float32)
+        reps = max(10, min(5000, 4_000_000 // (n * 8)))
+        shm = per_call_us(g, g.allreduce_, x, reps) if g.allreduce_kind == "shm" else float("nan")
+        rows.append((n, per_call_us(g, mpi, x, reps), shm))
+    if g.rank == 0:
+        print(f"{g.world} ranks, allreduce float32, us per call (best of {RUNS} runs)")
+        print(f"{'floats':>8} {'MPI':>9} {'shm':>9} {'speed-up':>8}")
+        for n, m, s in rows:
+            print(f"{n:>8} {m:9.2f} {s:9.2f} {m / s:7.1f}x")
+    g.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Start a server group: one `python -m dashinfer_server` rank per NUMA node under mpiexec.
+
+    python -m dashinfer_server.launch [--nodes N] [--threads-per-rank T] [--address ADDR]
+        [--model-dir DIR --model-prefix P --model-name NAME] [other flags for the ranks...]
+
+Every flag has an environment default (DASHINFER_NODES, DASHINFER_THREADS_PER_RANK,
+DASHINFER_ADDRESS, DASHINFER_MODEL_DIR, DASHINFER_MODEL_PREFIX, DASHINFER_MODEL_NAME,
+DASHINFER_LOG_LEVEL); flags it does not know go to every rank unchanged. The node count
+defaults to the NUMA nodes of dashinfer_server.topology (DASHINFER_NUMA_NODES simulates nodes).
+It runs the mpiexec installed beside this Python (the mpich wheel's), never another one on PATH,
+and replaces itself with it, so a supervisor's SIGTERM reaches mpiexec, which forwards it to the
+ranks: rank 0 drains and shuts the workers down, and the group exits 0. Each rank gets its node
+in DASHINFER_NODE and its OpenMP placement in its environment (and runs under numactl when that
+is installed); the rank binds itself again at start (topology.place_rank).
+"""
+import argparse
+import glob
+import os
+import shutil
+import sys
+import time
+
+from . import topology
+
+
+def default_address() -> str:
+    """A unix socket only this user can reach, unique to this launch."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return f"unix://{base}/dashinfer-{os.getuid()}-{os.getpid()}.sock"
+
+
+def mpiexec_path() -> str:
+    path = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.access(path, os.X_OK):
+        raise SystemExit(f"dashinfer-launch: no mpiexec beside {sys.executable} "
+                         f"(install the mpich wheel into this environment: pip install mpich)")
+    return path
+
+
+def parse_args(argv, env):
+    p = argparse.ArgumentParser(prog="dashinfer-launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=int(env.get("DASHINFER_NODES") or 0),
+                   help="ranks, one per NUMA node (default: every node)")
+    p.add_argument("--threads-per-rank", type=int, default=int(env.get("DASHINFER_THREADS_PER_RANK") or 0),
+                   help="OpenMP threads per rank (default: the cores of its node)")
+    p.add_argument("--address", default=env.get("DASHINFER_ADDRESS") or None,
+                   help="gRPC address of rank 0: unix:///path.sock or 127.0.0.1:PORT "
+                        "(default: a unix socket under $XDG_RUNTIME_DIR or /tmp)")
+    p.add_argument("--model-dir", default=env.get("DASHINFER_MODEL_DIR") or None)
+    p.add_argument("--model-prefix", default=env.get("DASHINFER_MODEL_PREFIX") or None)
+    p.add_argument("--model-name", default=env.get("DASHINFER_MODEL_NAME") or None)
+    p.add_argument("--log-level", default=env.get("DASHINFER_LOG_LEVEL") or None)
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    return p.parse_known_args(argv)
+
+
+def build_command(args, rest, env=None, sysfs: str = topology.SYSFS, numactl=None):
+    """-> (argv, extra environment): the mpiexec command line that gives each rank its own
+    environment, or for a single rank the python command line and its environment. Placement
+    errors raise topology.PlacementError here, before anything starts."""
+    env = os.environ if env is None else env
+    nodes = topology.numa_nodes(env, sysfs)
+    count = args.nodes or len(nodes)
+    if count > len(nodes):
+        raise topology.PlacementError(f"--nodes {count}: this machine has {len(nodes)} NUMA node(s) "
+                                      f"(DASHINFER_NUMA_NODES simulates more)")
+    rank_args = ["-m", "dashinfer_server", "--address", args.address or default_address()]
+    for flag, value in (("--threads", args.threads_per_rank), ("--model-dir", args.model_dir),
+                        ("--model-prefix", args.model_prefix), ("--model-name", args.model_name),
+                        ("--log-level", args.log_level)):
+        if value:
+            rank_args += [flag, str(value)]
+    rank_args += rest
+    blocks = []
+    for rank in range(count):
+        place = topology.plan_placement(rank, count, args.threads_per_rank or None,
+                                        dict(env, DASHINFER_NODE=str(nodes[rank].id)), sysfs)
+        rank_env = {"DASHINFER_NODE": str(place.node.id), "OMP_NUM_THREADS": str(place.threads),
+                    "OMP_PLACES": "cores", "OMP_PROC_BIND": "close"}
+        blocks.append((rank_env, _numactl(place, numactl) + [sys.executable] + rank_args))
+    if count == 1:
+        return blocks[0][1], blocks[0][0]
+    cmd = [mpiexec_path()]
+    for i, (rank_env, argv) in enumerate(blocks):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", "1"]
+        for k, v in rank_env.items():
+            cmd += ["-env", k, v]
+        cmd += argv
+    return cmd, {}
+
+
+def _numactl(place, numactl) -> list:
+    """numactl binding of a rank when numactl is installed (memory only to real nodes)."""
+    numactl = shutil.which("numactl") if numactl is None else numactl
+    if not numactl:
+        return []
+    cmd = [numactl, "--physcpubind=" + ",".join(map(str, place.node.cpus))]
+    if place.node.real and place.membind == "bind":
+        cmd.append(f"--membind={place.node.id}")
+    elif place.node.real and place.membind == "preferred":
+        cmd.append(f"--preferred={place.node.id}")
+    return cmd
+
+
+def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) -> list:
+    """Remove this user's MPICH segments (mpich_shm_*, mpich_shar_tmp*) that no process maps any
+    more. MPICH removes them when the job ends normally but leaves them when a rank is killed; a
+    restarted group (systemd Restart=) cleans up after the one that died. Segments younger than
+    min_age_s are left alone: a job starting this instant may not have mapped its own yet
+    (MPICH maps it right after creating it)."""
+    stale = []
+    for path in glob.glob(os.path.join(shm_dir, "mpich_sh*")):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and time.time() - st.st_mtime > min_age_s:
+            stale.append(path)
+    if not stale:
+        return []
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[5].strip() for line in f if "mpich_sh" in line)
+        except (OSError, IndexError):
+            continue  # gone, or not ours to read
+    removed = []
+    for path in stale:
+        if path not in mapped:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def main(argv=None) -> int:
+    args, rest = parse_args(sys.argv[1:] if argv is None else argv, os.environ)
+    try:
+        cmd, extra_env = build_command(args, rest)
+    except topology.PlacementError as e:
+        print(f"dashinfer-launch: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(" ".join(f"{k}={v}" for k, v in extra_env.items()), " ".join(cmd))
+        return 0
+    for path in sweep_stale_mpich_segments():
+        print(f"dashinfer-launch: removed {path}, left by a group that died", file=sys.stderr)
+    sys.stdout.flush()
+    os.execve(cmd[0], cmd, {**os.environ, **extra_env})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

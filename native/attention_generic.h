@@ -1,0 +1,186 @@
+/* The attention tile in plain C, shaped for the auto-vectorizer. Included twice: by attention.c
+ * as attn_tile_portable (baseline x86-64) and by attention_avx2.c as attn_tile_avx2 (compiled
+ * for AVX2 + FMA), each with its own TILE_FN / DEQUANT_FN names.
+ *
+ * Same plan as the AVX-512 prefill tile: the cache block is dequantized to fp32 rows, scores are
+ * kept transposed (S[t][i], query vectors along the lanes), so QK^T is a broadcast FMA over the
+ * GQA group without horizontal sums, and PV a broadcast FMA over head_dim. */
+#include <math.h>
+#include <string.h>
+
+#include "attention_tile.h"
+
+#define GL 8 /* query vectors per lane group */
+
+/* 8-float vectors (gcc vector extensions): AVX2 registers in the AVX2 build, SSE pairs in the
+ * baseline one. Loads and stores go through memcpy, so any alignment is fine. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int8_t v8c __attribute__((vector_size(8)));
+typedef uint8_t v8u __attribute__((vector_size(8)));
+
+static inline __attribute__((always_inline)) v8f load8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+static inline __attribute__((always_inline)) v8f select8(v8i mask, v8f yes, v8f no) {
+    return (v8f)(((v8i)yes & mask) | ((v8i)no & ~mask));
+}
+
+static inline __attribute__((always_inline)) v8f max8(v8f a, v8f b) { return select8(a > b, a, b); }
+
+/* e^x, 0 below -87 (masked scores are -inf) */
+static inline __attribute__((always_inline)) v8f exp8(v8f x) {
+    const v8f lo = (v8f){0} - 87.0f;
+    v8i tiny = x < lo;
+    x = select8(tiny, lo, x);
+    v8f t = x * 1.44269504f;
+    v8i n = __builtin_convertvector(t + 128.5f, v8i) - 128; /* round: t + 128.5 > 0 */
+    v8f nf = __builtin_convertvector(n, v8f);
+    v8f r = x - nf * 0.693145752f - nf * 1.42860677e-6f;
+    v8f p = (v8f){0} + 1.0f / 5040;
+    p = p * r + 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    v8f pow2n = (v8f)((n + 127) << 23);
+    return (v8f)((v8i)(p * pow2n) & ~tiny);
+}
+
+/* n cache rows of K (which = 0) or V (which = 1) from `row` on, to fp32 [n][head_dim] */
+static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
+                       float *restrict dst) {
+    const int D = c->head_dim;
+    const void *base = which ? c->v : c->k;
+    if (c->format == DN_KV_BF16) {
+        const uint16_t *restrict src = (const uint16_t *)base + row * D;
+        for (int i = 0; i < n * D; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+        return;
+    }
+    const float *sc = (which ? c->v_scale : c->k_scale) + row;
+    if (c->format == DN_KV_INT8) {
+        const int8_t *src = (const int8_t *)base + row * D;
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < D; d += 8) {
+                v8c b;
+                memcpy(&b, src + j * D + d, sizeof b);
+                store8(dst + j * D + d, __builtin_convertvector(__builtin_convertvector(b, v8i), v8f) * sc[j]);
+            }
+        return;
+    }
+    const float *zr = (which ? c->v_zero : c->k_zero) + row;
+    const uint8_t *src = (const uint8_t *)base + row * (D / 2);
+    for (int j = 0; j < n; j++) {
+        float s = sc[j], zs = zr[j] * sc[j];
+        for (int d = 0; d < D; d += 16) { /* 8 bytes: codes d..d+16, low nibble first */
+            v8u b;
+            memcpy(&b, src + j * (D / 2) + d / 2, sizeof b);
+            v8f lo = __builtin_convertvector(__builtin_convertvector(b & 15, v8i), v8f) * s - zs;
+            v8f hi = __builtin_convertvector(__builtin_convertvector(b >> 4, v8i), v8f) * s - zs;
+            store8(dst + j * D + d, __builtin_shuffle(lo, hi, (v8i){0, 8, 1, 9, 2, 10, 3, 11}));
+            store8(dst + j * D + d + 8, __builtin_shuffle(lo, hi, (v8i){4, 12, 5, 13, 6, 14, 7, 15}));
+        }
+    }
+}
+
+/* s[j][c..c+8) = sum_d kf[j][d] * qt[d][c..c+8) for R tokens from j */
+static inline __attribute__((always_inline)) void qk_rows(const float *restrict kf, int D,
+                                                        const float *restrict qt, int mp, int c,
+                                                        float *restrict s, const int R) {
+    v8f a[4] = {{0}};
+    for (int d = 0; d < D; d++) {
+        v8f q = load8(qt + d * mp + c);
+        for (int r = 0; r < R; r++) a[r] += kf[r * D + d] * q;
+    }
+    for (int r = 0; r < R; r++) store8(s + r * mp + c, a[r]);
+}
+
+/* acc[i0..i0+4)[d0..d0+16) = acc * alpha + sum_j p[j][i] * vf[j][..] */
+static inline __attribute__((always_inline)) void pv_rows(const float *restrict p, int mp, int i0,
+                                                        int n, const float *restrict vf, int D,
+                                                        int d0, const float *restrict alpha,
+                                                        float *restrict acc) {
+    v8f a[4][2];
+    for (int r = 0; r < 4; r++)
+        for (int h = 0; h < 2; h++) a[r][h] = load8(acc + (i0 + r) * D + d0 + 8 * h) * alpha[i0 + r];
+    for (int j = 0; j < n; j++) {
+        v8f v0 = load8(vf + j * D + d0), v1 = load8(vf + j * D + d0 + 8);
+        for (int r = 0; r < 4; r++) {
+            float w = p[j * mp + i0 + r];
+            a[r][0] += w * v0;
+            a[r][1] += w * v1;
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int h = 0; h < 2; h++) store8(acc + (i0 + r) * D + d0 + 8 * h, a[r][h]);
+}
+
+void TILE_FN(const attn_tile_t *t) {
+    const dn_kv_cache_t *kv = t->kv;
+    const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
+    const int M = nh * t->n_rows, mp = (M + GL - 1) / GL * GL;
+    float *qt = t->work;            /* [D][mp] scaled queries, transposed */
+    float *acc = qt + D * mp;       /* [mp][D] */
+    float *kf = acc + mp * D;       /* [bs][D] */
+    float *vf = kf + bs * D;        /* [bs][D] */
+    float *s = vf + bs * D;         /* [bs][mp] scores, then weights */
+    float *mx = s + bs * mp, *sum = mx + mp, *alpha = sum + mp;
+    int32_t *limit = (int32_t *)(alpha + mp);
+
+    for (int i = 0; i < mp; i++) {
+        const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+        for (int d = 0; d < D; d++) qt[d * mp + i] = src ? src[d] * t->scale : 0.0f;
+        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    memset(acc, 0, (size_t)mp * D * sizeof *acc);
+
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int n = bs - pos % bs < t->kv_end - pos ? bs - pos % bs : t->kv_end - pos;
+        const int64_t row = attn_cache_row(t, pos);
+        DEQUANT_FN(kv, 0, row, n, kf);
+        DEQUANT_FN(kv, 1, row, n, vf);
+        for (int c = 0; c < mp; c += GL) {
+            int j = 0;
+            for (; j + 4 <= n; j += 4) qk_rows(kf + j * D, D, qt, mp, c, s + j * mp, 4);
+            for (; j < n; j++) qk_rows(kf + j * D, D, qt, mp, c, s + j * mp, 1);
+        }
+        /* causal mask: only tokens past the first row's position can be hidden */
+        for (int j = t->first_pos - pos + 1 > 0 ? t->first_pos - pos + 1 : 0; j < n; j++)
+            for (int i = 0; i < mp; i++)
+                if (pos + j > limit[i]) s[j * mp + i] = -INFINITY;
+        for (int c = 0; c < mp; c += GL) {
+            v8f bmax = (v8f){0} - INFINITY;
+            for (int j = 0; j < n; j++) bmax = max8(bmax, load8(s + j * mp + c));
+            v8f mold = load8(mx + c), mnew = max8(mold, bmax);
+            v8f muse = select8(mnew == -INFINITY, (v8f){0}, mnew); /* nothing seen yet: no NaN */
+            v8f ps = {0};
+            for (int j = 0; j < n; j++) {
+                v8f p = exp8(load8(s + j * mp + c) - muse);
+                store8(s + j * mp + c, p);
+                ps += p;
+            }
+            v8f al = exp8(mold - muse);
+            store8(alpha + c, al);
+            store8(sum + c, load8(sum + c) * al + ps);
+            store8(mx + c, mnew);
+        }
+        for (int i0 = 0; i0 < M; i0 += 4) /* mp is a multiple of 4: rows past M are padding */
+            for (int d0 = 0; d0 < D; d0 += 16) pv_rows(s, mp, i0, n, vf, D, d0, alpha, acc);
+        pos += n;
+    }
+    attn_finish(t, acc, mx, sum);
+}
+
+#undef GL
