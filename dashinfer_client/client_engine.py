@@ -50,14 +50,15 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconn
 
 
 def group_command(address, nodes=None, threads_per_rank=None) -> list:
-    """The command that starts a local server group serving on `address`.
-    (Until dashinfer_server.launch exists, one rank started directly.)"""
-    if nodes not in (None, 1):
-        raise ValueError(f"nodes={nodes}: more than one rank needs dashinfer_server.launch")
-    cmd = [sys.executable, "-m", "dashinfer_server", "--address", address, "--exit-on-stdin-eof"]
+    """The command that starts a local server group serving on `address`: the launcher, one rank
+    per NUMA node (nodes: how many; default every node), threads_per_rank OpenMP threads each
+    (default: the cores of its node). Rank 0 shuts the group down when our end of its stdin closes."""
+    cmd = [sys.executable, "-m", "dashinfer_server.launch", "--address", address]
+    if nodes:
+        cmd += ["--nodes", str(int(nodes))]
     if threads_per_rank:
-        cmd += ["--threads", str(int(threads_per_rank))]
-    return cmd
+        cmd += ["--threads-per-rank", str(int(threads_per_rank))]
+    return cmd + ["--exit-on-stdin-eof"]
 
 
 def _unique_address() -> str:
@@ -97,6 +98,15 @@ class _Group:
             log.debug("server: %s", line)
         pipe.close()
 
+    @staticmethod
+    def _sweep() -> None:
+        """A group that died leaves MPICH's shared-memory segments in /dev/shm: remove those no
+        process maps any more (the launcher's sweep, run as a process of the server package)."""
+        code = ("from dashinfer_server.launch import sweep_stale_mpich_segments as sweep; "
+                "sweep(min_age_s=0)")
+        subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=60, check=False)
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -126,7 +136,8 @@ class _Group:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left (its own session)
         except (ProcessLookupError, PermissionError):
             pass
-        proc.wait()
+        if proc.wait() != 0:
+            self._sweep()
         if proc.stdin:
             try:
                 proc.stdin.close()

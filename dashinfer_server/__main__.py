@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     from .parallel import init_group
-    group = init_group()
+    group = init_group(args.threads or None)  # first: it places the rank before the kernels load
     if group.rank > 0:
         from .worker import run_worker
         return run_worker(group) or 0
@@ -120,9 +120,7 @@ def main(argv=None) -> int:
         return 0
     finally:
         release_models(engine)
-        close = getattr(group, "close", None)
-        if close is not None:
-            close()
+        group.close()  # the other ranks exit
 
 
 if __name__ == "__main__":

@@ -273,6 +273,48 @@ def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized
     assert _our_files() <= before
 
 
+def _rank_pid(address, rank):
+    """The pid of `rank` of the group serving `address` (by its command line and MPI environment)."""
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{proc}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"{proc}/environ", "rb") as f:
+                env = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if address in cmdline and "dashinfer_server\0" in cmdline and f"PMI_RANK={rank}" in env:
+            return int(proc.rsplit("/", 1)[1])
+    return None
+
+
+def test_two_ranks_same_tokens_and_a_killed_rank_interrupts_then_respawns(serialized, local):
+    """2 ranks on simulated NUMA nodes (one core each) through the launcher."""
+    before = _our_files() | set(glob.glob("/dev/shm/mpich_sh*"))
+    engine = allspark.ClientEngine(nodes=2, env={"DASHINFER_NUMA_NODES": "0:0;1:1"}, startup_timeout=60)
+    try:
+        assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS, engine.last_error
+        assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
+        _, handle, queue = engine.start_request_ids("tiny", None, PROMPT, _gen(60))
+        _, _, ref = local.start_request_ids("tiny", None, PROMPT, _gen(60))
+        assert engine.sync_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
+        assert _drain(queue)[0] == _drain(ref)[0]
+        status, handle, queue = engine.start_request_ids("tiny", None, PROMPT, _gen(MAX_LENGTH - 1))
+        assert queue.Get() is not None
+        rank1 = _rank_pid(engine.address, 1)
+        assert rank1 is not None
+        os.kill(rank1, signal.SIGKILL)
+        assert queue.wait_finished(15), "killing rank 1 left the request hanging"
+        assert queue.GenerateStatus() == S.GenerateInterrupted and queue.error
+        status, handle, queue = engine.start_request_ids("tiny", None, PROMPT, _gen(60))
+        assert status == AsStatus.ALLSPARK_SUCCESS, engine.last_error
+        assert engine.sync_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
+        assert queue.GenerateStatus() == S.GenerateFinished
+    finally:
+        engine.close()
+    assert _our_files() | set(glob.glob("/dev/shm/mpich_sh*")) <= before, "the groups left files behind"
+
+
 def test_nothing_at_the_address_is_a_clear_error():
     with pytest.raises(Unavailable, match="no dashinfer server answered at unix:///nonexistent/x.sock"):
         allspark.ClientEngine("unix:///nonexistent/x.sock", startup_timeout=0.3)
