@@ -2,6 +2,7 @@
 format of refusals, and `python -m dashinfer_server`'s argument checks."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -185,3 +186,29 @@ def test_main_fails_clearly_on_a_model_it_cannot_load(tmp_path):
                           "--model-dir", str(tmp_path), "--model-prefix", "nothing", "--model-name", "m"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "cannot serve model 'm'" in run.stderr and "ready" not in run.stdout
+
+
+def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(serialized, tmp_path):
+    """The systemd use: the model comes with the flags, clients connect by address."""
+    address = f"unix://{tmp_path}/svc.sock"
+    server = subprocess.Popen([sys.executable, "-m", "dashinfer_server", "--address", address,
+                               "--model-dir", serialized, "--model-prefix", "tiny", "--model-name", "svc",
+                               "--max-length", "256", "--max-batch", "2", "--log-level", "WARNING"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = server.stdout.readline()
+        assert ready.startswith("dashinfer_server: ready on " + address), server.stderr.read()
+        with allspark.ClientEngine(address) as client:
+            assert client.get_stats()["models"]["svc"]["state"] == "Running"
+            # No loader given: the tokenizer comes from the model files the server names.
+            status, handle, queue = client.start_request_text(
+                "svc", None, "hello", allspark.ASGenerationConfigBuilder().update(
+                    {"top_k": 1, "max_length": 40, "early_stopping": False}))
+            assert status == AsStatus.ALLSPARK_SUCCESS, client.last_error
+            assert client.sync_request("svc", handle) == 0 and queue.GenerateStatus() == S.GenerateFinished
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        assert not os.path.exists(tmp_path / "svc.sock")
+    finally:
+        server.kill()
+        server.wait()
