@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,9 @@ from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntim
 from .types import AsStatus, GenerateRequestStatus, RequestStatInfo, ResultQueue
 
 log = logging.getLogger("dashinfer_client")
+server_log = logging.getLogger("dashinfer_client.server")
+# A log line of dashinfer_server's format: "<date> <time> <logger>[<pid>] <LEVEL> <message>".
+_SERVER_RECORD = re.compile(r"^\S+ \S+ (\S+\[\d+\]) (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$")
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 FAILED = AsStatus.ALLSPARK_RUNTIME_ERROR
@@ -92,10 +96,17 @@ class _Group:
         self._reader.start()
 
     def _drain(self, pipe) -> None:
+        """Keep the output's tail, and pass its log records on to this process's logging at their
+        level (logger dashinfer_client.server), as if the server ran in-process."""
+        level = logging.INFO
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip()
             self.tail.append(line)
-            log.debug("server: %s", line)
+            record = _SERVER_RECORD.match(line)
+            if record:  # else a continuation (traceback) or foreign output: the previous level
+                level = logging.getLevelName(record.group(2))
+                line = f"{record.group(1)}: {record.group(3)}"
+            server_log.log(level, "%s", line)
         pipe.close()
 
     @staticmethod
@@ -330,11 +341,14 @@ class ClientEngine:
     def stop_model(self, model_name: str) -> AsStatus:
         status = self._unary("stop_model", "StopModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         self._note_model(model_name, status, running=False)
+        if status == SUCCESS:
+            self._wait_delivered(model_name, None)
         return status
 
     def release_model(self, model_name: str) -> AsStatus:
         status = self._unary("release_model", "ReleaseModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         if status == SUCCESS:
+            self._wait_delivered(model_name, None)
             with self._lock:
                 self._models.pop(model_name, None)
                 self._tokenizers.pop(model_name, None)
@@ -412,13 +426,17 @@ class ClientEngine:
         return self.start_request_ids(model_name, model, ids, generate_config)
 
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
-        return self._unary("stop_request", "StopRequest",
-                           lambda conn: self._request_ref(conn, model_name, request_handle))
+        status = self._unary("stop_request", "StopRequest",
+                             lambda conn: self._request_ref(conn, model_name, request_handle))
+        if status == SUCCESS:
+            self._wait_delivered(model_name, request_handle)
+        return status
 
     def release_request(self, model_name: str, request_handle) -> AsStatus:
         status = self._unary("release_request", "ReleaseRequest",
                              lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
+            self._wait_delivered(model_name, request_handle)
             with self._lock:
                 self._requests.pop(request_handle, None)
         return status
@@ -429,13 +447,7 @@ class ClientEngine:
         status = self._unary("sync_request", "SyncRequest",
                              lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
-            # The reply can overtake the streams' last events: wait for them too (a broken stream
-            # ends its queue as interrupted, so this cannot hang).
-            with self._lock:
-                queues = [r.queue for h, r in self._requests.items()
-                          if r.model == model_name and request_handle in (None, h)]
-            for q in queues:
-                q.wait_finished()
+            self._wait_delivered(model_name, request_handle)
         return status
 
     # ---- internals ------------------------------------------------------------------------------
@@ -507,6 +519,17 @@ class ClientEngine:
             return self._refuse_as_server(status, reply.message)
         return status
 
+    def _wait_delivered(self, model_name, handle) -> None:
+        """After a call that returns once requests have ended on the server (sync, stop, release;
+        handle None: every request of the model): wait until their queues here have the last
+        events too, which travel on the streams and can arrive after the reply. A broken stream
+        ends its queue as interrupted, so this cannot hang."""
+        with self._lock:
+            queues = [r.queue for h, r in self._requests.items()
+                      if r.model == model_name and handle in (None, h)]
+        for q in queues:
+            q.wait_finished()
+
     def _note_model(self, name, status, running) -> None:
         if status == SUCCESS:
             with self._lock:
@@ -552,11 +575,17 @@ class ClientEngine:
         return pb.RequestRef(model_name=model_name, id=known.server_handle)
 
     def _refuse(self, what, status, message) -> AsStatus:
-        return self._refuse_as_server(status, f"{what}: {message}")
-
-    def _refuse_as_server(self, status, message) -> AsStatus:
+        """A call refused here, before or without the server."""
+        message = f"{what}: {message}"
         self.last_error = self._reason.text = message
         log.error("%s (%s)", message, AsStatus(status).name)
+        return AsStatus(status)
+
+    def _refuse_as_server(self, status, message) -> AsStatus:
+        """A call the server refused: logged at ERROR unless the server's own log line of it comes
+        through already (a group this client spawned)."""
+        self.last_error = self._reason.text = message
+        log.log(logging.INFO if self._spawn else logging.ERROR, "%s (%s)", message, AsStatus(status).name)
         return AsStatus(status)
 
 
