@@ -6,7 +6,7 @@ decode1: 1 request, 32-token prompt, 128 new tokens (streaming latency per token
 serve32: 32 requests at once, prompt 16 + (37 i mod 241), new 32 + (29 i mod 97) tokens.
 Prints generated tokens per second of each engine (best of --repeat runs after a warm-up) and
 the ratio client / in-process. Both engines hold the default model with the same runtime config
-and take turns (never run at the same time).
+and the same OpenMP placement, and take turns (never run at the same time).
 """
 import argparse
 import os
@@ -14,6 +14,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The launcher pins a rank's OpenMP threads to cores (dashinfer_server.topology); the in-process
+# engine gets the same placement, so that the ratio measures the transport and nothing else.
+# (Set before the kernels load: libgomp reads these once.)
+os.environ.setdefault("OMP_PLACES", "cores")
+os.environ.setdefault("OMP_PROC_BIND", "close")
 
 import dashinfer_client as allspark  # noqa: E402
 from dashinfer_client.default_model import ensure_default_model  # noqa: E402
