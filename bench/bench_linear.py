@@ -50,20 +50,22 @@ def _pack(wtype, n, k, rng):
 
 def _copies(nbytes, cold):
     """How many weight copies make a cycle bigger than the LLC (1 when cache reuse is fine)."""
-    return max(1, min(64, -(-3 * LLC_BYTES // nbytes))) if cold else 1
+    return max(1, min(128, -(-3 * LLC_BYTES // nbytes))) if cold else 1
 
 
-def _best_time(fn, copies, reps=3):
-    """Best over `reps` of the mean time of one call, cycling through `copies` operands."""
-    calls = max(copies, 8)
+def _best_time(fn, copies, calls=200, budget=3.0):
+    """Best time of one call over `calls` calls (or `budget` seconds), cycling through `copies`
+    operands: the best is the run least disturbed by whatever else the machine is doing."""
     for i in range(min(copies, 4)):
         fn(i)
-    best = float("inf")
-    for _ in range(reps):
+    best, start = float("inf"), time.perf_counter()
+    for c in range(max(calls, 2 * copies)):
         t = time.perf_counter()
-        for i in range(calls):
-            fn(i % copies)
-        best = min(best, (time.perf_counter() - t) / calls)
+        fn(c % copies)
+        t1 = time.perf_counter()
+        best = min(best, t1 - t)
+        if t1 - start > budget and c >= copies:
+            break
     return best
 
 

@@ -1,9 +1,25 @@
 """The in-process Engine: DashInfer's API over ModelRunner (one scheduler thread per model).
 
 Every call returns an AsStatus (and logs why when it is an error); nothing a caller passes
-raises from deep inside or stops the other requests.
+raises from deep inside or stops the other requests. Calls that wait (stop_request,
+release_request, sync_request, stop_model) wait without holding the engine's lock, so other
+user threads keep starting and stopping requests meanwhile.
+
+Semantics follow DashInfer's AsEngine:
+  stop_model     graceful: new requests are refused at once (ALLSPARK_REQUEST_DENIED), the
+                 requests already started run to their end, then the scheduler thread stops.
+                 (DashInfer also waits for every request to be released; that makes a caller who
+                 stops before releasing wait forever, so here the queues simply stay readable.)
+  start_model    on a Stopped model restarts it (warm-up included).
+  release_model  stops the model if it runs, then frees its weights, KV cache and workspaces.
+  stop_request   returns once the request has ended: GenerateFinished, its tokens so far
+                 delivered, its KV blocks freed; its queue stays readable until release_request.
+  release_request  stop_request, then forget the handle (later calls: ILLEGAL_REQUEST_ID).
+  sync_request   blocks until the request (handle None: every request of the model) has ended.
 """
+import ctypes
 import enum
+import gc
 import logging
 import threading
 
@@ -15,6 +31,7 @@ from dashinfer_client.types import AsStatus, ResultQueue
 from .sequence import Sequence
 
 log = logging.getLogger("dashinfer_server")
+
 
 class ModelState(enum.Enum):
     Initial = "Initial"
@@ -35,8 +52,9 @@ class _Installed:
     def __init__(self, cfg, model):
         self.cfg, self.model = cfg, model
         self.state = ModelState.Initial
+        self.stopping = False  # stop_model is waiting for the running requests
         self.runner = None
-        self.requests = {}  # handle -> Sequence
+        self.requests = {}  # handle -> Sequence, until release_request
 
 
 class Engine:
@@ -45,6 +63,7 @@ class Engine:
         self._group = group or LocalGroup()
         self._models = {}
         self._lock = threading.RLock()
+        self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
         self.last_error = None  # the reason of the last refused call, for logs
         self._reason = threading.local()  # the reason of the calling thread's last refused call
 
@@ -93,22 +112,44 @@ class Engine:
         return self._call("start_model", start)
 
     def stop_model(self, model_name: str) -> AsStatus:
-        def stop():
+        def begin():
             m = self._model(model_name, (ModelState.Running,))
+            if m.stopping:
+                raise EngineError(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
+                                  f"model {model_name!r} is already being stopped")
+            m.stopping = True
+            return m
+        status, m = self._call_for("stop_model", begin)
+        if status != AsStatus.ALLSPARK_SUCCESS:
+            return status
+        self._wait_ended(m, list(m.requests.values()))
+
+        def stop():
             m.runner.stop()
+            m.stopping = False
             self._group.command("stop_model", {"model_name": model_name})
             m.state = ModelState.Stopped
         return self._call("stop_model", stop)
 
     def release_model(self, model_name: str) -> AsStatus:
+        with self._lock:
+            m = self._models.get(model_name)
+            running = m is not None and m.state == ModelState.Running and not m.stopping
+        if running:
+            status = self.stop_model(model_name)
+            if status != AsStatus.ALLSPARK_SUCCESS:
+                return status
+
         def release():
-            m = self._model(model_name, (ModelState.Initial, ModelState.Running, ModelState.Stopped))
-            if m.state == ModelState.Running:
-                m.runner.stop()
+            m = self._model(model_name, (ModelState.Initial, ModelState.Stopped))
             self._group.command("release_model", {"model_name": model_name})
             m.state = ModelState.Released
+            m.runner = m.model = None
             del self._models[model_name]
-        return self._call("release_model", release)
+        status = self._call("release_model", release)
+        if status == AsStatus.ALLSPARK_SUCCESS:
+            _return_memory_to_os()
+        return status
 
     def get_model_state(self, model_name: str):
         with self._lock:
@@ -119,10 +160,12 @@ class Engine:
 
     def start_request_ids(self, model_name: str, model, input_ids, generate_config):
         """-> (AsStatus, handle, ResultQueue); handle and queue are None when refused."""
-        out = {}
-
         def start():
-            m = self._model(model_name, (ModelState.Running,))
+            m = self._model(model_name)
+            if m.stopping or m.state == ModelState.Stopped:
+                raise EngineError(AsStatus.ALLSPARK_REQUEST_DENIED,
+                                  f"model {model_name!r} is stopped or stopping: no new requests")
+            self._model(model_name, (ModelState.Running,))
             ids = self._check_ids(input_ids, m)
             gen = self._check_generation(generate_config, m, len(ids))
             from .sampler import RequestSamplingState
@@ -132,13 +175,14 @@ class Engine:
             seq.sampling = RequestSamplingState(self._sampling_params(gen), ids)
             m.requests[seq.handle] = seq
             m.runner.submit(seq)
-            out["handle"], out["queue"] = seq.handle, seq.queue
-        status = self._call("start_request", start)
-        return status, out.get("handle"), out.get("queue")
+            return seq
+        status, seq = self._call_for("start_request", start)
+        return (status, seq.handle, seq.queue) if seq is not None else (status, None, None)
 
     def start_request_text(self, model_name: str, model, text, generate_config):
         """Tokenize with the loader's tokenizer (or the installed model's), then start_request_ids.
-        A list of texts starts one request each: -> (AsStatus, [handles], [queues])."""
+        A list of texts starts one request each: -> (AsStatus, [handles], [queues]), the status
+        being the first failure if any."""
         if isinstance(text, (list, tuple)):
             results = [self.start_request_text(model_name, model, t, generate_config) for t in text]
             bad = [r[0] for r in results if r[0] != AsStatus.ALLSPARK_SUCCESS]
@@ -154,52 +198,81 @@ class Engine:
             if not isinstance(text, str):
                 raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
                                   f"start_request_text takes a str or a list of str, got {type(text).__name__}")
-            ids = loader.get_tokenizer()(text)["input_ids"]
+            with self._tokenizer_lock:
+                ids = loader.get_tokenizer()(text)["input_ids"]
         except EngineError as e:
             return self._refuse("start_request_text", e), None, None
+        except Exception as e:
+            return self._refuse("start_request_text", EngineError(
+                AsStatus.ALLSPARK_PARAM_ERROR, f"cannot tokenize the text: {type(e).__name__}: {e}")), None, None
         return self.start_request_ids(model_name, model, ids, generate_config)
 
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
-        def stop():
-            m, seq = self._request(model_name, request_handle)
-            if m.runner is not None and not seq.queue.finished:
-                m.runner.stop_request(seq)
-        return self._call("stop_request", stop)
+        status, found = self._call_for("stop_request", lambda: self._stop(model_name, request_handle))
+        if status == AsStatus.ALLSPARK_SUCCESS:
+            self._wait_ended(*found)
+        return status
 
     def release_request(self, model_name: str, request_handle) -> AsStatus:
-        def release():
-            m, seq = self._request(model_name, request_handle)
-            if m.runner is not None and not seq.queue.finished:
-                m.runner.stop_request(seq)
-            del m.requests[seq.handle]
-        return self._call("release_request", release)
+        status, found = self._call_for("release_request", lambda: self._stop(model_name, request_handle))
+        if status != AsStatus.ALLSPARK_SUCCESS:
+            return status
+        self._wait_ended(*found)
+        m, (seq,) = found
+        with self._lock:
+            m.requests.pop(seq.handle, None)
+        return status
 
     def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
         """Block until the request (None: every request of the model) has ended."""
-        try:
-            with self._lock:
-                if request_handle is None:
-                    seqs = list(self._model(model_name).requests.values())
-                else:
-                    seqs = [self._request(model_name, request_handle)[1]]
-        except EngineError as e:
-            return self._refuse("sync_request", e)
+        def find():
+            if request_handle is None:
+                m = self._model(model_name)
+                return m, list(m.requests.values())
+            m, seq = self._request(model_name, request_handle)
+            return m, [seq]
+        status, found = self._call_for("sync_request", find)
+        if status == AsStatus.ALLSPARK_SUCCESS:
+            self._wait_ended(*found)
+        return status
+
+    def _stop(self, model_name, handle):
+        m, seq = self._request(model_name, handle)
+        if m.runner is not None and not seq.queue.finished:
+            m.runner.stop_request(seq)
+        return m, [seq]
+
+    @staticmethod
+    def _wait_ended(m, seqs) -> None:
+        """Wait (no lock held) until every queue of `seqs` is final; give up on a dead scheduler
+        thread rather than hang (it only dies on a bug, which it has logged)."""
         for seq in seqs:
-            seq.queue.wait_finished()
-        return AsStatus.ALLSPARK_SUCCESS
+            while not seq.queue.wait_finished(0.1):
+                runner = m.runner
+                if runner is None or not runner.alive:
+                    log.error("request %d: the scheduler thread of %r is not running", seq.handle,
+                              m.cfg.model_name)
+                    return
 
     # ---- checks ----------------------------------------------------------------------------
 
     def _call(self, what, fn) -> AsStatus:
+        return self._call_for(what, fn)[0]
+
+    def _call_for(self, what, fn):
+        """Run fn under the lock -> (AsStatus, fn's result or None)."""
         try:
             with self._lock:
-                fn()
-            return AsStatus.ALLSPARK_SUCCESS
+                return AsStatus.ALLSPARK_SUCCESS, fn()
         except EngineError as e:
-            return self._refuse(what, e)
+            return self._refuse(what, e), None
+        except MemoryError as e:
+            log.exception("%s failed", what)
+            return self._refuse(what, EngineError(AsStatus.ALLSPARK_MEMORY_ERROR, f"out of memory: {e}")), None
         except Exception as e:  # not the caller's fault: say so and keep serving
             log.exception("%s failed", what)
-            return self._refuse(what, EngineError(AsStatus.ALLSPARK_RUNTIME_ERROR, f"{type(e).__name__}: {e}"))
+            return self._refuse(what, EngineError(AsStatus.ALLSPARK_RUNTIME_ERROR,
+                                                  f"{type(e).__name__}: {e}")), None
 
     def _refuse(self, what, e: EngineError) -> AsStatus:
         self.last_error = self._reason.text = f"{what}: {e}"
@@ -207,7 +280,7 @@ class Engine:
         return e.status
 
     def _model(self, name, states=None) -> _Installed:
-        m = self._models.get(name)
+        m = self._models.get(name) if isinstance(name, str) else None
         if m is None:
             raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, f"unknown model {name!r}")
         if states and m.state not in states:
@@ -230,7 +303,7 @@ class Engine:
             arr = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)
         except Exception:
             arr = None
-        if arr is None or arr.dtype.kind not in "iu" and arr.size:
+        if arr is None or (arr.dtype.kind not in "iu" and arr.size):
             raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, "input_ids must be a list of integers")
         arr = arr.reshape(-1) if arr.ndim == 2 and arr.shape[0] == 1 else arr
         if arr.ndim != 1:
@@ -247,23 +320,30 @@ class Engine:
             raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
                               f"prompt of {arr.size} tokens leaves no room under max_length {m.cfg.max_length}")
         if arr.size + 1 > m.runner.block_capacity:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"prompt of {arr.size} tokens exceeds the KV cache of {m.runner.block_capacity}")
+            raise EngineError(AsStatus.ALLSPARK_CACHE_MEMORY_OUT,
+                              f"prompt of {arr.size} tokens can never fit the KV cache of "
+                              f"{m.runner.block_capacity} tokens")
         return [int(i) for i in arr]
 
     @staticmethod
     def _check_generation(gen, m, prompt_len) -> ASGenerationConfig:
-        if isinstance(gen, ASGenerationConfigBuilder):
-            gen = gen.build()
-        if isinstance(gen, dict):
-            gen = ASGenerationConfigBuilder().update(gen).build()
+        try:
+            if isinstance(gen, ASGenerationConfigBuilder):
+                gen = gen.build()
+            if isinstance(gen, dict):
+                gen = ASGenerationConfigBuilder().update(gen).build()
+        except ValueError as e:
+            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, f"generate_config: {e}") from e
         if not isinstance(gen, ASGenerationConfig):
             raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
                               f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
-        for key in ("lora_name", "mm_info", "response_format"):
+        if gen.lora_name:
+            raise EngineError(AsStatus.ALLSPARK_LORA_NOT_LOADED,
+                              f"lora_name={gen.lora_name!r}: this runtime loads no LoRA adapters")
+        for key, what in (("mm_info", "multimodal input"), ("response_format", "guided decoding")):
             if getattr(gen, key):
-                raise EngineError(AsStatus.ALLSPARK_REQUEST_DENIED,
-                                  f"{key} is not supported by this CPU runtime")
+                raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
+                                  f"{key} is not supported: this runtime has no {what}")
         if gen.max_length > m.cfg.max_length:
             raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
                               f"generation max_length {gen.max_length} exceeds the engine's {m.cfg.max_length}")
@@ -282,3 +362,13 @@ class Engine:
     def _sampling_params(gen):
         from .sampler import SamplingParams
         return SamplingParams.from_config(gen)
+
+
+def _return_memory_to_os() -> None:
+    """After a model is released: collect it now and hand glibc's freed heap back to the OS
+    (packed weights are many mid-sized buffers that otherwise stay in the process)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -2,6 +2,15 @@
 
 Formats (AsCacheMode): bf16 bits; int8 with a scale per token per head (symmetric);
 uint4 (two per byte) with a scale and a zero point per token per head.
+
+The whole pool is allocated at start_model (zero-filled, so the OS maps its pages lazily): its
+size is reserved up front, so a request the pool holds never fails for lack of memory later,
+while resident memory grows only with the blocks actually written (freed blocks are handed out
+again first, so it settles at the peak number of live tokens). Pages are first touched by the
+kernel threads of the rank that writes them, so on a multi-socket server they land on that
+rank's NUMA node. Writing the whole pool at start would only move an out-of-memory failure from
+a busy moment to start_model, at the price of max_batch x max_length tokens of RAM whatever the
+load (1.5 GB for SmolLM2 at 32 x 2048): size the pool with kv_cache_memory_mb instead.
 """
 import numpy as np
 

@@ -51,6 +51,9 @@ class DecoderModel:
         self.cos_sin = rope_cos_sin(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling),
                                     cfg.max_position_embeddings)
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
+        # attention's keyword arguments per layer, built once: the caches and their scales/zeros
+        self.kv_args = [{n: a for n, a in self.kv.layer(i).items() if not n.endswith("cache")}
+                        for i in range(cfg.num_hidden_layers)]
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
                             vocab_r, cfg.vocab_size)
         self.scale = 1.0 / math.sqrt(d)
@@ -58,42 +61,46 @@ class DecoderModel:
     def forward(self, plan: StepPlan) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
         the workspace, valid until the next step)."""
-        cfg, w, ws = self.cfg, self.weights, self.ws
-        t, d, eps = plan.num_tokens, cfg.head_dim, cfg.rms_norm_eps
+        w, ws, eps = self.weights, self.ws, self.cfg.rms_norm_eps
+        t, d = plan.num_tokens, self.cfg.head_dim
         if t > self.max_tokens:
             raise ValueError(f"step of {t} tokens exceeds the workspace of {self.max_tokens}")
         res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
         q, k, v, attn = ws.q[:t], ws.k[:t], ws.v[:t], ws.attn[:t]
         gate_up, act = ws.gate_up[:t], ws.act[:t]
+        # per-head views, built once per step (a decode step runs ~360 kernel calls: Python
+        # between them is overhead, so the loop below only calls)
+        q3, attn3 = q.reshape(t, self.heads, d), attn.reshape(t, self.heads, d)
+        k3, v3 = k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d)
+        positions, slots, cos_sin, scale = plan.positions, plan.slots, self.cos_sin, self.scale
+        tables, q_offsets, context_lens = plan.block_tables, plan.q_offsets, plan.context_lens
+        linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
         K.embedding(plan.token_ids, w.embedding, res)
         for i, layer in enumerate(w.layers):
             if i == 0:
-                K.rms_norm(res, layer.input_norm, eps, h)
+                rms_norm(res, layer.input_norm, eps, h)
             else:
-                K.rms_norm(o, layer.input_norm, eps, h, residual=res)
-            K.linear(h, layer.q, layer.q_bias, out=q)
-            K.linear(h, layer.k, layer.k_bias, out=k)
-            K.linear(h, layer.v, layer.v_bias, out=v)
-            q3 = q.reshape(t, self.heads, d)
-            k3, v3 = k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d)
-            K.rope(q3, k3, plan.positions, self.cos_sin)
-            cache = self.kv.layer(i)
-            K.kv_write(k3, v3, plan.slots, **cache)
-            K.attention(q3, cache["k_cache"], cache["v_cache"], plan.block_tables, plan.q_offsets,
-                        plan.context_lens, attn.reshape(t, self.heads, d), self.scale,
-                        **{n: a for n, a in cache.items() if not n.endswith("cache")})
-            K.linear(attn, layer.o, out=o)
-            self.group.allreduce_(o)
-            K.rms_norm(o, layer.post_norm, eps, h, residual=res)
-            K.linear(h, layer.gate_up, out=gate_up)
+                rms_norm(o, layer.input_norm, eps, h, residual=res)
+            linear(h, layer.q, layer.q_bias, q)
+            linear(h, layer.k, layer.k_bias, k)
+            linear(h, layer.v, layer.v_bias, v)
+            K.rope(q3, k3, positions, cos_sin)
+            cache, extra = self.kv.layers[i], self.kv_args[i]
+            K.kv_write(k3, v3, slots, **cache)
+            K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,
+                        attn3, scale, **extra)
+            linear(attn, layer.o, None, o)
+            allreduce_(o)
+            rms_norm(o, layer.post_norm, eps, h, residual=res)
+            linear(h, layer.gate_up, None, gate_up)
             K.silu_mul(gate_up, act)
-            K.linear(act, layer.down, out=o)
-            self.group.allreduce_(o)
+            linear(act, layer.down, None, o)
+            allreduce_(o)
         s = len(plan.sample_rows)
         last = ws.last[:s]
         np.take(o, plan.sample_rows, axis=0, out=last)
         np.take(res, plan.sample_rows, axis=0, out=h[:s])
-        K.rms_norm(last, w.final_norm, eps, last, residual=h[:s])
-        K.linear(last, w.lm_head, out=ws.logits_r[:s])
+        rms_norm(last, w.final_norm, eps, last, residual=h[:s])
+        linear(last, w.lm_head, None, ws.logits_r[:s])
         self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s])
         return ws.logits[:s]

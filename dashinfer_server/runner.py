@@ -2,8 +2,8 @@
 
     schedule -> plan -> forward -> sample -> deliver -> retire finished
 
-User threads only hand requests and stops over (under the lock); the thread owns every
-sequence, the block pool and the model from then on.
+User threads only hand requests and stops over (under the condition's lock); the thread owns
+every sequence, the block pool and the model from then on.
 """
 import logging
 import threading
@@ -11,22 +11,36 @@ import time
 
 from dashinfer_client.types import GenerateRequestStatus
 
-from .block_pool import BlockPool
+from . import kernels as K
+from .block_pool import BlockPool, BlockTable
+from .kv_cache import bytes_per_block
 from .model import DecoderModel
 from .plan import build_plan
 from .sampler import Sampler
-from .scheduler import Scheduler
+from .scheduler import Chunk, Scheduler
 from .sequence import Phase, Sequence
 from .stopping import check_stop
 
 log = logging.getLogger("dashinfer_server")
 
 KV_MODES = {0: "bf16", 1: "int8", 2: "uint4"}
+# Tokens per step when max_prefill_length is 0: a step this long keeps the linear kernels at
+# full speed while running decodes wait at most one such step for their next token.
+DEFAULT_STEP_TOKENS = 512
 
 
 def max_step_tokens(cfg) -> int:
     """Tokens one step computes at most (a prefill chunk plus the decodes beside it)."""
-    return max(cfg.max_prefill_length or 1024, cfg.max_batch + 1)
+    return max(cfg.max_prefill_length or DEFAULT_STEP_TOKENS, cfg.max_batch + 1)
+
+
+def num_kv_blocks(cfg, mc, block_size) -> int:
+    """KV blocks of the pool: the memory budget, or max_batch requests of max_length."""
+    if cfg.kv_cache_memory_mb:
+        per_block = bytes_per_block(KV_MODES[int(cfg.kv_cache_mode)], mc.num_hidden_layers,
+                                    mc.num_key_value_heads, block_size, mc.head_dim)
+        return max(1, cfg.kv_cache_memory_mb * 2**20 // per_block)
+    return cfg.max_batch * -(-cfg.max_length // block_size)
 
 
 def build_decoder(model, cfg, group=None) -> DecoderModel:
@@ -34,38 +48,34 @@ def build_decoder(model, cfg, group=None) -> DecoderModel:
     build theirs here, so workspaces and KV caches agree with the plans rank 0 broadcasts."""
     block_size = cfg.kv_cache_span_size
     return DecoderModel(model, KV_MODES[int(cfg.kv_cache_mode)],
-                        ModelRunner._num_blocks(cfg, model.config, block_size), block_size,
-                        max_step_tokens(cfg) + cfg.max_batch, cfg.max_batch, group)
+                        num_kv_blocks(cfg, model.config, block_size), block_size,
+                        max_step_tokens(cfg), cfg.max_batch, group)
 
 
 class ModelRunner:
     def __init__(self, model, cfg, group=None):
         """model: a DashInferModel; cfg: the AsModelRuntimeConfig."""
         self.cfg = cfg
-        mc = model.config
         self.max_step_tokens = max_step_tokens(cfg)
         self.model = build_decoder(model, cfg, group)
         self.pool = BlockPool(self.model.kv.num_blocks, cfg.kv_cache_span_size, cfg.prefill_cache)
         self.scheduler = Scheduler(self.pool, cfg.max_batch, self.max_step_tokens)
         self.sampler = Sampler()
-        self.vocab_size = mc.vocab_size
         self._cond = threading.Condition()
         self._incoming, self._stops = [], []
         self._running = False
         self._thread = None
-
-    @staticmethod
-    def _num_blocks(cfg, mc, block_size) -> int:
-        from .kv_cache import bytes_per_block
-        if cfg.kv_cache_memory_mb:
-            per_block = bytes_per_block(KV_MODES[int(cfg.kv_cache_mode)], mc.num_hidden_layers,
-                                        mc.num_key_value_heads, block_size, mc.head_dim)
-            return max(1, cfg.kv_cache_memory_mb * 2**20 // per_block)
-        return cfg.max_batch * -(-cfg.max_length // block_size)
+        self._ready = threading.Event()
+        self._start_error = None
 
     @property
     def block_capacity(self) -> int:
+        """Tokens the KV pool holds in all."""
         return self.pool.block_size * len(self.pool.blocks)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     # ---- called by user threads ---------------------------------------------------------
 
@@ -75,31 +85,54 @@ class ModelRunner:
             self._cond.notify()
 
     def stop_request(self, seq: Sequence) -> None:
+        """Ask the thread to finish `seq` before its next step (its queue then turns final)."""
         with self._cond:
             self._stops.append(seq)
             self._cond.notify()
 
     def start(self) -> None:
-        self._warm_up()
+        """Start the scheduler thread and wait for its warm-up; raise what the warm-up raised."""
+        if self.cfg.thread_num:
+            K.set_num_threads(self.cfg.thread_num)
+        self._ready.clear()
+        self._start_error = None
         self._running = True
-        self._thread = threading.Thread(target=self._loop, name="dashinfer-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"dashinfer-{self.cfg.model_name}",
+                                        daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._start_error
 
     def stop(self) -> None:
-        """Stop the thread; every unfinished request is interrupted."""
+        """Stop the thread; every unfinished request is interrupted (the Engine's stop_model
+        waits for them to finish first: this only catches what a failure left behind)."""
         with self._cond:
             self._running = False
             self._cond.notify()
         if self._thread:
             self._thread.join()
             self._thread = None
-        for seq in self._incoming + list(self.scheduler.waiting) + list(self.scheduler.running):
+        with self._cond:
+            incoming, self._incoming, self._stops = self._incoming, [], []
+        for seq in incoming:
+            self.scheduler.add(seq)
+        for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
             self._retire(seq, GenerateRequestStatus.GenerateInterrupted, "the model was stopped")
-        self._incoming.clear()
 
     # ---- the scheduler thread -----------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._warm_up()  # here: kernel scratch buffers belong to the thread that runs steps
+        except Exception as e:
+            log.exception("warm-up failed")
+            self._start_error = e
+            self._ready.set()
+            return
+        self._ready.set()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: not self._running or self._incoming or self._stops
@@ -123,6 +156,8 @@ class ModelRunner:
     def step(self) -> None:
         chunks, interrupted = self.scheduler.schedule()
         for seq in interrupted:
+            log.warning("request %d interrupted: KV cache exhausted after %d generated tokens",
+                        seq.handle, seq.num_generated)
             self._retire(seq, GenerateRequestStatus.GenerateInterrupted,
                          "KV cache exhausted: interrupted to let earlier requests go on")
         if not chunks:
@@ -132,18 +167,21 @@ class ModelRunner:
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
         for row, seq in enumerate(sampled):
-            token = int(result.ids[row])
-            first = seq.num_generated == 0
-            seq.tokens.append(token)  # the sampler has appended it to its own history
-            if first:
-                seq.queue.set_status(GenerateRequestStatus.ContextFinished)
-            if result.top_logprobs is not None and seq.sampling.params.logprobs:
-                seq.queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
-                               prefix_cache_len=seq.table.cached_len)
-            else:
-                seq.queue.push(token, prefix_cache_len=seq.table.cached_len)
-            if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
-                self._retire(seq, GenerateRequestStatus.GenerateFinished)
+            self._deliver(seq, int(result.ids[row]), result, row)
+
+    def _deliver(self, seq: Sequence, token: int, result, row: int) -> None:
+        queue = seq.queue
+        seq.tokens.append(token)  # the sampler has appended it to its own history
+        if seq.num_generated == 1:
+            queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
+            queue.set_status(GenerateRequestStatus.ContextFinished)
+        if seq.sampling.params.logprobs:
+            queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
+                       prefix_cache_len=seq.table.cached_len)
+        else:
+            queue.push(token, prefix_cache_len=seq.table.cached_len)
+        if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
+            self._retire(seq, GenerateRequestStatus.GenerateFinished)
 
     def _forward(self, plan):
         """Hand the plan to the other ranks, then run this rank's shard of it."""
@@ -161,14 +199,45 @@ class ModelRunner:
         seq.queue.set_status(status, error)
 
     def _warm_up(self) -> None:
-        """Run one step of the largest size so every buffer is touched before requests come."""
+        """Run the two extreme steps before any request comes: the largest one (max_step_tokens
+        tokens over max_batch sequences, each with a logits row) and a decode at the deepest
+        position a request can reach (attention over a whole max_length context). Every
+        workspace row and every per-thread kernel scratch reaches its final size here, so a
+        request that fits the KV pool never needs new memory later. The KV pool itself is
+        allocated whole at construction and its pages are mapped by the OS on first write (see
+        kv_cache.py); only the blocks used here are touched."""
         t0 = time.perf_counter()
-        n = min(self.max_step_tokens, self.block_capacity - 1, self.cfg.max_length)
-        seq = Sequence([0] * n, n + 1)
-        table = self.pool.allocate(seq.tokens)
-        seq.table, seq.phase = table, Phase.PREFILL
-        from .scheduler import Chunk
-        self._forward(build_plan([Chunk(seq, 0, n, True)], self.pool.block_size))
-        self.pool.free(table)
-        self.pool.clear_cache()
-        log.info("warm-up: %d tokens in %.2f s", n, time.perf_counter() - t0)
+        self.pool.clear_cache()  # a restarted model starts from an empty prefix cache
+        bs, batch, longest = self.pool.block_size, self.cfg.max_batch, self.cfg.max_length - 1
+        n = total = min(self.max_step_tokens, batch * longest)
+        chunks = []
+        while n > 0 and len(chunks) < batch:
+            count = min(-(-n // (batch - len(chunks))), longest)
+            chunk = self._dummy_chunk(count, count)
+            if chunk is None:  # a KV budget smaller than the largest step: warm what fits
+                break
+            chunks.append(chunk)
+            n -= count
+        try:
+            if chunks:
+                self._forward(build_plan(chunks, bs))
+        finally:
+            for c in chunks:
+                self.pool.free(c.seq.table)
+        deepest = min(self.cfg.max_length, self.block_capacity)
+        chunk = self._dummy_chunk(deepest, 1)
+        try:
+            self._forward(build_plan([chunk], bs))
+        finally:
+            self.pool.free(chunk.seq.table)
+        log.info("warm-up of %s: %d + 1 tokens (context %d) in %.2f s", self.cfg.model_name,
+                 total - n, deepest, time.perf_counter() - t0)
+
+    def _dummy_chunk(self, length: int, count: int):
+        """A chunk computing the last `count` of `length` dummy tokens, or None if the pool
+        cannot hold them (blocks are taken directly; nothing is registered as a prefix)."""
+        table = BlockTable()
+        if not self.pool.grow(table, length):
+            return None
+        seq = Sequence([0] * length, length + 1, table=table, phase=Phase.PREFILL)
+        return Chunk(seq, length - count, count, True)

@@ -6,6 +6,7 @@ served while max_batch and the KV pool allow. When the pool cannot give a decodi
 its next block, the most recently admitted sequence is interrupted and its blocks freed.
 Pure policy: no tensors, no threads.
 """
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ class Scheduler:
                 break  # first come first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
+            seq.admitted = time.perf_counter()
             self.running.append(seq)
             prefills.append(self._chunk(seq, budget))
             budget -= prefills[-1].count

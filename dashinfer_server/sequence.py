@@ -28,6 +28,7 @@ class Sequence:
     table: BlockTable | None = None
     num_computed: int = 0           # tokens whose K/V are in the cache
     arrival: float = field(default_factory=time.perf_counter)
+    admitted: float = 0.0           # when the scheduler gave it KV blocks (perf_counter)
     queue: object = None            # the ResultQueue its tokens go to
     sampling: object = None         # its sampler state (params, history, RNG)
 

@@ -1,5 +1,11 @@
 """A rank's weights: its shard of every tensor, sliced from the serialized model and packed
-into the kernels' layout in memory this process touches first (so it lands on its NUMA node)."""
+into the kernels' layout in memory this process touches first (so it lands on its NUMA node).
+
+The serialized tensors are read from a memory mapping of the .asparam file; once a linear is
+packed, its source pages are dropped from this process (madvise DONTNEED: the file stays in the
+page cache, the process's resident memory does not keep a second copy of every weight).
+"""
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,9 +54,18 @@ class WeightLoader:
         self.names = set(model.tensor_names())
         quant = model.quantization or {}
         self.wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
+        self._read = []  # tensors read since the last release_read()
 
     def tensor(self, name):
-        return self.model.tensor(name)
+        t = self.model.tensor(name)
+        self._read.append(t)
+        return t
+
+    def release_read(self) -> None:
+        """Drop the mapped pages of every tensor read so far from this process."""
+        for t in self._read:
+            _drop_mapped_pages(t)
+        self._read = []
 
     def vector(self, name, rows=None) -> np.ndarray:
         t = self.tensor(name)
@@ -79,11 +94,14 @@ class WeightLoader:
         pieces = [self.slices(*p) for p in parts]
         w = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]
         if pieces[0][1] is None:
-            return K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
-        scales = np.concatenate([p[1] for p in pieces])
-        zeros = np.concatenate([p[2] for p in pieces])
-        k = w.shape[1] * (2 if self.wtype == "u4" else 1)
-        return K.pack_linear(w, self.wtype, k // scales.shape[1], scales, zeros)
+            packed = K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
+        else:
+            scales = np.concatenate([p[1] for p in pieces])
+            zeros = np.concatenate([p[2] for p in pieces])
+            k = w.shape[1] * (2 if self.wtype == "u4" else 1)
+            packed = K.pack_linear(w, self.wtype, k // scales.shape[1], scales, zeros)
+        self.release_read()
+        return packed
 
     def bias(self, base, rows) -> np.ndarray | None:
         name = f"{base}.bias"
@@ -121,3 +139,19 @@ class WeightLoader:
             final_norm=self.vector("model.norm.weight"),
             lm_head=self.linear((head, shard.vocab)),
         )
+
+
+def _drop_mapped_pages(t: np.ndarray) -> None:
+    """Unmap the pages under `t` from this process if it views a read-only file mapping (a later
+    read faults them back in from the page cache); anything else is left alone."""
+    base = t
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or t.nbytes == 0:
+        return
+    start = np.frombuffer(base, np.uint8).ctypes.data
+    lo = (t.ctypes.data - start) // mmap.PAGESIZE * mmap.PAGESIZE
+    hi = min(len(base), -(-(t.ctypes.data - start + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
+    base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

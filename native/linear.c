@@ -178,7 +178,6 @@ static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y) {
     if (m <= 0) return 0;
     const dn_linear_kernels *kern = paths[dn_isa()];
-    if (!kern->run) kern = &dn_linear_portable; /* TEMP */
     int nt = dn_num_threads();
     /* Under ~100k multiply-adds a second thread costs more than it saves. */
     if ((double)m * w->n * w->k < 1e5) nt = 1;

@@ -1,2 +1,169 @@
+/* Linear layer, AVX2 + FMA path: everything in fp32. Each panel is widened to fp32 KC rows at
+ * a time into a per-thread slice (f32 panels are used in place), then a register-blocked FMA
+ * microkernel (up to 6 rows x 16 columns) runs over it for every block of rows. */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
 #include "linear_kernels.h"
-const dn_linear_kernels dn_linear_avx2 = {0};
+
+#define NR DN_LINEAR_NR
+#define MR 6   /* rows per microkernel: 6 x 2 accumulators + 2 weights + 1 broadcast */
+#define KC 256 /* k per slice: 256 x 64 floats = 64 KB, in L2 */
+#ifndef KC_FEW
+#define KC_FEW 32 /* ... with 1-2 rows: widen and use 8 KB at a time, so the DRAM stream never idles */
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+/* Lanes [0, valid) of 8 set, for maskload / maskstore. */
+INLINE __m256i lane_mask(int valid) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* y[r][0..8*nv) (+)= sum over kc of x[r][k] * wf[k][0..8*nv), + bias; `valid` columns stored.
+ * x [mr][ldx], wf [kc][ldw] floats. One row takes a whole 64-column panel (weights fold into the
+ * FMAs as memory operands); more rows take 16-32 columns, at most 12 accumulators. */
+INLINE void mk(const int mr, const int nv, int64_t kc, const float *x, int64_t ldx,
+               const float *wf, int ldw, float *y, int64_t ldy, int accumulate, const float *bias,
+               int valid) {
+    __m256 acc[12];
+    for (int i = 0; i < mr * nv; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 w[8];
+        for (int v = 0; v < nv; v++) w[v] = _mm256_loadu_ps(wf + k * ldw + 8 * v);
+        for (int r = 0; r < mr; r++) {
+            __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+            for (int v = 0; v < nv; v++) acc[r * nv + v] = _mm256_fmadd_ps(w[v], xv, acc[r * nv + v]);
+        }
+    }
+    /* fully unrolled, or gcc keeps acc[] in memory and stores it every iteration above */
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) {
+        __m256i m = lane_mask(valid - 8 * v);
+        __m256 b = bias ? _mm256_maskload_ps(bias + 8 * v, m) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            float *dst = y + r * ldy + 8 * v;
+            __m256 a = _mm256_add_ps(acc[r * nv + v], b);
+            if (accumulate) a = _mm256_add_ps(a, _mm256_maskload_ps(dst, m));
+            _mm256_maskstore_ps(dst, m, a);
+        }
+    }
+}
+
+/* 8-column registers per call for mr rows (see mk). */
+static int row_nv(int mr) { return mr == 1 ? 8 : mr <= 3 ? 4 : 2; }
+
+static void mk_any(int mr, int nv, int64_t kc, const float *x, int64_t ldx, const float *wf,
+                   int ldw, float *y, int64_t ldy, int accumulate, const float *bias, int valid) {
+#define MK(MR_, NV) mk(MR_, NV, kc, x, ldx, wf, ldw, y, ldy, accumulate, bias, valid)
+    switch (mr * 16 + nv) {
+    case 1 * 16 + 8: MK(1, 8); break;
+    case 1 * 16 + 6: MK(1, 6); break;
+    case 1 * 16 + 4: MK(1, 4); break;
+    case 1 * 16 + 2: MK(1, 2); break;
+    case 2 * 16 + 4: MK(2, 4); break;
+    case 2 * 16 + 2: MK(2, 2); break;
+    case 3 * 16 + 4: MK(3, 4); break;
+    case 3 * 16 + 2: MK(3, 2); break;
+    case 4 * 16 + 2: MK(4, 2); break;
+    case 5 * 16 + 2: MK(5, 2); break;
+    default: MK(6, 2); break;
+    }
+#undef MK
+}
+
+/* bf16 pairs [kc/2][width][2] -> fp32 [kc][width]: even k is the low half of each 32-bit pair
+ * shifted up, odd k the high half masked. */
+static void widen_bf16(const uint16_t *src, int width, int64_t kc, float *dst) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
+    for (int64_t kp = 0; kp < kc / 2; kp++)
+        for (int c = 0; c < width; c += 8) {
+            __m256i pairs = _mm256_loadu_si256((const __m256i *)(src + (kp * width + c) * 2));
+            _mm256_storeu_ps(dst + 2 * kp * width + c, _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)));
+            _mm256_storeu_ps(dst + (2 * kp + 1) * width + c, _mm256_castsi256_ps(_mm256_and_si256(pairs, hi)));
+        }
+}
+
+/* 16 codes (k even, k odd) x 8 columns, interleaved, -> rows k and k+1 of q * s + b. */
+INLINE void dequant_pairs(__m128i codes, __m256 s, __m256 b, float *row0, float *row1) {
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m128i eo = _mm_shuffle_epi8(codes, split);
+    __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eo));
+    __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(eo, 8)));
+    _mm256_storeu_ps(row0, _mm256_fmadd_ps(q0, s, b));
+    _mm256_storeu_ps(row1, _mm256_fmadd_ps(q1, s, b));
+}
+
+/* i8/u4 rows [k0, k0+kc) of a panel -> fp32 [kc][width], k0 and kc even (see linear.h);
+ * w = q * scale + offset, offset = -zero * scale worked out once per group. */
+static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64_t k0, int64_t kc,
+                    float *dst) {
+    const int u4 = w->wtype == DN_W_U4;
+    const int64_t gpairs = (w->group + 1) / 2, gb = dn_linear_group_bytes(w->wtype, w->group, width);
+    const int64_t rowbytes = u4 ? width : 2 * width;
+    const __m128i low = _mm_set1_epi8(15);
+    float offset[NR];
+    for (int64_t kp0 = k0 / 2, kp1; kp0 < (k0 + kc) / 2; kp0 = kp1) {
+        int64_t g = kp0 / gpairs;
+        kp1 = (g + 1) * gpairs < (k0 + kc) / 2 ? (g + 1) * gpairs : (k0 + kc) / 2;
+        const uint8_t *blk = panel + g * gb, *codes = blk + 8 * width - g * gpairs * rowbytes;
+        const float *scale = (const float *)blk, *zero = scale + width;
+        for (int c = 0; c < width; c++) offset[c] = -zero[c] * scale[c];
+        for (int64_t kp = kp0; kp < kp1; kp++) {
+            const uint8_t *row = codes + kp * rowbytes;
+            float *d0 = dst + (2 * kp - k0) * width;
+            for (int c = 0; c < width; c += 8) {
+                __m128i q;
+                if (!u4) {
+                    q = _mm_loadu_si128((const __m128i *)(row + 2 * c));
+                } else { /* 16-column chunks: cols 0-7 in the low nibbles, 8-15 in the high */
+                    q = _mm_loadu_si128((const __m128i *)(row + (c & ~15)));
+                    q = _mm_and_si128(c & 8 ? _mm_srli_epi16(q, 4) : q, low);
+                }
+                dequant_pairs(q, _mm256_loadu_ps(scale + c), _mm256_loadu_ps(offset + c), d0 + c,
+                              d0 + width + c);
+            }
+        }
+    }
+}
+
+static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
+    return w->wtype == DN_W_F32 ? 0 : (size_t)nthreads * KC * NR * 4;
+}
+
+static void run(const dn_linear_call *c, int t, int nt) {
+    const dn_linear_w *w = c->w;
+    int64_t n = w->n, k = w->k, p0, p1, m0, m1;
+    dn_linear_share(w, c->m, MR, t, nt, &p0, &p1, &m0, &m1);
+    float *slice = (float *)c->scratch + (size_t)t * KC * NR; /* [kb][width] */
+    int64_t kb = m1 - m0 <= 2 ? KC_FEW : KC;
+    for (int64_t p = p0; p < p1; p++) {
+        const uint8_t *panel = dn_linear_panel(w, p);
+        int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
+        for (int64_t k0 = 0; k0 < k; k0 += kb) {
+            int64_t kc = k - k0 < kb ? k - k0 : kb;
+            const float *wf = (const float *)panel + k0 * width;
+            /* whole pairs: KC is even, and a final odd k meets its zero partner */
+            if (w->wtype == DN_W_BF16) {
+                widen_bf16((const uint16_t *)panel + k0 * width, width, (kc + 1) / 2 * 2, slice);
+                wf = slice;
+            } else if (w->wtype != DN_W_F32) {
+                dequant(w, panel, width, k0, (kc + 1) / 2 * 2, slice);
+                wf = slice;
+            }
+            const float *bias = k0 + kb >= k && c->bias ? c->bias + p * NR : NULL;
+            for (int64_t r = m0; r < m1; r += MR) {
+                int mr = m1 - r < MR ? (int)(m1 - r) : MR, nv = row_nv(mr);
+                if (nv > width / 8) nv = width / 8;
+                for (int j = 0; j < width; j += 8 * nv)
+                    mk_any(mr, nv, kc, c->x + r * k + k0, k, wf + j, width, c->y + r * n + p * NR + j,
+                           n, k0 > 0, bias ? bias + j : NULL, valid - j);
+            }
+        }
+    }
+}
+
+const dn_linear_kernels dn_linear_avx2 = {scratch_bytes, run};
+
+#pragma GCC pop_options

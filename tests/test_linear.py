@@ -47,13 +47,19 @@ def make_weight(wtype, n, k, group, rng):
     return K.pack_linear(q, wtype, group, scale, zero), exact
 
 
-def check(y, x, wexact, bias, wtype, isa):
-    m = x.shape[0]
+def reference(x, wexact, bias):
+    """-> (exact result, sum_k |x w| (+ |bias|): the scale of each output's rounding error)."""
     ref = x.astype(np.float64) @ wexact.T
     mag = np.abs(x.astype(np.float64)) @ np.abs(wexact).T
     if bias is not None:
         ref += bias
         mag += np.abs(bias)
+    return ref, mag
+
+
+def check(y, x, wexact, bias, wtype, isa, expected=None):
+    m = x.shape[0]
+    ref, mag = expected or reference(x, wexact, bias)
     rounded = 0
     if isa == "avx512" and m > GEMV_MAX_M and wtype != "f32":
         rounded = 2 if wtype in ("i8", "u4") else 1
@@ -65,30 +71,44 @@ def check(y, x, wexact, bias, wtype, isa):
     assert rms < (3e-3 if rounded else 1e-4), f"relative rms error {rms}"
 
 
-# (M, N, K, group): every awkward M, N and K (not a multiple of 16/32) appears at least once.
+# (M, N, K, group): every awkward M, N and K (not a multiple of 16/32) appears at least once;
+# K = 4201 / 4224 spans several k blocks of the blocked loops.
 DENSE_CASES = [(1, 1, 33, 0), (3, 7, 77, 0), (16, 33, 64, 0), (37, 1000, 33, 0), (64, 7, 576, 0),
                (200, 33, 77, 0), (513, 1000, 64, 0), (1, 1000, 576, 0), (5, 64, 128, 0),
-               (4, 130, 96, 0), (2, 1536, 64, 0), (13, 200, 1000, 0)]
+               (4, 130, 96, 0), (2, 1536, 64, 0), (13, 200, 1000, 0), (7, 40, 4201, 0)]
 QUANT_CASES = [(1, 1, 64, 32), (3, 7, 128, 64), (16, 33, 256, 128), (37, 1000, 256, 256),
                (64, 7, 96, 96), (200, 33, 64, 32), (513, 1000, 128, 64), (1, 1000, 512, 128),
-               (4, 130, 256, 32), (2, 1536, 128, 128), (13, 200, 1024, 256), (9, 48, 64, 64)]
+               (4, 130, 256, 32), (2, 1536, 128, 128), (13, 200, 1024, 256), (9, 48, 64, 64),
+               (7, 40, 4224, 128)]  # K past one k block of the microkernel loop
+
+
+_cases = {}
+
+
+def cases(wtype):
+    """Packed weights, inputs and references, built once and shared by every ISA path."""
+    if wtype not in _cases:
+        rng = np.random.default_rng(1)
+        _cases[wtype] = []
+        for i, (m, n, k, group) in enumerate(DENSE_CASES if wtype in ("f32", "bf16") else QUANT_CASES):
+            packed, wexact = make_weight(wtype, n, k, group, rng)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None
+            _cases[wtype].append((packed, x, bias, reference(x, wexact, bias)))
+    return _cases[wtype]
 
 
 @pytest.mark.parametrize("wtype", ["f32", "bf16", "i8", "u4"])
 def test_linear_matches_reference(isa, wtype):
-    rng = np.random.default_rng(1)
-    cases = DENSE_CASES if wtype in ("f32", "bf16") else QUANT_CASES
-    for i, (m, n, k, group) in enumerate(cases):
-        packed, wexact = make_weight(wtype, n, k, group, rng)
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        bias = rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None
+    for i, (packed, x, bias, expected) in enumerate(cases(wtype)):
+        m, n = x.shape[0], expected[0].shape[1]
         if i % 3 == 0:
             out = np.full((m, n), np.nan, np.float32)
             y = K.linear(x, packed, bias, out)
             assert y is out
         else:
             y = K.linear(x, packed, bias=bias)
-        check(y, x, wexact, bias, wtype, isa)
+        check(y, x, None, bias, wtype, isa, expected)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -142,7 +162,7 @@ def test_two_python_threads_at_once(isa):
 
     def run(i):
         x, packed, _ = work[i]
-        results[i] = [K.linear(x, packed) for _ in range(20)]
+        results[i] = [K.linear(x, packed) for _ in range(5)]
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
     for t in threads:

@@ -1,0 +1,634 @@
+"""DashInfer's API on a tiny model, through the public API only (engine, model name, loader).
+
+Runs against every engine kind `api_engine` offers: the in-process Engine, and later the
+ClientEngine over gRPC. Greedy requests of the tiny fp32 model are deterministic, so "the same
+tokens as alone" is an exact check; a request run alone before a test is its reference.
+"""
+import contextlib
+import logging
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dashinfer_client import AsStatus, GenerateRequestStatus, TargetDevice
+from tests.engine_fixtures import *  # noqa: F401,F403 (fixtures and helpers)
+from tests.engine_fixtures import FINAL, collect, greedy, hf_greedy
+from tests.helpers import load_hf_model
+
+OK = AsStatus.ALLSPARK_SUCCESS
+Finished, Interrupted = GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted
+VOCAB = 272
+
+
+def prompt_of(length, seed):
+    return [int(t) for t in np.random.default_rng(seed).integers(3, VOCAB, length)]
+
+
+_alone = {}
+
+
+def alone(api, prompt, new, **options):
+    """The ids a greedy request generates with nothing else running (computed once per setup)."""
+    engine, name, loader = api
+    key = (id(engine), tuple(prompt), new, tuple(sorted(options.items())))
+    if key not in _alone:
+        status, handle, queue = engine.start_request_ids(name, loader, prompt,
+                                                         greedy(len(prompt) + new, **options))
+        assert status == OK
+        _alone[key] = collect(queue)[0]
+        assert engine.release_request(name, handle) == OK
+    return _alone[key]
+
+
+def run(api, prompt, gen, model=None):
+    """Start one request and drain it -> (ids, elements, queue, handle)."""
+    engine, name, loader = api
+    status, handle, queue = engine.start_request_ids(model or name, loader, prompt, gen)
+    assert status == OK, engine_error(engine)
+    ids, elements = collect(queue)
+    return ids, elements, queue, handle
+
+
+def engine_error(engine):
+    return getattr(engine, "last_error", None)
+
+
+@contextlib.contextmanager
+def still_serving(api, new=160):
+    """A greedy request runs across the block; it must end with its alone ids."""
+    engine, name, loader = api
+    prompt = prompt_of(17, 99)
+    expected = alone(api, prompt, new)
+    status, handle, queue = engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + new))
+    assert status == OK
+    yield
+    ids, _ = collect(queue)
+    assert queue.GenerateStatus() == Finished and ids == expected
+    assert engine.release_request(name, handle) == OK
+
+
+def logged(caplog, *words, level=logging.ERROR):
+    """A record of this process at `level` or above names every word."""
+    return any(r.levelno >= level and all(w in r.getMessage() for w in words) for r in caplog.records)
+
+
+def install(api, model_name, **settings):
+    """Install (and start unless start=False) another model from the same files."""
+    engine, _, loader = api
+    start = settings.pop("start", True)
+    builder = loader.create_reference_runtime_config_builder(model_name, TargetDevice.CPU, [0],
+                                                             max_batch=settings.pop("max_batch", 8))
+    builder.max_length(settings.pop("max_length", 512)).kv_cache_span_size(16)
+    for key, value in settings.items():
+        getattr(builder, key)(value)
+    assert engine.install_model(builder.build()) == OK
+    if start:
+        assert engine.start_model(model_name) == OK
+    return model_name
+
+
+@pytest.fixture(scope="module")
+def small_pool(api_engine):
+    """A model whose KV pool (1 MB: 4096 tokens of the tiny model) is smaller than max_length."""
+    name = install(api_engine, "tiny-small-pool", max_batch=16, max_length=8192, kv_cache_memory_mb=1)
+    yield name
+    assert api_engine[0].release_model(name) == OK
+
+
+# ---- generation ------------------------------------------------------------------------------
+
+def test_greedy_matches_transformers(api_engine):
+    _, _, loader = api_engine
+    prompt = prompt_of(20, 1)
+    ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + 32))
+    assert ids == hf_greedy(load_hf_model(loader.model_path), prompt, 32)
+    assert queue.GenerateStatus() == Finished and queue.GeneratedLength() == 32
+
+
+def test_status_sequence_and_stats(api_engine):
+    engine, name, loader = api_engine
+    prompt = prompt_of(40, 2)
+    status, handle, queue = engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + 100))
+    assert status == OK and isinstance(handle, int)
+    seen, ids = [queue.GenerateStatus()], []
+    while True:
+        ele = queue.Get()
+        seen.append(queue.GenerateStatus())
+        if ele is None:
+            break
+        ids += ele.ids_from_generate
+    order = [GenerateRequestStatus.Init, GenerateRequestStatus.ContextFinished,
+             GenerateRequestStatus.Generating, Finished]
+    assert all(s in order for s in seen) and seen == sorted(seen, key=order.index)
+    assert seen[-1] == Finished and len(ids) == 100 == queue.GeneratedLength()
+    assert queue.Get() is None and queue.GetNoWait() is None and queue.GetWithTimeout(1) is None
+    info = queue.RequestStatInfo()
+    assert info["context_token_length"] == 40 and info["generated_token_length"] == 100
+    assert info["context_cached_length"] == 0
+    assert info["time_to_first_token"] > 0 and info["prefill_time"] > 0 and info["decode_time"] > 0
+    assert info["time_in_queue"] >= 0
+    assert abs(info["time_to_first_token"] - info["time_in_queue"] - info["prefill_time"]) < 1e-6
+    assert info["finished_time"] >= info["time_to_first_token"] + info["decode_time"] - 1.0
+    assert info["context_tps"] > 0 and info["generate_tps"] > 0
+    assert info["last_token_time"] >= info["first_token_time"] >= info["arrival_time"] > 1.6e12
+    assert engine.release_request(name, handle) == OK
+
+
+def test_text_requests(api_engine):
+    engine, name, loader = api_engine
+    text = "Hello, tiny model!"
+    ids = loader.get_tokenizer()(text)["input_ids"]
+    status, handle, queue = engine.start_request_text(name, loader, text, greedy(len(ids) + 12))
+    assert status == OK
+    assert collect(queue)[0] == alone(api_engine, ids, 12)
+    status, handles, queues = engine.start_request_text(name, loader, [text, text + "!"],
+                                                        greedy(len(ids) + 13))
+    assert status == OK and len(handles) == len(queues) == 2
+    outs = [collect(q)[0] for q in queues]
+    assert len(outs[0]) == 13 - 0 and outs[0][:12] == alone(api_engine, ids, 12)
+    for h in [handle] + handles:
+        assert engine.release_request(name, h) == OK
+
+
+def test_batch_invariance(api_engine):
+    """A greedy request gets the same ids alone and among 15 others of other lengths, whether
+    it starts with them or joins their running batch."""
+    engine, name, loader = api_engine
+    probe = prompt_of(23, 3)
+    expected = alone(api_engine, probe, 48)
+    others = [(prompt_of(5 + 7 * i, 100 + i), 20 + 9 * i) for i in range(15)]
+    for join_late in (False, True):
+        queues = []
+        for i, (prompt, new) in enumerate(others):
+            if i == (8 if join_late else 0):
+                if join_late:  # the batch is decoding when the probe arrives
+                    while queues[0][1].GeneratedLength() < 3:
+                        time.sleep(0.001)
+                status, probe_handle, probe_queue = engine.start_request_ids(
+                    name, loader, probe, greedy(len(probe) + 48))
+                assert status == OK
+            status, handle, queue = engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + new))
+            assert status == OK
+            queues.append((handle, queue))
+        assert collect(probe_queue)[0] == expected
+        for (handle, queue), (prompt, new) in zip(queues, others):
+            assert len(collect(queue)[0]) == new
+            engine.release_request(name, handle)
+        engine.release_request(name, probe_handle)
+    # and one of the others, alone, is what it was in the batch
+    first, new = others[4]
+    ids, *_ = run(api_engine, first, greedy(len(first) + new))
+    assert ids == alone(api_engine, first, new)
+
+
+def test_prefix_cache_reuse(api_engine):
+    engine, name, loader = api_engine
+    first = prompt_of(100, 4)
+    second = first[:90] + prompt_of(10, 5)
+    ids, elements, queue, _ = run(api_engine, first, greedy(130))
+    assert {e.prefix_cache_len for e in elements} == {0}
+    ids, elements, queue, _ = run(api_engine, second, greedy(130))
+    # blocks of 16: the first five (80 tokens) are shared, the sixth differs at token 90
+    assert {e.prefix_cache_len for e in elements} == {80}
+    assert {e.prefix_len_cpu for e in elements} == {80} and {e.prefix_len_gpu for e in elements} == {0}
+    assert queue.RequestStatInfo()["context_cached_length"] == 80
+    nocache = install(api_engine, "tiny-nocache", prefill_cache=False)
+    try:
+        for _ in range(2):
+            ref, ref_elements, _, _ = run(api_engine, second, greedy(130), model=nocache)
+            assert {e.prefix_cache_len for e in ref_elements} == {0}
+        assert ids == ref
+    finally:
+        assert engine.release_model(nocache) == OK
+
+
+def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, caplog):
+    engine, name, loader = api_engine
+    prompts = [prompt_of(10, 200 + i) for i in range(16)]
+    # 16 x 400 tokens do not fit the 4096-token pool: the latest admitted must give way
+    started = []
+    for prompt in prompts:
+        status, handle, queue = engine.start_request_ids(small_pool, loader, prompt, greedy(400))
+        assert status == OK
+        started.append((handle, queue))
+    outs = [collect(queue)[0] for _, queue in started]
+    statuses = [queue.GenerateStatus() for _, queue in started]
+    k = statuses.count(Finished)
+    assert 0 < k < 16 and statuses == [Finished] * k + [Interrupted] * (16 - k), statuses
+    for (handle, queue), out in zip(started, outs):
+        assert queue.GeneratedLength() == len(out)
+        if queue.GenerateStatus() == Finished:
+            assert len(out) == 390
+        else:
+            assert 0 < len(out) < 390 and "KV cache" in queue.error
+    assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
+    # what an interrupted request delivered is what it generates alone, cut short
+    handle, queue = started[-1]
+    ids, *_ = run(api_engine, prompts[-1], greedy(400), model=small_pool)
+    assert outs[-1] == ids[:len(outs[-1])] and len(ids) == 390
+    for handle, _ in started:
+        assert engine.release_request(small_pool, handle) == OK
+
+
+# ---- stop, release, sync ---------------------------------------------------------------------
+
+def test_stop_request(api_engine):
+    engine, name, loader = api_engine
+    prompt = prompt_of(12, 6)
+    with still_serving(api_engine):
+        status, handle, queue = engine.start_request_ids(name, loader, prompt, greedy(500))
+        assert status == OK
+        got = []
+        while len(got) < 3:
+            got += queue.Get().ids_from_generate
+        assert engine.stop_request(name, handle) == OK
+        assert queue.GenerateStatus() == Finished  # stop_request returns once it has ended
+        rest, _ = collect(queue)
+        got += rest
+        assert 3 <= len(got) == queue.GeneratedLength() < 488
+        assert got == alone(api_engine, prompt, 488)[:len(got)]
+        assert engine.stop_request(name, handle) == OK  # stopping an ended request is harmless
+        assert engine.sync_request(name, handle) == OK
+        assert queue.GenerateStatus() == Finished and queue.GeneratedLength() == len(got)
+        assert engine.release_request(name, handle) == OK
+
+
+def test_stop_a_request_still_waiting(api_engine):
+    engine, _, loader = api_engine
+    one = install(api_engine, "tiny-one-at-a-time", max_batch=1)
+    try:
+        first, second = prompt_of(9, 7), prompt_of(11, 8)
+        status, h1, q1 = engine.start_request_ids(one, loader, first, greedy(300))
+        status2, h2, q2 = engine.start_request_ids(one, loader, second, greedy(300))
+        assert status == status2 == OK
+        assert engine.stop_request(one, h2) == OK
+        assert q2.GenerateStatus() == Finished and q2.GeneratedLength() == 0 and q2.Get() is None
+        assert collect(q1)[0] == alone(api_engine, first, 291)
+    finally:
+        assert engine.release_model(one) == OK
+
+
+def test_release_request(api_engine):
+    engine, name, loader = api_engine
+    with still_serving(api_engine):
+        status, handle, queue = engine.start_request_ids(name, loader, prompt_of(8, 9), greedy(400))
+        assert status == OK
+        assert queue.Get() is not None
+        assert engine.release_request(name, handle) == OK
+        assert queue.GenerateStatus() == Finished
+        collect(queue)  # what was produced stays readable
+        for call in (engine.stop_request, engine.release_request, engine.sync_request):
+            assert call(name, handle) == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
+        assert engine.sync_request(name, None) == OK  # does not wait for the released one
+
+
+def test_sync_request(api_engine):
+    engine, name, loader = api_engine
+    started = []
+    for i, new in enumerate((30, 120, 60)):
+        prompt = prompt_of(10 + i, 10 + i)
+        status, handle, queue = engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + new))
+        assert status == OK
+        started.append((handle, queue))
+    assert engine.sync_request(name, started[1][0]) == OK
+    assert started[1][1].GenerateStatus() == Finished and started[1][1].GeneratedLength() == 120
+    assert engine.sync_request(name, None) == OK
+    assert [q.GenerateStatus() for _, q in started] == [Finished] * 3
+    assert [q.GeneratedLength() for _, q in started] == [30, 120, 60]
+    for handle, _ in started:
+        assert engine.release_request(name, handle) == OK
+
+
+# ---- sampling options ------------------------------------------------------------------------
+
+def sampled(max_length, seed, **options):
+    settings = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, seed=seed)
+    settings.update(options)
+    return greedy(max_length, **settings)
+
+
+def test_seed_gives_the_same_tokens_alone_and_in_a_batch(api_engine):
+    engine, name, loader = api_engine
+    prompt = prompt_of(15, 11)
+    ids, *_ = run(api_engine, prompt, sampled(55, 1234))
+    again, *_ = run(api_engine, prompt, sampled(55, 1234))
+    assert ids == again and len(ids) == 40
+    others = []
+    for i in range(5):
+        p = prompt_of(6 + 5 * i, 20 + i)
+        status, handle, queue = engine.start_request_ids(name, loader, p, sampled(len(p) + 30 + i, 7 + i))
+        others.append(queue)
+    in_batch, *_ = run(api_engine, prompt, sampled(55, 1234))
+    assert in_batch == ids
+    for queue in others:
+        collect(queue)
+    other_seed, *_ = run(api_engine, prompt, sampled(55, 99))
+    assert other_seed != ids
+
+
+@pytest.mark.parametrize("options", [dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-4)],
+                         ids=["top_k=1", "top_p=1e-6", "temperature=1e-4"])
+def test_sampling_cut_to_one_token_is_greedy(api_engine, options):
+    prompt = prompt_of(14, 12)
+    ids, *_ = run(api_engine, prompt, sampled(len(prompt) + 24, 5, **options))
+    assert ids == alone(api_engine, prompt, 24)
+
+
+def test_sampling_follows_the_distribution(api_engine):
+    """top_k=2 draws only the two most likely tokens, both of them over enough draws."""
+    engine, name, loader = api_engine
+    prompt = prompt_of(13, 13)
+    ids, elements, *_ = run(api_engine, prompt, sampled(len(prompt) + 1, 3, logprobs=True, top_logprobs=2,
+                                                        top_k=2))
+    top2 = {i for i, _ in elements[0].log_probs_list[0]}
+    firsts = set()
+    for seed in range(40):
+        out, *_ = run(api_engine, prompt, sampled(len(prompt) + 1, seed, top_k=2))
+        firsts.add(out[0])
+    assert firsts == top2
+
+
+def test_logprobs(api_engine):
+    import torch
+    _, _, loader = api_engine
+    prompt = prompt_of(16, 14)
+    ids, elements, queue, _ = run(api_engine, prompt, greedy(len(prompt) + 10, logprobs=True, top_logprobs=4))
+    tops = [t for e in elements for t in e.log_probs_list]
+    chosen = [p for e in elements for p in e.token_logprobs_list]
+    assert len(tops) == len(chosen) == len(ids) == 10
+    for token, top, lp in zip(ids, tops, chosen):
+        assert len(top) == 4 and [p for _, p in top] == sorted((p for _, p in top), reverse=True)
+        assert top[0] == (token, pytest.approx(lp)) and all(p <= 0 for _, p in top)
+        assert sum(np.exp(p) for _, p in top) <= 1 + 1e-5
+    hf = load_hf_model(loader.model_path)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1].double(), -1).numpy()
+    assert [i for i, _ in tops[0]] == list(np.argsort(-ref)[:4])
+    assert np.allclose([p for _, p in tops[0]], ref[[i for i, _ in tops[0]]], atol=3e-2)
+    plain, plain_elements, *_ = run(api_engine, prompt, greedy(len(prompt) + 10))
+    assert plain == ids and all(e.log_probs_list == [] == e.token_logprobs_list for e in plain_elements)
+
+
+def first_stop(tokens, prompt_len, is_stop):
+    """Generated tokens up to and including the first position where is_stop(tokens so far)."""
+    for end in range(prompt_len + 1, len(tokens) + 1):
+        if is_stop(tokens[:end]):
+            return tokens[prompt_len:end]
+    return tokens[prompt_len:]
+
+
+def test_stop_words(api_engine):
+    prompt = prompt_of(12, 15)
+    free = alone(api_engine, prompt, 40)
+    word = free[6:8]
+    ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + 40, stop_words_ids=[[1, 2, 3], word]))
+    expected = first_stop(prompt + free, len(prompt), lambda t: t[-2:] == word)
+    assert ids == expected and len(ids) <= 8 and queue.GenerateStatus() == Finished
+
+
+def test_eos_list_and_early_stopping(api_engine):
+    prompt = prompt_of(12, 16)
+    free = alone(api_engine, prompt, 40)
+    eos = [free[9], free[5]]
+    ids, *_ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=True))
+    assert ids == first_stop(prompt + free, len(prompt), lambda t: t[-1] in eos) and len(ids) <= 6
+    ids, *_ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=False))
+    assert ids == free  # without early stopping an eos is an ordinary token
+
+
+def test_min_length(api_engine):
+    prompt = prompt_of(12, 17)
+    free = alone(api_engine, prompt, 40)
+    eos = free[2]
+    assert eos not in free[:2]
+    ids, *_ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=True,
+                                             min_length=len(prompt) + 5))
+    assert ids[:2] == free[:2] and ids[2] != eos  # masked: greedy takes the runner-up
+    assert eos not in ids[:5] and (len(ids) == 40 or ids[-1] == eos)
+
+
+def test_max_length(api_engine):
+    prompt = prompt_of(12, 18)
+    for new in (1, 7):
+        ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + new))
+        assert len(ids) == new == queue.GeneratedLength() and queue.GenerateStatus() == Finished
+
+
+def _repetition(p, generated_only):
+    def process(logits, tokens, prompt_len):
+        seen = set(tokens[prompt_len:] if generated_only else tokens)
+        for t in seen:
+            logits[t] = logits[t] / p if logits[t] > 0 else logits[t] * p
+    return process
+
+
+def _presence(p):
+    def process(logits, tokens, prompt_len):
+        for t in set(tokens[prompt_len:]):
+            logits[t] -= p
+    return process
+
+
+def _no_repeat_ngram(n):
+    def process(logits, tokens, prompt_len):
+        tail = tuple(tokens[len(tokens) - n + 1:])
+        for i in range(len(tokens) - n + 1):
+            if tuple(tokens[i:i + n - 1]) == tail:
+                logits[tokens[i + n - 1]] = -np.inf
+    return process
+
+
+PENALTIES = {
+    "repetition_penalty": (dict(repetition_penalty=1.8), _repetition(1.8, False)),
+    "suppress_repetition_in_generation": (
+        dict(repetition_penalty=1.8, suppress_repetition_in_generation=True), _repetition(1.8, True)),
+    "presence_penalty": (dict(presence_penalty=1.5), _presence(1.5)),
+    "no_repeat_ngram_size": (dict(no_repeat_ngram_size=2), _no_repeat_ngram(2)),
+}
+
+
+@pytest.mark.parametrize("penalty", list(PENALTIES))
+def test_penalties_match_a_reference(api_engine, penalty):
+    """Greedy with a penalty equals transformers' logits penalized by DashInfer's rule."""
+    _, _, loader = api_engine
+    options, process = PENALTIES[penalty]
+    prompt = prompt_of(10, 19) * 2  # a repeated prompt: the penalties have something to bite
+    new = 24
+    ids, *_ = run(api_engine, prompt, greedy(len(prompt) + new, **options))
+    hf = load_hf_model(loader.model_path)
+    ref = hf_greedy(hf, prompt, new, lambda logits, tokens: process(logits, tokens, len(prompt)))
+    assert ids == ref
+    assert ids != alone(api_engine, prompt, new), "the penalty should change this greedy output"
+
+
+# ---- refusals and errors -------------------------------------------------------------------
+
+REFUSED = {
+    "lora_name": (dict(lora_name="adapter"), AsStatus.ALLSPARK_LORA_NOT_LOADED, "LoRA"),
+    "mm_info": (dict(mm_info={"images": ["x.png"]}), AsStatus.ALLSPARK_PARAM_ERROR, "mm_info"),
+    "response_format": (dict(response_format={"type": "json_object"}), AsStatus.ALLSPARK_PARAM_ERROR,
+                        "response_format"),
+    "length_penalty": (dict(length_penalty=1.5), AsStatus.ALLSPARK_PARAM_ERROR, "length_penalty"),
+}
+
+
+@pytest.mark.parametrize("option", list(REFUSED))
+def test_options_without_meaning_here_are_refused(api_engine, option, caplog):
+    engine, name, loader = api_engine
+    options, code, word = REFUSED[option]
+    with still_serving(api_engine):
+        result = engine.start_request_ids(name, loader, prompt_of(5, 20), greedy(20, **options))
+        assert result == (code, None, None)
+        assert logged(caplog, word)
+
+
+def bad_requests(name, small_pool):
+    """(what, call(engine, loader) -> status, expected status, word the log line holds)."""
+    E = AsStatus
+    gen = greedy(60)
+    start = lambda ids, model=name, g=gen: (lambda e, l: e.start_request_ids(model, l, ids, g)[0])  # noqa: E731
+    return [
+        ("negative id", start([5, -1, 7]), E.ALLSPARK_PARAM_ERROR, "-1"),
+        ("id past the vocabulary", start([5, VOCAB]), E.ALLSPARK_PARAM_ERROR, str(VOCAB)),
+        ("float ids", start([1.5, 2.0]), E.ALLSPARK_PARAM_ERROR, "integers"),
+        ("text as ids", start("hello"), E.ALLSPARK_PARAM_ERROR, "integers"),
+        ("two sequences", start([[1, 2], [3, 4]]), E.ALLSPARK_PARAM_ERROR, "one sequence"),
+        ("empty ids", start([]), E.ALLSPARK_EMPTY_REQUEST, "empty"),
+        ("empty text", lambda e, l: e.start_request_text(name, l, "", gen)[0], E.ALLSPARK_EMPTY_REQUEST, "empty"),
+        ("prompt over max_length", start(list(range(3, 259)) * 2, g=greedy(512)), E.ALLSPARK_EXCEED_LIMIT_ERROR,
+         "max_length"),
+        ("generation max_length over the engine's", start([5, 6], g=greedy(513)), E.ALLSPARK_EXCEED_LIMIT_ERROR,
+         "513"),
+        ("generation max_length <= prompt", start(list(range(3, 63)), g=greedy(60)), E.ALLSPARK_EXCEED_LIMIT_ERROR,
+         "no room"),
+        ("not a generation config", start([5, 6], g=42), E.ALLSPARK_PARAM_ERROR, "generate_config"),
+        ("bad generation value", start([5, 6], g={"top_k": -3}), E.ALLSPARK_PARAM_ERROR, "top_k"),
+        ("prompt the KV pool can never hold", start([7] * 5000, model=small_pool, g=greedy(5100)),
+         E.ALLSPARK_CACHE_MEMORY_OUT, "KV cache"),
+        ("unknown model: start_request", start([5, 6], model="nope"), E.ALLSPARK_PARAM_ERROR, "nope"),
+        ("unknown model: start_model", lambda e, l: e.start_model("nope"), E.ALLSPARK_PARAM_ERROR, "nope"),
+        ("unknown model: stop_model", lambda e, l: e.stop_model("nope"), E.ALLSPARK_PARAM_ERROR, "nope"),
+        ("unknown model: release_model", lambda e, l: e.release_model("nope"), E.ALLSPARK_PARAM_ERROR, "nope"),
+        ("unknown model: sync_request", lambda e, l: e.sync_request("nope", None), E.ALLSPARK_PARAM_ERROR, "nope"),
+        ("unknown handle: stop", lambda e, l: e.stop_request(name, 10**9), E.ALLSPARK_ILLEGAL_REQUEST_ID, "handle"),
+        ("unknown handle: release", lambda e, l: e.release_request(name, -3), E.ALLSPARK_ILLEGAL_REQUEST_ID, "handle"),
+        ("unknown handle: sync", lambda e, l: e.sync_request(name, "x"), E.ALLSPARK_ILLEGAL_REQUEST_ID, "handle"),
+        ("start a running model", lambda e, l: e.start_model(name), E.ALLSPARK_INVALID_CALL_ERROR, "Running"),
+        ("install twice", lambda e, l: e.install_model(
+            l.create_reference_runtime_config_builder(name, TargetDevice.CPU, [0], max_batch=2).max_length(64)),
+         E.ALLSPARK_INVALID_CALL_ERROR, "already installed"),
+        ("install a bad config", lambda e, l: e.install_model("config"), E.ALLSPARK_PARAM_ERROR, "install_model"),
+    ]
+
+
+def test_error_paths(api_engine, small_pool, caplog):
+    """Each bad call: its status and a log line naming the problem; the engine serves on."""
+    engine, name, loader = api_engine
+    with still_serving(api_engine):
+        for what, call, code, word in bad_requests(name, small_pool):
+            caplog.clear()
+            assert call(engine, loader) == code, what
+            assert logged(caplog, word), f"{what}: no error logged naming {word!r}"
+
+
+def test_calls_in_the_wrong_model_state(api_engine, caplog):
+    engine, name, loader = api_engine
+    idle = install(api_engine, "tiny-idle", start=False)
+    try:
+        with still_serving(api_engine):
+            assert engine.start_request_ids(idle, loader, [5, 6], greedy(20))[0] == \
+                AsStatus.ALLSPARK_INVALID_CALL_ERROR
+            assert logged(caplog, "Initial")
+            assert engine.stop_model(idle) == AsStatus.ALLSPARK_INVALID_CALL_ERROR
+    finally:
+        assert engine.release_model(idle) == OK
+    assert engine.start_model(idle) == AsStatus.ALLSPARK_PARAM_ERROR  # released: unknown
+
+
+def test_model_lifecycle(api_engine, caplog):
+    """stop_model lets started requests finish and refuses new ones; a stopped model restarts;
+    release_model frees it."""
+    engine, name, loader = api_engine
+    life = install(api_engine, "tiny-life", max_batch=4)
+    prompts = [prompt_of(9 + i, 30 + i) for i in range(3)]
+    started = []
+    for prompt in prompts:
+        status, handle, queue = engine.start_request_ids(life, loader, prompt, greedy(len(prompt) + 150))
+        assert status == OK
+        started.append((handle, queue))
+    assert engine.stop_model(life) == OK
+    for (handle, queue), prompt in zip(started, prompts):
+        assert queue.GenerateStatus() == Finished
+        assert collect(queue)[0] == alone(api_engine, prompt, 150)
+    assert engine.start_request_ids(life, loader, prompts[0], greedy(40))[0] == AsStatus.ALLSPARK_REQUEST_DENIED
+    assert logged(caplog, "stopped")
+    assert engine.stop_model(life) == AsStatus.ALLSPARK_INVALID_CALL_ERROR
+    assert engine.start_model(life) == OK
+    ids, *_ = run(api_engine, prompts[1], greedy(len(prompts[1]) + 150), model=life)
+    assert ids == alone(api_engine, prompts[1], 150)
+    assert engine.release_model(life) == OK  # from Running: stops, then frees
+    assert engine.start_request_ids(life, loader, prompts[0], greedy(40))[0] == AsStatus.ALLSPARK_PARAM_ERROR
+    assert engine.release_model(life) == AsStatus.ALLSPARK_PARAM_ERROR
+    assert collect(started[0][1])[0] == []  # queues of a released model stay readable (and drained)
+
+
+# ---- threads -----------------------------------------------------------------------------
+
+def test_many_user_threads(api_engine):
+    """Six threads start, stop, release and sync requests at once; every request ends as its
+    thread asked, with the tokens it would generate alone."""
+    engine, name, loader = api_engine
+    prompts = [prompt_of(8 + 5 * i, 40 + i) for i in range(3)]
+    new = 60
+    expected = [alone(api_engine, p, new) for p in prompts]
+    failures = []
+
+    def user(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(6):
+                k = rng.randrange(3)
+                status, handle, queue = engine.start_request_ids(name, loader, prompts[k],
+                                                                 greedy(len(prompts[k]) + new))
+                assert status == OK
+                action = rng.choice(["finish", "stop", "release", "sync"])
+                ids = []
+                if action == "stop":
+                    ids += queue.Get().ids_from_generate
+                    assert engine.stop_request(name, handle) == OK
+                elif action == "release":
+                    assert engine.release_request(name, handle) == OK
+                    assert engine.stop_request(name, handle) == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
+                elif action == "sync":
+                    assert engine.sync_request(name, handle) == OK
+                ids += collect(queue)[0]
+                assert queue.GenerateStatus() == Finished
+                if action in ("finish", "sync"):
+                    assert ids == expected[k], action
+                else:
+                    assert ids == expected[k][:len(ids)], action
+                if action != "release":
+                    assert engine.release_request(name, handle) == OK
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            failures.append(e)
+
+    threads = [threading.Thread(target=user, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    syncing = True
+
+    def syncer():
+        while syncing:
+            assert engine.sync_request(name, None) == OK
+    watcher = threading.Thread(target=syncer)
+    watcher.start()
+    for t in threads:
+        t.join(timeout=300)
+    syncing = False
+    watcher.join(timeout=60)
+    assert not failures, failures
+    assert not any(t.is_alive() for t in threads)
+    assert run(api_engine, prompts[0], greedy(len(prompts[0]) + new))[0] == expected[0]

@@ -1,0 +1,133 @@
+"""Logits of the engine's forward equal transformers' on tiny random LLaMA and Qwen2 models.
+
+The engine's own pieces run one step at a time, exactly as the scheduler thread runs them
+(Scheduler.schedule -> build_plan -> DecoderModel.forward -> Scheduler.advance), without its
+thread and sampler: every step's logits rows are kept, and the next token is transformers'
+greedy choice (teacher forcing), so the two runs see the same tokens. The prompt is prefilled
+in chunks (max_prefill_length 16) and 16 tokens are decoded; a second request that shares a
+prefix with the first reuses its KV blocks from the prefix cache.
+"""
+import numpy as np
+import pytest
+
+from dashinfer_client import AsCacheMode, AsModelRuntimeConfigBuilder
+from dashinfer_client.model import DashInferModel
+from dashinfer_server.plan import build_plan
+from dashinfer_server.runner import ModelRunner
+from dashinfer_server.sequence import Sequence
+from tests.engine_fixtures import DEFAULT_KV_FORMAT, cache_rounding
+from tests.engine_fixtures import serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
+from tests.helpers import load_hf_model
+
+DECODE_STEPS = 16
+BLOCK = 16
+# Per KV cache format: how the cache rounds K/V (simulated in the transformers reference), and
+# the max abs logits error against plain fp32 transformers. AsCacheDefault stores bf16 K/V for
+# now, even for fp32 weights; once it stores fp32 K/V for fp32 models its entry becomes
+# ("fp32", 1e-3).
+KV_FORMATS = {
+    AsCacheMode.AsCacheDefault: (DEFAULT_KV_FORMAT, 3e-2),
+    AsCacheMode.AsCacheQuantI8: ("int8", 1e-1),
+    AsCacheMode.AsCacheQuantU4: ("uint4", 1.5),
+}
+# Against transformers whose K/V go through the same rounding as the cache.
+SIMULATED_TOLERANCE = 1e-3
+
+
+def reference(hf_model, prompt, fmt):
+    """(greedy continuation ids [DECODE_STEPS], plain logits, logits with K/V rounded like `fmt`),
+    logits [DECODE_STEPS + 1, V] from the last prompt position on."""
+    import torch
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=DECODE_STEPS, do_sample=False,
+                                min_new_tokens=DECODE_STEPS, pad_token_id=0)
+        full = torch.tensor([out[0].tolist()])
+        plain = hf_model(full).logits[0].numpy()
+        with cache_rounding(fmt):
+            rounded = hf_model(full).logits[0].numpy()
+    rows = slice(len(prompt) - 1, len(prompt) + DECODE_STEPS)
+    return out[0, len(prompt):].tolist(), plain[rows], rounded[rows]
+
+
+def engine_logits(runner, prompt, forced):
+    """Run `prompt` through the runner's scheduler and model, feeding `forced` as the generated
+    tokens -> (logits rows [len(forced) + 1, V], the sequence)."""
+    seq = Sequence(list(prompt), len(prompt) + len(forced) + 1)
+    runner.scheduler.add(seq)
+    rows = []
+    while len(rows) <= len(forced):
+        chunks, interrupted = runner.scheduler.schedule()
+        assert not interrupted and chunks
+        logits = runner.model.forward(build_plan(chunks, runner.pool.block_size))
+        runner.scheduler.advance(chunks)
+        sampled = [c.seq for c in chunks if c.sample]
+        if not sampled:
+            continue  # a prompt chunk that is not the last one
+        assert sampled == [seq]
+        rows.append(logits[0].copy())
+        if len(rows) <= len(forced):
+            seq.tokens.append(forced[len(rows) - 1])
+    runner.scheduler.finish(seq)
+    return np.array(rows), seq
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def arch_models(request, serialized_tiny):  # noqa: F811
+    loader = serialized_tiny(request.param)
+    hf = load_hf_model(loader.model_path)
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    return request.param, DashInferModel(loader.model_output_dir, loader.serialize_model_name), hf
+
+
+def make_runner(model, kv_mode):
+    cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
+           .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
+           .kv_cache_mode(kv_mode).build())
+    return ModelRunner(model, cfg)
+
+
+@pytest.mark.parametrize("kv_mode", list(KV_FORMATS), ids=lambda m: m.name)
+def test_logits_match_transformers(arch_models, kv_mode):
+    arch, model, hf = arch_models
+    fmt, tolerance = KV_FORMATS[kv_mode]
+    rng = np.random.default_rng(7)
+    vocab = model.config.vocab_size
+    first = [int(t) for t in rng.integers(3, vocab, 45)]
+    # shares 40 tokens (two and a half blocks) with the first prompt, then goes its own way
+    second = first[:40] + [int(t) for t in rng.integers(3, vocab, 9)]
+    runner = make_runner(model, kv_mode)
+    for i, prompt in enumerate((first, second)):
+        forced, plain, rounded = reference(hf, prompt, fmt)
+        got, seq = engine_logits(runner, prompt, forced)
+        assert seq.table.cached_len == (0 if i == 0 else 32), "the second prompt reuses 2 blocks"
+        where = f"{arch} {kv_mode.name} prompt {i}"
+        err = np.abs(got - rounded).max(axis=1)
+        assert err.max() < SIMULATED_TOLERANCE, f"{where}: max abs error per step {err}"
+        err = np.abs(got - plain).max(axis=1)
+        assert err.max() < tolerance, f"{where} vs plain transformers: max abs error per step {err}"
+
+
+def test_prefix_cache_off_recomputes(arch_models):
+    arch, model, hf = arch_models
+    cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
+           .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
+           .prefill_cache(False).build())
+    runner = ModelRunner(model, cfg)
+    prompt = list(range(3, 48))
+    forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
+    for _ in range(2):
+        got, seq = engine_logits(runner, prompt, forced)
+        assert seq.table.cached_len == 0
+        assert np.abs(got - rounded).max() < SIMULATED_TOLERANCE
+
+
+def test_a_wrong_weight_is_caught(arch_models):
+    """The comparison can fail: one slightly scaled norm weight moves the logits far beyond it."""
+    arch, model, hf = arch_models
+    runner = make_runner(model, AsCacheMode.AsCacheDefault)
+    prompt = list(range(3, 30))
+    forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
+    layer = runner.model.weights.layers[1]
+    layer.post_norm = layer.post_norm * np.float32(1.01)
+    got, _ = engine_logits(runner, prompt, forced)
+    assert np.abs(got - rounded).max() > 10 * SIMULATED_TOLERANCE
