@@ -231,7 +231,7 @@ class _Connection:
     def lost(self, error) -> str:
         """The message for a call or stream that failed with `error` (a grpc.RpcError)."""
         self.mark_broken(f"{error.code().name}: {error.details()}")
-        exit_note = self.group.describe_exit(0.5) if self.group is not None else ""
+        exit_note = self.group.describe_exit(1.0) if self.group is not None else ""
         return self.broken + (f"; {exit_note}" if exit_note else "")
 
     def close(self, why) -> None:
@@ -582,10 +582,10 @@ class ClientEngine:
         return AsStatus(status)
 
     def _refuse_as_server(self, status, message) -> AsStatus:
-        """A call the server refused: logged at ERROR unless the server's own log line of it comes
-        through already (a group this client spawned)."""
+        """A call the server refused, logged here as the in-process Engine logs it (a spawned
+        server's own line of it comes through too, later: logger dashinfer_client.server)."""
         self.last_error = self._reason.text = message
-        log.log(logging.INFO if self._spawn else logging.ERROR, "%s (%s)", message, AsStatus(status).name)
+        log.error("%s (%s)", message, AsStatus(status).name)
         return AsStatus(status)
 
 

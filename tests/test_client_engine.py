@@ -246,10 +246,11 @@ def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized
         os.kill(old_pid, signal.SIGKILL)
         assert queue.wait_finished(10), "the queue of a request on a dead server never ended"
         assert queue.GenerateStatus() == S.GenerateInterrupted
-        assert "lost the connection" in queue.error and "exited with code -9" in queue.error
-        # A client connected by address has nothing to respawn: its calls fail with the reason.
+        assert "lost the connection to the dashinfer server" in queue.error
+        # A client connected by address has nothing to respawn: its calls fail with the reason
+        # (the broken connection, or nobody answering when it tries again).
         assert watcher.stop_model("tiny") == AsStatus.ALLSPARK_RUNTIME_ERROR
-        assert "no dashinfer server answered" in watcher.last_error
+        assert "lost the connection" in watcher.last_error or "no dashinfer server answered" in watcher.last_error
         # The spawning client's next call starts a new server and installs and starts the model again.
         status, handle2, queue2 = engine.start_request_ids("tiny", None, PROMPT, _gen(60))
         assert status == AsStatus.ALLSPARK_SUCCESS, engine.last_error
