@@ -339,16 +339,18 @@ class ClientEngine:
         return status
 
     def stop_model(self, model_name: str) -> AsStatus:
+        queues = self._queues(model_name, None)
         status = self._unary("stop_model", "StopModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         self._note_model(model_name, status, running=False)
         if status == SUCCESS:
-            self._wait_delivered(model_name, None)
+            _wait_delivered(queues)
         return status
 
     def release_model(self, model_name: str) -> AsStatus:
+        queues = self._queues(model_name, None)
         status = self._unary("release_model", "ReleaseModel", lambda conn: conn.pb.ModelRef(model_name=model_name))
         if status == SUCCESS:
-            self._wait_delivered(model_name, None)
+            _wait_delivered(queues)
             with self._lock:
                 self._models.pop(model_name, None)
                 self._tokenizers.pop(model_name, None)
@@ -426,17 +428,19 @@ class ClientEngine:
         return self.start_request_ids(model_name, model, ids, generate_config)
 
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
+        queues = self._queues(model_name, request_handle)
         status = self._unary("stop_request", "StopRequest",
                              lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
-            self._wait_delivered(model_name, request_handle)
+            _wait_delivered(queues)
         return status
 
     def release_request(self, model_name: str, request_handle) -> AsStatus:
+        queues = self._queues(model_name, request_handle)
         status = self._unary("release_request", "ReleaseRequest",
                              lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
-            self._wait_delivered(model_name, request_handle)
+            _wait_delivered(queues)
             with self._lock:
                 self._requests.pop(request_handle, None)
         return status
@@ -444,10 +448,11 @@ class ClientEngine:
     def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
         """Block until the request (None: every request of the model) has ended, and its queue here
         holds everything the server produced."""
+        queues = self._queues(model_name, request_handle)
         status = self._unary("sync_request", "SyncRequest",
                              lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
-            self._wait_delivered(model_name, request_handle)
+            _wait_delivered(queues)
         return status
 
     # ---- internals ------------------------------------------------------------------------------
@@ -472,7 +477,10 @@ class ClientEngine:
             if self._spawn:
                 if state.group is not None:
                     state.group.stop(self.shutdown_timeout)  # a group we cannot talk to is of no use
-                state.group = _Group(self._command, self.address, self._env)
+                try:
+                    state.group = _Group(self._command, self.address, self._env)
+                except OSError as e:
+                    raise Unavailable(f"cannot start the server group ({' '.join(self._command)}): {e}") from e
             elif self._instance_id is not None:
                 timeout = self.reconnect_timeout
             conn = _Connection(self.address, timeout, state.group)
@@ -519,16 +527,10 @@ class ClientEngine:
             return self._refuse_as_server(status, reply.message)
         return status
 
-    def _wait_delivered(self, model_name, handle) -> None:
-        """After a call that returns once requests have ended on the server (sync, stop, release;
-        handle None: every request of the model): wait until their queues here have the last
-        events too, which travel on the streams and can arrive after the reply. A broken stream
-        ends its queue as interrupted, so this cannot hang."""
+    def _queues(self, model_name, handle) -> list:
+        """The queues here of the request `handle` (None: every request) of the model."""
         with self._lock:
-            queues = [r.queue for h, r in self._requests.items()
-                      if r.model == model_name and handle in (None, h)]
-        for q in queues:
-            q.wait_finished()
+            return [r.queue for h, r in self._requests.items() if r.model == model_name and handle in (None, h)]
 
     def _note_model(self, name, status, running) -> None:
         if status == SUCCESS:
@@ -612,6 +614,14 @@ class _State:
         if self.group is not None:
             self.group.stop(timeout)
             self.group = None
+
+
+def _wait_delivered(queues) -> None:
+    """After a call that returns once requests have ended on the server (sync, stop, release):
+    wait until their queues here have the last events too, which travel on the streams and can
+    arrive after the reply. A broken stream ends its queue as interrupted: this cannot hang."""
+    for q in queues:
+        q.wait_finished()
 
 
 def _pump(conn, key, call, queue) -> None:
