@@ -32,7 +32,7 @@ def parse_args(argv=None):
                    help="seconds running requests get to finish on SIGTERM before they are interrupted")
     p.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="shut down when stdin closes (set by a ClientEngine that spawned this server)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     model_flags = (args.model_dir, args.model_prefix, args.model_name)
     if any(model_flags) and not all(model_flags):
