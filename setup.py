@@ -1,7 +1,16 @@
-"""Builds the C kernels in native/ into dashinfer_server._native (metadata lives in setup.cfg)."""
+"""Builds the C kernels in native/ into dashinfer_server._native, and the gRPC stubs of
+proto/dashinfer.proto into dashinfer_client/proto/ (metadata lives in setup.cfg)."""
 import glob
+import os
+import re
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_DIR = os.path.join(HERE, "proto")
+STUB_DIR = os.path.join(HERE, "dashinfer_client", "proto")
 
 native = Extension(
     "dashinfer_server._native",
@@ -13,4 +22,45 @@ native = Extension(
     extra_link_args=["-fopenmp"],
 )
 
-setup(ext_modules=[native])
+
+def generate_stubs():
+    """proto/*.proto -> dashinfer_client/proto/*_pb2.py and *_pb2_grpc.py (grpcio-tools' protoc).
+
+    protoc writes `import dashinfer_pb2`, which only works with the stub directory on sys.path;
+    the stubs are made package-relative (`from . import dashinfer_pb2`)."""
+    try:
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError as e:
+        raise RuntimeError("building dashinfer-py needs grpcio-tools (pip install grpcio-tools) to "
+                           "generate the gRPC stubs from proto/") from e
+    protos = sorted(glob.glob(os.path.join(PROTO_DIR, "*.proto")))
+    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    for proto in protos:
+        args = ["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{well_known}", f"--python_out={STUB_DIR}",
+                f"--grpc_python_out={STUB_DIR}", proto]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed on {proto}")
+    modules = [os.path.splitext(os.path.basename(p))[0] + "_pb2" for p in protos]
+    for path in glob.glob(os.path.join(STUB_DIR, "*_pb2*.py")):
+        with open(path) as f:
+            text = f.read()
+        for module in modules:
+            text = re.sub(rf"^import {module} as ", f"from . import {module} as ", text, flags=re.M)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+class BuildPy(build_py):
+    def run(self):
+        generate_stubs()
+        super().run()
+
+
+class BuildExt(build_ext):
+    def run(self):
+        generate_stubs()  # `setup.py build_ext --inplace` is the development build
+        super().run()
+
+
+setup(ext_modules=[native], cmdclass={"build_py": BuildPy, "build_ext": BuildExt})

@@ -64,7 +64,17 @@ class Engine:
         self._models = {}
         self._lock = threading.RLock()
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
-        self.last_error = None  # the reason of the last refused call, for logs and the gRPC layer
+        self.last_error = None  # the reason of the last refused call, for logs
+        self._reason = threading.local()  # the reason of the calling thread's last refused call
+
+    def call_with_reason(self, method: str, *args):
+        """(what `method(*args)` returns, why it was refused or "" when it was not).
+
+        For the gRPC service: the reason is this call's own, even when other threads call the
+        Engine at the same time (last_error may already hold another call's reason)."""
+        self._reason.text = ""
+        result = getattr(self, method)(*args)
+        return result, self._reason.text
 
     # ---- models ----------------------------------------------------------------------------
 
@@ -265,7 +275,7 @@ class Engine:
                                                   f"{type(e).__name__}: {e}")), None
 
     def _refuse(self, what, e: EngineError) -> AsStatus:
-        self.last_error = f"{what}: {e}"
+        self.last_error = self._reason.text = f"{what}: {e}"
         log.error("%s refused (%s): %s", what, e.status.name, e)
         return e.status
 

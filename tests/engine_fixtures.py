@@ -20,7 +20,7 @@ __all__ = ["api_engine", "tiny_checkpoint", "serialized_tiny", "greedy", "collec
            "DEFAULT_KV_FORMAT", "round_like_cache", "cache_rounding"]
 
 FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted)
-ENGINE_KINDS = ["engine"]  # the gRPC client adds "client"
+ENGINE_KINDS = ["engine", "client"]  # in-process, and ClientEngine over gRPC to a spawned server
 API_CONTEXT = 8192  # long enough for a model whose KV pool is smaller than one max_length request
 API_MAX_BATCH = 16
 # How AsCacheDefault stores K/V of an fp32 model: bf16 for now ("fp32" once that format exists).
@@ -64,6 +64,8 @@ def serialized_tiny(tiny_checkpoint):
 def _make_engine(kind):
     if kind == "engine":
         return allspark.Engine()
+    if kind == "client":
+        return allspark.ClientEngine(startup_timeout=120)
     raise ValueError(f"unknown engine kind {kind!r}")
 
 
@@ -82,6 +84,8 @@ def api_engine(request, serialized_tiny):
     assert engine.start_model(name) == allspark.AsStatus.ALLSPARK_SUCCESS
     yield engine, name, loader
     engine.release_model(name)
+    if request.param == "client":
+        engine.close()
 
 
 def greedy(max_length, **options) -> ASGenerationConfigBuilder:

@@ -70,9 +70,15 @@ def still_serving(api, new=160):
     assert engine.release_request(name, handle) == OK
 
 
-def logged(caplog, *words, level=logging.ERROR):
-    """A record of this process at `level` or above names every word."""
-    return any(r.levelno >= level and all(w in r.getMessage() for w in words) for r in caplog.records)
+def logged(caplog, *words, level=logging.ERROR, wait_s=2.0):
+    """A record of this process at `level` or above names every word. A ClientEngine's spawned
+    server logs through its output, read by a thread: its records get wait_s to come through."""
+    deadline = time.monotonic() + wait_s
+    while not any(r.levelno >= level and all(w in r.getMessage() for w in words) for r in caplog.records):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def install(api, model_name, **settings):

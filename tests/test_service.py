@@ -1,0 +1,214 @@
+"""The gRPC service in-process (no subprocess): addresses, draining, the grace period, the wire
+format of refusals, and `python -m dashinfer_server`'s argument checks."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+import dashinfer_client as allspark
+from dashinfer_client import AsStatus, GenerateRequestStatus as S
+from dashinfer_client.proto import load
+from dashinfer_server.engine import Engine
+from dashinfer_server.service import Server, default_address, serve, unix_socket_path
+from helpers import build_tiny_model
+
+pb, pb_grpc = load()
+PROMPT = [5, 17, 101, 33, 7, 250, 64, 12]
+
+
+@pytest.fixture(scope="module")
+def serialized(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4096)
+    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
+    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
+    return str(root / "ser")
+
+
+def _config(serialized):
+    return (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(serialized, "tiny")
+            .max_length(4096).max_batch(4).build())
+
+
+@pytest.fixture
+def server(serialized, tmp_path):
+    engine = Engine()
+    assert engine.install_model(_config(serialized)) == 0 and engine.start_model("tiny") == 0
+    srv = serve(engine, f"unix://{tmp_path}/s.sock")
+    yield srv
+    srv.stop()
+    engine.release_model("tiny")
+
+
+@pytest.fixture
+def stub(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.DashInferStub(channel)
+
+
+def _start(stub, max_length=40, **fields):
+    gen = allspark.ASGenerationConfigBuilder().update({"top_k": 1, "max_length": max_length,
+                                                       "early_stopping": False}).build().to_dict()
+    request = dict(model_name="tiny", input_ids=PROMPT, input_shape=[len(PROMPT)],
+                   generation_config_json=json.dumps(gen))
+    request.update(fields)
+    return stub.StartRequest(pb.StartRequestRequest(**request))
+
+
+def test_default_address_is_a_private_unix_socket():
+    address = default_address()
+    path = unix_socket_path(address)
+    assert address.startswith("unix://") and path.startswith("/") and str(os.getpid()) in path
+    assert unix_socket_path("unix:relative.sock") == "relative.sock"
+    assert unix_socket_path("127.0.0.1:5000") is None
+
+
+def test_loopback_port_chosen_by_the_os():
+    srv = serve(Engine(), "127.0.0.1:0")
+    try:
+        host, port = srv.address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        with grpc.insecure_channel(srv.address) as channel:
+            health = pb_grpc.DashInferStub(channel).Health(pb.Empty(), timeout=5)
+        assert health.ready and health.pid == os.getpid() and health.world_size == 1
+    finally:
+        srv.stop()
+
+
+def test_socket_of_a_live_server_is_not_taken_but_a_stale_one_is(tmp_path):
+    address = f"unix://{tmp_path}/x.sock"
+    first = serve(Engine(), address)
+    try:
+        with pytest.raises(RuntimeError, match="in use by a running server"):
+            Server(Engine(), address).start()
+    finally:
+        first.stop()
+    assert not os.path.exists(tmp_path / "x.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(tmp_path / "x.sock"))
+    stale.close()  # the file stays, nobody listens: what a killed server leaves
+    second = serve(Engine(), address)
+    assert oct(os.stat(tmp_path / "x.sock").st_mode & 0o777) == oct(0o660)
+    second.stop()
+
+
+def test_stream_carries_start_tokens_status_and_stats(stub):
+    events = list(_start(stub, 40))
+    first, last = events[0], events[-1]
+    assert first.started.status == 0 and first.handle > 0
+    assert sum(len(e.ids) for e in events) == 40 - len(PROMPT)
+    assert last.status == S.GenerateFinished and last.stats["finished_time"] > 0
+    assert all(e.status == S.Generating for e in events[1:-1])
+    # Statistics go as changes: the prompt length once (at the start), the latest token time
+    # with every token.
+    assert [e.stats["context_token_length"] for e in events if "context_token_length" in e.stats] == [len(PROMPT)]
+    assert first.stats["context_token_length"] == len(PROMPT) and first.stats["arrival_time"] > 0
+    assert all("last_token_time" in e.stats for e in events[1:])
+    assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=first.handle)).status == 0
+
+
+@pytest.mark.parametrize("fields, status, words", [
+    ({"generation_config_json": "{not json"}, AsStatus.ALLSPARK_PARAM_ERROR, "start_request"),
+    ({"input_shape": [3]}, AsStatus.ALLSPARK_PARAM_ERROR, "do not fill the shape"),
+    ({"model_name": "nope"}, AsStatus.ALLSPARK_PARAM_ERROR, "unknown model 'nope'"),
+    ({"input_ids": [], "input_shape": [0]}, AsStatus.ALLSPARK_EMPTY_REQUEST, "empty"),
+])
+def test_refused_start_is_one_event_with_status_and_reason(stub, fields, status, words):
+    events = list(_start(stub, **fields))
+    assert len(events) == 1
+    assert events[0].started.status == status and words in events[0].started.message
+
+
+def test_bad_runtime_config_is_a_param_error(stub):
+    for text in ("[]", "{nope", json.dumps({"model_name": "x", "max_batch": 0})):
+        reply = stub.InstallModel(pb.InstallModelRequest(runtime_config_json=text))
+        assert reply.status == AsStatus.ALLSPARK_PARAM_ERROR and "bad runtime config" in reply.message
+
+
+def test_draining_refuses_new_work_and_tells_sessions(server, stub):
+    session = stub.Session(pb.SessionRequest())
+    assert next(session).instance_id == server.service.instance_id
+    server.service.begin_draining("the server is shutting down: no new requests are accepted")
+    assert next(session).shutting_down
+    refused = list(_start(stub))
+    assert refused[0].started.status == AsStatus.ALLSPARK_REQUEST_DENIED
+    assert "shutting down" in refused[0].started.message
+    assert stub.StartModel(pb.ModelRef(model_name="tiny")).status == AsStatus.ALLSPARK_REQUEST_DENIED
+    assert not stub.Health(pb.Empty()).ready and stub.GetStats(pb.Empty()).draining
+    session.cancel()
+
+
+def test_shutdown_interrupts_what_outlives_the_grace_period(server, stub):
+    call = _start(stub, 4096)
+    handle = next(call).handle
+    assert next(call).ids
+    events = []
+    reader = threading.Thread(target=lambda: events.extend(call))
+    reader.start()
+    server.shutdown(grace=0.05)
+    reader.join(10)
+    assert events and events[-1].status == S.GenerateInterrupted
+    assert "grace period" in events[-1].error
+    assert sum(len(e.ids) for e in events) < 4096 - len(PROMPT)
+    assert not os.path.exists(server.socket_path) and handle > 0
+
+
+def test_session_end_releases_finished_requests(server, stub):
+    session = stub.Session(pb.SessionRequest())
+    sid = next(session).session_id
+    streams = [list(_start(stub, 20, session_id=sid)) for _ in range(2)]  # read to the end
+    handles = [events[0].handle for events in streams]
+    tiny = lambda: stub.GetStats(pb.Empty()).models[0]  # noqa: E731
+    assert tiny().requests == 2
+    assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=handles[0])).status == 0
+    session.cancel()
+    deadline = time.monotonic() + 10
+    while tiny().requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tiny().requests == 0 and stub.GetStats(pb.Empty()).sessions == 0
+
+
+def test_main_checks_its_arguments():
+    run = subprocess.run([sys.executable, "-m", "dashinfer_server", "--model-dir", "/x"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "go together" in run.stderr
+
+
+def test_main_fails_clearly_on_a_model_it_cannot_load(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "dashinfer_server", "--address", f"unix://{tmp_path}/m.sock",
+                          "--model-dir", str(tmp_path), "--model-prefix", "nothing", "--model-name", "m"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "cannot serve model 'm'" in run.stderr and "ready" not in run.stdout
+
+
+def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(serialized, tmp_path):
+    """The systemd use: the model comes with the flags, clients connect by address."""
+    address = f"unix://{tmp_path}/svc.sock"
+    server = subprocess.Popen([sys.executable, "-m", "dashinfer_server", "--address", address,
+                               "--model-dir", serialized, "--model-prefix", "tiny", "--model-name", "svc",
+                               "--max-length", "256", "--max-batch", "2", "--log-level", "WARNING"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = server.stdout.readline()
+        assert ready.startswith("dashinfer_server: ready on " + address), server.stderr.read()
+        with allspark.ClientEngine(address) as client:
+            assert client.get_stats()["models"]["svc"]["state"] == "Running"
+            # No loader given: the tokenizer comes from the model files the server names.
+            status, handle, queue = client.start_request_text(
+                "svc", None, "hello", allspark.ASGenerationConfigBuilder().update(
+                    {"top_k": 1, "max_length": 40, "early_stopping": False}))
+            assert status == AsStatus.ALLSPARK_SUCCESS, client.last_error
+            assert client.sync_request("svc", handle) == 0 and queue.GenerateStatus() == S.GenerateFinished
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        assert not os.path.exists(tmp_path / "svc.sock")
+    finally:
+        server.kill()
+        server.wait()
