@@ -6,8 +6,8 @@ rows(limits) returns one dict per (shape, wtype): time, GB/s over the packed wei
 (scales and zeros included; i8/u4 groups of 128 along K, 64 when K = 576), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
 bw_gbs, flops at the bf16 peak, or the fp32 peak for f32 weights) over the measured time, and
 `vs_torch` = torch time / our time (torch bf16 matmul for bf16/i8/u4, fp32 for f32, 2 threads).
-Decode shapes (M = 1, 16) cycle through copies of the weight bigger than the LLC, so each call
-streams its weights from DRAM, as in a real decode step.
+Decode shapes (M = 1, 16) cycle through copies of the weight 8x bigger than the LLC, so each
+call streams its weights from DRAM, as in a real decode step.
 """
 import argparse
 import time
@@ -49,8 +49,9 @@ def _pack(wtype, n, k, rng):
 
 
 def _copies(nbytes, cold):
-    """How many weight copies make a cycle bigger than the LLC (1 when cache reuse is fine)."""
-    return max(1, min(128, -(-3 * LLC_BYTES // nbytes))) if cold else 1
+    """How many weight copies make a cycle of 8x the LLC (AMD's L3 keeps part of a cycle only
+    a little bigger than itself), or 1 when cache reuse is fine."""
+    return max(2, min(256, -(-8 * LLC_BYTES // nbytes))) if cold else 1
 
 
 def _best_time(fn, copies, calls=200, budget=3.0):
