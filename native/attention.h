@@ -1,7 +1,8 @@
 /* Paged attention with GQA over a block KV cache, and the kernel that writes new K/V into it.
  *
  * One layer's cache is a pair of arrays [num_blocks, n_kv_heads, block_size, head_dim]; a token's
- * slot is block_id * block_size + offset_in_block. Three storage formats:
+ * slot is block_id * block_size + offset_in_block. Four storage formats:
+ *   fp32 : float, for fp32 models (their logits must match an fp32 reference).
  *   bf16 : uint16 bits.
  *   int8 : codes q, x ~= q * scale, scale = max|x| / 127 per token per head.
  *   uint4: two codes per byte (low nibble = even d), x ~= (q - zero) * scale, q in 0..15,
@@ -10,7 +11,7 @@
 #pragma once
 #include <stdint.h>
 
-typedef enum { DN_KV_BF16 = 0, DN_KV_INT8 = 1, DN_KV_UINT4 = 2 } dn_kv_format_t;
+typedef enum { DN_KV_BF16 = 0, DN_KV_INT8 = 1, DN_KV_UINT4 = 2, DN_KV_F32 = 3 } dn_kv_format_t;
 
 typedef struct {
     dn_kv_format_t format;

@@ -79,6 +79,8 @@ static inline __m512i reduce16_epi32(const __m512i *v) {
 /* Where the accumulator lane `pos` of a chunk lives in head_dim (chunk: 32 values, uint4 V 64). */
 static int acc_lane_d(dn_kv_format_t f, int pos) {
     switch (f) {
+    case DN_KV_F32:
+        return pos;
     case DN_KV_BF16: /* even d, then odd d */
         return pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
     case DN_KV_INT8: { /* unpacklo/hi of two rows' int16: 4 d of each 128-bit lane */
@@ -117,6 +119,21 @@ static inline __attribute__((always_inline)) void scores_bf16(const uint16_t *k,
             }
         }
         for (int i = 0; i < M; i++) tmp[i * 16 + tt] = _mm512_add_ps(a0[i], a1[i]);
+    }
+    for (int i = 0; i < M; i++) _mm512_storeu_ps(s + i * ld_s, reduce16_ps(tmp + i * 16));
+}
+
+/* fp32: qf [M][D] in head_dim order */
+static inline __attribute__((always_inline)) void scores_f32(const float *k, int D, const float *qf, int M, __m512 *tmp,
+                              float *s, int ld_s) {
+    for (int tt = 0; tt < 16; tt++) {
+        __m512 a[DECODE_MAX_M];
+        for (int i = 0; i < M; i++) a[i] = _mm512_setzero_ps();
+        for (int c = 0; c < D; c += 16) {
+            __m512 x = _mm512_loadu_ps(k + (int64_t)tt * D + c);
+            for (int i = 0; i < M; i++) a[i] = _mm512_fmadd_ps(x, _mm512_load_ps(qf + i * D + c), a[i]);
+        }
+        for (int i = 0; i < M; i++) tmp[i * 16 + tt] = a[i];
     }
     for (int i = 0; i < M; i++) _mm512_storeu_ps(s + i * ld_s, reduce16_ps(tmp + i * 16));
 }
@@ -177,6 +194,29 @@ static inline __attribute__((always_inline)) void pv_bf16(const uint16_t *v, int
                 __m512 w = _mm512_set1_ps(p[i * ld_p + t]);
                 a0[i] = _mm512_fmadd_ps(w, ev, a0[i]);
                 a1[i] = _mm512_fmadd_ps(w, od, a1[i]);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            _mm512_store_ps(acc + i * D + c, a0[i]);
+            _mm512_store_ps(acc + i * D + c + 16, a1[i]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void pv_f32(const float *v, int D, const float *p, int ld_p, int M, int t0,
+                          int t1, float *acc) {
+    for (int c = 0; c < D; c += 32) {
+        __m512 a0[DECODE_MAX_M], a1[DECODE_MAX_M];
+        for (int i = 0; i < M; i++) {
+            a0[i] = _mm512_load_ps(acc + i * D + c);
+            a1[i] = _mm512_load_ps(acc + i * D + c + 16);
+        }
+        for (int t = t0; t < t1; t++) {
+            __m512 x0 = _mm512_loadu_ps(v + (int64_t)t * D + c), x1 = _mm512_loadu_ps(v + (int64_t)t * D + c + 16);
+            for (int i = 0; i < M; i++) {
+                __m512 w = _mm512_set1_ps(p[i * ld_p + t]);
+                a0[i] = _mm512_fmadd_ps(w, x0, a0[i]);
+                a1[i] = _mm512_fmadd_ps(w, x1, a1[i]);
             }
         }
         for (int i = 0; i < M; i++) {
@@ -271,7 +311,7 @@ static inline __attribute__((always_inline)) void decode_tile_m(const attn_tile_
     const dn_kv_cache_t *kv = t->kv;
     const dn_kv_format_t f = kv->format;
     const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
-    const int64_t kbytes = f == DN_KV_BF16 ? 2 * D : f == DN_KV_INT8 ? D : D / 2; /* per row */
+    const int64_t kbytes = f == DN_KV_F32 ? 4 * D : f == DN_KV_BF16 ? 2 * D : f == DN_KV_INT8 ? D : D / 2; /* per row */
     /* scratch, 64-byte aligned pieces */
     char *w = t->work;
     float *qf = (float *)w;                 w += (size_t)M * D * 4;  /* [M][D] bf16 path */
@@ -290,7 +330,7 @@ static inline __attribute__((always_inline)) void decode_tile_m(const attn_tile_
         const float *src = t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D;
         float *dst = stage;
         for (int d = 0; d < D; d++) dst[d] = src[d] * t->scale;
-        if (f == DN_KV_BF16) {
+        if (f == DN_KV_F32 || f == DN_KV_BF16) {
             for (int c = 0; c < D; c += 32)
                 for (int p = 0; p < 32; p++) qf[i * D + c + p] = dst[c + acc_lane_d(f, p)];
         } else if (f == DN_KV_INT8) {
@@ -333,7 +373,9 @@ static inline __attribute__((always_inline)) void decode_tile_m(const attn_tile_
                 prefetch_rows(next_k + from, slice);
                 prefetch_rows(next_v + from, slice);
             }
-            if (f == DN_KV_BF16)
+            if (f == DN_KV_F32)
+                scores_f32((const float *)kv->k + (row + g) * D, D, qf, M, tmp, s + g, bs);
+            else if (f == DN_KV_BF16)
                 scores_bf16((const uint16_t *)kv->k + (row + g) * D, D, qf, M, tmp, s + g, bs);
             else
                 scores_int(f, (const char *)kv->k + (row + g) * kbytes, D, qi, M,
@@ -380,7 +422,9 @@ static inline __attribute__((always_inline)) void decode_tile_m(const attn_tile_
                 zt[i] *= alpha;
             }
         }
-        if (f == DN_KV_BF16) {
+        if (f == DN_KV_F32) {
+            pv_f32((const float *)kv->v + row * D, D, s, bs, M, off, tmax, acc);
+        } else if (f == DN_KV_BF16) {
             pv_bf16((const uint16_t *)kv->v + row * D, D, s, bs, M, off, tmax, acc);
         } else {
             /* weights times the V scales, quantized per vector for this block */
@@ -406,7 +450,7 @@ static inline __attribute__((always_inline)) void decode_tile_m(const attn_tile_
 
     /* back to head_dim order (and the uint4 zero term) before writing out */
     float *nat = (float *)tmp; /* M * 16 * 16 floats >= M * D when D <= 256 */
-    int chunk = f == DN_KV_UINT4 ? 64 : 32;
+    int chunk = f == DN_KV_UINT4 ? 64 : 32; /* fp32: the identity */
     for (int i = 0; i < M; i++)
         for (int c = 0; c < D; c += chunk)
             for (int p = 0; p < chunk; p++)
@@ -432,10 +476,12 @@ static void decode_tile(const attn_tile_t *t) {
  * Scores are kept transposed, S[t][i], so the per-vector softmax statistics are lane-wise and
  * both products are broadcast-FMA kernels over contiguous fp32 rows. */
 
-/* n cache rows of K or V, dequantized to fp32 [n][D] in head_dim order */
-static void rows_to_f32(const dn_kv_cache_t *c, int which, int64_t row, int n, float *dst) {
+/* n cache rows of K or V as fp32 [n][D] in head_dim order: the cache itself (fp32), or
+ * dequantized into dst */
+static const float *rows_to_f32(const dn_kv_cache_t *c, int which, int64_t row, int n, float *dst) {
     const int D = c->head_dim;
     const void *base = which ? c->v : c->k;
+    if (c->format == DN_KV_F32) return (const float *)base + row * D;
     const float *sc = c->format == DN_KV_BF16 ? NULL : (which ? c->v_scale : c->k_scale) + row;
     const float *zr = c->format == DN_KV_UINT4 ? (which ? c->v_zero : c->k_zero) + row : NULL;
     for (int j = 0; j < n; j++) {
@@ -465,6 +511,7 @@ static void rows_to_f32(const dn_kv_cache_t *c, int which, int64_t row, int n, f
             }
         }
     }
+    return dst;
 }
 
 /* S[t][0..16*IC) = sum_d kf[t][d] * qt[d][..] for R tokens */
@@ -516,7 +563,7 @@ static inline __attribute__((always_inline)) void pv_kernel(const float *p, int 
     }
     for (int t = 0; t < n; t++) {
         __m512 v[4];
-        for (int c = 0; c < DC; c++) v[c] = _mm512_load_ps(vf + (int64_t)t * D + d0 + 16 * c);
+        for (int c = 0; c < DC; c++) v[c] = _mm512_loadu_ps(vf + (int64_t)t * D + d0 + 16 * c);
         for (int r = 0; r < R; r++) {
             __m512 w = _mm512_set1_ps(p[t * mp + i0 + r]);
             for (int c = 0; c < DC; c++) a[r][c] = _mm512_fmadd_ps(w, v[c], a[r][c]);
@@ -569,9 +616,9 @@ static void prefill_tile(const attn_tile_t *t) {
         const int off = pos % bs;
         const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
         const int64_t row = attn_cache_row(t, pos);
-        rows_to_f32(kv, 0, row, n, kf);
-        rows_to_f32(kv, 1, row, n, vf);
-        qk_block(kf, n, D, qt, mp, s);
+        const float *kr = rows_to_f32(kv, 0, row, n, kf);
+        const float *vr = rows_to_f32(kv, 1, row, n, vf);
+        qk_block(kr, n, D, qt, mp, s);
         /* causal mask: only tokens past the first row's position can be hidden */
         for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
             for (int c = 0; c < mp; c += 16) {
@@ -599,7 +646,7 @@ static void prefill_tile(const attn_tile_t *t) {
             _mm512_store_ps(mx + c, mnew);
             _mm512_store_ps(alpha + c, al);
         }
-        pv_block(s, mp, n, vf, D, alpha, acc);
+        pv_block(s, mp, n, vr, D, alpha, acc);
         pos += n;
     }
     attn_finish(t, acc, mx, sum);

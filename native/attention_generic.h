@@ -59,6 +59,10 @@ static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
                        float *restrict dst) {
     const int D = c->head_dim;
     const void *base = which ? c->v : c->k;
+    if (c->format == DN_KV_F32) {
+        memcpy(dst, (const float *)base + row * D, (size_t)n * D * sizeof *dst);
+        return;
+    }
     if (c->format == DN_KV_BF16) {
         const uint16_t *restrict src = (const uint16_t *)base + row * D;
         for (int i = 0; i < n * D; i++) {

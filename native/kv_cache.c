@@ -1,6 +1,7 @@
 /* Writing new K/V into the paged cache: one vector per (token, kv head), quantized per the format.
  * Small next to attention (T * n_kv_heads * head_dim values per layer and step), so plain C. */
 #include <math.h>
+#include <string.h>
 
 #include "attention.h"
 #include "common.h"
@@ -41,6 +42,9 @@ static void write_one(const dn_kv_cache_t *c, const float *x, void *cache, float
                       float *zero, int64_t row) {
     int D = c->head_dim;
     switch (c->format) {
+    case DN_KV_F32:
+        memcpy((float *)cache + row * D, x, (size_t)D * sizeof *x);
+        break;
     case DN_KV_BF16: {
         uint16_t *dst = (uint16_t *)cache + row * D;
         for (int d = 0; d < D; d++) dst[d] = dn_f32_to_bf16(x[d]);

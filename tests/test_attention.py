@@ -5,14 +5,19 @@ import pytest
 from dashinfer_client.dtypes import from_bf16
 from dashinfer_server import kernels as K
 
-FORMATS = ("bf16", "int8", "uint4")
+FORMATS = ("fp32", "bf16", "int8", "uint4")
+# fp32 and bf16 caches are read with fp32 math: only rounding separates them from the reference
+TOLERANCE = {"fp32": (1e-5, 1e-6), "bf16": (1e-5, 1e-6), "int8": (1e-3, 3e-5), "uint4": (1e-3, 3e-5)}
 
 
 def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
     """Cache arrays filled with garbage (NaN where it can be) so reads of unwritten slots show."""
     shape = (num_blocks, n_kv, bs, d)
     extra = {}
-    if fmt == "bf16":
+    if fmt == "fp32":
+        kc = np.full(shape, np.nan, np.float32)
+        vc = kc.copy()
+    elif fmt == "bf16":
         kc = np.full(shape, 0x7FC0, np.uint16)  # bf16 NaN
         vc = kc.copy()
     elif fmt == "int8":
@@ -21,7 +26,7 @@ def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
     else:
         kc = rng.integers(0, 256, shape[:3] + (d // 2,), dtype=np.uint8)
         vc = kc.copy()
-    if fmt != "bf16":
+    if fmt in ("int8", "uint4"):
         extra["k_scale"] = np.full(shape[:3], np.nan, np.float32)
         extra["v_scale"] = np.full(shape[:3], np.nan, np.float32)
     if fmt == "uint4":
@@ -32,6 +37,8 @@ def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
 
 def dequant(fmt, cache, scale=None, zero=None):
     """The cache as float64 [num_blocks, n_kv, bs, head_dim], decoded as the kernels do."""
+    if fmt == "fp32":
+        return cache.astype(np.float64)
     if fmt == "bf16":
         return from_bf16(cache).astype(np.float64)
     if fmt == "int8":
@@ -126,7 +133,8 @@ def test_attention_matches_reference(isa, fmt, case):
         out = run(args)
     finally:
         K.set_num_threads(threads)
-    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=3e-5)
+    rtol, atol = TOLERANCE[fmt]
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol)
 
 
 def test_attention_single_thread_equals_two(isa):
@@ -160,12 +168,14 @@ def test_kv_write_quantization_error(isa, fmt):
         got = dequant(fmt, cache, extra.get(name + "_scale"), extra.get(name + "_zero"))
         got = got[blk, :, off]  # [t_kept, n_kv, d]
         want = x[keep].astype(np.float64)
-        if fmt == "bf16":
+        if fmt == "fp32":
+            bound = 0.0  # stored as is
+        elif fmt == "bf16":
             bound = np.abs(want) * 2.0**-8
         else:
             bound = extra[name + "_scale"][blk, :, off][..., None] / 2 * (1 + 1e-5) + 1e-7
         assert np.all(np.abs(got - want) <= bound)
-    if fmt != "bf16":
+    if fmt in ("int8", "uint4"):
         # the padded token's slot was never written
         untouched = np.isnan(extra["k_scale"]).sum()
         assert untouched == 4 * bs * n_kv - keep.sum() * n_kv
@@ -207,8 +217,13 @@ def _with(fmt="int8", **change):
 BAD_ATTENTION = {
     "q float64": (TypeError, "q must be float32",
                   lambda a: dict(q=a["q"].astype(np.float64))),
-    "cache float32": (TypeError, "k_cache must be",
-                      lambda a: dict(k_cache=a["k_cache"].astype(np.float32))),
+    "cache float64": (TypeError, "k_cache must be",
+                      lambda a: dict(k_cache=a["k_cache"].astype(np.float64))),
+    "v_cache dtype differs": (TypeError, "v_cache must be int8",
+                              lambda a: dict(v_cache=a["v_cache"].astype(np.float32))),
+    "scale for fp32": (TypeError, "k_scale must be None",
+                       lambda a: dict(k_cache=a["k_cache"].astype(np.float32),
+                                      v_cache=a["v_cache"].astype(np.float32))),
     "missing k_scale": (TypeError, "k_scale is required",
                         lambda a: dict(k_scale=None)),
     "zero for int8": (TypeError, "k_zero must be None",
