@@ -7,7 +7,7 @@ from dashinfer_server import kernels as K
 
 FORMATS = ("fp32", "bf16", "int8", "uint4")
 # fp32 and bf16 caches are read with fp32 math: only rounding separates them from the reference
-TOLERANCE = {"fp32": (1e-5, 1e-6), "bf16": (1e-5, 1e-6), "int8": (1e-3, 3e-5), "uint4": (1e-3, 3e-5)}
+TOLERANCE = {"fp32": (1e-5, 1e-6), "bf16": (1e-5, 1e-6), "int8": (1e-3, 5e-5), "uint4": (1e-3, 5e-5)}
 
 
 def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
@@ -119,6 +119,10 @@ CASES = {
     # one long context: the kernel splits it across threads and merges the partials
     "split_decode_d128_g4_bs16": dict(seqs=[(1, 2100)], n_kv=1, group=4, d=128, bs=16),
     "split_prefill_d64_g3_bs64": dict(seqs=[(3, 3000)], n_kv=1, group=3, d=64, bs=64),
+    # decode tiles over several kv heads, split, with two causal rows; more heads than one tile takes
+    "split_heads_d64_g2_bs32": dict(seqs=[(1, 3000), (2, 700)], n_kv=4, group=2, d=64, bs=32),
+    "many_heads_d32_g4_bs16": dict(seqs=[(1, 100), (1, 40), (2, 17)], n_kv=20, group=4, d=32,
+                                   bs=16),
     "odd_d48_g2_bs32": dict(seqs=[(2, 70), (1, 33)], n_kv=2, group=2, d=48, bs=32),
 }
 
