@@ -59,13 +59,12 @@ static void *scratch_get(size_t n) {
 
 size_t attn_work_bytes(int block_size, int head_dim) {
     /* prefill: q^T, scores, acc: M x (head_dim or block), two fp32 blocks, per-vector state;
-     * decode: q and acc of M vectors, per-vector state (2 x 16 lanes + 3), 8 x 16 vectors of
-     * partial dots, scores
-     * and int16 weights of 8 vectors, a staging row pair */
+     * decode: q and acc of M vectors, per-vector state (2 x 16 lanes + 3), 8 output rows,
+     * scores and int16 weights of 8 vectors, a staging row */
     size_t prefill = (size_t)ATTN_MAX_M * head_dim * 2 + (size_t)ATTN_MAX_M * block_size +
                      (size_t)2 * block_size * head_dim + 16 * ATTN_MAX_M + 256;
-    size_t decode = (size_t)ATTN_MAX_M * head_dim * 2 + 35 * ATTN_MAX_M + 8 * 16 * 16 +
-                    8 * (size_t)block_size + 4 * ((size_t)block_size + 32) + 2 * head_dim + 64;
+    size_t decode = (size_t)ATTN_MAX_M * (head_dim * 2 + 35) + 10 * (size_t)head_dim +
+                    8 * (size_t)block_size + 4 * ((size_t)block_size + 32) + 64;
     size_t floats = prefill > decode ? prefill : decode;
     return (floats * 4 + 63) & ~(size_t)63;
 }

@@ -35,16 +35,41 @@ def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
     return kc, vc, extra
 
 
-def dequant(fmt, cache, scale=None, zero=None):
+def to_rows(fmt, which, cache):
+    """A cache array in token order [num_blocks, n_kv, bs, head_dim] (uint4: codes 0..15), undoing
+    the slice layout of native/attention_layout.h."""
+    nb, h, bs = cache.shape[:3]
+    if fmt == "uint4":
+        d = cache.shape[3] * 2
+        if which == "k":  # bytes [bs/16][D/8][16][4]: d = 8j + b low nibble, 8j + 4 + b high
+            b = cache.reshape(nb, h, bs // 16, d // 8, 16, 4)
+            codes = np.stack([b & 15, b >> 4], axis=4)  # [.., j, 16, lo/hi, 4]
+            return codes.transpose(0, 1, 2, 5, 3, 4, 6).reshape(nb, h, bs, d)
+        # bytes [bs/4][D/16][8][4]: token 4Q + r, d = 16c + k low nibble, 16c + 8 + k high
+        b = cache.reshape(nb, h, bs // 4, d // 16, 8, 4)
+        codes = np.stack([b & 15, b >> 4], axis=4)  # [.., c, lo/hi, 8, 4]
+        return codes.transpose(0, 1, 2, 6, 3, 4, 5).reshape(nb, h, bs, d)
+    d = cache.shape[3]
+    if which == "k" and fmt == "fp32":  # [bs/16][D][16]
+        return cache.reshape(nb, h, bs // 16, d, 16).swapaxes(3, 4).reshape(nb, h, bs, d)
+    if which == "k":  # [bs/16][D/2][16][2]
+        return cache.reshape(nb, h, bs // 16, d // 2, 16, 2).transpose(0, 1, 2, 4, 3, 5) \
+            .reshape(nb, h, bs, d)
+    if fmt == "int8":  # [bs/2][D][2]
+        return cache.reshape(nb, h, bs // 2, d, 2).swapaxes(3, 4).reshape(nb, h, bs, d)
+    return cache
+
+
+def dequant(fmt, which, cache, scale=None, zero=None):
     """The cache as float64 [num_blocks, n_kv, bs, head_dim], decoded as the kernels do."""
+    rows = to_rows(fmt, which, cache)
     if fmt == "fp32":
-        return cache.astype(np.float64)
+        return rows.astype(np.float64)
     if fmt == "bf16":
-        return from_bf16(cache).astype(np.float64)
+        return from_bf16(rows).astype(np.float64)
     if fmt == "int8":
-        return cache.astype(np.float64) * scale[..., None]
-    codes = np.stack([cache & 15, cache >> 4], axis=-1).reshape(cache.shape[:3] + (-1,))
-    return (codes.astype(np.float64) - zero[..., None]) * scale[..., None]
+        return rows.astype(np.float64) * scale[..., None]
+    return (rows.astype(np.float64) - zero[..., None]) * scale[..., None]
 
 
 def reference(q, kd, vd, tables, q_offsets, ctx, scale, group):
@@ -94,8 +119,8 @@ def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
     ctx = np.array([c for _, c in seqs], np.int32)
     q = rng.standard_normal((q_offsets[-1], n_heads, d)).astype(np.float32)
     scale = 1.0 / np.sqrt(d)
-    kd = dequant(fmt, kc, extra.get("k_scale"), extra.get("k_zero"))
-    vd = dequant(fmt, vc, extra.get("v_scale"), extra.get("v_zero"))
+    kd = dequant(fmt, "k", kc, extra.get("k_scale"), extra.get("k_zero"))
+    vd = dequant(fmt, "v", vc, extra.get("v_scale"), extra.get("v_zero"))
     ref = reference(q, kd, vd, tables, q_offsets, ctx, scale, group)
     args = dict(q=q, k_cache=kc, v_cache=vc, block_tables=tables, q_offsets=q_offsets,
                 context_lens=ctx, scale=scale, **extra)
@@ -169,7 +194,7 @@ def test_kv_write_quantization_error(isa, fmt):
     keep = slots >= 0
     blk, off = slots[keep] // bs, slots[keep] % bs
     for x, cache, name in ((k, kc, "k"), (v, vc, "v")):
-        got = dequant(fmt, cache, extra.get(name + "_scale"), extra.get(name + "_zero"))
+        got = dequant(fmt, name, cache, extra.get(name + "_scale"), extra.get(name + "_zero"))
         got = got[blk, :, off]  # [t_kept, n_kv, d]
         want = x[keep].astype(np.float64)
         if fmt == "fp32":
