@@ -413,6 +413,8 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
     }
 
     /* online softmax: vector i sees the tokens [off, te[i]) of the slice, weights 0 elsewhere */
+    const int ng = (g1 - g0) / 16;
+    __mmask16 ok[MAX_M][16]; /* per vector and token group: the tokens it sees */
     int tmax = off, te[MAX_M];
     float bmax[16];
     for (int i = 0; i < M; i++) {
@@ -420,8 +422,10 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         te[i] = off + (nv < 0 ? 0 : nv > n ? n : nv);
         if (te[i] > tmax) tmax = te[i];
         __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int g = g0; g < g1; g += 16)
-            m = _mm512_mask_max_ps(m, tokens_in(g, off, te[i]), m, _mm512_loadu_ps(s + i * bs + g));
+        for (int k = 0; k < ng; k++) {
+            ok[i][k] = i > 0 && te[i] == te[i - 1] ? ok[i - 1][k] : tokens_in(g0 + 16 * k, off, te[i]);
+            m = _mm512_mask_max_ps(m, ok[i][k], m, _mm512_loadu_ps(s + i * bs + g0 + 16 * k));
+        }
         bmax[i] = _mm512_reduce_max_ps(m);
     }
     /* the M vectors side by side in the lanes */
@@ -432,49 +436,51 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
     __m512 mn = _mm512_max_ps(mo, mb);
     /* vectors that saw nothing yet subtract 0, keeping exp(-inf) = 0 and no NaN */
     __m512 muse = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
-    float alpha[16], mu[16], wsc[MAX_M];
+    float alpha[16], mu[16], wsc[16], winv[16];
     _mm512_storeu_ps(alpha, exp512(_mm512_sub_ps(mo, muse)));
     _mm512_storeu_ps(mu, muse);
     _mm512_mask_storeu_ps(st->mx + v0, lanes, mn);
     const __mmask16 had = _mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ); /* acc holds something */
-    const float wmax = f == DN_KV_UINT4 ? Q16_MAX : 32767.0f;
+    if (vs) {
+        /* int16 weights, one scale per vector: a weight times its V scale is at most
+         * e^(block max - max) times the largest V scale of the slice */
+        const float wmax = f == DN_KV_UINT4 ? Q16_MAX : 32767.0f;
+        __m512 m = _mm512_setzero_ps();
+        for (int k = 0; k < ng; k++)
+            m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(tokens_in(g0 + 16 * k, off, tmax), vs + g0 + 16 * k));
+        __m512 top = _mm512_mul_ps(exp512(_mm512_sub_ps(mb, muse)), _mm512_set1_ps(_mm512_reduce_max_ps(m)));
+        _mm512_storeu_ps(wsc, _mm512_mul_ps(top, _mm512_set1_ps(1.0f / wmax)));
+        _mm512_storeu_ps(winv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                                   _mm512_set1_ps(wmax), top));
+    }
     int8_t *wh = (int8_t *)wq, *wl = wh + M * ldw; /* uint4 */
     for (int i = 0; i < M; i++) {
-        const __m512 m = _mm512_set1_ps(mu[i]), al = _mm512_set1_ps(alpha[i]);
+        const __m512 m = _mm512_set1_ps(mu[i]), al = _mm512_set1_ps(alpha[i]), inv = _mm512_set1_ps(winv[i]);
         float *sumv = st->sumv + (v0 + i) * 16, *ztv = st->ztv + (v0 + i) * 16;
-        __m512 psum = _mm512_mul_ps(_mm512_load_ps(sumv), al), top = _mm512_setzero_ps();
-        float *wi = s + i * bs;
-        for (int g = g0; g < g1; g += 16) {
-            __mmask16 ok = tokens_in(g, off, te[i]);
-            __m512 p = _mm512_maskz_mov_ps(ok, exp512(_mm512_sub_ps(_mm512_loadu_ps(wi + g), m)));
+        __m512 psum = _mm512_mul_ps(_mm512_load_ps(sumv), al), zsum = _mm512_setzero_ps();
+        for (int k = 0; k < ng; k++) {
+            const int g = g0 + 16 * k;
+            const __mmask16 msk = ok[i][k];
+            __m512 p = _mm512_maskz_mov_ps(msk, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * bs + g), m)));
             psum = _mm512_add_ps(psum, p);
-            if (vs) { /* int formats: the weights times the V scales */
-                p = _mm512_maskz_mul_ps(ok, p, _mm512_maskz_loadu_ps(ok, vs + g));
-                top = _mm512_max_ps(top, p);
+            if (!vs) {
+                _mm512_storeu_ps(s + i * bs + g, p);
+                continue;
             }
-            _mm512_storeu_ps(wi + g, p);
-        }
-        if (vs) { /* to int16 with one scale per vector and slice */
-            float mx = _mm512_reduce_max_ps(top);
-            wsc[i] = mx / wmax;
-            const __m512 inv = _mm512_set1_ps(mx > 0.0f ? wmax / mx : 0.0f);
-            __m512 zsum = _mm512_setzero_ps();
-            for (int g = g0; g < g1; g += 16) {
-                __m512i w = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(wi + g), inv));
-                if (f == DN_KV_INT8) {
-                    _mm256_storeu_si256((__m256i *)(wq + i * ldw + g), _mm512_cvtepi32_epi16(w));
-                } else {
-                    split_i16(w, wh + i * ldw + g, wl + i * ldw + g);
-                    /* the zero points' share, with the weights as quantized */
-                    zsum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(w),
-                                           _mm512_maskz_loadu_ps(tokens_in(g, off, te[i]), vz + g), zsum);
-                }
+            /* int formats: the weights times the V scales, to int16 */
+            __m512i w = _mm512_cvtps_epi32(_mm512_mul_ps(p, _mm512_mul_ps(_mm512_maskz_loadu_ps(msk, vs + g), inv)));
+            if (f == DN_KV_INT8) {
+                _mm256_storeu_si256((__m256i *)(wq + i * ldw + g), _mm512_cvtepi32_epi16(w));
+            } else {
+                split_i16(w, wh + i * ldw + g, wl + i * ldw + g);
+                /* the zero points' share, with the weights as quantized */
+                zsum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), _mm512_maskz_loadu_ps(msk, vz + g), zsum);
             }
-            if (vz)
-                _mm512_store_ps(ztv, _mm512_fmadd_ps(zsum, _mm512_set1_ps(wsc[i]),
-                                                     _mm512_mul_ps(_mm512_load_ps(ztv), al)));
         }
         _mm512_store_ps(sumv, psum);
+        if (vz)
+            _mm512_store_ps(ztv, _mm512_fmadd_ps(zsum, _mm512_set1_ps(wsc[i]),
+                                                 _mm512_mul_ps(_mm512_load_ps(ztv), al)));
         if (alpha[i] != 1.0f && (had >> i & 1))
             for (int d = 0; d < D; d += 16)
                 _mm512_store_ps(acc + i * D + d, _mm512_mul_ps(al, _mm512_load_ps(acc + i * D + d)));

@@ -6,8 +6,9 @@ from dashinfer_client.dtypes import from_bf16
 from dashinfer_server import kernels as K
 
 FORMATS = ("fp32", "bf16", "int8", "uint4")
-# fp32 and bf16 caches are read with fp32 math: only rounding separates them from the reference
-TOLERANCE = {"fp32": (1e-5, 1e-6), "bf16": (1e-5, 1e-6), "int8": (1e-3, 5e-5), "uint4": (1e-3, 5e-5)}
+# fp32 and bf16 caches are read with fp32 math: only rounding separates them from the reference;
+# int8 and uint4 take q and the softmax weights as int16 (errors far below the cache's own)
+TOLERANCE = {"fp32": (1e-5, 1e-6), "bf16": (1e-5, 1e-6), "int8": (1e-3, 1e-4), "uint4": (1e-3, 1e-4)}
 
 
 def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
