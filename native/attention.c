@@ -131,13 +131,14 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
     int head_chunks = (group + ATTN_MAX_M - 1) / ATTN_MAX_M;
     int heads = (group + head_chunks - 1) / head_chunks;
     int rows = ATTN_MAX_M / heads;
-    /* total work in vector-positions, to size the split ranges */
+    /* total work in vector-positions, to size the split ranges: up to ~4 per thread, enough
+     * to even out the threads; each split starts its stream cold (no prefetch across tiles) */
     double total = 0;
     for (int b = 0; b < B; b++) {
         int ql = q_offsets[b + 1] - q_offsets[b];
         total += (double)ql * group * nkv * context_lens[b];
     }
-    double target = total / (n_threads * 16.0);
+    double target = total / (n_threads * 4.0);
     int64_t n = 0, floats = 0;
     for (int b = 0; b < B; b++) {
         int ql = q_offsets[b + 1] - q_offsets[b], ctx = context_lens[b];
