@@ -84,7 +84,10 @@ def _cache(fmt, num_blocks, n_kv, bs, d, rng, huge):
 
 def _best(fn, calls, repeats=3):
     """Fastest single call over repeats x `calls` rotating calls (after warm-up). The machine is
-    shared and has 2 cores: a call during which another process ran is slower, never faster."""
+    shared and has 2 cores: a call during which another process ran is slower, never faster.
+    Starts with a pause: the other library's OpenMP threads spin for a while after its last
+    call, and would take the cores from this one's."""
+    time.sleep(0.3)
     for i in range(2):
         fn(i)
     best = float("inf")

@@ -251,6 +251,191 @@ static void prefill_tile(const attn_tile_t *t) {
     attn_finish(t, acc, mx, sum);
 }
 
-void attn_tile_avx512(const attn_tile_t *t) { prefill_tile(t); }
+/* ---- bf16 cache: both products on vpdpbf16ps (two bf16 products per fp32 lane, fp32 sums),
+ * with q and the softmax weights rounded to bf16, as bf16 attention does. K pairs are read
+ * straight from the cache; V rows are interleaved in token pairs once per block. */
+
+/* S[j][0..16*IC) = sum_d k[t][d] * q[d][..] for R tokens t = t0 + j of bf16 K groups kp
+ * ([bs/16][D/2][16][2]); qp [D/2][ld_q] q pairs */
+/* the bf16 pair at p, broadcast */
+static inline __m512bh bcast_pair(const void *p) {
+    int32_t x;
+    memcpy(&x, p, 4);
+    return (__m512bh)_mm512_set1_epi32(x);
+}
+
+static inline __attribute__((always_inline)) void qk_kernel_bf16(const uint16_t *kp, int t0, int D,
+                                                               const uint32_t *qp, int ld_q,
+                                                               float *s, int ld_s, const int R,
+                                                               const int IC) {
+    const uint16_t *kr[6]; /* token r's pair j at kr[r] + 32 * j */
+    for (int r = 0; r < R; r++) kr[r] = kp + (int64_t)((t0 + r) >> 4) * 16 * D + 2 * ((t0 + r) & 15);
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < IC; c++) a[r][c] = _mm512_setzero_ps();
+    for (int j = 0; j < D / 2; j++) {
+        __m512bh q[4];
+        for (int c = 0; c < IC; c++) q[c] = (__m512bh)_mm512_load_si512(qp + j * ld_q + 16 * c);
+        for (int r = 0; r < R; r++) {
+            __m512bh k = bcast_pair(kr[r] + 32 * j);
+            for (int c = 0; c < IC; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], k, q[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < IC; c++) _mm512_store_ps(s + r * ld_s + 16 * c, a[r][c]);
+}
+
+static void qk_block_bf16(const uint16_t *kp, int t0, int n, int D, const uint32_t *qp, int mp,
+                          float *s) {
+    const int ic = mp / 16;
+    int j = 0;
+#define QK(R, IC) qk_kernel_bf16(kp, t0 + j, D, qp, mp, s + j * mp, mp, R, IC)
+#define QK_IC(R)                        \
+    switch (ic) {                       \
+    case 1: QK(R, 1); break;            \
+    case 2: QK(R, 2); break;            \
+    case 3: QK(R, 3); break;            \
+    default: QK(R, 4); break;           \
+    }
+    for (; j + 6 <= n; j += 6) QK_IC(6);
+    for (; j < n; j++) QK_IC(1);
+#undef QK_IC
+#undef QK
+}
+
+/* acc[i][d0..d0+16*DC) = acc * alpha[i] + sum_t p[t][i] v[t][..] for R vectors from i0, over np
+ * token pairs: pp [np][mp] weight pairs, vp [np][D] value pairs */
+static inline __attribute__((always_inline)) void pv_kernel_bf16(const uint32_t *pp, int mp, int i0,
+                                                               int np, const uint32_t *vp, int D,
+                                                               int d0, const float *alpha,
+                                                               float *acc, const int R,
+                                                               const int DC) {
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++) {
+        __m512 al = _mm512_set1_ps(alpha[i0 + r]);
+        for (int c = 0; c < DC; c++)
+            a[r][c] = _mm512_mul_ps(al, _mm512_load_ps(acc + (int64_t)(i0 + r) * D + d0 + 16 * c));
+    }
+    for (int tp = 0; tp < np; tp++) {
+        __m512bh v[4];
+        for (int c = 0; c < DC; c++) v[c] = (__m512bh)_mm512_load_si512(vp + (int64_t)tp * D + d0 + 16 * c);
+        for (int r = 0; r < R; r++) {
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[tp * mp + i0 + r]);
+            for (int c = 0; c < DC; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], w, v[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < DC; c++)
+            _mm512_store_ps(acc + (int64_t)(i0 + r) * D + d0 + 16 * c, a[r][c]);
+}
+
+static void pv_block_bf16(const uint32_t *pp, int mp, int np, const uint32_t *vp, int D,
+                          const float *alpha, float *acc) {
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int dc = D - d0 >= 64 ? 4 : 2; /* D is a multiple of 32 */
+        int i = 0;
+#define PV(R)                                                                        \
+    if (dc == 4) pv_kernel_bf16(pp, mp, i, np, vp, D, d0, alpha, acc, R, 4);         \
+    else pv_kernel_bf16(pp, mp, i, np, vp, D, d0, alpha, acc, R, 2)
+        for (; i + 6 <= mp; i += 6) PV(6);
+        for (; i + 2 <= mp; i += 2) PV(2);
+        for (; i < mp; i++) PV(1);
+#undef PV
+    }
+}
+
+/* two fp32 vectors to bf16 (round to nearest even), interleaved: lane l = (a[l], b[l]) */
+static inline __m512i pair_bf16(__m512 a, __m512 b) {
+    __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+    __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+static void prefill_tile_bf16(const attn_tile_t *t) {
+    const dn_kv_cache_t *kv = t->kv;
+    const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
+    const int M = nh * t->n_rows, mp = (M + 15) & ~15;
+    char *w = t->work;
+    uint32_t *qp = (uint32_t *)w; w += (size_t)D / 2 * mp * 4;  /* [D/2][mp] scaled q pairs */
+    float *acc = (float *)w;      w += (size_t)mp * D * 4;      /* [mp][D] */
+    uint32_t *pp = (uint32_t *)w; w += (size_t)bs * D * 4;      /* [bs/2][mp] weight pairs */
+    uint32_t *vp = (uint32_t *)w; w += (size_t)bs * D * 4;      /* [bs/2][D] value pairs */
+    float *s = (float *)w;        w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
+    float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
+    int32_t *limit = (int32_t *)(alpha + mp);
+
+    for (int i = 0; i < mp; i++) {
+        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    for (int c = 0; c < mp; c += 16) /* q transposed in d pairs, 16 vectors at a time */
+        for (int j = 0; j < D / 2; j++) {
+            float e[16], o[16];
+            for (int l = 0; l < 16; l++) {
+                int i = c + l;
+                const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+                e[l] = src ? src[2 * j] * t->scale : 0.0f;
+                o[l] = src ? src[2 * j + 1] * t->scale : 0.0f;
+            }
+            _mm512_store_si512(qp + j * mp + c, pair_bf16(_mm512_loadu_ps(e), _mm512_loadu_ps(o)));
+        }
+    memset(acc, 0, (size_t)mp * D * 4);
+    const int first_limit = t->first_pos;
+    const __m512 zero = _mm512_setzero_ps();
+
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int off = pos % bs;
+        const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
+        const int64_t slice = attn_cache_row(t, pos) - off;
+        const int g0 = off & ~15, np = (n + 1) / 2;
+        qk_block_bf16((const uint16_t *)kv->k + (slice + g0) * D, off - g0, n, D, qp, mp, s);
+        /* V rows off.. in token pairs; a missing second row of the last pair reads as 0 */
+        const uint16_t *vr = (const uint16_t *)kv->v + (slice + off) * D;
+        for (int tp = 0; tp < np; tp++)
+            for (int d = 0; d < D; d += 16) {
+                __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + (int64_t)2 * tp * D + d)));
+                __m512i b = 2 * tp + 1 < n ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                 (const __m256i *)(vr + (int64_t)(2 * tp + 1) * D + d)))
+                                           : _mm512_setzero_si512();
+                _mm512_store_si512(vp + (int64_t)tp * D + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+            }
+        /* causal mask: only tokens past the first row's position can be hidden */
+        for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
+            for (int c = 0; c < mp; c += 16) {
+                __mmask16 hide = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(pos + j),
+                                                         _mm512_loadu_si512(limit + c));
+                _mm512_mask_storeu_ps(s + j * mp + c, hide, _mm512_set1_ps(-INFINITY));
+            }
+        for (int c = 0; c < mp; c += 16) {
+            __m512 bmax = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < n; j++) bmax = _mm512_max_ps(bmax, _mm512_load_ps(s + j * mp + c));
+            __m512 mold = _mm512_load_ps(mx + c);
+            __m512 mnew = _mm512_max_ps(mold, bmax);
+            /* vectors that saw nothing yet subtract 0, keeping exp(-inf) = 0 and no NaN */
+            __m512 muse = _mm512_mask_blend_ps(
+                _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), mnew, zero);
+            __m512 al = exp512(_mm512_sub_ps(mold, muse));
+            __m512 ps = zero;
+            for (int j = 0; j < 2 * np; j += 2) {
+                __m512 p0 = exp512(_mm512_sub_ps(_mm512_load_ps(s + j * mp + c), muse));
+                __m512 p1 = j + 1 < n ? exp512(_mm512_sub_ps(_mm512_load_ps(s + (j + 1) * mp + c), muse)) : zero;
+                ps = _mm512_add_ps(ps, _mm512_add_ps(p0, p1));
+                _mm512_store_si512(pp + j / 2 * mp + c, pair_bf16(p0, p1));
+            }
+            _mm512_store_ps(sum + c, _mm512_fmadd_ps(_mm512_load_ps(sum + c), al, ps));
+            _mm512_store_ps(mx + c, mnew);
+            _mm512_store_ps(alpha + c, al);
+        }
+        pv_block_bf16(pp, mp, np, vp, D, alpha, acc);
+        pos += n;
+    }
+    attn_finish(t, acc, mx, sum);
+}
+
+void attn_tile_avx512(const attn_tile_t *t) {
+    if (t->kv->format == DN_KV_BF16) prefill_tile_bf16(t);
+    else prefill_tile(t);
+}
 
 #pragma GCC pop_options

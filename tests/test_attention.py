@@ -128,6 +128,14 @@ def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
     return args, ref
 
 
+def bf16_product_rows(isa, fmt, seqs, n_kv, group, d, bs):
+    """Rows the AVX-512 bf16 prefill tile computes with bf16 products (q and the softmax
+    weights rounded to bf16): a bf16 cache, and chunks too large for the decode tile."""
+    rows = [ql * group > 8 for ql, _ in seqs for _ in range(ql)]
+    on = isa == "avx512" and fmt == "bf16" and d % 32 == 0
+    return np.array(rows, bool) & on
+
+
 def run(args):
     out = np.full(args["q"].shape, np.nan, np.float32)
     K.attention(out=out, **args)
@@ -164,7 +172,13 @@ def test_attention_matches_reference(isa, fmt, case):
     finally:
         K.set_num_threads(threads)
     rtol, atol = TOLERANCE[fmt]
-    np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol)
+    rounded = bf16_product_rows(isa, fmt, **CASES[case])
+    np.testing.assert_allclose(out[~rounded], ref[~rounded], rtol=rtol, atol=atol)
+    if rounded.any():  # q and the weights in bf16: errors as bf16 attention has them
+        got, want = out[rounded], ref[rounded]
+        scale = np.sqrt(np.mean(want**2))
+        np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * scale)
+        assert np.sqrt(np.mean((got - want) ** 2)) < 0.005 * scale
 
 
 def test_attention_single_thread_equals_two(isa):
