@@ -1,13 +1,18 @@
 """Attention microbenchmark: decode against the memory bandwidth, prefill chunks in GFLOP/s,
 both against torch SDPA doing the same math with 2 threads.
 
-    PYTHONPATH=. python bench/bench_attention.py [--quick]
+    PYTHONPATH=. python bench/bench_attention.py [--quick] [--block 32,64,128]
+        [--shape smollm2,llama] [--batch 1,16] [--ctx 1024,4096] [--fmt fp32,bf16,int8,uint4]
+        [--only decode|prefill] [--no-torch] [--small-pages]
 
 Decode streams from DRAM, not cache: every timed call reads KV blocks that the previous calls
 did not touch. The cache holds several disjoint sets of blocks (each a random block table over a
 shuffled pool, together >= 4x the 32 MiB L3) and the calls rotate through them; torch gets as many
-separate contiguous copies, rotated the same way.
+separate contiguous copies, rotated the same way. The caches are allocated as the engine does:
+anonymous mmap with MADV_HUGEPAGE (--small-pages: 4 KiB pages, to see what huge pages buy).
 """
+import argparse
+import mmap
 import os
 import sys
 import time
@@ -19,41 +24,70 @@ import numpy as np  # noqa: E402
 from dashinfer_server import kernels as K  # noqa: E402
 
 SHAPES = {"smollm2": (9, 3, 64), "llama": (32, 8, 128)}  # n_heads, n_kv_heads, head_dim
-BLOCK = 64
+FORMATS = ("fp32", "bf16", "int8", "uint4")
+BLOCK = 32  # the engine's default kv_cache_span_size
 L3_BYTES = 32 << 20
 THREADS = 2
 
 
 def _bytes_per_token_head(fmt, d):
     """KV cache bytes read per token and kv head, K and V together (scales included)."""
-    return 2 * {"bf16": 2 * d, "int8": d + 4, "uint4": d // 2 + 8}[fmt]
+    return 2 * {"fp32": 4 * d, "bf16": 2 * d, "int8": d + 4, "uint4": d // 2 + 8}[fmt]
 
 
-def _cache(fmt, num_blocks, n_kv, d, rng):
-    shape = (num_blocks, n_kv, BLOCK, d)
+def _pages_zeros(shape, dtype, huge):
+    """Zeroed array in its own anonymous mapping, with transparent huge pages when asked."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    m = mmap.mmap(-1, max(n, 1))
+    if huge:
+        m.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(m, dtype, int(np.prod(shape))).reshape(shape)
+
+
+def _fill(a, pattern):
+    """`a` filled with `pattern` repeated: random-looking GiB-sized caches in little time."""
+    flat = a.reshape(-1)
+    for i in range(0, flat.size, pattern.size):
+        flat[i:i + pattern.size] = pattern[: flat.size - i]
+
+
+def _cache(fmt, num_blocks, n_kv, bs, d, rng, huge):
+    shape = (num_blocks, n_kv, bs, d)
+    meta = shape[:3]
     extra = {}
-    if fmt == "bf16":
-        bits = rng.integers(0x3C00, 0x4000, shape, dtype=np.uint16)
-        kc = bits | (rng.integers(0, 2, shape, dtype=np.uint16) << 15)
-        vc = kc[::-1].copy()
+    n = 1 << 20
+    if fmt == "fp32":
+        kc, vc = (_pages_zeros(shape, np.float32, huge) for _ in range(2))
+        pattern = rng.standard_normal(n).astype(np.float32)
+    elif fmt == "bf16":
+        kc, vc = (_pages_zeros(shape, np.uint16, huge) for _ in range(2))
+        bits = rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16
+        pattern = bits.astype(np.uint16)
     elif fmt == "int8":
-        kc = rng.integers(-127, 128, shape, dtype=np.int8)
-        vc = kc[::-1].copy()
+        kc, vc = (_pages_zeros(shape, np.int8, huge) for _ in range(2))
+        pattern = rng.integers(-127, 128, n).astype(np.int8)
     else:
-        kc = rng.integers(0, 256, shape[:3] + (d // 2,), dtype=np.uint8)
-        vc = kc[::-1].copy()
-    if fmt != "bf16":
-        extra["k_scale"] = rng.uniform(0.01, 0.02, shape[:3]).astype(np.float32)
-        extra["v_scale"] = extra["k_scale"][::-1].copy()
+        kc, vc = (_pages_zeros(shape[:3] + (d // 2,), np.uint8, huge) for _ in range(2))
+        pattern = rng.integers(0, 256, n).astype(np.uint8)
+    _fill(kc, pattern)
+    _fill(vc, pattern[::-1].copy())
+    if fmt in ("int8", "uint4"):
+        for name in ("k_scale", "v_scale"):
+            extra[name] = _pages_zeros(meta, np.float32, huge)
+            extra[name][...] = 0.015
     if fmt == "uint4":
-        extra["k_zero"] = np.full(shape[:3], 7.5, np.float32)
-        extra["v_zero"] = extra["k_zero"].copy()
+        for name in ("k_zero", "v_zero"):
+            extra[name] = _pages_zeros(meta, np.float32, huge)
+            extra[name][...] = 7.5
     return kc, vc, extra
 
 
 def _best(fn, calls, repeats=3):
     """Fastest single call over repeats x `calls` rotating calls (after warm-up). The machine is
-    shared and has 2 cores: a call during which another process ran is slower, never faster."""
+    shared and has 2 cores: a call during which another process ran is slower, never faster.
+    Starts with a pause: the other library's OpenMP threads spin for a while after its last
+    call, and would take the cores from this one's."""
+    time.sleep(0.3)
     for i in range(2):
         fn(i)
     best = float("inf")
@@ -89,11 +123,11 @@ def _torch_time(q_len, ctx, batch, n_heads, n_kv, d, dtype, rotations, prefix_ma
         return _best(call, max(rotations, 4))
 
 
-def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, rotations, rng):
+def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, bs, rotations, rng, huge):
     """Cache with `rotations` disjoint random block tables, and the attention call for each."""
-    per_seq = (ctx + BLOCK - 1) // BLOCK
+    per_seq = (ctx + bs - 1) // bs
     num_blocks = per_seq * batch * rotations
-    kc, vc, extra = _cache(fmt, num_blocks, n_kv, d, rng)
+    kc, vc, extra = _cache(fmt, num_blocks, n_kv, bs, d, rng, huge)
     ids = rng.permutation(num_blocks).astype(np.int32).reshape(rotations, batch, per_seq)
     q = rng.standard_normal((batch * q_len, n_heads, d)).astype(np.float32)
     out = np.empty_like(q)
@@ -107,56 +141,71 @@ def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, rotations, rng):
     return call
 
 
-def rows(limits: dict, quick: bool = False):
-    bw = limits.get("bw_gbs", 43.0)
+def _load():
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES),
+         batches=(1, 16), ctxs=(1024, 4096), formats=FORMATS, only=None, torch=True,
+         huge=True):
+    bw = limits["bw_gbs"]
     K.set_num_threads(THREADS)
     rng = np.random.default_rng(0)
     result = []
-    hdr = (f"{'case':44s} {'ms':>8s} {'GB/s':>7s} {'of bw':>6s} {'GFLOP/s':>8s} "
-           f"{'torch f32':>9s} {'torch bf16':>10s}")
-    print(f"attention ({K.isa()}, {THREADS} threads, bandwidth {bw:.1f} GB/s; "
-          "torch columns = torch time / ours)")
-    print(hdr)
-    for name, (n_heads, n_kv, d) in SHAPES.items():
-        for batch in (1, 16):
-            for ctx in (1024, 4096):
+    print(f"attention ({K.isa()}, {THREADS} threads, bandwidth {bw:.1f} GB/s, "
+          f"{'huge' if huge else '4 KiB'} pages; torch columns = torch time / ours; {_load()})")
+    print(f"{'case':48s} {'ms':>8s} {'GB/s':>7s} {'of bw':>6s} {'GFLOP/s':>8s} "
+          f"{'torch f32':>9s} {'torch bf16':>10s}")
+    t32 = t16 = float("nan")
+    for name in shapes:
+        n_heads, n_kv, d = SHAPES[name]
+        for batch in batches if only != "prefill" else ():
+            for ctx in ctxs:
                 if quick and (batch, ctx) != (1, 4096):
                     continue
-                torch_rot = max(2, -(-4 * L3_BYTES // (batch * ctx * n_kv * d * 8)))
-                t32 = _torch_time(1, ctx, batch, n_heads, n_kv, d, _dtype("f32"), torch_rot, False)
-                t16 = _torch_time(1, ctx, batch, n_heads, n_kv, d, _dtype("bf16"), torch_rot,
-                                  False)
-                for fmt in ("bf16", "int8", "uint4"):
-                    kv_bytes = batch * ctx * n_kv * _bytes_per_token_head(fmt, d)
-                    rot = max(2, -(-4 * L3_BYTES // kv_bytes))
-                    t = _best(_step(fmt, batch, 1, ctx, n_heads, n_kv, d, rot, rng), 4 * rot)
-                    gbs = kv_bytes / t / 1e9
-                    row = dict(kind="decode", shape=name, batch=batch, ctx=ctx, fmt=fmt,
-                               ms=t * 1e3, gbs=gbs, of_bw=gbs / bw, vs_torch_f32=t32 / t,
-                               vs_torch_bf16=t16 / t)
-                    result.append(row)
-                    label = f"decode {name} b={batch} ctx={ctx} {fmt}"
-                    print(f"{label:44s} {t * 1e3:8.3f} {gbs:7.1f} {gbs / bw:6.0%} {'':>8s} "
-                          f"{t32 / t:9.2f} {t16 / t:10.2f}")
-        for prefix in (0, 1536):
+                if torch:
+                    torch_rot = max(2, -(-4 * L3_BYTES // (batch * ctx * n_kv * d * 8)))
+                    t32 = _torch_time(1, ctx, batch, n_heads, n_kv, d, _dtype("f32"), torch_rot,
+                                      False)
+                    t16 = _torch_time(1, ctx, batch, n_heads, n_kv, d, _dtype("bf16"),
+                                      torch_rot, False)
+                for bs in blocks:
+                    for fmt in formats:
+                        kv_bytes = batch * ctx * n_kv * _bytes_per_token_head(fmt, d)
+                        rot = max(2, -(-4 * L3_BYTES // kv_bytes))
+                        call = _step(fmt, batch, 1, ctx, n_heads, n_kv, d, bs, rot, rng, huge)
+                        t = _best(call, 4 * rot)
+                        del call
+                        gbs = kv_bytes / t / 1e9
+                        row = dict(kind="decode", shape=name, batch=batch, ctx=ctx, block=bs,
+                                   fmt=fmt, ms=t * 1e3, gbs=gbs, of_bw=gbs / bw,
+                                   vs_torch_f32=t32 / t, vs_torch_bf16=t16 / t)
+                        result.append(row)
+                        label = f"decode {name} b={batch} ctx={ctx} bs={bs} {fmt}"
+                        print(f"{label:48s} {t * 1e3:8.3f} {gbs:7.1f} {gbs / bw:6.0%} "
+                              f"{'':>8s} {t32 / t:9.2f} {t16 / t:10.2f}", flush=True)
+        for prefix in (0, 1536) if only != "decode" else ():
             q_len = 512
             ctx = prefix + q_len
             # causal work: query at position p reads p + 1 keys; QK^T and PV are 2 flops each
             keys = sum(range(prefix + 1, ctx + 1))
             flops = 4.0 * n_heads * d * keys
-            t32 = _torch_time(q_len, ctx, 1, n_heads, n_kv, d, _dtype("f32"), 1, True)
-            t16 = _torch_time(q_len, ctx, 1, n_heads, n_kv, d, _dtype("bf16"), 1, True)
-            for fmt in ("bf16", "int8", "uint4"):
-                if quick and fmt != "bf16":
-                    continue
-                t = _best(_step(fmt, 1, q_len, ctx, n_heads, n_kv, d, 1, rng), 2)
-                row = dict(kind="prefill", shape=name, batch=1, ctx=ctx, prefix=prefix, fmt=fmt,
-                           ms=t * 1e3, gflops=flops / t / 1e9, vs_torch_f32=t32 / t,
-                           vs_torch_bf16=t16 / t)
-                result.append(row)
-                label = f"prefill {name} 512 after {prefix} {fmt}"
-                print(f"{label:44s} {t * 1e3:8.3f} {'':>7s} {'':>6s} {flops / t / 1e9:8.1f} "
-                      f"{t32 / t:9.2f} {t16 / t:10.2f}")
+            if torch:
+                t32 = _torch_time(q_len, ctx, 1, n_heads, n_kv, d, _dtype("f32"), 1, True)
+                t16 = _torch_time(q_len, ctx, 1, n_heads, n_kv, d, _dtype("bf16"), 1, True)
+            for bs in blocks:
+                for fmt in formats:
+                    if quick and fmt != "bf16":
+                        continue
+                    t = _best(_step(fmt, 1, q_len, ctx, n_heads, n_kv, d, bs, 1, rng, huge), 2)
+                    row = dict(kind="prefill", shape=name, batch=1, ctx=ctx, prefix=prefix,
+                               block=bs, fmt=fmt, ms=t * 1e3, gflops=flops / t / 1e9,
+                               vs_torch_f32=t32 / t, vs_torch_bf16=t16 / t)
+                    result.append(row)
+                    label = f"prefill {name} 512 after {prefix} bs={bs} {fmt}"
+                    print(f"{label:48s} {t * 1e3:8.3f} {'':>7s} {'':>6s} {flops / t / 1e9:8.1f} "
+                          f"{t32 / t:9.2f} {t16 / t:10.2f}", flush=True)
+    print(_load())
     return result
 
 
@@ -166,5 +215,30 @@ def _dtype(name):
     return torch.float32 if name == "f32" else torch.bfloat16
 
 
+def _main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from machine import read_bandwidth
+
+    def ints(s):
+        return tuple(int(x) for x in s.split(","))
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--block", type=ints, default=(BLOCK,))
+    p.add_argument("--shape", default=",".join(SHAPES))
+    p.add_argument("--batch", type=ints, default=(1, 16))
+    p.add_argument("--ctx", type=ints, default=(1024, 4096))
+    p.add_argument("--fmt", default=",".join(FORMATS))
+    p.add_argument("--only", choices=("decode", "prefill"))
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--small-pages", action="store_true")
+    p.add_argument("--bw", type=float, help="GB/s to compare with (default: measured now)")
+    a = p.parse_args()
+    bw = a.bw or read_bandwidth(THREADS)
+    rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
+         batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,
+         torch=not a.no_torch, huge=not a.small_pages)
+
+
 if __name__ == "__main__":
-    rows({"bw_gbs": 43.0}, quick="--quick" in sys.argv)
+    _main()

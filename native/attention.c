@@ -1,7 +1,8 @@
 /* Paged attention: cuts a batch step into tiles (GQA group x query rows x context range), runs
  * them on the OpenMP threads, and merges the tiles that split one context (flash-decoding).
- * The tile kernels: attention_generic.h (portable, and AVX2 via attention_avx2.c) and
- * attention_avx512.c. */
+ * The tile kernels: attention_generic.h (portable, and AVX2 via attention_avx2.c),
+ * attention_prefill_avx512.c, and attention_decode_avx512.c, whose tiles take all kv heads of a
+ * sequence at once. */
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -11,7 +12,9 @@
 #include "common.h"
 
 typedef struct {
-    int32_t seq, kv_head, head0, n_q_heads;
+    int32_t seq, kv_head, n_kv;   /* n_kv > 1 or decode: a decode tile over whole groups */
+    int32_t decode;
+    int32_t head0, n_q_heads;
     int32_t row0, n_rows;   /* rows within the sequence's chunk */
     int32_t kv_begin, kv_end;
     int32_t n_split;        /* > 1 on the first of n_split consecutive units of one context */
@@ -55,9 +58,14 @@ static void *scratch_get(size_t n) {
 /* ---- helpers shared by the tiles */
 
 size_t attn_work_bytes(int block_size, int head_dim) {
-    /* q^T, scores, acc: M x (head_dim or block), two fp32 blocks, per-vector state */
-    size_t floats = (size_t)ATTN_MAX_M * head_dim * 2 + (size_t)ATTN_MAX_M * block_size +
-                    (size_t)2 * block_size * head_dim + 16 * ATTN_MAX_M + 256;
+    /* prefill: q^T, scores, acc: M x (head_dim or block), two fp32 blocks, per-vector state;
+     * decode: q and acc of M vectors, per-vector state (2 x 16 lanes + 3), 8 output rows,
+     * scores and int16 weights of 8 vectors, a staging row */
+    size_t prefill = (size_t)ATTN_MAX_M * head_dim * 2 + (size_t)ATTN_MAX_M * block_size +
+                     (size_t)2 * block_size * head_dim + 16 * ATTN_MAX_M + 256;
+    size_t decode = (size_t)ATTN_MAX_M * (head_dim * 2 + 35) + 10 * (size_t)head_dim +
+                    8 * (size_t)block_size + 4 * ((size_t)block_size + 32) + 64;
+    size_t floats = prefill > decode ? prefill : decode;
     return (floats * 4 + 63) & ~(size_t)63;
 }
 
@@ -88,57 +96,68 @@ void attn_finish(const attn_tile_t *t, const float *acc, const float *mx, const 
 
 /* ---- planning */
 
-/* Combine the partials of one split context: weights exp(max_s - max) rescale each split. */
-static void merge_split(const attn_unit_t *u, const float *parts, int D, float *out_row0,
-                        int64_t q_stride) {
+/* Combine the partials of one split context, one kv head of the unit: weights exp(max_s - max)
+ * rescale each split. */
+static void merge_split(const attn_unit_t *u, int head, const float *parts, int D,
+                        float *out_row0, int64_t q_stride) {
     int M = u->n_q_heads * u->n_rows, ns = u->n_split;
+    int64_t at = (int64_t)head * M * (D + 2); /* this head's partial within each split's */
     for (int i = 0; i < M; i++) {
         float m = -INFINITY, l = 0.0f;
-        for (int s = 0; s < ns; s++) m = fmaxf(m, parts[u[s].part + M * D + i]);
+        for (int s = 0; s < ns; s++) m = fmaxf(m, parts[u[s].part + at + M * D + i]);
         for (int s = 0; s < ns; s++) {
-            const float *p = parts + u[s].part;
+            const float *p = parts + u[s].part + at;
             l += p[M * D + M + i] * expf(p[M * D + i] - m);
         }
         int r = i / u->n_q_heads, h = i % u->n_q_heads;
         float *o = out_row0 + r * q_stride + (int64_t)h * D;
         for (int d = 0; d < D; d++) o[d] = 0.0f;
         for (int s = 0; s < ns; s++) {
-            const float *p = parts + u[s].part;
+            const float *p = parts + u[s].part + at;
             float w = expf(p[M * D + i] - m) / l;
             for (int d = 0; d < D; d++) o[d] += w * p[(int64_t)i * D + d];
         }
     }
 }
 
-/* Fill units (when not NULL) and count them and their partial floats. Tiles of a long context
- * are split into block-aligned ranges when there are too few tiles to keep every thread busy. */
+/* Fill units (when not NULL) and count them and their partial floats. A sequence whose chunk is
+ * decode-shaped (wide_decode and M = q_len * group small) gets tiles over several kv heads;
+ * others one tile per kv head, GQA head chunk and row chunk. Tiles of a long context are split
+ * into block-aligned ranges when there are too few tiles to keep every thread busy. */
 static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int32_t *context_lens,
-                    int B, int group, int n_threads, attn_unit_t *units, int64_t *part_floats) {
+                    int B, int group, int n_threads, int wide_decode, attn_unit_t *units,
+                    int64_t *part_floats) {
     int nkv = c->n_kv_heads, bs = c->block_size, D = c->head_dim;
     int head_chunks = (group + ATTN_MAX_M - 1) / ATTN_MAX_M;
     int heads = (group + head_chunks - 1) / head_chunks;
     int rows = ATTN_MAX_M / heads;
-    /* total work in vector-positions, to size the split ranges */
+    /* total work in vector-positions, to size the split ranges: up to ~4 per thread, enough
+     * to even out the threads; each split starts its stream cold (no prefetch across tiles) */
     double total = 0;
     for (int b = 0; b < B; b++) {
         int ql = q_offsets[b + 1] - q_offsets[b];
         total += (double)ql * group * nkv * context_lens[b];
     }
-    double target = total / (n_threads * 16.0);
+    double target = total / (n_threads * 4.0);
     int64_t n = 0, floats = 0;
     for (int b = 0; b < B; b++) {
         int ql = q_offsets[b + 1] - q_offsets[b], ctx = context_lens[b];
-        for (int g = 0; g < nkv; g++)
-            for (int h0 = 0; h0 < group; h0 += heads) {
-                int nh = group - h0 < heads ? group - h0 : heads;
-                for (int r0 = 0; r0 < ql; r0 += rows) {
-                    int nr = ql - r0 < rows ? ql - r0 : rows;
+        if (ql == 0) continue;
+        int decode = wide_decode && attn_decode_avx512_fits(c, ql * group);
+        int kv_step = decode ? ATTN_MAX_M / (ql * group) : 1;
+        for (int g = 0; g < nkv; g += kv_step) {
+            int n_kv = nkv - g < kv_step ? nkv - g : kv_step;
+            for (int h0 = 0; h0 < group; h0 += decode ? group : heads) {
+                int nh = decode ? group : group - h0 < heads ? group - h0 : heads;
+                for (int r0 = 0; r0 < ql; r0 += decode ? ql : rows) {
+                    int nr = decode ? ql : ql - r0 < rows ? ql - r0 : rows;
                     int first = ctx - ql + r0, end = first + nr, split_len = 0;
                     /* split only the range every row of the tile sees, [0, first]: the
                      * last split runs on to the causal end */
                     int ns = 1;
-                    if (n_threads > 1 && (double)nh * nr * end >= 2 * target) {
-                        int len = (int)(target / (nh * nr));
+                    double work = (double)n_kv * nh * nr * end;
+                    if (n_threads > 1 && work >= 2 * target) {
+                        int len = (int)(target / (n_kv * nh * nr));
                         if (len < 256) len = 256;
                         len = (len + bs - 1) / bs * bs;
                         ns = (first + 1) / len > 1 ? (first + 1) / len : 1;
@@ -149,6 +168,8 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
                             attn_unit_t *u = &units[n];
                             u->seq = b;
                             u->kv_head = g;
+                            u->n_kv = n_kv;
+                            u->decode = decode;
                             u->head0 = h0;
                             u->n_q_heads = nh;
                             u->row0 = r0;
@@ -159,10 +180,11 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
                             u->part = ns > 1 ? floats : -1;
                         }
                         n++;
-                        if (ns > 1) floats += (int64_t)nh * nr * (D + 2);
+                        if (ns > 1) floats += (int64_t)n_kv * nh * nr * (D + 2);
                     }
                 }
             }
+        }
     }
     *part_floats = floats;
     return n;
@@ -174,7 +196,12 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     int D = c->head_dim, group = n_heads / c->n_kv_heads;
     int threads = dn_num_threads(), nt = threads;
     int64_t part_floats;
-    int64_t n_units = plan(c, q_offsets, context_lens, B, group, threads, NULL, &part_floats);
+    /* the vector tiles read 32 values of head_dim at a time */
+    void (*tile)(const attn_tile_t *) = attn_tile_portable;
+    if (dn_isa() == DN_ISA_AVX512 && D % 32 == 0) tile = attn_tile_avx512;
+    else if (dn_isa() >= DN_ISA_AVX2) tile = attn_tile_avx2;
+    int wide = dn_isa() == DN_ISA_AVX512;
+    int64_t n_units = plan(c, q_offsets, context_lens, B, group, threads, wide, NULL, &part_floats);
     if (n_units == 0) return 0;
     if (n_units < nt) nt = (int)n_units;
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
@@ -184,12 +211,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     if (!buf) return -1;
     attn_unit_t *units = (attn_unit_t *)buf;
     float *parts = (float *)(buf + units_bytes);
-    plan(c, q_offsets, context_lens, B, group, threads, units, &part_floats);
-
-    void (*tile)(const attn_tile_t *) = attn_tile_portable;
-    /* the vector tiles read 32 values of head_dim at a time */
-    if (dn_isa() == DN_ISA_AVX512 && D % 32 == 0) tile = attn_tile_avx512;
-    else if (dn_isa() >= DN_ISA_AVX2) tile = attn_tile_avx2;
+    plan(c, q_offsets, context_lens, B, group, threads, wide, units, &part_floats);
     int64_t q_stride = (int64_t)n_heads * D;
 
 #pragma omp parallel num_threads(nt)
@@ -207,6 +229,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 .q = q + row0 * q_stride + head0 * D,
                 .q_stride = q_stride,
                 .kv_head = u->kv_head,
+                .n_kv = u->n_kv,
                 .n_q_heads = u->n_q_heads,
                 .n_rows = u->n_rows,
                 .first_pos = context_lens[u->seq] - ql + u->row0,
@@ -217,7 +240,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 .part = u->part < 0 ? NULL : parts + u->part,
                 .work = work,
             };
-            tile(&t);
+            if (u->decode) attn_decode_avx512(&t);
+            else tile(&t);
         }
         if (part_floats > 0) {
 #pragma omp for schedule(dynamic, 1)
@@ -225,8 +249,10 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 const attn_unit_t *u = &units[i];
                 if (u->n_split < 2) continue;
                 int64_t row0 = q_offsets[u->seq] + u->row0;
-                int64_t head0 = (int64_t)u->kv_head * group + u->head0;
-                merge_split(u, parts, D, out + row0 * q_stride + head0 * D, q_stride);
+                for (int h = 0; h < u->n_kv; h++) {
+                    int64_t head0 = (int64_t)(u->kv_head + h) * group + u->head0;
+                    merge_split(u, h, parts, D, out + row0 * q_stride + head0 * D, q_stride);
+                }
             }
         }
     }

@@ -1,16 +1,21 @@
 /* Paged attention with GQA over a block KV cache, and the kernel that writes new K/V into it.
  *
- * One layer's cache is a pair of arrays [num_blocks, n_kv_heads, block_size, head_dim]; a token's
- * slot is block_id * block_size + offset_in_block. Three storage formats:
+ * One layer's cache is a pair of arrays [num_blocks, n_kv_heads, block_size, head_dim] (uint4:
+ * head_dim / 2 bytes); a token's slot is block_id * block_size + offset_in_block. Inside a
+ * (block, kv head) slice the values are ordered for the decode kernels, not token by token:
+ * see attention_layout.h (K: 16 tokens side by side per d; V: rows, or token pairs / quads).
+ * block_size is a multiple of 16 and head_dim of 16. Four storage formats:
+ *   fp32 : float, for fp32 models (their logits must match an fp32 reference).
  *   bf16 : uint16 bits.
  *   int8 : codes q, x ~= q * scale, scale = max|x| / 127 per token per head.
- *   uint4: two codes per byte (low nibble = even d), x ~= (q - zero) * scale, q in 0..15,
- *          scale = (max - min) / 15, zero = -min / scale per token per head.
+ *   uint4: codes q in 0..15, x ~= (q - zero) * scale, scale = (max - min) / 15,
+ *          zero = -min / scale per token per head.
+ * Scales and zeros are [num_blocks, n_kv_heads, block_size], per token.
  * Callers validate every argument (py_attention.c does); these functions trust them. */
 #pragma once
 #include <stdint.h>
 
-typedef enum { DN_KV_BF16 = 0, DN_KV_INT8 = 1, DN_KV_UINT4 = 2 } dn_kv_format_t;
+typedef enum { DN_KV_BF16 = 0, DN_KV_INT8 = 1, DN_KV_UINT4 = 2, DN_KV_F32 = 3 } dn_kv_format_t;
 
 typedef struct {
     dn_kv_format_t format;

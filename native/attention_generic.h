@@ -8,7 +8,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "attention_layout.h"
 #include "attention_tile.h"
+#include "common.h"
 
 #define GL 8 /* query vectors per lane group */
 
@@ -54,12 +56,20 @@ static inline __attribute__((always_inline)) v8f exp8(v8f x) {
     return (v8f)((v8i)(p * pow2n) & ~tiny);
 }
 
-/* n cache rows of K (which = 0) or V (which = 1) from `row` on, to fp32 [n][head_dim] */
+/* n cached tokens of K (which = 0) or V (which = 1) from cache row `row` on (within one block),
+ * to fp32 rows [n][head_dim]: V rows of fp32 / bf16 are read as they lie, the rest gathered
+ * through the slice layout (attention_layout.h). */
 static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
                        float *restrict dst) {
-    const int D = c->head_dim;
+    const int D = c->head_dim, off = (int)(row % c->block_size);
+    const int64_t slice = row - off;
+    const dn_kv_format_t f = c->format;
     const void *base = which ? c->v : c->k;
-    if (c->format == DN_KV_BF16) {
+    if (which && f == DN_KV_F32) {
+        memcpy(dst, (const float *)base + row * D, (size_t)n * D * sizeof *dst);
+        return;
+    }
+    if (which && f == DN_KV_BF16) {
         const uint16_t *restrict src = (const uint16_t *)base + row * D;
         for (int i = 0; i < n * D; i++) {
             uint32_t u = (uint32_t)src[i] << 16;
@@ -67,28 +77,29 @@ static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
         }
         return;
     }
-    const float *sc = (which ? c->v_scale : c->k_scale) + row;
-    if (c->format == DN_KV_INT8) {
-        const int8_t *src = (const int8_t *)base + row * D;
-        for (int j = 0; j < n; j++)
-            for (int d = 0; d < D; d += 8) {
-                v8c b;
-                memcpy(&b, src + j * D + d, sizeof b);
-                store8(dst + j * D + d, __builtin_convertvector(__builtin_convertvector(b, v8i), v8f) * sc[j]);
-            }
-        return;
-    }
-    const float *zr = (which ? c->v_zero : c->k_zero) + row;
-    const uint8_t *src = (const uint8_t *)base + row * (D / 2);
+    const float *sc = which ? c->v_scale : c->k_scale, *zr = which ? c->v_zero : c->k_zero;
     for (int j = 0; j < n; j++) {
-        float s = sc[j], zs = zr[j] * sc[j];
-        for (int d = 0; d < D; d += 16) { /* 8 bytes: codes d..d+16, low nibble first */
-            v8u b;
-            memcpy(&b, src + j * (D / 2) + d / 2, sizeof b);
-            v8f lo = __builtin_convertvector(__builtin_convertvector(b & 15, v8i), v8f) * s - zs;
-            v8f hi = __builtin_convertvector(__builtin_convertvector(b >> 4, v8i), v8f) * s - zs;
-            store8(dst + j * D + d, __builtin_shuffle(lo, hi, (v8i){0, 8, 1, 9, 2, 10, 3, 11}));
-            store8(dst + j * D + d + 8, __builtin_shuffle(lo, hi, (v8i){4, 12, 5, 13, 6, 14, 7, 15}));
+        const int t = off + j;
+        const float s = sc ? sc[row + j] : 1.0f, z = zr ? zr[row + j] : 0.0f;
+        for (int d = 0; d < D; d++) {
+            int64_t i = which ? kv_v_index(f, D, t, d) : kv_k_index(f, D, t, d);
+            float x;
+            switch (f) {
+            case DN_KV_F32:
+                x = ((const float *)base)[slice * D + i];
+                break;
+            case DN_KV_BF16:
+                x = dn_bf16_to_f32(((const uint16_t *)base)[slice * D + i]);
+                break;
+            case DN_KV_INT8:
+                x = ((const int8_t *)base)[slice * D + i] * s;
+                break;
+            default: {
+                int code = ((const uint8_t *)base)[slice * (D / 2) + (i >> 1)] >> (i & 1) * 4 & 15;
+                x = (code - z) * s;
+            }
+            }
+            dst[(int64_t)j * D + d] = x;
         }
     }
 }

@@ -23,12 +23,14 @@ static int take_cache(dn_args *a, PyObject *const obj[6], int writable, int head
                       dn_kv_cache_t *c) {
     static const char *const names[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
     char code = peek_code(obj[0]);
-    if (code == 'H') c->format = DN_KV_BF16;
+    if (code == 'f') c->format = DN_KV_F32;
+    else if (code == 'H') c->format = DN_KV_BF16;
     else if (code == 'b') c->format = DN_KV_INT8;
     else if (code == 'B') c->format = DN_KV_UINT4;
     else if (code) {
         dn_fail(a, PyExc_TypeError,
-                "k_cache must be uint16 (bf16 bits), int8 or uint8 (packed uint4), got format '%c'",
+                "k_cache must be float32, uint16 (bf16 bits), int8 or uint8 (packed uint4), "
+                "got format '%c'",
                 code);
         return -1;
     } else
@@ -61,9 +63,10 @@ static int take_cache(dn_args *a, PyObject *const obj[6], int writable, int head
     c->k = kc->buf;
     c->v = vc->buf;
     float **dst[4] = {&c->k_scale, &c->v_scale, &c->k_zero, &c->v_zero};
-    static const char *const fmt_names[3] = {"bf16", "int8", "uint4"};
+    static const char *const fmt_names[4] = {"bf16", "int8", "uint4", "fp32"};
     for (int i = 0; i < 4; i++) {
-        int needed = i < 2 ? c->format != DN_KV_BF16 : c->format == DN_KV_UINT4;
+        int quantized = c->format == DN_KV_INT8 || c->format == DN_KV_UINT4;
+        int needed = i < 2 ? quantized : c->format == DN_KV_UINT4;
         PyObject *o = obj[2 + i];
         *dst[i] = NULL;
         if (o == NULL || o == Py_None) {
@@ -198,7 +201,7 @@ PyMethodDef dn_attention_methods[] = {
     {"kv_write", (PyCFunction)(void (*)(void))py_kv_write, METH_VARARGS | METH_KEYWORDS,
      "kv_write(k, v, slots, k_cache, v_cache, k_scale=None, v_scale=None, k_zero=None, "
      "v_zero=None): quantize k, v [T, n_kv_heads, head_dim] float32 into the cache slots "
-     "(int32 [T], negative = skip). The cache dtype picks the format: uint16 bf16, int8 (+ scales), "
+     "(int32 [T], negative = skip). The cache dtype picks the format: float32, uint16 bf16, int8 (+ scales), "
      "uint8 packed uint4 (+ scales and zeros)."},
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_VARARGS | METH_KEYWORDS,
      "attention(q, k_cache, v_cache, block_tables, q_offsets, context_lens, out, scale, "

@@ -1,0 +1,585 @@
+/* AVX-512 decode tile: few query vectors per kv head (M <= 8: the GQA group times a few rows)
+ * against a long context. Bound by the bytes of K/V streamed from memory, so the work per byte
+ * must stay below what two cores can do while DRAM delivers it.
+ *
+ * Streaming. A tile covers consecutive kv heads of one sequence and walks its context block by
+ * block, every head of a block before the next block. A block's heads are contiguous in the
+ * cache ([n_kv_heads][slice], K and V each), so the tile reads two long runs per block rather
+ * than a head's 2-16 KiB slice of every block, and while it computes one (block, head) slice it
+ * prefetches the next one into L2, line for line as it consumes its own.
+ *
+ * Products, per slice (layouts: attention_layout.h).
+ *   Scores: K holds 16 tokens side by side, so q . k of 16 tokens accumulates in the 16 lanes of
+ *   one register per query vector, q broadcast: no horizontal sums.
+ *     fp32: FMA per d.  bf16: a 64-byte load of a d pair gives d even by a shift, d odd by a mask;
+ *     exact fp32 math.  int8: vpdpwssd on the d pair, q quantized to int16 per vector (rel. error
+ *     2^-16, negligible next to the cache's own 8-bit error).  uint4: vpdpbusd on a d quad of
+ *     codes, q as int16 split in two int8 halves (q = 256 qh + ql), two accumulators.
+ *   Weighted sum of V: fp32 / bf16 rows times a broadcast weight (bf16: even/odd lanes).  int8:
+ *   vpdpwssd over token pairs, weights (softmax weight times the V scale) quantized to int16 per
+ *   vector and slice.  uint4: vpdpbusd over token quads, int16 weights split as q is.
+ *   Scores, the running max and sum, and the output stay fp32. */
+#include <math.h>
+#include <string.h>
+
+#include "attention_tile.h"
+#include "common.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")
+
+#include "attention_avx512.h"
+
+#define MAX_M 8
+#define Q16_MAX 32639 /* int16 range that splits into two int8: 256 * 127 + 127 */
+
+/* Bytes of one cached token of one kv head. */
+static inline int64_t row_bytes(dn_kv_format_t f, int D) {
+    return f == DN_KV_F32 ? 4 * D : f == DN_KV_BF16 ? 2 * D : f == DN_KV_INT8 ? D : D / 2;
+}
+
+/* Where accumulator lane `pos` of a 32-value chunk lives in head_dim. */
+static int acc_lane_d(dn_kv_format_t f, int pos) {
+    switch (f) {
+    case DN_KV_BF16: /* even d, then odd d */
+        return pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
+    case DN_KV_UINT4: { /* low nibbles: d 0..7, 16..23; high nibbles: d 8..15, 24..31 */
+        int l = pos % 16;
+        return (l < 8 ? l : l + 8) + (pos < 16 ? 0 : 8);
+    }
+    default:
+        return pos;
+    }
+}
+
+/* Quantize n fp32 values to int16, |q| <= qmax, with one scale: x ~= q * scale. Returns the
+ * scale (0 if all 0). */
+static float quantize_i16(const float *x, int n, int16_t *q, float qmax) {
+    float m = 0.0f;
+    for (int j = 0; j < n; j++) m = fmaxf(m, fabsf(x[j]));
+    if (m == 0.0f) {
+        memset(q, 0, (size_t)n * 2);
+        return 0.0f;
+    }
+    for (int j = 0; j < n; j++) q[j] = (int16_t)lrintf(x[j] * (qmax / m));
+    return m / qmax;
+}
+
+/* int16 values |x| <= Q16_MAX as x = 256 hi + lo with hi, lo int8 */
+static inline void split_i16(__m512i x32, int8_t *hi, int8_t *lo) {
+    __m512i h = _mm512_srai_epi32(_mm512_add_epi32(x32, _mm512_set1_epi32(128)), 8);
+    __m512i l = _mm512_sub_epi32(x32, _mm512_slli_epi32(h, 8));
+    _mm_storeu_si128((__m128i *)hi, _mm512_cvtepi32_epi8(h));
+    _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(l));
+}
+
+static inline __m512i bcast32(const void *p) {
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+}
+
+static inline void prefetch_line(const char *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+
+/* ---- scores of the 16 tokens of a K group: s[i * ld_s + 0..16) = q_i . k_t.
+ * pf: the same group of the next slice, prefetched as this one is read (NULL: none). Vectors
+ * with few siblings get U independent accumulators, to cover the FMA latency. */
+
+static inline __attribute__((always_inline)) void scores_f32(const float *kg, const int D,
+                                                           const float *qf, const int M, float *s,
+                                                           int ld_s, const char *pf) {
+    enum { U = 4 };
+    __m512 a[MAX_M][U];
+    for (int i = 0; i < M; i++)
+        for (int u = 0; u < U; u++) a[i][u] = _mm512_setzero_ps();
+    for (int d0 = 0; d0 < D; d0 += U)
+        for (int u = 0; u < U; u++) { /* u constant after unrolling: a[][] stays in registers */
+            const int d = d0 + u;
+            if (pf) prefetch_line(pf + 64 * d);
+            __m512 x = _mm512_loadu_ps(kg + 16 * d);
+            for (int i = 0; i < M; i++)
+                a[i][u] = _mm512_fmadd_ps(x, _mm512_set1_ps(qf[i * D + d]), a[i][u]);
+        }
+    for (int i = 0; i < M; i++)
+        _mm512_storeu_ps(s + i * ld_s, _mm512_add_ps(_mm512_add_ps(a[i][0], a[i][1]),
+                                                     _mm512_add_ps(a[i][2], a[i][3])));
+}
+
+static inline __attribute__((always_inline)) void scores_bf16(const uint16_t *kg, const int D,
+                                                            const float *qf, const int M,
+                                                            float *s, int ld_s, const char *pf) {
+    enum { U = 2 };
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 a[MAX_M][U];
+    for (int i = 0; i < M; i++)
+        for (int u = 0; u < U; u++) a[i][u] = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < D / 2; j0 += U)
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u;
+            if (pf) prefetch_line(pf + 64 * j);
+            __m512i x = _mm512_loadu_si512(kg + 32 * j);
+            __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            __m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
+            for (int i = 0; i < M; i++) {
+                a[i][u] = _mm512_fmadd_ps(ev, _mm512_set1_ps(qf[i * D + 2 * j]), a[i][u]);
+                a[i][u] = _mm512_fmadd_ps(od, _mm512_set1_ps(qf[i * D + 2 * j + 1]), a[i][u]);
+            }
+        }
+    for (int i = 0; i < M; i++) _mm512_storeu_ps(s + i * ld_s, _mm512_add_ps(a[i][0], a[i][1]));
+}
+
+/* int8: qi [M][2 * D] int16 (the first D used); s = dot * qscale_i * kscale_t */
+static inline __attribute__((always_inline)) void scores_int8(const int8_t *kg, const int D,
+                                                            const int16_t *qi, const int M,
+                                                            float *s, int ld_s, const float *kscale,
+                                                            const float *qscale, const char *pf) {
+    enum { U = 2 };
+    __m512i a[MAX_M][U];
+    for (int i = 0; i < M; i++)
+        for (int u = 0; u < U; u++) a[i][u] = _mm512_setzero_si512();
+    for (int j0 = 0; j0 < D / 2; j0 += U) { /* U = 2 pairs: one line */
+        if (pf) prefetch_line(pf + 32 * j0);
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u;
+            __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(kg + 32 * j)));
+            for (int i = 0; i < M; i++)
+                a[i][u] = _mm512_dpwssd_epi32(a[i][u], x, bcast32(qi + i * 2 * D + 2 * j));
+        }
+    }
+    const __m512 ks = _mm512_loadu_ps(kscale);
+    for (int i = 0; i < M; i++) {
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(a[i][0], a[i][1]));
+        _mm512_storeu_ps(s + i * ld_s, _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(qscale[i]))));
+    }
+}
+
+/* uint4: qh, ql int8 halves of the int16 q, 4 * D bytes from one vector to the next;
+ * s = (dot - kzero_t * qsum_i) * qscale_i * kscale_t */
+static inline __attribute__((always_inline)) void scores_uint4(const uint8_t *kg, const int D,
+                                                             const int8_t *qh, const int8_t *ql,
+                                                             const int M, float *s, int ld_s,
+                                                             const float *kscale,
+                                                             const float *kzero,
+                                                             const float *qscale,
+                                                             const float *qsum, const char *pf) {
+    const __m512i nib = _mm512_set1_epi8(15);
+    __m512i ah[MAX_M], al[MAX_M];
+    for (int i = 0; i < M; i++) ah[i] = al[i] = _mm512_setzero_si512();
+    for (int j = 0; j < D / 8; j++) {
+        if (pf) prefetch_line(pf + 64 * j);
+        __m512i x = _mm512_loadu_si512(kg + 64 * j);
+        __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
+        for (int i = 0; i < M; i++) {
+            const int8_t *h = qh + i * 4 * D + 8 * j, *l = ql + i * 4 * D + 8 * j;
+            ah[i] = _mm512_dpbusd_epi32(ah[i], lo, bcast32(h));
+            al[i] = _mm512_dpbusd_epi32(al[i], lo, bcast32(l));
+            ah[i] = _mm512_dpbusd_epi32(ah[i], hi, bcast32(h + 4));
+            al[i] = _mm512_dpbusd_epi32(al[i], hi, bcast32(l + 4));
+        }
+    }
+    const __m512 ks = _mm512_loadu_ps(kscale), kz = _mm512_loadu_ps(kzero);
+    for (int i = 0; i < M; i++) {
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah[i], 8), al[i]));
+        dot = _mm512_fnmadd_ps(kz, _mm512_set1_ps(qsum[i]), dot);
+        _mm512_storeu_ps(s + i * ld_s, _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(qscale[i]))));
+    }
+}
+
+/* ---- acc[i] += sum_t w[i][t] v_t over tokens [t0, t1) of one slice; pf: the next slice,
+ * prefetched row for row as this one is read */
+
+static inline __attribute__((always_inline)) void pv_f32(const float *v, const int D, const float *p,
+                                                       int ld_p, const int M, int t0, int t1,
+                                                       float *acc, const char *pf) {
+    for (int c = 0; c < D; c += 32) {
+        __m512 a0[MAX_M], a1[MAX_M];
+        for (int i = 0; i < M; i++) {
+            a0[i] = _mm512_load_ps(acc + i * D + c);
+            a1[i] = _mm512_load_ps(acc + i * D + c + 16);
+        }
+        for (int t = t0; t < t1; t++) {
+            if (pf && c == 0) prefetch_bytes(pf + (int64_t)t * 4 * D, 4 * D);
+            __m512 x0 = _mm512_loadu_ps(v + (int64_t)t * D + c);
+            __m512 x1 = _mm512_loadu_ps(v + (int64_t)t * D + c + 16);
+            for (int i = 0; i < M; i++) {
+                __m512 w = _mm512_set1_ps(p[i * ld_p + t]);
+                a0[i] = _mm512_fmadd_ps(w, x0, a0[i]);
+                a1[i] = _mm512_fmadd_ps(w, x1, a1[i]);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            _mm512_store_ps(acc + i * D + c, a0[i]);
+            _mm512_store_ps(acc + i * D + c + 16, a1[i]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void pv_bf16(const uint16_t *v, const int D,
+                                                        const float *p, int ld_p, const int M,
+                                                        int t0, int t1, float *acc,
+                                                        const char *pf) {
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+    for (int c = 0; c < D; c += 32) {
+        __m512 a0[MAX_M], a1[MAX_M];
+        for (int i = 0; i < M; i++) {
+            a0[i] = _mm512_load_ps(acc + i * D + c);
+            a1[i] = _mm512_load_ps(acc + i * D + c + 16);
+        }
+        for (int t = t0; t < t1; t++) {
+            if (pf && c == 0) prefetch_bytes(pf + (int64_t)t * 2 * D, 2 * D);
+            __m512i x = _mm512_loadu_si512(v + (int64_t)t * D + c);
+            __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            __m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
+            for (int i = 0; i < M; i++) {
+                __m512 w = _mm512_set1_ps(p[i * ld_p + t]);
+                a0[i] = _mm512_fmadd_ps(w, ev, a0[i]);
+                a1[i] = _mm512_fmadd_ps(w, od, a1[i]);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            _mm512_store_ps(acc + i * D + c, a0[i]);
+            _mm512_store_ps(acc + i * D + c + 16, a1[i]);
+        }
+    }
+}
+
+/* int8, token pairs: wq [M][ld] int16 weights, t0 and t1 even; acc += wscale_i * the sums */
+static inline __attribute__((always_inline)) void pv_int8(const int8_t *v, const int D,
+                                                        const int16_t *wq, int ld, const int M,
+                                                        int t0, int t1, const float *wscale,
+                                                        float *acc, const char *pf) {
+    for (int c = 0; c < D; c += 32) {
+        __m512i a0[MAX_M], a1[MAX_M];
+        for (int i = 0; i < M; i++) a0[i] = a1[i] = _mm512_setzero_si512();
+        for (int t = t0; t < t1; t += 2) {
+            if (pf && c == 0) prefetch_bytes(pf + (int64_t)t * D, 2 * D);
+            const int8_t *x = v + ((int64_t)(t / 2) * D + c) * 2; /* 32 d of the pair */
+            __m512i x0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)x));
+            __m512i x1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(x + 32)));
+            for (int i = 0; i < M; i++) {
+                __m512i w = bcast32(wq + i * ld + t);
+                a0[i] = _mm512_dpwssd_epi32(a0[i], x0, w);
+                a1[i] = _mm512_dpwssd_epi32(a1[i], x1, w);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            __m512 ws = _mm512_set1_ps(wscale[i]);
+            float *a = acc + i * D + c;
+            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[i]), ws, _mm512_load_ps(a)));
+            _mm512_store_ps(a + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[i]), ws, _mm512_load_ps(a + 16)));
+        }
+    }
+}
+
+/* uint4, token quads, vectors i0..i0 + MM: wh, wl [M][ld] int8 halves of the int16 weights,
+ * t0 and t1 multiples of 4; acc += wscale_i * the sums */
+static inline __attribute__((always_inline)) void pv_uint4_part(const uint8_t *v, const int D,
+                                                              const int8_t *wh, const int8_t *wl,
+                                                              int ld, const int i0, const int MM,
+                                                              int t0, int t1, const float *wscale,
+                                                              float *acc, const char *pf) {
+    const __m512i nib = _mm512_set1_epi8(15);
+    for (int c = 0; c < D; c += 32) {
+        __m512i h0[4], l0[4], h1[4], l1[4];
+        for (int i = 0; i < MM; i++) h0[i] = l0[i] = h1[i] = l1[i] = _mm512_setzero_si512();
+        for (int t = t0; t < t1; t += 4) {
+            if (pf && c == 0 && i0 == 0) prefetch_bytes(pf + (int64_t)t * (D / 2), 2 * D);
+            __m512i x = _mm512_loadu_si512(v + ((int64_t)(t / 4) * (D / 16) + c / 16) * 32);
+            __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
+            for (int i = 0; i < MM; i++) {
+                __m512i bh = bcast32(wh + (i0 + i) * ld + t), bl = bcast32(wl + (i0 + i) * ld + t);
+                h0[i] = _mm512_dpbusd_epi32(h0[i], lo, bh);
+                l0[i] = _mm512_dpbusd_epi32(l0[i], lo, bl);
+                h1[i] = _mm512_dpbusd_epi32(h1[i], hi, bh);
+                l1[i] = _mm512_dpbusd_epi32(l1[i], hi, bl);
+            }
+        }
+        for (int i = 0; i < MM; i++) {
+            __m512 ws = _mm512_set1_ps(wscale[i0 + i]);
+            float *a = acc + (i0 + i) * D + c;
+            __m512i s0 = _mm512_add_epi32(_mm512_slli_epi32(h0[i], 8), l0[i]);
+            __m512i s1 = _mm512_add_epi32(_mm512_slli_epi32(h1[i], 8), l1[i]);
+            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), ws, _mm512_load_ps(a)));
+            _mm512_store_ps(a + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), ws, _mm512_load_ps(a + 16)));
+        }
+    }
+}
+
+/* four vectors at a time: their 16 accumulators fit the registers */
+static inline __attribute__((always_inline)) void pv_uint4(const uint8_t *v, const int D,
+                                                         const int8_t *wh, const int8_t *wl,
+                                                         int ld, const int M, int t0, int t1,
+                                                         const float *wscale, float *acc,
+                                                         const char *pf) {
+    pv_uint4_part(v, D, wh, wl, ld, 0, M < 4 ? M : 4, t0, t1, wscale, acc, pf);
+    if (M > 4) pv_uint4_part(v, D, wh, wl, ld, 4, M - 4, t0, t1, wscale, acc, pf);
+}
+
+/* ---- the tile */
+
+/* Per-vector state of a tile, H heads x M vectors, in the scratch. Sums are kept as 16 lanes
+ * and added up at the end: no horizontal sum per slice. */
+typedef struct {
+    char *q;       /* [H][M] query vectors, scaled, as the scores read them: fp32 [D] (fp32,
+                    * bf16), int16 [D] (int8), int8 halves [2][D] (uint4) */
+    float *acc;    /* [H][M][D] weighted V sums in the lane order of V */
+    float *sumv;   /* [H * M][16] lanes of the running sum of exp(score - max) */
+    float *ztv;    /* [H * M][16] uint4: lanes of sum weight * v_zero * v_scale, subtracted at the end */
+    float *mx;     /* [H * M] running max of the scores */
+    float *qscale; /* [H * M] int formats: q ~= q16 * qscale */
+    float *qsum;   /* [H * M] uint4: sum of q16, for the K zero points */
+} state_t;
+
+/* Scaled queries of one kv head in the form the scores want. */
+static void load_queries(const attn_tile_t *t, int head, const int M, const int D,
+                         const state_t *st, float *stage /* [D] */, int16_t *q16 /* [D] */) {
+    const dn_kv_format_t f = t->kv->format;
+    const int nh = t->n_q_heads;
+    for (int i = 0; i < M; i++) {
+        const int v = head * M + i;
+        const float *src = t->q + (i / nh) * t->q_stride + (int64_t)(head * nh + i % nh) * D;
+        for (int d = 0; d < D; d++) stage[d] = src[d] * t->scale;
+        char *q = st->q + (int64_t)v * D * 4;
+        if (f == DN_KV_F32 || f == DN_KV_BF16) {
+            memcpy(q, stage, (size_t)D * 4);
+        } else if (f == DN_KV_INT8) {
+            st->qscale[v] = quantize_i16(stage, D, (int16_t *)q, 32767.0f);
+        } else {
+            st->qscale[v] = quantize_i16(stage, D, q16, Q16_MAX);
+            int32_t qs = 0;
+            for (int d = 0; d < D; d += 16) {
+                __m512i x = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(q16 + d)));
+                split_i16(x, (int8_t *)q + d, (int8_t *)q + D + d);
+                qs += _mm512_reduce_add_epi32(x);
+            }
+            st->qsum[v] = (float)qs;
+        }
+    }
+}
+
+/* Mask of the tokens g..g+16 of a slice that lie in [lo, hi). */
+static inline __mmask16 tokens_in(int g, int lo, int hi) {
+    __m512i tok = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                   _mm512_set1_epi32(g));
+    return _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32(lo)) &
+           _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32(hi));
+}
+
+/* Tokens off..off+n of the (block, head) slice whose first token is cache row `slice`; the M
+ * vectors of `head`. next: first row of the slice to prefetch, or -1. Scratch: s [M][bs] scores
+ * then weights, wq [M][bs + 32] int16 weights (uint4: two int8 halves). */
+static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *t, const state_t *st,
+                                                            int head, int pos, int64_t slice,
+                                                            int off, int n, int64_t next,
+                                                            const int M, const int D, float *s,
+                                                            int16_t *wq) {
+    const dn_kv_cache_t *kv = t->kv;
+    const dn_kv_format_t f = kv->format;
+    const int bs = kv->block_size, nh = t->n_q_heads;
+    const int64_t rb = row_bytes(f, D);
+    const int ldw = bs + 32;
+    const int v0 = head * M; /* the head's first vector */
+    const char *q = st->q + (int64_t)v0 * D * 4;
+    float *acc = st->acc + (int64_t)v0 * D;
+    const char *kn = next >= 0 ? (const char *)kv->k + next * rb : NULL;
+    const char *vn = next >= 0 ? (const char *)kv->v + next * rb : NULL;
+    const float *vs = kv->v_scale ? kv->v_scale + slice : NULL; /* int formats */
+    const float *vz = kv->v_zero ? kv->v_zero + slice : NULL;   /* uint4 */
+    if (kn && vs) { /* the per-token scales of the next slice */
+        prefetch_bytes((const char *)(kv->k_scale + next), 4 * bs);
+        prefetch_bytes((const char *)(kv->v_scale + next), 4 * bs);
+        if (vz) {
+            prefetch_bytes((const char *)(kv->k_zero + next), 4 * bs);
+            prefetch_bytes((const char *)(kv->v_zero + next), 4 * bs);
+        }
+    }
+
+    /* scores of all M vectors for the token groups g0..g1 of the slice */
+    const int g0 = off & ~15, g1 = (off + n + 15) & ~15;
+    for (int g = g0; g < g1; g += 16) {
+        const char *kg = (const char *)kv->k + (slice + g) * rb; /* 16 * rb bytes */
+        const char *pf = kn ? kn + g * rb : NULL;
+        if (f == DN_KV_F32)
+            scores_f32((const float *)kg, D, (const float *)q, M, s + g, bs, pf);
+        else if (f == DN_KV_BF16)
+            scores_bf16((const uint16_t *)kg, D, (const float *)q, M, s + g, bs, pf);
+        else if (f == DN_KV_INT8)
+            scores_int8((const int8_t *)kg, D, (const int16_t *)q, M, s + g, bs,
+                        kv->k_scale + slice + g, st->qscale + v0, pf);
+        else
+            scores_uint4((const uint8_t *)kg, D, (const int8_t *)q, (const int8_t *)q + D, M,
+                         s + g, bs, kv->k_scale + slice + g, kv->k_zero + slice + g,
+                         st->qscale + v0, st->qsum + v0, pf);
+    }
+
+    /* online softmax: vector i sees the tokens [off, te[i]) of the slice, weights 0 elsewhere */
+    const int ng = (g1 - g0) / 16;
+    __mmask16 ok[MAX_M][16]; /* per vector and token group: the tokens it sees */
+    int tmax = off, te[MAX_M];
+    float bmax[16];
+    for (int i = 0; i < M; i++) {
+        int nv = t->first_pos + i / nh - pos + 1; /* positions from pos on that it sees */
+        te[i] = off + (nv < 0 ? 0 : nv > n ? n : nv);
+        if (te[i] > tmax) tmax = te[i];
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int k = 0; k < ng; k++) {
+            ok[i][k] = i > 0 && te[i] == te[i - 1] ? ok[i - 1][k] : tokens_in(g0 + 16 * k, off, te[i]);
+            m = _mm512_mask_max_ps(m, ok[i][k], m, _mm512_loadu_ps(s + i * bs + g0 + 16 * k));
+        }
+        bmax[i] = _mm512_reduce_max_ps(m);
+    }
+    /* the M vectors side by side in the lanes */
+    const __mmask16 lanes = (__mmask16)((1u << M) - 1);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mo = _mm512_mask_loadu_ps(ninf, lanes, st->mx + v0);
+    __m512 mb = _mm512_mask_loadu_ps(ninf, lanes, bmax);
+    __m512 mn = _mm512_max_ps(mo, mb);
+    /* vectors that saw nothing yet subtract 0, keeping exp(-inf) = 0 and no NaN */
+    __m512 muse = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
+    float alpha[16], mu[16], wsc[16], winv[16];
+    _mm512_storeu_ps(alpha, exp512(_mm512_sub_ps(mo, muse)));
+    _mm512_storeu_ps(mu, muse);
+    _mm512_mask_storeu_ps(st->mx + v0, lanes, mn);
+    const __mmask16 had = _mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ); /* acc holds something */
+    if (vs) {
+        /* int16 weights, one scale per vector: a weight times its V scale is at most
+         * e^(block max - max) times the largest V scale of the slice */
+        const float wmax = f == DN_KV_UINT4 ? Q16_MAX : 32767.0f;
+        __m512 m = _mm512_setzero_ps();
+        for (int k = 0; k < ng; k++)
+            m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(tokens_in(g0 + 16 * k, off, tmax), vs + g0 + 16 * k));
+        __m512 top = _mm512_mul_ps(exp512(_mm512_sub_ps(mb, muse)), _mm512_set1_ps(_mm512_reduce_max_ps(m)));
+        _mm512_storeu_ps(wsc, _mm512_mul_ps(top, _mm512_set1_ps(1.0f / wmax)));
+        _mm512_storeu_ps(winv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                                   _mm512_set1_ps(wmax), top));
+    }
+    int8_t *wh = (int8_t *)wq, *wl = wh + M * ldw; /* uint4 */
+    for (int i = 0; i < M; i++) {
+        const __m512 m = _mm512_set1_ps(mu[i]), al = _mm512_set1_ps(alpha[i]), inv = _mm512_set1_ps(winv[i]);
+        float *sumv = st->sumv + (v0 + i) * 16, *ztv = st->ztv + (v0 + i) * 16;
+        __m512 psum = _mm512_mul_ps(_mm512_load_ps(sumv), al), zsum = _mm512_setzero_ps();
+        for (int k = 0; k < ng; k++) {
+            const int g = g0 + 16 * k;
+            const __mmask16 msk = ok[i][k];
+            __m512 p = _mm512_maskz_mov_ps(msk, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * bs + g), m)));
+            psum = _mm512_add_ps(psum, p);
+            if (!vs) {
+                _mm512_storeu_ps(s + i * bs + g, p);
+                continue;
+            }
+            /* int formats: the weights times the V scales, to int16 */
+            __m512i w = _mm512_cvtps_epi32(_mm512_mul_ps(p, _mm512_mul_ps(_mm512_maskz_loadu_ps(msk, vs + g), inv)));
+            if (f == DN_KV_INT8) {
+                _mm256_storeu_si256((__m256i *)(wq + i * ldw + g), _mm512_cvtepi32_epi16(w));
+            } else {
+                split_i16(w, wh + i * ldw + g, wl + i * ldw + g);
+                /* the zero points' share, with the weights as quantized */
+                zsum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), _mm512_maskz_loadu_ps(msk, vz + g), zsum);
+            }
+        }
+        _mm512_store_ps(sumv, psum);
+        if (vz)
+            _mm512_store_ps(ztv, _mm512_fmadd_ps(zsum, _mm512_set1_ps(wsc[i]),
+                                                 _mm512_mul_ps(_mm512_load_ps(ztv), al)));
+        if (alpha[i] != 1.0f && (had >> i & 1))
+            for (int d = 0; d < D; d += 16)
+                _mm512_store_ps(acc + i * D + d, _mm512_mul_ps(al, _mm512_load_ps(acc + i * D + d)));
+    }
+
+    const char *vsl = (const char *)kv->v + slice * rb;
+    if (f == DN_KV_F32)
+        pv_f32((const float *)vsl, D, s, bs, M, off, tmax, acc, vn);
+    else if (f == DN_KV_BF16)
+        pv_bf16((const uint16_t *)vsl, D, s, bs, M, off, tmax, acc, vn);
+    else if (f == DN_KV_INT8)
+        pv_int8((const int8_t *)vsl, D, wq, ldw, M, off & ~1, (tmax + 1) & ~1, wsc, acc, vn);
+    else
+        pv_uint4((const uint8_t *)vsl, D, wh, wl, ldw, M, off & ~3, (tmax + 3) & ~3, wsc, acc, vn);
+}
+
+/* M (and the common head sizes) are constants in each instantiation: the per-vector
+ * accumulators live in registers and the loops over head_dim unroll. */
+static inline __attribute__((always_inline)) void decode_m(const attn_tile_t *t, const int M,
+                                                           const int D) {
+    const dn_kv_cache_t *kv = t->kv;
+    const dn_kv_format_t f = kv->format;
+    const int bs = kv->block_size, H = t->n_kv;
+    const int V = H * M; /* vectors of the tile, <= ATTN_MAX_M */
+    char *w = t->work;
+    state_t st;
+    st.q = w;                             w += (size_t)V * D * 4;
+    st.acc = (float *)w;                  w += (size_t)V * D * 4;
+    st.sumv = (float *)w;                 w += (size_t)V * 16 * 4;
+    st.ztv = (float *)w;                  w += (size_t)V * 16 * 4;
+    st.mx = (float *)w;                   w += (size_t)ATTN_MAX_M * 4;
+    st.qscale = (float *)w;               w += (size_t)ATTN_MAX_M * 4;
+    st.qsum = (float *)w;                 w += (size_t)ATTN_MAX_M * 4;
+    float *nat = (float *)w;              w += (size_t)MAX_M * D * 4;          /* [M][D] */
+    float *s = (float *)w;                w += (size_t)MAX_M * bs * 4;         /* [M][bs] */
+    int16_t *wq = (int16_t *)w;           w += (size_t)MAX_M * (bs + 32) * 2;  /* [M][bs + 32] */
+    float *stage = (float *)w;            w += (size_t)D * 4;                  /* [D] */
+    int16_t *q16 = (int16_t *)w;                                               /* [D] */
+
+    for (int h = 0; h < H; h++) load_queries(t, h, M, D, &st, stage, q16);
+    memset(st.acc, 0, (size_t)V * D * 4);
+    memset(st.sumv, 0, (size_t)V * 16 * 4);
+    memset(st.ztv, 0, (size_t)V * 16 * 4);
+    for (int v = 0; v < V; v++) st.mx[v] = -INFINITY;
+
+    const int nkv = kv->n_kv_heads;
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int off = pos % bs;
+        const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
+        const int64_t row0 = ((int64_t)t->blocks[pos / bs] * nkv + t->kv_head) * bs;
+        const int64_t next0 = pos + n < t->kv_end
+                                  ? ((int64_t)t->blocks[(pos + n) / bs] * nkv + t->kv_head) * bs
+                                  : -1;
+        for (int h = 0; h < H; h++)
+            slice_step(t, &st, h, pos, row0 + (int64_t)h * bs, off, n,
+                       h + 1 < H ? row0 + (int64_t)(h + 1) * bs : next0, M, D, s, wq);
+        pos += n;
+    }
+
+    /* per head: back to head_dim order (and the uint4 zero term), then out or the partial */
+    for (int h = 0; h < H; h++) {
+        float sum[MAX_M];
+        for (int i = 0; i < M; i++) {
+            const int v = h * M + i;
+            const float *acc = st.acc + (int64_t)v * D;
+            float zt = _mm512_reduce_add_ps(_mm512_load_ps(st.ztv + v * 16));
+            sum[i] = _mm512_reduce_add_ps(_mm512_load_ps(st.sumv + v * 16));
+            for (int c = 0; c < D; c += 32)
+                for (int p = 0; p < 32; p++) nat[i * D + c + acc_lane_d(f, p)] = acc[c + p] - zt;
+        }
+        attn_tile_t one = *t;
+        if (t->out) one.out = t->out + (int64_t)h * t->n_q_heads * D;
+        if (t->part) one.part = t->part + (int64_t)h * M * (D + 2);
+        attn_finish(&one, nat, st.mx + h * M, sum);
+    }
+}
+
+int attn_decode_avx512_fits(const dn_kv_cache_t *c, int M) {
+    return M <= MAX_M && c->head_dim % 32 == 0 && c->head_dim <= 256;
+}
+
+#define DECODE_D(M)                                                \
+    switch (t->kv->head_dim) {                                     \
+    case 64: decode_m(t, M, 64); break;                            \
+    case 128: decode_m(t, M, 128); break;                          \
+    default: decode_m(t, M, t->kv->head_dim); break;               \
+    }
+
+void attn_decode_avx512(const attn_tile_t *t) {
+    switch (t->n_q_heads * t->n_rows) {
+    case 1: DECODE_D(1); break;
+    case 2: DECODE_D(2); break;
+    case 3: DECODE_D(3); break;
+    case 4: DECODE_D(4); break;
+    case 5: DECODE_D(5); break;
+    case 6: DECODE_D(6); break;
+    case 7: DECODE_D(7); break;
+    default: DECODE_D(8); break;
+    }
+}
+
+#pragma GCC pop_options

@@ -1,0 +1,441 @@
+/* AVX-512 prefill tile: many query vectors (up to 64: GQA group x query rows) against one block
+ * at a time. Compute bound: the block is converted to fp32 once and both products run as
+ * register-blocked FMA kernels. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "attention_tile.h"
+#include "common.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")
+
+#include "attention_avx512.h"
+
+/* ---- prefill: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
+ * Scores are kept transposed, S[t][i], so the per-vector softmax statistics are lane-wise and
+ * both products are broadcast-FMA kernels over fp32 K groups and V rows. */
+
+/* K of the 16-token groups [g0, g1) of a slice as fp32 groups [(g1 - g0) / 16][D][16] (the fp32
+ * K layout): the cache itself (fp32), or converted into dst. */
+static const float *k_groups_f32(const dn_kv_cache_t *c, int64_t slice, int g0, int g1,
+                                 float *dst) {
+    const int D = c->head_dim;
+    const dn_kv_format_t f = c->format;
+    if (f == DN_KV_F32) return (const float *)c->k + (slice + g0) * D;
+    for (int g = g0; g < g1; g += 16) {
+        float *o = dst + (int64_t)(g - g0) * D; /* this group's [D][16] */
+        if (f == DN_KV_BF16) { /* [D/2][16][2] */
+            const uint16_t *src = (const uint16_t *)c->k + (slice + g) * D;
+            for (int j = 0; j < D / 2; j++) {
+                __m512i x = _mm512_loadu_si512(src + j * 32);
+                _mm512_store_si512(o + 2 * j * 16, _mm512_slli_epi32(x, 16));
+                _mm512_store_si512(o + (2 * j + 1) * 16, _mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+            }
+        } else if (f == DN_KV_INT8) { /* [D/2][16][2] */
+            const int8_t *src = (const int8_t *)c->k + (slice + g) * D;
+            const __m512 sc = _mm512_loadu_ps(c->k_scale + slice + g);
+            for (int j = 0; j < D / 2; j++) {
+                __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + j * 32)));
+                __m512i ev = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), od = _mm512_srai_epi32(x, 16);
+                _mm512_store_ps(o + 2 * j * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), sc));
+                _mm512_store_ps(o + (2 * j + 1) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(od), sc));
+            }
+        } else { /* bytes [D/8][16][4]: d = 8j + b low nibble, 8j + 4 + b high */
+            const uint8_t *src = (const uint8_t *)c->k + (slice + g) * (D / 2);
+            const __m512 sc = _mm512_loadu_ps(c->k_scale + slice + g);
+            const __m512 zs = _mm512_mul_ps(_mm512_loadu_ps(c->k_zero + slice + g), sc);
+            const __m512i nib = _mm512_set1_epi32(15);
+            for (int j = 0; j < D / 8; j++) {
+                __m512i x = _mm512_loadu_si512(src + j * 64);
+                for (int b = 0; b < 4; b++) {
+                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(x, 8 * b), nib);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(x, 8 * b + 4), nib);
+                    _mm512_store_ps(o + (8 * j + b) * 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), sc, zs));
+                    _mm512_store_ps(o + (8 * j + 4 + b) * 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), sc, zs));
+                }
+            }
+        }
+    }
+    return dst;
+}
+
+/* V of tokens [off, off + n) of a slice as fp32 rows [n][D]: the cache itself (fp32), or
+ * converted into dst ([block_size][D]: row t at dst + t * D, a pair or quad may spill over). */
+static const float *v_rows_f32(const dn_kv_cache_t *c, int64_t slice, int off, int n,
+                               float *dst) {
+    const int D = c->head_dim;
+    const dn_kv_format_t f = c->format;
+    if (f == DN_KV_F32) return (const float *)c->v + (slice + off) * D;
+    if (f == DN_KV_BF16) {
+        for (int t = off; t < off + n; t++) {
+            const uint16_t *src = (const uint16_t *)c->v + (slice + t) * D;
+            for (int d = 0; d < D; d += 16)
+                _mm512_store_si512(dst + (int64_t)t * D + d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                                                  _mm256_loadu_si256((const __m256i *)(src + d))), 16));
+        }
+    } else if (f == DN_KV_INT8) { /* [bs/2][D][2] */
+        const int8_t *src = (const int8_t *)c->v + slice * D;
+        for (int t = off & ~1; t < off + n; t += 2) {
+            const __m512 s0 = _mm512_set1_ps(c->v_scale[slice + t]), s1 = _mm512_set1_ps(c->v_scale[slice + t + 1]);
+            for (int d = 0; d < D; d += 16) {
+                __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + ((int64_t)t / 2 * D + d) * 2)));
+                __m512i ev = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), od = _mm512_srai_epi32(x, 16);
+                _mm512_store_ps(dst + (int64_t)t * D + d, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), s0));
+                _mm512_store_ps(dst + (int64_t)(t + 1) * D + d, _mm512_mul_ps(_mm512_cvtepi32_ps(od), s1));
+            }
+        }
+    } else { /* bytes [bs/4][D/16][8][4]: 64 bytes hold 32 d of a token quad */
+        const uint8_t *src = (const uint8_t *)c->v + slice * (D / 2);
+        const __m512i nib = _mm512_set1_epi32(15);
+        const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+        const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+        for (int q = off & ~3; q < off + n; q += 4)
+            for (int d = 0; d < D; d += 32) {
+                __m512i x = _mm512_loadu_si512(src + ((int64_t)q / 4 * (D / 16) + d / 16) * 32);
+                for (int r = 0; r < 4; r++) {
+                    const float sc = c->v_scale[slice + q + r];
+                    const __m512 s = _mm512_set1_ps(sc), zs = _mm512_set1_ps(c->v_zero[slice + q + r] * sc);
+                    /* lanes 0..7: d + k (low), d + 8 + k (high); lanes 8..15: d + 16 + k, d + 24 + k */
+                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(x, 8 * r), nib);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(x, 8 * r + 4), nib);
+                    float *o = dst + (int64_t)(q + r) * D + d;
+                    _mm512_store_ps(o, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, first, hi)), s, zs));
+                    _mm512_store_ps(o + 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, second, hi)), s, zs));
+                }
+            }
+    }
+    return dst + (int64_t)off * D;
+}
+
+/* S[j][0..16*IC) = sum_d k[t][d] * qt[d][..] for R tokens t = t0 + j of fp32 K groups kt */
+static inline __attribute__((always_inline)) void qk_kernel(const float *kt, int t0, int D,
+                                                          const float *qt, int ld_q, float *s,
+                                                          int ld_s, const int R, const int IC) {
+    const float *kr[6]; /* token r's value of d at kr[r][16 * d] */
+    for (int r = 0; r < R; r++) kr[r] = kt + (int64_t)((t0 + r) >> 4) * D * 16 + ((t0 + r) & 15);
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < IC; c++) a[r][c] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m512 q[4];
+        for (int c = 0; c < IC; c++) q[c] = _mm512_load_ps(qt + d * ld_q + 16 * c);
+        for (int r = 0; r < R; r++) {
+            __m512 k = _mm512_set1_ps(kr[r][16 * d]);
+            for (int c = 0; c < IC; c++) a[r][c] = _mm512_fmadd_ps(k, q[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < IC; c++) _mm512_store_ps(s + r * ld_s + 16 * c, a[r][c]);
+}
+
+/* scores of tokens t0..t0 + n of the K groups kt */
+static void qk_block(const float *kt, int t0, int n, int D, const float *qt, int mp, float *s) {
+    const int ic = mp / 16;
+    int j = 0;
+#define QK(R, IC) qk_kernel(kt, t0 + j, D, qt, mp, s + j * mp, mp, R, IC)
+#define QK_IC(R)                        \
+    switch (ic) {                       \
+    case 1: QK(R, 1); break;            \
+    case 2: QK(R, 2); break;            \
+    case 3: QK(R, 3); break;            \
+    default: QK(R, 4); break;           \
+    }
+    for (; j + 6 <= n; j += 6) QK_IC(6);
+    for (; j < n; j++) QK_IC(1);
+#undef QK_IC
+#undef QK
+}
+
+/* acc[i][d0..d0+16*DC) = acc * alpha[i] + sum_t p[t][i] * vf[t][..] for R vectors from i0 */
+static inline __attribute__((always_inline)) void pv_kernel(const float *p, int mp, int i0, int n,
+                                                          const float *vf, int D, int d0,
+                                                          const float *alpha, float *acc,
+                                                          const int R, const int DC) {
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++) {
+        __m512 al = _mm512_set1_ps(alpha[i0 + r]);
+        for (int c = 0; c < DC; c++)
+            a[r][c] = _mm512_mul_ps(al, _mm512_load_ps(acc + (int64_t)(i0 + r) * D + d0 + 16 * c));
+    }
+    for (int t = 0; t < n; t++) {
+        __m512 v[4];
+        for (int c = 0; c < DC; c++) v[c] = _mm512_loadu_ps(vf + (int64_t)t * D + d0 + 16 * c);
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_set1_ps(p[t * mp + i0 + r]);
+            for (int c = 0; c < DC; c++) a[r][c] = _mm512_fmadd_ps(w, v[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < DC; c++)
+            _mm512_store_ps(acc + (int64_t)(i0 + r) * D + d0 + 16 * c, a[r][c]);
+}
+
+static void pv_block(const float *p, int mp, int n, const float *vf, int D, const float *alpha,
+                     float *acc) {
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int dc = D - d0 >= 64 ? 4 : 2; /* D is a multiple of 32 */
+        int i = 0;
+#define PV(R)                                                                  \
+    if (dc == 4) pv_kernel(p, mp, i, n, vf, D, d0, alpha, acc, R, 4);          \
+    else pv_kernel(p, mp, i, n, vf, D, d0, alpha, acc, R, 2)
+        for (; i + 6 <= mp; i += 6) PV(6);
+        for (; i + 2 <= mp; i += 2) PV(2);
+        for (; i < mp; i++) PV(1);
+#undef PV
+    }
+}
+
+static void prefill_tile(const attn_tile_t *t) {
+    const dn_kv_cache_t *kv = t->kv;
+    const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
+    const int M = nh * t->n_rows, mp = (M + 15) & ~15;
+    char *w = t->work;
+    float *qt = (float *)w;    w += (size_t)D * mp * 4;      /* [D][mp] scaled q, transposed */
+    float *acc = (float *)w;   w += (size_t)mp * D * 4;      /* [mp][D] */
+    float *kf = (float *)w;    w += (size_t)bs * D * 4;      /* [bs/16][D][16] */
+    float *vf = (float *)w;    w += (size_t)bs * D * 4;      /* [bs][D] */
+    float *s = (float *)w;     w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
+    float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
+    int32_t *limit = (int32_t *)(alpha + mp);
+
+    for (int i = 0; i < mp; i++) {
+        const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+        for (int d = 0; d < D; d++) qt[d * mp + i] = src ? src[d] * t->scale : 0.0f;
+        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    memset(acc, 0, (size_t)mp * D * 4);
+    const int first_limit = t->first_pos;
+
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int off = pos % bs;
+        const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
+        const int64_t slice = attn_cache_row(t, pos) - off;
+        const int g0 = off & ~15;
+        const float *kt = k_groups_f32(kv, slice, g0, (off + n + 15) & ~15, kf);
+        const float *vr = v_rows_f32(kv, slice, off, n, vf);
+        qk_block(kt, off - g0, n, D, qt, mp, s);
+        /* causal mask: only tokens past the first row's position can be hidden */
+        for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
+            for (int c = 0; c < mp; c += 16) {
+                __mmask16 hide = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(pos + j),
+                                                         _mm512_loadu_si512(limit + c));
+                _mm512_mask_storeu_ps(s + j * mp + c, hide, _mm512_set1_ps(-INFINITY));
+            }
+        for (int c = 0; c < mp; c += 16) {
+            __m512 bmax = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < n; j++) bmax = _mm512_max_ps(bmax, _mm512_load_ps(s + j * mp + c));
+            __m512 mold = _mm512_load_ps(mx + c);
+            __m512 mnew = _mm512_max_ps(mold, bmax);
+            /* vectors that saw nothing yet subtract 0, keeping exp(-inf) = 0 and no NaN */
+            __m512 muse = _mm512_mask_blend_ps(
+                _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), mnew,
+                _mm512_setzero_ps());
+            __m512 al = exp512(_mm512_sub_ps(mold, muse));
+            __m512 ps = _mm512_setzero_ps();
+            for (int j = 0; j < n; j++) {
+                __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(s + j * mp + c), muse));
+                _mm512_store_ps(s + j * mp + c, p);
+                ps = _mm512_add_ps(ps, p);
+            }
+            _mm512_store_ps(sum + c, _mm512_fmadd_ps(_mm512_load_ps(sum + c), al, ps));
+            _mm512_store_ps(mx + c, mnew);
+            _mm512_store_ps(alpha + c, al);
+        }
+        pv_block(s, mp, n, vr, D, alpha, acc);
+        pos += n;
+    }
+    attn_finish(t, acc, mx, sum);
+}
+
+/* ---- bf16 cache: both products on vpdpbf16ps (two bf16 products per fp32 lane, fp32 sums),
+ * with q and the softmax weights rounded to bf16, as bf16 attention does. K pairs are read
+ * straight from the cache; V rows are interleaved in token pairs once per block. */
+
+/* S[j][0..16*IC) = sum_d k[t][d] * q[d][..] for R tokens t = t0 + j of bf16 K groups kp
+ * ([bs/16][D/2][16][2]); qp [D/2][ld_q] q pairs */
+/* the bf16 pair at p, broadcast */
+static inline __m512bh bcast_pair(const void *p) {
+    int32_t x;
+    memcpy(&x, p, 4);
+    return (__m512bh)_mm512_set1_epi32(x);
+}
+
+static inline __attribute__((always_inline)) void qk_kernel_bf16(const uint16_t *kp, int t0, int D,
+                                                               const uint32_t *qp, int ld_q,
+                                                               float *s, int ld_s, const int R,
+                                                               const int IC) {
+    const uint16_t *kr[6]; /* token r's pair j at kr[r] + 32 * j */
+    for (int r = 0; r < R; r++) kr[r] = kp + (int64_t)((t0 + r) >> 4) * 16 * D + 2 * ((t0 + r) & 15);
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < IC; c++) a[r][c] = _mm512_setzero_ps();
+    for (int j = 0; j < D / 2; j++) {
+        __m512bh q[4];
+        for (int c = 0; c < IC; c++) q[c] = (__m512bh)_mm512_load_si512(qp + j * ld_q + 16 * c);
+        for (int r = 0; r < R; r++) {
+            __m512bh k = bcast_pair(kr[r] + 32 * j);
+            for (int c = 0; c < IC; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], k, q[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < IC; c++) _mm512_store_ps(s + r * ld_s + 16 * c, a[r][c]);
+}
+
+static void qk_block_bf16(const uint16_t *kp, int t0, int n, int D, const uint32_t *qp, int mp,
+                          float *s) {
+    const int ic = mp / 16;
+    int j = 0;
+#define QK(R, IC) qk_kernel_bf16(kp, t0 + j, D, qp, mp, s + j * mp, mp, R, IC)
+#define QK_IC(R)                        \
+    switch (ic) {                       \
+    case 1: QK(R, 1); break;            \
+    case 2: QK(R, 2); break;            \
+    case 3: QK(R, 3); break;            \
+    default: QK(R, 4); break;           \
+    }
+    for (; j + 6 <= n; j += 6) QK_IC(6);
+    for (; j < n; j++) QK_IC(1);
+#undef QK_IC
+#undef QK
+}
+
+/* acc[i][d0..d0+16*DC) = acc * alpha[i] + sum_t p[t][i] v[t][..] for R vectors from i0, over np
+ * token pairs: pp [np][mp] weight pairs, vp [np][D] value pairs */
+static inline __attribute__((always_inline)) void pv_kernel_bf16(const uint32_t *pp, int mp, int i0,
+                                                               int np, const uint32_t *vp, int D,
+                                                               int d0, const float *alpha,
+                                                               float *acc, const int R,
+                                                               const int DC) {
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++) {
+        __m512 al = _mm512_set1_ps(alpha[i0 + r]);
+        for (int c = 0; c < DC; c++)
+            a[r][c] = _mm512_mul_ps(al, _mm512_load_ps(acc + (int64_t)(i0 + r) * D + d0 + 16 * c));
+    }
+    for (int tp = 0; tp < np; tp++) {
+        __m512bh v[4];
+        for (int c = 0; c < DC; c++) v[c] = (__m512bh)_mm512_load_si512(vp + (int64_t)tp * D + d0 + 16 * c);
+        for (int r = 0; r < R; r++) {
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[tp * mp + i0 + r]);
+            for (int c = 0; c < DC; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], w, v[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < DC; c++)
+            _mm512_store_ps(acc + (int64_t)(i0 + r) * D + d0 + 16 * c, a[r][c]);
+}
+
+static void pv_block_bf16(const uint32_t *pp, int mp, int np, const uint32_t *vp, int D,
+                          const float *alpha, float *acc) {
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int dc = D - d0 >= 64 ? 4 : 2; /* D is a multiple of 32 */
+        int i = 0;
+#define PV(R)                                                                        \
+    if (dc == 4) pv_kernel_bf16(pp, mp, i, np, vp, D, d0, alpha, acc, R, 4);         \
+    else pv_kernel_bf16(pp, mp, i, np, vp, D, d0, alpha, acc, R, 2)
+        for (; i + 6 <= mp; i += 6) PV(6);
+        for (; i + 2 <= mp; i += 2) PV(2);
+        for (; i < mp; i++) PV(1);
+#undef PV
+    }
+}
+
+/* two fp32 vectors to bf16 (round to nearest even), interleaved: lane l = (a[l], b[l]) */
+static inline __m512i pair_bf16(__m512 a, __m512 b) {
+    __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+    __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+static void prefill_tile_bf16(const attn_tile_t *t) {
+    const dn_kv_cache_t *kv = t->kv;
+    const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
+    const int M = nh * t->n_rows, mp = (M + 15) & ~15;
+    char *w = t->work;
+    uint32_t *qp = (uint32_t *)w; w += (size_t)D / 2 * mp * 4;  /* [D/2][mp] scaled q pairs */
+    float *acc = (float *)w;      w += (size_t)mp * D * 4;      /* [mp][D] */
+    uint32_t *pp = (uint32_t *)w; w += (size_t)bs * D * 4;      /* [bs/2][mp] weight pairs */
+    uint32_t *vp = (uint32_t *)w; w += (size_t)bs * D * 4;      /* [bs/2][D] value pairs */
+    float *s = (float *)w;        w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
+    float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
+    int32_t *limit = (int32_t *)(alpha + mp);
+
+    for (int i = 0; i < mp; i++) {
+        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    for (int c = 0; c < mp; c += 16) /* q transposed in d pairs, 16 vectors at a time */
+        for (int j = 0; j < D / 2; j++) {
+            float e[16], o[16];
+            for (int l = 0; l < 16; l++) {
+                int i = c + l;
+                const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+                e[l] = src ? src[2 * j] * t->scale : 0.0f;
+                o[l] = src ? src[2 * j + 1] * t->scale : 0.0f;
+            }
+            _mm512_store_si512(qp + j * mp + c, pair_bf16(_mm512_loadu_ps(e), _mm512_loadu_ps(o)));
+        }
+    memset(acc, 0, (size_t)mp * D * 4);
+    const int first_limit = t->first_pos;
+    const __m512 zero = _mm512_setzero_ps();
+
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int off = pos % bs;
+        const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
+        const int64_t slice = attn_cache_row(t, pos) - off;
+        const int g0 = off & ~15, np = (n + 1) / 2;
+        qk_block_bf16((const uint16_t *)kv->k + (slice + g0) * D, off - g0, n, D, qp, mp, s);
+        /* V rows off.. in token pairs; a missing second row of the last pair reads as 0 */
+        const uint16_t *vr = (const uint16_t *)kv->v + (slice + off) * D;
+        for (int tp = 0; tp < np; tp++)
+            for (int d = 0; d < D; d += 16) {
+                __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + (int64_t)2 * tp * D + d)));
+                __m512i b = 2 * tp + 1 < n ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                 (const __m256i *)(vr + (int64_t)(2 * tp + 1) * D + d)))
+                                           : _mm512_setzero_si512();
+                _mm512_store_si512(vp + (int64_t)tp * D + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+            }
+        /* causal mask: only tokens past the first row's position can be hidden */
+        for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
+            for (int c = 0; c < mp; c += 16) {
+                __mmask16 hide = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(pos + j),
+                                                         _mm512_loadu_si512(limit + c));
+                _mm512_mask_storeu_ps(s + j * mp + c, hide, _mm512_set1_ps(-INFINITY));
+            }
+        for (int c = 0; c < mp; c += 16) {
+            __m512 bmax = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < n; j++) bmax = _mm512_max_ps(bmax, _mm512_load_ps(s + j * mp + c));
+            __m512 mold = _mm512_load_ps(mx + c);
+            __m512 mnew = _mm512_max_ps(mold, bmax);
+            /* vectors that saw nothing yet subtract 0, keeping exp(-inf) = 0 and no NaN */
+            __m512 muse = _mm512_mask_blend_ps(
+                _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), mnew, zero);
+            __m512 al = exp512(_mm512_sub_ps(mold, muse));
+            __m512 ps = zero;
+            for (int j = 0; j < 2 * np; j += 2) {
+                __m512 p0 = exp512(_mm512_sub_ps(_mm512_load_ps(s + j * mp + c), muse));
+                __m512 p1 = j + 1 < n ? exp512(_mm512_sub_ps(_mm512_load_ps(s + (j + 1) * mp + c), muse)) : zero;
+                ps = _mm512_add_ps(ps, _mm512_add_ps(p0, p1));
+                _mm512_store_si512(pp + j / 2 * mp + c, pair_bf16(p0, p1));
+            }
+            _mm512_store_ps(sum + c, _mm512_fmadd_ps(_mm512_load_ps(sum + c), al, ps));
+            _mm512_store_ps(mx + c, mnew);
+            _mm512_store_ps(alpha + c, al);
+        }
+        pv_block_bf16(pp, mp, np, vp, D, alpha, acc);
+        pos += n;
+    }
+    attn_finish(t, acc, mx, sum);
+}
+
+void attn_tile_avx512(const attn_tile_t *t) {
+    if (t->kv->format == DN_KV_BF16) prefill_tile_bf16(t);
+    else prefill_tile(t);
+}
+
+#pragma GCC pop_options
