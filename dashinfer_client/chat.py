@@ -28,7 +28,7 @@ def open_engine(ranks: int):
     except ImportError as e:
         raise SystemExit(f"chat: --ranks {ranks} needs the ClientEngine, which this build lacks ({e}); "
                          "use --ranks 0") from None
-    return client_engine(ranks=ranks)
+    return client_engine(nodes=ranks)
 
 
 class IncrementalDecoder:
