@@ -1,7 +1,8 @@
 """The KV arrays of one rank: per layer, K and V of this rank's KV heads, in blocks.
 
-Formats (AsCacheMode): bf16 bits; int8 with a scale per token per head (symmetric);
-uint4 (two per byte) with a scale and a zero point per token per head.
+Formats: AsCacheDefault stores the model's own precision (fp32 for an fp32 model, else bf16
+bits); AsCacheQuantI8 int8 with a scale per token per head (symmetric); AsCacheQuantU4 uint4
+(two per byte) with a scale and a zero point per token per head.
 
 The whole pool is allocated at start_model (zero-filled, so the OS maps its pages lazily): its
 size is reserved up front, so a request the pool holds never fails for lack of memory later,
@@ -14,12 +15,12 @@ load (1.5 GB for SmolLM2 at 32 x 2048): size the pool with kv_cache_memory_mb in
 """
 import numpy as np
 
-MODES = ("bf16", "int8", "uint4")
+MODES = ("fp32", "bf16", "int8", "uint4")
 
 
 def bytes_per_block(mode: str, num_layers: int, num_kv_heads: int, block_size: int,
                     head_dim: int) -> int:
-    per_token_head = {"bf16": 2 * head_dim, "int8": head_dim + 4, "uint4": head_dim // 2 + 8}[mode]
+    per_token_head = {"fp32": 4 * head_dim, "bf16": 2 * head_dim, "int8": head_dim + 4, "uint4": head_dim // 2 + 8}[mode]
     return 2 * num_layers * num_kv_heads * block_size * per_token_head
 
 
@@ -33,7 +34,9 @@ class KVCache:
         meta = shape[:3]
         self.layers = []
         for _ in range(num_layers):
-            if mode == "bf16":
+            if mode == "fp32":
+                arrays = dict(k_cache=np.zeros(shape, np.float32), v_cache=np.zeros(shape, np.float32))
+            elif mode == "bf16":
                 arrays = dict(k_cache=np.zeros(shape, np.uint16), v_cache=np.zeros(shape, np.uint16))
             elif mode == "int8":
                 arrays = dict(k_cache=np.zeros(shape, np.int8), v_cache=np.zeros(shape, np.int8),

@@ -23,7 +23,15 @@ from .stopping import check_stop
 
 log = logging.getLogger("dashinfer_server")
 
-KV_MODES = {0: "bf16", 1: "int8", 2: "uint4"}
+
+
+def kv_format(cfg, model) -> str:
+    """The KV cache format of AsCacheMode cfg.kv_cache_mode for this model: the default keeps
+    an fp32 model's K/V in fp32 (so its logits match the reference), any other model's in bf16."""
+    mode = int(cfg.kv_cache_mode)
+    if mode == 0:
+        return "fp32" if model.dtype == "float32" else "bf16"
+    return {1: "int8", 2: "uint4"}[mode]
 # Tokens per step when max_prefill_length is 0: a step this long keeps the linear kernels at
 # full speed while running decodes wait at most one such step for their next token.
 DEFAULT_STEP_TOKENS = 512
@@ -34,10 +42,11 @@ def max_step_tokens(cfg) -> int:
     return max(cfg.max_prefill_length or DEFAULT_STEP_TOKENS, cfg.max_batch + 1)
 
 
-def num_kv_blocks(cfg, mc, block_size) -> int:
+def num_kv_blocks(cfg, model, block_size) -> int:
     """KV blocks of the pool: the memory budget, or max_batch requests of max_length."""
+    mc = model.config
     if cfg.kv_cache_memory_mb:
-        per_block = bytes_per_block(KV_MODES[int(cfg.kv_cache_mode)], mc.num_hidden_layers,
+        per_block = bytes_per_block(kv_format(cfg, model), mc.num_hidden_layers,
                                     mc.num_key_value_heads, block_size, mc.head_dim)
         return max(1, cfg.kv_cache_memory_mb * 2**20 // per_block)
     return cfg.max_batch * -(-cfg.max_length // block_size)
@@ -47,8 +56,8 @@ def build_decoder(model, cfg, group=None) -> DecoderModel:
     """This rank's DecoderModel for the runtime config cfg. Rank 0's runner and every worker
     build theirs here, so workspaces and KV caches agree with the plans rank 0 broadcasts."""
     block_size = cfg.kv_cache_span_size
-    return DecoderModel(model, KV_MODES[int(cfg.kv_cache_mode)],
-                        num_kv_blocks(cfg, model.config, block_size), block_size,
+    return DecoderModel(model, kv_format(cfg, model),
+                        num_kv_blocks(cfg, model, block_size), block_size,
                         max_step_tokens(cfg), cfg.max_batch, group)
 
 

@@ -23,8 +23,8 @@ FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateI
 ENGINE_KINDS = ["engine", "client"]  # in-process, and ClientEngine over gRPC to a spawned server
 API_CONTEXT = 8192  # long enough for a model whose KV pool is smaller than one max_length request
 API_MAX_BATCH = 16
-# How AsCacheDefault stores K/V of an fp32 model: bf16 for now ("fp32" once that format exists).
-DEFAULT_KV_FORMAT = "bf16"
+# How AsCacheDefault stores K/V of an fp32 model.
+DEFAULT_KV_FORMAT = "fp32"
 
 
 @pytest.fixture(scope="session")

@@ -22,11 +22,10 @@ from tests.helpers import load_hf_model
 DECODE_STEPS = 16
 BLOCK = 16
 # Per KV cache format: how the cache rounds K/V (simulated in the transformers reference), and
-# the max abs logits error against plain fp32 transformers. AsCacheDefault stores bf16 K/V for
-# now, even for fp32 weights; once it stores fp32 K/V for fp32 models its entry becomes
-# ("fp32", 1e-3).
+# the max abs logits error against plain fp32 transformers. AsCacheDefault keeps an fp32 model's
+# K/V in fp32.
 KV_FORMATS = {
-    AsCacheMode.AsCacheDefault: (DEFAULT_KV_FORMAT, 3e-2),
+    AsCacheMode.AsCacheDefault: (DEFAULT_KV_FORMAT, 1e-3),
     AsCacheMode.AsCacheQuantI8: ("int8", 1e-1),
     AsCacheMode.AsCacheQuantU4: ("uint4", 1.5),
 }
