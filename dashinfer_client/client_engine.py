@@ -148,6 +148,7 @@ class _Group:
         except (ProcessLookupError, PermissionError):
             pass
         if proc.wait() != 0:
+            _wait_group_gone(proc.pid)  # its ranks unmap their segments only as they exit
             self._sweep()
         if proc.stdin:
             try:
@@ -159,6 +160,17 @@ class _Group:
                 os.unlink(self.socket)
             except FileNotFoundError:
                 pass
+
+
+def _wait_group_gone(pgid, timeout=5.0) -> None:
+    """Wait until no process of process group `pgid` is left (or `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.02)
 
 
 class _Connection:
