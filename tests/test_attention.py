@@ -8,7 +8,7 @@ from dashinfer_server import kernels as K
 FORMATS = ("fp32", "bf16", "int8", "uint4")
 # fp32 and bf16 caches are read with fp32 math: only rounding separates them from the reference;
 # int8 and uint4 take q and the softmax weights as int16 (errors far below the cache's own), except
-# in the AVX-512 tiles of low_precision_rows
+# in the tiles of low_precision_rows
 TOLERANCE = {"fp32": (1e-5, 1e-6), "bf16": (1e-5, 1e-6), "int8": (1e-3, 1e-4), "uint4": (1e-3, 1e-4)}
 
 
@@ -130,18 +130,20 @@ def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
 
 
 def low_precision_rows(isa, fmt, seqs, n_kv, group, d, bs):
-    """Rows the AVX-512 tiles compute with 8-bit-mantissa products, and the error bounds they
-    get (max and rms error, relative to the rms of the reference): bf16 prefill tiles round q
-    and the softmax weights to bf16, as bf16 attention does; uint4 decode tiles quantize q and
-    the weights to 8 bits (an order of magnitude below the 4-bit cache's own error)."""
+    """Rows the vector tiles compute with 8-bit-mantissa products, and the error bounds they get
+    (max and rms error, relative to the rms of the reference): the AVX-512 bf16 prefill tile
+    rounds q and the softmax weights to bf16, as bf16 attention does; the uint4 decode tiles
+    (AVX-512, AVX2) quantize q and the weights to 8 bits, an order of magnitude below the 4-bit
+    cache's own error."""
     decode = np.array([ql * group <= 8 for ql, _ in seqs for _ in range(ql)], bool)
-    if isa != "avx512" or d % 32:
-        return np.zeros_like(decode), None
-    if fmt == "bf16":
+    none = np.zeros_like(decode), None
+    if d % 32:
+        return none
+    if fmt == "bf16" and isa == "avx512":
         return ~decode, (0.05, 0.005)
-    if fmt == "uint4":
+    if fmt == "uint4" and isa in ("avx2", "avx512"):
         return decode, (0.1, 0.02)
-    return np.zeros_like(decode), None
+    return none
 
 
 def run(args):
