@@ -233,11 +233,17 @@ def _main():
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--small-pages", action="store_true")
     p.add_argument("--bw", type=float, help="GB/s to compare with (default: measured now)")
+    p.add_argument("--json", help="also write the rows to this file")
     a = p.parse_args()
     bw = a.bw or read_bandwidth(THREADS)
-    rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
-         batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,
-         torch=not a.no_torch, huge=not a.small_pages)
+    result = rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
+                  batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,
+                  torch=not a.no_torch, huge=not a.small_pages)
+    if a.json:
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump({"bw_gbs": bw, "load": os.getloadavg(), "rows": result}, f, indent=1)
 
 
 if __name__ == "__main__":

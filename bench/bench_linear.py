@@ -56,8 +56,9 @@ def _copies(nbytes, cold):
 
 def _best_time(fn, copies, calls=200, budget=3.0):
     """Best time of one call over `calls` calls (or `budget` seconds), cycling through `copies`
-    operands: the best is the run least disturbed by whatever else the machine is doing."""
-    for i in range(min(copies, 4)):
+    operands: the best is the run least disturbed by whatever else the machine is doing. One
+    untimed cycle first, so every timed call's operand was last touched a whole cycle ago."""
+    for i in range(copies):
         fn(i)
     best, start = float("inf"), time.perf_counter()
     for c in range(max(calls, 2 * copies)):

@@ -1,8 +1,8 @@
 /* Paged attention: cuts a batch step into tiles (GQA group x query rows x context range), runs
  * them on the OpenMP threads, and merges the tiles that split one context (flash-decoding).
  * The tile kernels: attention_generic.h (portable, and AVX2 via attention_avx2.c),
- * attention_prefill_avx512.c, and attention_decode_avx512.c, whose tiles take all kv heads of a
- * sequence at once. */
+ * attention_prefill_avx512.c, and attention_decode_avx512.c / attention_decode_avx2.c, whose
+ * tiles take all kv heads of a sequence at once. */
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -121,12 +121,12 @@ static void merge_split(const attn_unit_t *u, int head, const float *parts, int 
 }
 
 /* Fill units (when not NULL) and count them and their partial floats. A sequence whose chunk is
- * decode-shaped (wide_decode and M = q_len * group small) gets tiles over several kv heads;
+ * decode-shaped (decode_fits says so for M = q_len * group) gets tiles over several kv heads;
  * others one tile per kv head, GQA head chunk and row chunk. Tiles of a long context are split
  * into block-aligned ranges when there are too few tiles to keep every thread busy. */
 static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int32_t *context_lens,
-                    int B, int group, int n_threads, int wide_decode, attn_unit_t *units,
-                    int64_t *part_floats) {
+                    int B, int group, int n_threads, int (*decode_fits)(const dn_kv_cache_t *, int),
+                    attn_unit_t *units, int64_t *part_floats) {
     int nkv = c->n_kv_heads, bs = c->block_size, D = c->head_dim;
     int head_chunks = (group + ATTN_MAX_M - 1) / ATTN_MAX_M;
     int heads = (group + head_chunks - 1) / head_chunks;
@@ -143,7 +143,7 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
     for (int b = 0; b < B; b++) {
         int ql = q_offsets[b + 1] - q_offsets[b], ctx = context_lens[b];
         if (ql == 0) continue;
-        int decode = wide_decode && attn_decode_avx512_fits(c, ql * group);
+        int decode = decode_fits && decode_fits(c, ql * group);
         int kv_step = decode ? ATTN_MAX_M / (ql * group) : 1;
         for (int g = 0; g < nkv; g += kv_step) {
             int n_kv = nkv - g < kv_step ? nkv - g : kv_step;
@@ -200,8 +200,17 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     void (*tile)(const attn_tile_t *) = attn_tile_portable;
     if (dn_isa() == DN_ISA_AVX512 && D % 32 == 0) tile = attn_tile_avx512;
     else if (dn_isa() >= DN_ISA_AVX2) tile = attn_tile_avx2;
-    int wide = dn_isa() == DN_ISA_AVX512;
-    int64_t n_units = plan(c, q_offsets, context_lens, B, group, threads, wide, NULL, &part_floats);
+    int (*decode_fits)(const dn_kv_cache_t *, int) = NULL;
+    void (*decode)(const attn_tile_t *) = NULL;
+    if (dn_isa() == DN_ISA_AVX512) {
+        decode_fits = attn_decode_avx512_fits;
+        decode = attn_decode_avx512;
+    } else if (dn_isa() == DN_ISA_AVX2) {
+        decode_fits = attn_decode_avx2_fits;
+        decode = attn_decode_avx2;
+    }
+    int64_t n_units = plan(c, q_offsets, context_lens, B, group, threads, decode_fits, NULL,
+                           &part_floats);
     if (n_units == 0) return 0;
     if (n_units < nt) nt = (int)n_units;
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
@@ -211,7 +220,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     if (!buf) return -1;
     attn_unit_t *units = (attn_unit_t *)buf;
     float *parts = (float *)(buf + units_bytes);
-    plan(c, q_offsets, context_lens, B, group, threads, wide, units, &part_floats);
+    plan(c, q_offsets, context_lens, B, group, threads, decode_fits, units, &part_floats);
     int64_t q_stride = (int64_t)n_heads * D;
 
 #pragma omp parallel num_threads(nt)
@@ -240,7 +249,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 .part = u->part < 0 ? NULL : parts + u->part,
                 .work = work,
             };
-            if (u->decode) attn_decode_avx512(&t);
+            if (u->decode) decode(&t);
             else tile(&t);
         }
         if (part_floats > 0) {

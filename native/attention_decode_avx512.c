@@ -14,10 +14,11 @@
  *     fp32: FMA per d.  bf16: a 64-byte load of a d pair gives d even by a shift, d odd by a mask;
  *     exact fp32 math.  int8: vpdpwssd on the d pair, q quantized to int16 per vector (rel. error
  *     2^-16, negligible next to the cache's own 8-bit error).  uint4: vpdpbusd on a d quad of
- *     codes, q as int16 split in two int8 halves (q = 256 qh + ql), two accumulators.
+ *     codes, q quantized to int8 per vector (error 1/254 of its largest value: an order of
+ *     magnitude below the 4-bit cache's own 1/30 of its range).
  *   Weighted sum of V: fp32 / bf16 rows times a broadcast weight (bf16: even/odd lanes).  int8:
  *   vpdpwssd over token pairs, weights (softmax weight times the V scale) quantized to int16 per
- *   vector and slice.  uint4: vpdpbusd over token quads, int16 weights split as q is.
+ *   vector and slice.  uint4: vpdpbusd over token quads, weights quantized to uint8 (as q).
  *   Scores, the running max and sum, and the output stay fp32. */
 #include <math.h>
 #include <string.h>
@@ -31,7 +32,6 @@
 #include "attention_avx512.h"
 
 #define MAX_M 8
-#define Q16_MAX 32639 /* int16 range that splits into two int8: 256 * 127 + 127 */
 
 /* Bytes of one cached token of one kv head. */
 static inline int64_t row_bytes(dn_kv_format_t f, int D) {
@@ -52,8 +52,8 @@ static int acc_lane_d(dn_kv_format_t f, int pos) {
     }
 }
 
-/* Quantize n fp32 values to int16, |q| <= qmax, with one scale: x ~= q * scale. Returns the
- * scale (0 if all 0). */
+/* Quantize n fp32 values to integers |q| <= qmax (int16 storage) with one scale: x ~= q * scale.
+ * Returns the scale (0 if all 0). */
 static float quantize_i16(const float *x, int n, int16_t *q, float qmax) {
     float m = 0.0f;
     for (int j = 0; j < n; j++) m = fmaxf(m, fabsf(x[j]));
@@ -63,14 +63,6 @@ static float quantize_i16(const float *x, int n, int16_t *q, float qmax) {
     }
     for (int j = 0; j < n; j++) q[j] = (int16_t)lrintf(x[j] * (qmax / m));
     return m / qmax;
-}
-
-/* int16 values |x| <= Q16_MAX as x = 256 hi + lo with hi, lo int8 */
-static inline void split_i16(__m512i x32, int8_t *hi, int8_t *lo) {
-    __m512i h = _mm512_srai_epi32(_mm512_add_epi32(x32, _mm512_set1_epi32(128)), 8);
-    __m512i l = _mm512_sub_epi32(x32, _mm512_slli_epi32(h, 8));
-    _mm_storeu_si128((__m128i *)hi, _mm512_cvtepi32_epi8(h));
-    _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(l));
 }
 
 static inline __m512i bcast32(const void *p) {
@@ -153,33 +145,30 @@ static inline __attribute__((always_inline)) void scores_int8(const int8_t *kg, 
     }
 }
 
-/* uint4: qh, ql int8 halves of the int16 q, 4 * D bytes from one vector to the next;
+/* uint4: q8 int8 q, 4 * D bytes from one vector to the next;
  * s = (dot - kzero_t * qsum_i) * qscale_i * kscale_t */
 static inline __attribute__((always_inline)) void scores_uint4(const uint8_t *kg, const int D,
-                                                             const int8_t *qh, const int8_t *ql,
-                                                             const int M, float *s, int ld_s,
+                                                             const int8_t *q8, const int M,
+                                                             float *s, int ld_s,
                                                              const float *kscale,
                                                              const float *kzero,
                                                              const float *qscale,
                                                              const float *qsum, const char *pf) {
     const __m512i nib = _mm512_set1_epi8(15);
-    __m512i ah[MAX_M], al[MAX_M];
-    for (int i = 0; i < M; i++) ah[i] = al[i] = _mm512_setzero_si512();
+    __m512i a[MAX_M][2];
+    for (int i = 0; i < M; i++) a[i][0] = a[i][1] = _mm512_setzero_si512();
     for (int j = 0; j < D / 8; j++) {
         if (pf) prefetch_line(pf + 64 * j);
         __m512i x = _mm512_loadu_si512(kg + 64 * j);
         __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
         for (int i = 0; i < M; i++) {
-            const int8_t *h = qh + i * 4 * D + 8 * j, *l = ql + i * 4 * D + 8 * j;
-            ah[i] = _mm512_dpbusd_epi32(ah[i], lo, bcast32(h));
-            al[i] = _mm512_dpbusd_epi32(al[i], lo, bcast32(l));
-            ah[i] = _mm512_dpbusd_epi32(ah[i], hi, bcast32(h + 4));
-            al[i] = _mm512_dpbusd_epi32(al[i], hi, bcast32(l + 4));
+            a[i][0] = _mm512_dpbusd_epi32(a[i][0], lo, bcast32(q8 + i * 4 * D + 8 * j));
+            a[i][1] = _mm512_dpbusd_epi32(a[i][1], hi, bcast32(q8 + i * 4 * D + 8 * j + 4));
         }
     }
     const __m512 ks = _mm512_loadu_ps(kscale), kz = _mm512_loadu_ps(kzero);
     for (int i = 0; i < M; i++) {
-        __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah[i], 8), al[i]));
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(a[i][0], a[i][1]));
         dot = _mm512_fnmadd_ps(kz, _mm512_set1_ps(qsum[i]), dot);
         _mm512_storeu_ps(s + i * ld_s, _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(qscale[i]))));
     }
@@ -271,48 +260,33 @@ static inline __attribute__((always_inline)) void pv_int8(const int8_t *v, const
     }
 }
 
-/* uint4, token quads, vectors i0..i0 + MM: wh, wl [M][ld] int8 halves of the int16 weights,
- * t0 and t1 multiples of 4; acc += wscale_i * the sums */
-static inline __attribute__((always_inline)) void pv_uint4_part(const uint8_t *v, const int D,
-                                                              const int8_t *wh, const int8_t *wl,
-                                                              int ld, const int i0, const int MM,
-                                                              int t0, int t1, const float *wscale,
-                                                              float *acc, const char *pf) {
+/* uint4, token quads: w8 [M][ld] uint8 weights, t0 and t1 multiples of 4; acc += wscale_i *
+ * the sums */
+static inline __attribute__((always_inline)) void pv_uint4(const uint8_t *v, const int D,
+                                                         const uint8_t *w8, int ld, const int M,
+                                                         int t0, int t1, const float *wscale,
+                                                         float *acc, const char *pf) {
     const __m512i nib = _mm512_set1_epi8(15);
     for (int c = 0; c < D; c += 32) {
-        __m512i h0[4], l0[4], h1[4], l1[4];
-        for (int i = 0; i < MM; i++) h0[i] = l0[i] = h1[i] = l1[i] = _mm512_setzero_si512();
+        __m512i a0[MAX_M], a1[MAX_M];
+        for (int i = 0; i < M; i++) a0[i] = a1[i] = _mm512_setzero_si512();
         for (int t = t0; t < t1; t += 4) {
-            if (pf && c == 0 && i0 == 0) prefetch_bytes(pf + (int64_t)t * (D / 2), 2 * D);
+            if (pf && c == 0) prefetch_bytes(pf + (int64_t)t * (D / 2), 2 * D);
             __m512i x = _mm512_loadu_si512(v + ((int64_t)(t / 4) * (D / 16) + c / 16) * 32);
             __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
-            for (int i = 0; i < MM; i++) {
-                __m512i bh = bcast32(wh + (i0 + i) * ld + t), bl = bcast32(wl + (i0 + i) * ld + t);
-                h0[i] = _mm512_dpbusd_epi32(h0[i], lo, bh);
-                l0[i] = _mm512_dpbusd_epi32(l0[i], lo, bl);
-                h1[i] = _mm512_dpbusd_epi32(h1[i], hi, bh);
-                l1[i] = _mm512_dpbusd_epi32(l1[i], hi, bl);
+            for (int i = 0; i < M; i++) { /* codes 0..15 pass as int8, the weights as uint8 */
+                __m512i w = bcast32(w8 + i * ld + t);
+                a0[i] = _mm512_dpbusd_epi32(a0[i], w, lo);
+                a1[i] = _mm512_dpbusd_epi32(a1[i], w, hi);
             }
         }
-        for (int i = 0; i < MM; i++) {
-            __m512 ws = _mm512_set1_ps(wscale[i0 + i]);
-            float *a = acc + (i0 + i) * D + c;
-            __m512i s0 = _mm512_add_epi32(_mm512_slli_epi32(h0[i], 8), l0[i]);
-            __m512i s1 = _mm512_add_epi32(_mm512_slli_epi32(h1[i], 8), l1[i]);
-            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), ws, _mm512_load_ps(a)));
-            _mm512_store_ps(a + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), ws, _mm512_load_ps(a + 16)));
+        for (int i = 0; i < M; i++) {
+            __m512 ws = _mm512_set1_ps(wscale[i]);
+            float *a = acc + i * D + c;
+            _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[i]), ws, _mm512_load_ps(a)));
+            _mm512_store_ps(a + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[i]), ws, _mm512_load_ps(a + 16)));
         }
     }
-}
-
-/* four vectors at a time: their 16 accumulators fit the registers */
-static inline __attribute__((always_inline)) void pv_uint4(const uint8_t *v, const int D,
-                                                         const int8_t *wh, const int8_t *wl,
-                                                         int ld, const int M, int t0, int t1,
-                                                         const float *wscale, float *acc,
-                                                         const char *pf) {
-    pv_uint4_part(v, D, wh, wl, ld, 0, M < 4 ? M : 4, t0, t1, wscale, acc, pf);
-    if (M > 4) pv_uint4_part(v, D, wh, wl, ld, 4, M - 4, t0, t1, wscale, acc, pf);
 }
 
 /* ---- the tile */
@@ -321,13 +295,13 @@ static inline __attribute__((always_inline)) void pv_uint4(const uint8_t *v, con
  * and added up at the end: no horizontal sum per slice. */
 typedef struct {
     char *q;       /* [H][M] query vectors, scaled, as the scores read them: fp32 [D] (fp32,
-                    * bf16), int16 [D] (int8), int8 halves [2][D] (uint4) */
+                    * bf16), int16 [D] (int8), int8 [D] (uint4) */
     float *acc;    /* [H][M][D] weighted V sums in the lane order of V */
     float *sumv;   /* [H * M][16] lanes of the running sum of exp(score - max) */
     float *ztv;    /* [H * M][16] uint4: lanes of sum weight * v_zero * v_scale, subtracted at the end */
     float *mx;     /* [H * M] running max of the scores */
     float *qscale; /* [H * M] int formats: q ~= q16 * qscale */
-    float *qsum;   /* [H * M] uint4: sum of q16, for the K zero points */
+    float *qsum;   /* [H * M] uint4: sum of the int8 q, for the K zero points */
 } state_t;
 
 /* Scaled queries of one kv head in the form the scores want. */
@@ -345,12 +319,11 @@ static void load_queries(const attn_tile_t *t, int head, const int M, const int 
         } else if (f == DN_KV_INT8) {
             st->qscale[v] = quantize_i16(stage, D, (int16_t *)q, 32767.0f);
         } else {
-            st->qscale[v] = quantize_i16(stage, D, q16, Q16_MAX);
+            st->qscale[v] = quantize_i16(stage, D, q16, 127.0f);
             int32_t qs = 0;
-            for (int d = 0; d < D; d += 16) {
-                __m512i x = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(q16 + d)));
-                split_i16(x, (int8_t *)q + d, (int8_t *)q + D + d);
-                qs += _mm512_reduce_add_epi32(x);
+            for (int d = 0; d < D; d++) {
+                ((int8_t *)q)[d] = (int8_t)q16[d];
+                qs += q16[d];
             }
             st->qsum[v] = (float)qs;
         }
@@ -367,7 +340,7 @@ static inline __mmask16 tokens_in(int g, int lo, int hi) {
 
 /* Tokens off..off+n of the (block, head) slice whose first token is cache row `slice`; the M
  * vectors of `head`. next: first row of the slice to prefetch, or -1. Scratch: s [M][bs] scores
- * then weights, wq [M][bs + 32] int16 weights (uint4: two int8 halves). */
+ * then weights, wq [M][bs + 32] int16 weights (uint4: uint8). */
 static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *t, const state_t *st,
                                                             int head, int pos, int64_t slice,
                                                             int off, int n, int64_t next,
@@ -407,7 +380,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
             scores_int8((const int8_t *)kg, D, (const int16_t *)q, M, s + g, bs,
                         kv->k_scale + slice + g, st->qscale + v0, pf);
         else
-            scores_uint4((const uint8_t *)kg, D, (const int8_t *)q, (const int8_t *)q + D, M,
+            scores_uint4((const uint8_t *)kg, D, (const int8_t *)q, M,
                          s + g, bs, kv->k_scale + slice + g, kv->k_zero + slice + g,
                          st->qscale + v0, st->qsum + v0, pf);
     }
@@ -444,7 +417,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
     if (vs) {
         /* int16 weights, one scale per vector: a weight times its V scale is at most
          * e^(block max - max) times the largest V scale of the slice */
-        const float wmax = f == DN_KV_UINT4 ? Q16_MAX : 32767.0f;
+        const float wmax = f == DN_KV_UINT4 ? 255.0f : 32767.0f;
         __m512 m = _mm512_setzero_ps();
         for (int k = 0; k < ng; k++)
             m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(tokens_in(g0 + 16 * k, off, tmax), vs + g0 + 16 * k));
@@ -453,7 +426,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         _mm512_storeu_ps(winv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ),
                                                    _mm512_set1_ps(wmax), top));
     }
-    int8_t *wh = (int8_t *)wq, *wl = wh + M * ldw; /* uint4 */
+    uint8_t *w8 = (uint8_t *)wq; /* uint4 */
     for (int i = 0; i < M; i++) {
         const __m512 m = _mm512_set1_ps(mu[i]), al = _mm512_set1_ps(alpha[i]), inv = _mm512_set1_ps(winv[i]);
         float *sumv = st->sumv + (v0 + i) * 16, *ztv = st->ztv + (v0 + i) * 16;
@@ -472,7 +445,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
             if (f == DN_KV_INT8) {
                 _mm256_storeu_si256((__m256i *)(wq + i * ldw + g), _mm512_cvtepi32_epi16(w));
             } else {
-                split_i16(w, wh + i * ldw + g, wl + i * ldw + g);
+                _mm_storeu_si128((__m128i *)(w8 + i * ldw + g), _mm512_cvtusepi32_epi8(w));
                 /* the zero points' share, with the weights as quantized */
                 zsum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), _mm512_maskz_loadu_ps(msk, vz + g), zsum);
             }
@@ -494,7 +467,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
     else if (f == DN_KV_INT8)
         pv_int8((const int8_t *)vsl, D, wq, ldw, M, off & ~1, (tmax + 1) & ~1, wsc, acc, vn);
     else
-        pv_uint4((const uint8_t *)vsl, D, wh, wl, ldw, M, off & ~3, (tmax + 3) & ~3, wsc, acc, vn);
+        pv_uint4((const uint8_t *)vsl, D, w8, ldw, M, off & ~3, (tmax + 3) & ~3, wsc, acc, vn);
 }
 
 /* M (and the common head sizes) are constants in each instantiation: the per-vector

@@ -50,3 +50,5 @@ void attn_tile_avx512(const attn_tile_t *t);
 /* Decode tiles over several kv heads, for M query vectors per head when _fits says so. */
 int attn_decode_avx512_fits(const dn_kv_cache_t *c, int M);
 void attn_decode_avx512(const attn_tile_t *t);
+int attn_decode_avx2_fits(const dn_kv_cache_t *c, int M);
+void attn_decode_avx2(const attn_tile_t *t);

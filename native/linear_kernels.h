@@ -47,39 +47,3 @@ static inline void dn_linear_share(const dn_linear_w *w, int64_t m, int mr, int 
         *m1 = *m1 * mr < m ? *m1 * mr : m;
     }
 }
-
-/* Dequantize rows [k0, k0+kc) of a panel `width` wide into dst[kc][width] floats, exactly
- * w = (q - zero) * scale for i8/u4 (f32 panels are used in place, never copied).
- * Compiled into each file that includes it, with that file's target ISA. */
-static inline void dn_linear_dequant_f32(const dn_linear_w *w, const uint8_t *panel, int width,
-                                         int64_t k0, int64_t kc, float *dst) {
-    if (w->wtype == DN_W_BF16) {
-        const uint16_t *src = (const uint16_t *)panel; /* [kp/2][width][2] */
-        for (int64_t k = k0; k < k0 + kc; k++) {
-            const uint16_t *row = src + (k / 2) * width * 2 + (k & 1);
-            float *d = dst + (k - k0) * width;
-            for (int c = 0; c < width; c++) d[c] = dn_bf16_to_f32(row[2 * c]);
-        }
-        return;
-    }
-    int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width);
-    for (int64_t k = k0; k < k0 + kc; k++) {
-        int64_t g = k / w->group, kk = k - g * w->group;
-        const uint8_t *blk = panel + g * gb;
-        const float *scale = (const float *)blk, *zero = scale + width;
-        const uint8_t *codes = blk + 8 * width;
-        float *d = dst + (k - k0) * width;
-        if (w->wtype == DN_W_I8) {
-            const uint8_t *row = codes + (kk / 2) * width * 2 + (kk & 1);
-            for (int c = 0; c < width; c++) d[c] = ((float)row[2 * c] - zero[c]) * scale[c];
-        } else {
-            const uint8_t *row = codes + (kk / 2) * width + (kk & 1);
-            for (int c = 0; c < width; c++) {
-                int cc = c & 15;
-                uint8_t b = row[(c - cc) + 2 * (cc & 7)];
-                int q = cc < 8 ? b & 15 : b >> 4;
-                d[c] = ((float)q - zero[c]) * scale[c];
-            }
-        }
-    }
-}

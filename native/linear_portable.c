@@ -4,6 +4,41 @@
 
 #define KC 64 /* k rows per dequantized slice: 64 x 64 floats = 16 KB */
 
+/* Rows [k0, k0+kc) of a bf16/i8/u4 panel `width` wide as fp32 dst[kc][width], exactly
+ * w = (q - zero) * scale for i8/u4: the packed layout (linear.h) read the plain way. */
+static void dequant_f32(const dn_linear_w *w, const uint8_t *panel, int width, int64_t k0,
+                        int64_t kc, float *dst) {
+    if (w->wtype == DN_W_BF16) {
+        const uint16_t *src = (const uint16_t *)panel; /* [kp/2][width][2] */
+        for (int64_t k = k0; k < k0 + kc; k++) {
+            const uint16_t *row = src + (k / 2) * width * 2 + (k & 1);
+            float *d = dst + (k - k0) * width;
+            for (int c = 0; c < width; c++) d[c] = dn_bf16_to_f32(row[2 * c]);
+        }
+        return;
+    }
+    int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width);
+    for (int64_t k = k0; k < k0 + kc; k++) {
+        int64_t g = k / w->group, kk = k - g * w->group;
+        const uint8_t *blk = panel + g * gb;
+        const float *scale = (const float *)blk, *zero = scale + width;
+        const uint8_t *codes = blk + 8 * width;
+        float *d = dst + (k - k0) * width;
+        if (w->wtype == DN_W_I8) {
+            const uint8_t *row = codes + (kk / 2) * width * 2 + (kk & 1);
+            for (int c = 0; c < width; c++) d[c] = ((float)row[2 * c] - zero[c]) * scale[c];
+        } else {
+            const uint8_t *row = codes + (kk / 2) * width + (kk & 1);
+            for (int c = 0; c < width; c++) {
+                int cc = c & 15;
+                uint8_t b = row[(c - cc) + 2 * (cc & 7)];
+                int q = cc < 8 ? b & 15 : b >> 4;
+                d[c] = ((float)q - zero[c]) * scale[c];
+            }
+        }
+    }
+}
+
 static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) { return 0; }
 
 static void run(const dn_linear_call *c, int t, int nt) {
@@ -21,7 +56,7 @@ static void run(const dn_linear_call *c, int t, int nt) {
             int64_t kc = k - k0 < KC ? k - k0 : KC;
             const float *wf = (const float *)panel + k0 * width; /* [kc][width] */
             if (w->wtype != DN_W_F32) {
-                dn_linear_dequant_f32(w, panel, width, k0, kc, slice);
+                dequant_f32(w, panel, width, k0, kc, slice);
                 wf = slice;
             }
             for (int64_t i = m0; i < m1; i++) {

@@ -1,0 +1,540 @@
+/* AVX2 decode tile: the AVX-512 decode tile (attention_decode_avx512.c, which explains the plan)
+ * for CPUs with AVX2 + FMA only: 8 lanes, 16 registers, no VNNI, no mask registers.
+ *   Scores: a K group of 16 tokens in two halves of 8 lanes.  fp32, bf16: FMA (bf16 even/odd
+ *   split by shift and mask).  int8: vpmaddwd on the d pair (int16 q).  uint4: vpmaddubsw on the
+ *   d quad (codes times int8 q, pair sums of at most 2 * 15 * 127) then vpmaddwd by ones.
+ *   Weighted sum of V: fp32 / bf16 rows, a broadcast weight; int8 token pairs on vpmaddwd (int16
+ *   weights); uint4 token quads on vpmaddubsw (uint8 weights times codes) and vpmaddwd by ones.
+ *   Vectors go four at a time where their accumulators would not fit the 16 registers. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "attention_tile.h"
+#include "common.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+#define MAX_M 8
+
+static inline int64_t row_bytes(dn_kv_format_t f, int D) {
+    return f == DN_KV_F32 ? 4 * D : f == DN_KV_BF16 ? 2 * D : f == DN_KV_INT8 ? D : D / 2;
+}
+
+/* Where accumulator lane `pos` of a 16-value chunk lives in head_dim. */
+static int acc_lane_d(dn_kv_format_t f, int pos) {
+    if (f == DN_KV_BF16) return pos < 8 ? 2 * pos : 2 * (pos - 8) + 1; /* even d, then odd d */
+    return pos; /* fp32, int8, uint4: low nibbles d 0..7, high 8..15 */
+}
+
+/* e^x for x <= 88, 0 below -87 (-inf gives 0) */
+static inline __m256 exp256(__m256 x) {
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+static inline float hmax256(__m256 x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float hsum256(__m256 x) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* Lanes of tokens g..g+8 that lie in [lo, hi): all ones, else 0. */
+static inline __m256 tokens_in(int g, int lo, int hi) {
+    __m256i tok = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(g));
+    __m256i ge = _mm256_cmpgt_epi32(tok, _mm256_set1_epi32(lo - 1));
+    __m256i lt = _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), tok);
+    return _mm256_castsi256_ps(_mm256_and_si256(ge, lt));
+}
+
+static inline __m256i bcast32(const void *p) {
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm256_set1_epi32(x);
+}
+
+static inline void prefetch_bytes(const char *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __asm__ volatile("prefetcht1 %0" : : "m"(p[o]));
+}
+
+static int quantize(const float *x, int n, int16_t *q, float qmax, float *scale) {
+    float m = 0.0f;
+    for (int j = 0; j < n; j++) m = fmaxf(m, fabsf(x[j]));
+    *scale = m / qmax;
+    for (int j = 0; j < n; j++) q[j] = m > 0.0f ? (int16_t)lrintf(x[j] * (qmax / m)) : 0;
+    return 0;
+}
+
+/* ---- scores of 8 tokens (half h of a K group): s[i * ld_s + 0..8) = q_i . k_t; pf: the same
+ * group of the next slice, prefetched as this half is read (first halves only) */
+
+static inline __attribute__((always_inline)) void scores_f32(const float *kg, const int D,
+                                                           const float *qf, const int M, float *s,
+                                                           int ld_s, const char *pf) {
+    const int U = M <= 4 ? 2 : 1; /* independent sums per vector: the FMA latency */
+    __m256 a[MAX_M][2];
+    for (int i = 0; i < M; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    for (int d0 = 0; d0 < D; d0 += U)
+        for (int u = 0; u < U; u++) {
+            const int d = d0 + u;
+            if (pf) prefetch_bytes(pf + 64 * d, 64);
+            __m256 x = _mm256_loadu_ps(kg + 16 * d);
+            for (int i = 0; i < M; i++)
+                a[i][u] = _mm256_fmadd_ps(x, _mm256_broadcast_ss(qf + i * D + d), a[i][u]);
+        }
+    for (int i = 0; i < M; i++)
+        _mm256_storeu_ps(s + i * ld_s, U == 2 ? _mm256_add_ps(a[i][0], a[i][1]) : a[i][0]);
+}
+
+static inline __attribute__((always_inline)) void scores_bf16(const uint16_t *kg, const int D,
+                                                            const float *qf, const int M,
+                                                            float *s, int ld_s, const char *pf) {
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a[MAX_M];
+    for (int i = 0; i < M; i++) a[i] = _mm256_setzero_ps();
+    for (int j = 0; j < D / 2; j++) {
+        if (pf) prefetch_bytes(pf + 64 * j, 64);
+        __m256i x = _mm256_loadu_si256((const __m256i *)(kg + 32 * j));
+        __m256 ev = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+        __m256 od = _mm256_castsi256_ps(_mm256_and_si256(x, hi_mask));
+        for (int i = 0; i < M; i++) {
+            a[i] = _mm256_fmadd_ps(ev, _mm256_broadcast_ss(qf + i * D + 2 * j), a[i]);
+            a[i] = _mm256_fmadd_ps(od, _mm256_broadcast_ss(qf + i * D + 2 * j + 1), a[i]);
+        }
+    }
+    for (int i = 0; i < M; i++) _mm256_storeu_ps(s + i * ld_s, a[i]);
+}
+
+/* int8: qi int16, 2 * D elements from one vector to the next */
+static inline __attribute__((always_inline)) void scores_int8(const int8_t *kg, const int D,
+                                                            const int16_t *qi, const int M,
+                                                            float *s, int ld_s, const float *kscale,
+                                                            const float *qscale, const char *pf) {
+    __m256i a[MAX_M];
+    for (int i = 0; i < M; i++) a[i] = _mm256_setzero_si256();
+    for (int j = 0; j < D / 2; j++) {
+        if (pf && j % 2 == 0) prefetch_bytes(pf + 32 * j, 64);
+        __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(kg + 32 * j)));
+        for (int i = 0; i < M; i++)
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(x, bcast32(qi + i * 2 * D + 2 * j)));
+    }
+    const __m256 ks = _mm256_loadu_ps(kscale);
+    for (int i = 0; i < M; i++)
+        _mm256_storeu_ps(s + i * ld_s, _mm256_mul_ps(_mm256_cvtepi32_ps(a[i]),
+                                                     _mm256_mul_ps(ks, _mm256_set1_ps(qscale[i]))));
+}
+
+/* uint4: q8 int8, 4 * D bytes from one vector to the next */
+static inline __attribute__((always_inline)) void scores_uint4(const uint8_t *kg, const int D,
+                                                             const int8_t *q8, const int M,
+                                                             float *s, int ld_s,
+                                                             const float *kscale,
+                                                             const float *kzero,
+                                                             const float *qscale,
+                                                             const float *qsum, const char *pf) {
+    const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256i a[MAX_M];
+    for (int i = 0; i < M; i++) a[i] = _mm256_setzero_si256();
+    for (int j = 0; j < D / 8; j++) {
+        if (pf) prefetch_bytes(pf + 64 * j, 64);
+        __m256i x = _mm256_loadu_si256((const __m256i *)(kg + 64 * j));
+        __m256i lo = _mm256_and_si256(x, nib), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+        for (int i = 0; i < M; i++) {
+            __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(q8 + i * 4 * D + 8 * j)),
+                                         _mm256_maddubs_epi16(hi, bcast32(q8 + i * 4 * D + 8 * j + 4)));
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(p, ones));
+        }
+    }
+    const __m256 ks = _mm256_loadu_ps(kscale), kz = _mm256_loadu_ps(kzero);
+    for (int i = 0; i < M; i++) {
+        __m256 dot = _mm256_fnmadd_ps(kz, _mm256_set1_ps(qsum[i]), _mm256_cvtepi32_ps(a[i]));
+        _mm256_storeu_ps(s + i * ld_s, _mm256_mul_ps(dot, _mm256_mul_ps(ks, _mm256_set1_ps(qscale[i]))));
+    }
+}
+
+/* ---- acc[i] += sum_t w[i][t] v_t over tokens [t0, t1), vectors i0..i0 + MM (MM <= 4) */
+
+static inline __attribute__((always_inline)) void pv_f32(const float *v, const int D, const float *p,
+                                                       int ld_p, const int i0, const int MM,
+                                                       int t0, int t1, float *acc, const char *pf) {
+    for (int c = 0; c < D; c += 16) {
+        __m256 a0[4], a1[4];
+        for (int i = 0; i < MM; i++) {
+            a0[i] = _mm256_loadu_ps(acc + (i0 + i) * D + c);
+            a1[i] = _mm256_loadu_ps(acc + (i0 + i) * D + c + 8);
+        }
+        for (int t = t0; t < t1; t++) {
+            if (pf && c == 0 && i0 == 0) prefetch_bytes(pf + (int64_t)t * 4 * D, 4 * D);
+            __m256 x0 = _mm256_loadu_ps(v + (int64_t)t * D + c), x1 = _mm256_loadu_ps(v + (int64_t)t * D + c + 8);
+            for (int i = 0; i < MM; i++) {
+                __m256 w = _mm256_broadcast_ss(p + (i0 + i) * ld_p + t);
+                a0[i] = _mm256_fmadd_ps(w, x0, a0[i]);
+                a1[i] = _mm256_fmadd_ps(w, x1, a1[i]);
+            }
+        }
+        for (int i = 0; i < MM; i++) {
+            _mm256_storeu_ps(acc + (i0 + i) * D + c, a0[i]);
+            _mm256_storeu_ps(acc + (i0 + i) * D + c + 8, a1[i]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void pv_bf16(const uint16_t *v, const int D,
+                                                        const float *p, int ld_p, const int i0,
+                                                        const int MM, int t0, int t1, float *acc,
+                                                        const char *pf) {
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    for (int c = 0; c < D; c += 16) {
+        __m256 a0[4], a1[4];
+        for (int i = 0; i < MM; i++) {
+            a0[i] = _mm256_loadu_ps(acc + (i0 + i) * D + c);
+            a1[i] = _mm256_loadu_ps(acc + (i0 + i) * D + c + 8);
+        }
+        for (int t = t0; t < t1; t++) {
+            if (pf && c == 0 && i0 == 0) prefetch_bytes(pf + (int64_t)t * 2 * D, 2 * D);
+            __m256i x = _mm256_loadu_si256((const __m256i *)(v + (int64_t)t * D + c));
+            __m256 ev = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+            __m256 od = _mm256_castsi256_ps(_mm256_and_si256(x, hi_mask));
+            for (int i = 0; i < MM; i++) {
+                __m256 w = _mm256_broadcast_ss(p + (i0 + i) * ld_p + t);
+                a0[i] = _mm256_fmadd_ps(w, ev, a0[i]);
+                a1[i] = _mm256_fmadd_ps(w, od, a1[i]);
+            }
+        }
+        for (int i = 0; i < MM; i++) {
+            _mm256_storeu_ps(acc + (i0 + i) * D + c, a0[i]);
+            _mm256_storeu_ps(acc + (i0 + i) * D + c + 8, a1[i]);
+        }
+    }
+}
+
+/* int8 token pairs: wq int16 weights, t0 and t1 even */
+static inline __attribute__((always_inline)) void pv_int8(const int8_t *v, const int D,
+                                                        const int16_t *wq, int ld, const int i0,
+                                                        const int MM, int t0, int t1,
+                                                        const float *wscale, float *acc,
+                                                        const char *pf) {
+    for (int c = 0; c < D; c += 16) {
+        __m256i a0[4], a1[4];
+        for (int i = 0; i < MM; i++) a0[i] = a1[i] = _mm256_setzero_si256();
+        for (int t = t0; t < t1; t += 2) {
+            if (pf && c == 0 && i0 == 0) prefetch_bytes(pf + (int64_t)t * D, 2 * D);
+            const int8_t *x = v + ((int64_t)(t / 2) * D + c) * 2; /* 16 d of the pair */
+            __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x));
+            __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 16)));
+            for (int i = 0; i < MM; i++) {
+                __m256i w = bcast32(wq + (i0 + i) * ld + t);
+                a0[i] = _mm256_add_epi32(a0[i], _mm256_madd_epi16(x0, w));
+                a1[i] = _mm256_add_epi32(a1[i], _mm256_madd_epi16(x1, w));
+            }
+        }
+        for (int i = 0; i < MM; i++) {
+            __m256 ws = _mm256_set1_ps(wscale[i0 + i]);
+            float *a = acc + (i0 + i) * D + c;
+            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0[i]), ws, _mm256_loadu_ps(a)));
+            _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1[i]), ws, _mm256_loadu_ps(a + 8)));
+        }
+    }
+}
+
+/* uint4 token quads: w8 uint8 weights, t0 and t1 multiples of 4 */
+static inline __attribute__((always_inline)) void pv_uint4(const uint8_t *v, const int D,
+                                                         const uint8_t *w8, int ld, const int i0,
+                                                         const int MM, int t0, int t1,
+                                                         const float *wscale, float *acc,
+                                                         const char *pf) {
+    const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < D; c += 16) {
+        __m256i a0[4], a1[4];
+        for (int i = 0; i < MM; i++) a0[i] = a1[i] = _mm256_setzero_si256();
+        for (int t = t0; t < t1; t += 4) {
+            if (pf && c == 0 && i0 == 0) prefetch_bytes(pf + (int64_t)t * (D / 2), 2 * D);
+            __m256i x = _mm256_loadu_si256((const __m256i *)(v + ((int64_t)(t / 4) * (D / 16) + c / 16) * 32));
+            __m256i lo = _mm256_and_si256(x, nib), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+            for (int i = 0; i < MM; i++) { /* the weights as uint8, codes 0..15 as int8 */
+                __m256i w = bcast32(w8 + (i0 + i) * ld + t);
+                a0[i] = _mm256_add_epi32(a0[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, lo), ones));
+                a1[i] = _mm256_add_epi32(a1[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, hi), ones));
+            }
+        }
+        for (int i = 0; i < MM; i++) {
+            __m256 ws = _mm256_set1_ps(wscale[i0 + i]);
+            float *a = acc + (i0 + i) * D + c;
+            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0[i]), ws, _mm256_loadu_ps(a)));
+            _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1[i]), ws, _mm256_loadu_ps(a + 8)));
+        }
+    }
+}
+
+/* ---- the tile */
+
+typedef struct {
+    char *q;       /* [H][M] query vectors as the scores read them, 4 * D bytes each */
+    float *acc;    /* [H][M][D] weighted V sums in the lane order of V */
+    float *sumv;   /* [H * M][8] lanes of the running sum of exp(score - max) */
+    float *ztv;    /* [H * M][8] uint4: lanes of sum weight * v_zero * v_scale */
+    float *mx;     /* [H * M] running max of the scores */
+    float *qscale; /* [H * M] int formats */
+    float *qsum;   /* [H * M] uint4: sum of the int8 q */
+} state_t;
+
+static void load_queries(const attn_tile_t *t, int head, const int M, const int D,
+                         const state_t *st, float *stage, int16_t *q16) {
+    const dn_kv_format_t f = t->kv->format;
+    const int nh = t->n_q_heads;
+    for (int i = 0; i < M; i++) {
+        const int v = head * M + i;
+        const float *src = t->q + (i / nh) * t->q_stride + (int64_t)(head * nh + i % nh) * D;
+        for (int d = 0; d < D; d++) stage[d] = src[d] * t->scale;
+        char *q = st->q + (int64_t)v * D * 4;
+        if (f == DN_KV_F32 || f == DN_KV_BF16) {
+            memcpy(q, stage, (size_t)D * 4);
+        } else if (f == DN_KV_INT8) {
+            quantize(stage, D, (int16_t *)q, 32767.0f, &st->qscale[v]);
+        } else {
+            quantize(stage, D, q16, 127.0f, &st->qscale[v]);
+            int32_t qs = 0;
+            for (int d = 0; d < D; d++) {
+                ((int8_t *)q)[d] = (int8_t)q16[d];
+                qs += q16[d];
+            }
+            st->qsum[v] = (float)qs;
+        }
+    }
+}
+
+/* one (block, head) slice, as slice_step of the AVX-512 tile; s [M][bs], wq [M][bs + 32] */
+static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *t, const state_t *st,
+                                                            int head, int pos, int64_t slice,
+                                                            int off, int n, int64_t next,
+                                                            const int M, const int D, float *s,
+                                                            int16_t *wq) {
+    const dn_kv_cache_t *kv = t->kv;
+    const dn_kv_format_t f = kv->format;
+    const int bs = kv->block_size, nh = t->n_q_heads;
+    const int64_t rb = row_bytes(f, D);
+    const int ldw = bs + 32;
+    const int v0 = head * M;
+    const char *q = st->q + (int64_t)v0 * D * 4;
+    float *acc = st->acc + (int64_t)v0 * D;
+    const char *kn = next >= 0 ? (const char *)kv->k + next * rb : NULL;
+    const char *vn = next >= 0 ? (const char *)kv->v + next * rb : NULL;
+    const float *vs = kv->v_scale ? kv->v_scale + slice : NULL;
+    const float *vz = kv->v_zero ? kv->v_zero + slice : NULL;
+    if (kn && vs) {
+        prefetch_bytes((const char *)(kv->k_scale + next), 4 * bs);
+        prefetch_bytes((const char *)(kv->v_scale + next), 4 * bs);
+        if (vz) {
+            prefetch_bytes((const char *)(kv->k_zero + next), 4 * bs);
+            prefetch_bytes((const char *)(kv->v_zero + next), 4 * bs);
+        }
+    }
+
+    /* scores, 8 tokens at a time: half h of the group at g holds its tokens g + 8h.. */
+    const int g0 = off & ~7, g1 = (off + n + 7) & ~7;
+    for (int g = g0; g < g1; g += 8) {
+        const int grp = g & ~15, h = (g >> 3) & 1;
+        const char *kg = (const char *)kv->k + (slice + grp) * rb;
+        const char *pf = kn && h == 0 ? kn + grp * rb : NULL;
+        if (f == DN_KV_F32)
+            scores_f32((const float *)kg + 8 * h, D, (const float *)q, M, s + g, bs, pf);
+        else if (f == DN_KV_BF16)
+            scores_bf16((const uint16_t *)kg + 16 * h, D, (const float *)q, M, s + g, bs, pf);
+        else if (f == DN_KV_INT8)
+            scores_int8((const int8_t *)kg + 16 * h, D, (const int16_t *)q, M, s + g, bs,
+                        kv->k_scale + slice + g, st->qscale + v0, pf);
+        else
+            scores_uint4((const uint8_t *)kg + 32 * h, D, (const int8_t *)q, M, s + g, bs,
+                         kv->k_scale + slice + g, kv->k_zero + slice + g, st->qscale + v0,
+                         st->qsum + v0, pf);
+    }
+
+    /* online softmax: vector i sees the tokens [off, te[i]) of the slice */
+    int tmax = off, te[MAX_M];
+    float mo[MAX_M], mu[MAX_M], alpha[MAX_M], wsc[MAX_M], winv[MAX_M], pmax[MAX_M];
+    for (int i = 0; i < M; i++) {
+        int nv = t->first_pos + i / nh - pos + 1;
+        te[i] = off + (nv < 0 ? 0 : nv > n ? n : nv);
+        if (te[i] > tmax) tmax = te[i];
+        __m256 m = _mm256_set1_ps(-INFINITY);
+        for (int g = g0; g < g1; g += 8)
+            m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + i * bs + g),
+                                                  tokens_in(g, off, te[i])));
+        float bm = hmax256(m);
+        mo[i] = st->mx[v0 + i];
+        float mn = fmaxf(mo[i], bm);
+        mu[i] = mn == -INFINITY ? 0.0f : mn; /* nothing seen yet: subtract 0, no NaN */
+        alpha[i] = expf(mo[i] - mu[i]);
+        pmax[i] = expf(bm - mu[i]);
+        st->mx[v0 + i] = mn;
+    }
+    if (vs) { /* int16 / uint8 weights: a weight times its V scale is at most pmax * max scale */
+        const float wmax = f == DN_KV_UINT4 ? 255.0f : 32767.0f;
+        __m256 m = _mm256_setzero_ps();
+        for (int g = g0; g < g1; g += 8)
+            m = _mm256_max_ps(m, _mm256_and_ps(tokens_in(g, off, tmax), _mm256_loadu_ps(vs + g)));
+        float vmax = hmax256(m);
+        for (int i = 0; i < M; i++) {
+            float top = pmax[i] * vmax;
+            wsc[i] = top / wmax;
+            winv[i] = top > 0.0f ? wmax / top : 0.0f;
+        }
+    }
+    uint8_t *w8 = (uint8_t *)wq;
+    for (int i = 0; i < M; i++) {
+        const __m256 m = _mm256_set1_ps(mu[i]), al = _mm256_set1_ps(alpha[i]);
+        float *sumv = st->sumv + (v0 + i) * 8, *ztv = st->ztv + (v0 + i) * 8;
+        __m256 psum = _mm256_mul_ps(_mm256_loadu_ps(sumv), al), zsum = _mm256_setzero_ps();
+        for (int g = g0; g < g1; g += 8) {
+            const __m256 ok = tokens_in(g, off, te[i]);
+            __m256 p = _mm256_and_ps(ok, exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i * bs + g), m)));
+            psum = _mm256_add_ps(psum, p);
+            if (!vs) {
+                _mm256_storeu_ps(s + i * bs + g, p);
+                continue;
+            }
+            __m256 svs = _mm256_and_ps(ok, _mm256_loadu_ps(vs + g)); /* NaN-free where masked */
+            __m256i w = _mm256_cvtps_epi32(_mm256_mul_ps(p, _mm256_mul_ps(svs, _mm256_set1_ps(winv[i]))));
+            if (f == DN_KV_INT8) {
+                __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                _mm_storeu_si128((__m128i *)(wq + i * ldw + g), w16);
+            } else {
+                __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                _mm_storel_epi64((__m128i *)(w8 + i * ldw + g), _mm_packus_epi16(w16, w16));
+                zsum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), _mm256_and_ps(ok, _mm256_loadu_ps(vz + g)), zsum);
+            }
+        }
+        _mm256_storeu_ps(sumv, psum);
+        if (vz)
+            _mm256_storeu_ps(ztv, _mm256_fmadd_ps(zsum, _mm256_set1_ps(wsc[i]), _mm256_mul_ps(_mm256_loadu_ps(ztv), al)));
+        if (alpha[i] != 1.0f && mo[i] != -INFINITY)
+            for (int d = 0; d < D; d += 8)
+                _mm256_storeu_ps(acc + i * D + d, _mm256_mul_ps(al, _mm256_loadu_ps(acc + i * D + d)));
+    }
+
+    const char *vsl = (const char *)kv->v + slice * rb;
+    for (int i0 = 0; i0 < M; i0 += 4) {
+        const int MM = M - i0 < 4 ? M - i0 : 4;
+#define PV(MMC)                                                                                      \
+    if (f == DN_KV_F32)                                                                             \
+        pv_f32((const float *)vsl, D, s, bs, i0, MMC, off, tmax, acc, vn);                          \
+    else if (f == DN_KV_BF16)                                                                       \
+        pv_bf16((const uint16_t *)vsl, D, s, bs, i0, MMC, off, tmax, acc, vn);                      \
+    else if (f == DN_KV_INT8)                                                                       \
+        pv_int8((const int8_t *)vsl, D, wq, ldw, i0, MMC, off & ~1, (tmax + 1) & ~1, wsc, acc, vn); \
+    else                                                                                            \
+        pv_uint4((const uint8_t *)vsl, D, w8, ldw, i0, MMC, off & ~3, (tmax + 3) & ~3, wsc, acc, vn)
+        switch (MM) {
+        case 1: PV(1); break;
+        case 2: PV(2); break;
+        case 3: PV(3); break;
+        default: PV(4); break;
+        }
+#undef PV
+    }
+}
+
+static inline __attribute__((always_inline)) void decode_m(const attn_tile_t *t, const int M,
+                                                           const int D) {
+    const dn_kv_cache_t *kv = t->kv;
+    const dn_kv_format_t f = kv->format;
+    const int bs = kv->block_size, H = t->n_kv;
+    const int V = H * M;
+    char *w = t->work;
+    state_t st;
+    st.q = w;                             w += (size_t)V * D * 4;
+    st.acc = (float *)w;                  w += (size_t)V * D * 4;
+    st.sumv = (float *)w;                 w += (size_t)V * 16 * 4;
+    st.ztv = (float *)w;                  w += (size_t)V * 16 * 4;
+    st.mx = (float *)w;                   w += (size_t)ATTN_MAX_M * 4;
+    st.qscale = (float *)w;               w += (size_t)ATTN_MAX_M * 4;
+    st.qsum = (float *)w;                 w += (size_t)ATTN_MAX_M * 4;
+    float *nat = (float *)w;              w += (size_t)MAX_M * D * 4;
+    float *s = (float *)w;                w += (size_t)MAX_M * bs * 4;
+    int16_t *wq = (int16_t *)w;           w += (size_t)MAX_M * (bs + 32) * 2;
+    float *stage = (float *)w;            w += (size_t)D * 4;
+    int16_t *q16 = (int16_t *)w;
+
+    for (int h = 0; h < H; h++) load_queries(t, h, M, D, &st, stage, q16);
+    memset(st.acc, 0, (size_t)V * D * 4);
+    memset(st.sumv, 0, (size_t)V * 16 * 4);
+    memset(st.ztv, 0, (size_t)V * 16 * 4);
+    for (int v = 0; v < V; v++) st.mx[v] = -INFINITY;
+
+    const int nkv = kv->n_kv_heads;
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int off = pos % bs;
+        const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
+        const int64_t row0 = ((int64_t)t->blocks[pos / bs] * nkv + t->kv_head) * bs;
+        const int64_t next0 = pos + n < t->kv_end
+                                  ? ((int64_t)t->blocks[(pos + n) / bs] * nkv + t->kv_head) * bs
+                                  : -1;
+        for (int h = 0; h < H; h++)
+            slice_step(t, &st, h, pos, row0 + (int64_t)h * bs, off, n,
+                       h + 1 < H ? row0 + (int64_t)(h + 1) * bs : next0, M, D, s, wq);
+        pos += n;
+    }
+
+    for (int h = 0; h < H; h++) {
+        float sum[MAX_M];
+        for (int i = 0; i < M; i++) {
+            const int v = h * M + i;
+            const float *acc = st.acc + (int64_t)v * D;
+            float zt = hsum256(_mm256_loadu_ps(st.ztv + v * 8));
+            sum[i] = hsum256(_mm256_loadu_ps(st.sumv + v * 8));
+            for (int c = 0; c < D; c += 16)
+                for (int p = 0; p < 16; p++) nat[i * D + c + acc_lane_d(f, p)] = acc[c + p] - zt;
+        }
+        attn_tile_t one = *t;
+        if (t->out) one.out = t->out + (int64_t)h * t->n_q_heads * D;
+        if (t->part) one.part = t->part + (int64_t)h * M * (D + 2);
+        attn_finish(&one, nat, st.mx + h * M, sum);
+    }
+}
+
+int attn_decode_avx2_fits(const dn_kv_cache_t *c, int M) {
+    return M <= MAX_M && c->head_dim % 32 == 0 && c->head_dim <= 256;
+}
+
+#define DECODE_D(M)                                                \
+    switch (t->kv->head_dim) {                                     \
+    case 64: decode_m(t, M, 64); break;                            \
+    case 128: decode_m(t, M, 128); break;                          \
+    default: decode_m(t, M, t->kv->head_dim); break;               \
+    }
+
+void attn_decode_avx2(const attn_tile_t *t) {
+    switch (t->n_q_heads * t->n_rows) {
+    case 1: DECODE_D(1); break;
+    case 2: DECODE_D(2); break;
+    case 3: DECODE_D(3); break;
+    case 4: DECODE_D(4); break;
+    case 5: DECODE_D(5); break;
+    case 6: DECODE_D(6); break;
+    case 7: DECODE_D(7); break;
+    default: DECODE_D(8); break;
+    }
+}
+
+#pragma GCC pop_options
