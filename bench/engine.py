@@ -104,7 +104,7 @@ def profile_decode(dtype, quant, threads, steps=100):
     from dashinfer_server.sequence import Sequence
 
     model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
-    cfg = (allspark_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
+    cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
            .thread_num(threads).build())
     K.set_num_threads(threads)
     runner = runner_module.ModelRunner(model, cfg)
@@ -160,7 +160,7 @@ def profile_decode(dtype, quant, threads, steps=100):
     }
 
 
-def allspark_builder(model):
+def runtime_builder(model):
     from dashinfer_client import AsModelRuntimeConfigBuilder
     return AsModelRuntimeConfigBuilder().model_dir(model.model_dir, model.prefix)
 

@@ -6,9 +6,7 @@ the transformers reference model (~/.cache/dashinfer-py/test-reference/...), as 
 import hashlib
 import json
 import os
-import resource
 
-import numpy as np
 import pytest
 
 import dashinfer_client as allspark
