@@ -1,6 +1,6 @@
-/* AVX-512 prefill tile: many query vectors (up to 64: GQA group x query rows) against one block
- * at a time. Compute bound: the block is converted to fp32 once and both products run as
- * register-blocked FMA kernels. */
+/* AVX-512 prefill tiles: many query vectors (up to 64: GQA group x query rows) against one block
+ * at a time. Compute bound: both products run as register-blocked kernels, FMA on an fp32 cache
+ * (read as it lies), vpdpbf16ps on the others. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -13,101 +13,9 @@
 
 #include "attention_avx512.h"
 
-/* ---- prefill: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
+/* ---- fp32 cache: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
  * Scores are kept transposed, S[t][i], so the per-vector softmax statistics are lane-wise and
  * both products are broadcast-FMA kernels over fp32 K groups and V rows. */
-
-/* K of the 16-token groups [g0, g1) of a slice as fp32 groups [(g1 - g0) / 16][D][16] (the fp32
- * K layout): the cache itself (fp32), or converted into dst. */
-static const float *k_groups_f32(const dn_kv_cache_t *c, int64_t slice, int g0, int g1,
-                                 float *dst) {
-    const int D = c->head_dim;
-    const dn_kv_format_t f = c->format;
-    if (f == DN_KV_F32) return (const float *)c->k + (slice + g0) * D;
-    for (int g = g0; g < g1; g += 16) {
-        float *o = dst + (int64_t)(g - g0) * D; /* this group's [D][16] */
-        if (f == DN_KV_BF16) { /* [D/2][16][2] */
-            const uint16_t *src = (const uint16_t *)c->k + (slice + g) * D;
-            for (int j = 0; j < D / 2; j++) {
-                __m512i x = _mm512_loadu_si512(src + j * 32);
-                _mm512_store_si512(o + 2 * j * 16, _mm512_slli_epi32(x, 16));
-                _mm512_store_si512(o + (2 * j + 1) * 16, _mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
-            }
-        } else if (f == DN_KV_INT8) { /* [D/2][16][2] */
-            const int8_t *src = (const int8_t *)c->k + (slice + g) * D;
-            const __m512 sc = _mm512_loadu_ps(c->k_scale + slice + g);
-            for (int j = 0; j < D / 2; j++) {
-                __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + j * 32)));
-                __m512i ev = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), od = _mm512_srai_epi32(x, 16);
-                _mm512_store_ps(o + 2 * j * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), sc));
-                _mm512_store_ps(o + (2 * j + 1) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(od), sc));
-            }
-        } else { /* bytes [D/8][16][4]: d = 8j + b low nibble, 8j + 4 + b high */
-            const uint8_t *src = (const uint8_t *)c->k + (slice + g) * (D / 2);
-            const __m512 sc = _mm512_loadu_ps(c->k_scale + slice + g);
-            const __m512 zs = _mm512_mul_ps(_mm512_loadu_ps(c->k_zero + slice + g), sc);
-            const __m512i nib = _mm512_set1_epi32(15);
-            for (int j = 0; j < D / 8; j++) {
-                __m512i x = _mm512_loadu_si512(src + j * 64);
-                for (int b = 0; b < 4; b++) {
-                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(x, 8 * b), nib);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(x, 8 * b + 4), nib);
-                    _mm512_store_ps(o + (8 * j + b) * 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), sc, zs));
-                    _mm512_store_ps(o + (8 * j + 4 + b) * 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), sc, zs));
-                }
-            }
-        }
-    }
-    return dst;
-}
-
-/* V of tokens [off, off + n) of a slice as fp32 rows [n][D]: the cache itself (fp32), or
- * converted into dst ([block_size][D]: row t at dst + t * D, a pair or quad may spill over). */
-static const float *v_rows_f32(const dn_kv_cache_t *c, int64_t slice, int off, int n,
-                               float *dst) {
-    const int D = c->head_dim;
-    const dn_kv_format_t f = c->format;
-    if (f == DN_KV_F32) return (const float *)c->v + (slice + off) * D;
-    if (f == DN_KV_BF16) {
-        for (int t = off; t < off + n; t++) {
-            const uint16_t *src = (const uint16_t *)c->v + (slice + t) * D;
-            for (int d = 0; d < D; d += 16)
-                _mm512_store_si512(dst + (int64_t)t * D + d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                                                                  _mm256_loadu_si256((const __m256i *)(src + d))), 16));
-        }
-    } else if (f == DN_KV_INT8) { /* [bs/2][D][2] */
-        const int8_t *src = (const int8_t *)c->v + slice * D;
-        for (int t = off & ~1; t < off + n; t += 2) {
-            const __m512 s0 = _mm512_set1_ps(c->v_scale[slice + t]), s1 = _mm512_set1_ps(c->v_scale[slice + t + 1]);
-            for (int d = 0; d < D; d += 16) {
-                __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + ((int64_t)t / 2 * D + d) * 2)));
-                __m512i ev = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), od = _mm512_srai_epi32(x, 16);
-                _mm512_store_ps(dst + (int64_t)t * D + d, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), s0));
-                _mm512_store_ps(dst + (int64_t)(t + 1) * D + d, _mm512_mul_ps(_mm512_cvtepi32_ps(od), s1));
-            }
-        }
-    } else { /* bytes [bs/4][D/16][8][4]: 64 bytes hold 32 d of a token quad */
-        const uint8_t *src = (const uint8_t *)c->v + slice * (D / 2);
-        const __m512i nib = _mm512_set1_epi32(15);
-        const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-        const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-        for (int q = off & ~3; q < off + n; q += 4)
-            for (int d = 0; d < D; d += 32) {
-                __m512i x = _mm512_loadu_si512(src + ((int64_t)q / 4 * (D / 16) + d / 16) * 32);
-                for (int r = 0; r < 4; r++) {
-                    const float sc = c->v_scale[slice + q + r];
-                    const __m512 s = _mm512_set1_ps(sc), zs = _mm512_set1_ps(c->v_zero[slice + q + r] * sc);
-                    /* lanes 0..7: d + k (low), d + 8 + k (high); lanes 8..15: d + 16 + k, d + 24 + k */
-                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(x, 8 * r), nib);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(x, 8 * r + 4), nib);
-                    float *o = dst + (int64_t)(q + r) * D + d;
-                    _mm512_store_ps(o, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, first, hi)), s, zs));
-                    _mm512_store_ps(o + 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, second, hi)), s, zs));
-                }
-            }
-    }
-    return dst + (int64_t)off * D;
-}
 
 /* S[j][0..16*IC) = sum_d k[t][d] * qt[d][..] for R tokens t = t0 + j of fp32 K groups kt */
 static inline __attribute__((always_inline)) void qk_kernel(const float *kt, int t0, int D,
@@ -187,15 +95,13 @@ static void pv_block(const float *p, int mp, int n, const float *vf, int D, cons
     }
 }
 
-static void prefill_tile(const attn_tile_t *t) {
+static void prefill_tile_f32(const attn_tile_t *t) {
     const dn_kv_cache_t *kv = t->kv;
     const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
     const int M = nh * t->n_rows, mp = (M + 15) & ~15;
     char *w = t->work;
     float *qt = (float *)w;    w += (size_t)D * mp * 4;      /* [D][mp] scaled q, transposed */
     float *acc = (float *)w;   w += (size_t)mp * D * 4;      /* [mp][D] */
-    float *kf = (float *)w;    w += (size_t)bs * D * 4;      /* [bs/16][D][16] */
-    float *vf = (float *)w;    w += (size_t)bs * D * 4;      /* [bs][D] */
     float *s = (float *)w;     w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
     float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
     int32_t *limit = (int32_t *)(alpha + mp);
@@ -214,10 +120,9 @@ static void prefill_tile(const attn_tile_t *t) {
         const int off = pos % bs;
         const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
         const int64_t slice = attn_cache_row(t, pos) - off;
-        const int g0 = off & ~15;
-        const float *kt = k_groups_f32(kv, slice, g0, (off + n + 15) & ~15, kf);
-        const float *vr = v_rows_f32(kv, slice, off, n, vf);
-        qk_block(kt, off - g0, n, D, qt, mp, s);
+        const float *kt = (const float *)kv->k + slice * D; /* fp32 K groups [bs/16][D][16] */
+        const float *vr = (const float *)kv->v + (slice + off) * D;
+        qk_block(kt, off, n, D, qt, mp, s);
         /* causal mask: only tokens past the first row's position can be hidden */
         for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
             for (int c = 0; c < mp; c += 16) {
@@ -538,7 +443,7 @@ static void prefill_tile_dpbf16(const attn_tile_t *t) {
 }
 
 void attn_tile_avx512(const attn_tile_t *t) {
-    if (t->kv->format == DN_KV_F32) prefill_tile(t);
+    if (t->kv->format == DN_KV_F32) prefill_tile_f32(t);
     else prefill_tile_dpbf16(t);
 }
 
