@@ -3,7 +3,7 @@ both against torch SDPA doing the same math with 2 threads.
 
     PYTHONPATH=. python bench/bench_attention.py [--quick] [--block 32,64,128]
         [--shape smollm2,llama] [--batch 1,16] [--ctx 1024,4096] [--fmt fp32,bf16,int8,uint4]
-        [--only decode|prefill] [--no-torch] [--small-pages]
+        [--only decode|prefill] [--no-torch] [--small-pages] [--isa avx2] [--json FILE]
 
 Decode streams from DRAM, not cache: every timed call reads KV blocks that the previous calls
 did not touch. The cache holds several disjoint sets of blocks (each a random block table over a
@@ -234,7 +234,10 @@ def _main():
     p.add_argument("--small-pages", action="store_true")
     p.add_argument("--bw", type=float, help="GB/s to compare with (default: measured now)")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--isa", help="kernel path to time (default: the best this CPU runs)")
     a = p.parse_args()
+    if a.isa:
+        K.set_isa(a.isa)
     bw = a.bw or read_bandwidth(THREADS)
     result = rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
                   batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,

@@ -74,8 +74,8 @@ static inline __m512i bcast32(const void *p) {
 static inline void prefetch_line(const char *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
 
 /* ---- scores of the 16 tokens of a K group: s[i * ld_s + 0..16) = q_i . k_t.
- * pf: the same group of the next slice, prefetched as this one is read (NULL: none). Vectors
- * with few siblings get U independent accumulators, to cover the FMA latency. */
+ * pf: the same group of the next slice, prefetched as this one is read (NULL: none). U
+ * independent sums per vector keep enough multiply-adds in flight to cover their latency. */
 
 static inline __attribute__((always_inline)) void scores_f32(const float *kg, const int D,
                                                            const float *qf, const int M, float *s,

@@ -1,6 +1,6 @@
-/* AVX-512 prefill tile: many query vectors (up to 64: GQA group x query rows) against one block
- * at a time. Compute bound: the block is converted to fp32 once and both products run as
- * register-blocked FMA kernels. */
+/* AVX-512 prefill tiles: many query vectors (up to 64: GQA group x query rows) against one block
+ * at a time. Compute bound: both products run as register-blocked kernels, FMA on an fp32 cache
+ * (read as it lies), vpdpbf16ps on the others. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -13,101 +13,9 @@
 
 #include "attention_avx512.h"
 
-/* ---- prefill: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
+/* ---- fp32 cache: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
  * Scores are kept transposed, S[t][i], so the per-vector softmax statistics are lane-wise and
  * both products are broadcast-FMA kernels over fp32 K groups and V rows. */
-
-/* K of the 16-token groups [g0, g1) of a slice as fp32 groups [(g1 - g0) / 16][D][16] (the fp32
- * K layout): the cache itself (fp32), or converted into dst. */
-static const float *k_groups_f32(const dn_kv_cache_t *c, int64_t slice, int g0, int g1,
-                                 float *dst) {
-    const int D = c->head_dim;
-    const dn_kv_format_t f = c->format;
-    if (f == DN_KV_F32) return (const float *)c->k + (slice + g0) * D;
-    for (int g = g0; g < g1; g += 16) {
-        float *o = dst + (int64_t)(g - g0) * D; /* this group's [D][16] */
-        if (f == DN_KV_BF16) { /* [D/2][16][2] */
-            const uint16_t *src = (const uint16_t *)c->k + (slice + g) * D;
-            for (int j = 0; j < D / 2; j++) {
-                __m512i x = _mm512_loadu_si512(src + j * 32);
-                _mm512_store_si512(o + 2 * j * 16, _mm512_slli_epi32(x, 16));
-                _mm512_store_si512(o + (2 * j + 1) * 16, _mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
-            }
-        } else if (f == DN_KV_INT8) { /* [D/2][16][2] */
-            const int8_t *src = (const int8_t *)c->k + (slice + g) * D;
-            const __m512 sc = _mm512_loadu_ps(c->k_scale + slice + g);
-            for (int j = 0; j < D / 2; j++) {
-                __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + j * 32)));
-                __m512i ev = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), od = _mm512_srai_epi32(x, 16);
-                _mm512_store_ps(o + 2 * j * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), sc));
-                _mm512_store_ps(o + (2 * j + 1) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(od), sc));
-            }
-        } else { /* bytes [D/8][16][4]: d = 8j + b low nibble, 8j + 4 + b high */
-            const uint8_t *src = (const uint8_t *)c->k + (slice + g) * (D / 2);
-            const __m512 sc = _mm512_loadu_ps(c->k_scale + slice + g);
-            const __m512 zs = _mm512_mul_ps(_mm512_loadu_ps(c->k_zero + slice + g), sc);
-            const __m512i nib = _mm512_set1_epi32(15);
-            for (int j = 0; j < D / 8; j++) {
-                __m512i x = _mm512_loadu_si512(src + j * 64);
-                for (int b = 0; b < 4; b++) {
-                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(x, 8 * b), nib);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(x, 8 * b + 4), nib);
-                    _mm512_store_ps(o + (8 * j + b) * 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), sc, zs));
-                    _mm512_store_ps(o + (8 * j + 4 + b) * 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), sc, zs));
-                }
-            }
-        }
-    }
-    return dst;
-}
-
-/* V of tokens [off, off + n) of a slice as fp32 rows [n][D]: the cache itself (fp32), or
- * converted into dst ([block_size][D]: row t at dst + t * D, a pair or quad may spill over). */
-static const float *v_rows_f32(const dn_kv_cache_t *c, int64_t slice, int off, int n,
-                               float *dst) {
-    const int D = c->head_dim;
-    const dn_kv_format_t f = c->format;
-    if (f == DN_KV_F32) return (const float *)c->v + (slice + off) * D;
-    if (f == DN_KV_BF16) {
-        for (int t = off; t < off + n; t++) {
-            const uint16_t *src = (const uint16_t *)c->v + (slice + t) * D;
-            for (int d = 0; d < D; d += 16)
-                _mm512_store_si512(dst + (int64_t)t * D + d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                                                                  _mm256_loadu_si256((const __m256i *)(src + d))), 16));
-        }
-    } else if (f == DN_KV_INT8) { /* [bs/2][D][2] */
-        const int8_t *src = (const int8_t *)c->v + slice * D;
-        for (int t = off & ~1; t < off + n; t += 2) {
-            const __m512 s0 = _mm512_set1_ps(c->v_scale[slice + t]), s1 = _mm512_set1_ps(c->v_scale[slice + t + 1]);
-            for (int d = 0; d < D; d += 16) {
-                __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(src + ((int64_t)t / 2 * D + d) * 2)));
-                __m512i ev = _mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16), od = _mm512_srai_epi32(x, 16);
-                _mm512_store_ps(dst + (int64_t)t * D + d, _mm512_mul_ps(_mm512_cvtepi32_ps(ev), s0));
-                _mm512_store_ps(dst + (int64_t)(t + 1) * D + d, _mm512_mul_ps(_mm512_cvtepi32_ps(od), s1));
-            }
-        }
-    } else { /* bytes [bs/4][D/16][8][4]: 64 bytes hold 32 d of a token quad */
-        const uint8_t *src = (const uint8_t *)c->v + slice * (D / 2);
-        const __m512i nib = _mm512_set1_epi32(15);
-        const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-        const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-        for (int q = off & ~3; q < off + n; q += 4)
-            for (int d = 0; d < D; d += 32) {
-                __m512i x = _mm512_loadu_si512(src + ((int64_t)q / 4 * (D / 16) + d / 16) * 32);
-                for (int r = 0; r < 4; r++) {
-                    const float sc = c->v_scale[slice + q + r];
-                    const __m512 s = _mm512_set1_ps(sc), zs = _mm512_set1_ps(c->v_zero[slice + q + r] * sc);
-                    /* lanes 0..7: d + k (low), d + 8 + k (high); lanes 8..15: d + 16 + k, d + 24 + k */
-                    __m512i lo = _mm512_and_si512(_mm512_srli_epi32(x, 8 * r), nib);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi32(x, 8 * r + 4), nib);
-                    float *o = dst + (int64_t)(q + r) * D + d;
-                    _mm512_store_ps(o, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, first, hi)), s, zs));
-                    _mm512_store_ps(o + 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, second, hi)), s, zs));
-                }
-            }
-    }
-    return dst + (int64_t)off * D;
-}
 
 /* S[j][0..16*IC) = sum_d k[t][d] * qt[d][..] for R tokens t = t0 + j of fp32 K groups kt */
 static inline __attribute__((always_inline)) void qk_kernel(const float *kt, int t0, int D,
@@ -187,15 +95,13 @@ static void pv_block(const float *p, int mp, int n, const float *vf, int D, cons
     }
 }
 
-static void prefill_tile(const attn_tile_t *t) {
+static void prefill_tile_f32(const attn_tile_t *t) {
     const dn_kv_cache_t *kv = t->kv;
     const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
     const int M = nh * t->n_rows, mp = (M + 15) & ~15;
     char *w = t->work;
     float *qt = (float *)w;    w += (size_t)D * mp * 4;      /* [D][mp] scaled q, transposed */
     float *acc = (float *)w;   w += (size_t)mp * D * 4;      /* [mp][D] */
-    float *kf = (float *)w;    w += (size_t)bs * D * 4;      /* [bs/16][D][16] */
-    float *vf = (float *)w;    w += (size_t)bs * D * 4;      /* [bs][D] */
     float *s = (float *)w;     w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
     float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
     int32_t *limit = (int32_t *)(alpha + mp);
@@ -214,10 +120,9 @@ static void prefill_tile(const attn_tile_t *t) {
         const int off = pos % bs;
         const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
         const int64_t slice = attn_cache_row(t, pos) - off;
-        const int g0 = off & ~15;
-        const float *kt = k_groups_f32(kv, slice, g0, (off + n + 15) & ~15, kf);
-        const float *vr = v_rows_f32(kv, slice, off, n, vf);
-        qk_block(kt, off - g0, n, D, qt, mp, s);
+        const float *kt = (const float *)kv->k + slice * D; /* fp32 K groups [bs/16][D][16] */
+        const float *vr = (const float *)kv->v + (slice + off) * D;
+        qk_block(kt, off, n, D, qt, mp, s);
         /* causal mask: only tokens past the first row's position can be hidden */
         for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
             for (int c = 0; c < mp; c += 16) {
@@ -251,9 +156,9 @@ static void prefill_tile(const attn_tile_t *t) {
     attn_finish(t, acc, mx, sum);
 }
 
-/* ---- bf16 cache: both products on vpdpbf16ps (two bf16 products per fp32 lane, fp32 sums),
- * with q and the softmax weights rounded to bf16, as bf16 attention does. K pairs are read
- * straight from the cache; V rows are interleaved in token pairs once per block. */
+/* ---- bf16, int8, uint4 caches: both products on vpdpbf16ps (two bf16 products per fp32 lane,
+ * fp32 sums), with q and the softmax weights rounded to bf16, as bf16 attention does. bf16 K
+ * pairs are read straight from the cache; V is interleaved in token pairs once per block. */
 
 /* S[j][0..16*IC) = sum_d k[t][d] * q[d][..] for R tokens t = t0 + j of bf16 K groups kp
  * ([bs/16][D/2][16][2]); qp [D/2][ld_q] q pairs */
@@ -351,47 +256,42 @@ static inline __m512i pair_bf16(__m512 a, __m512 b) {
     return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
-static void prefill_tile_bf16(const attn_tile_t *t) {
-    const dn_kv_cache_t *kv = t->kv;
-    const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
-    const int M = nh * t->n_rows, mp = (M + 15) & ~15;
-    char *w = t->work;
-    uint32_t *qp = (uint32_t *)w; w += (size_t)D / 2 * mp * 4;  /* [D/2][mp] scaled q pairs */
-    float *acc = (float *)w;      w += (size_t)mp * D * 4;      /* [mp][D] */
-    uint32_t *pp = (uint32_t *)w; w += (size_t)bs * D * 4;      /* [bs/2][mp] weight pairs */
-    uint32_t *vp = (uint32_t *)w; w += (size_t)bs * D * 4;      /* [bs/2][D] value pairs */
-    float *s = (float *)w;        w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
-    float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
-    int32_t *limit = (int32_t *)(alpha + mp);
-
-    for (int i = 0; i < mp; i++) {
-        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
-        mx[i] = -INFINITY;
-        sum[i] = 0.0f;
+/* K of the groups covering tokens 0..n of an int8 / uint4 slice: the codes in bf16 (exact: at
+ * most 8 significant bits), in the bf16 K layout [n/16][D/2][16][2]. */
+static void k_codes_bf16(const dn_kv_cache_t *c, int64_t slice, int n, uint16_t *dst) {
+    const int D = c->head_dim, groups = (n + 15) / 16;
+    if (c->format == DN_KV_INT8) { /* same pair layout: convert in place order */
+        const int8_t *src = (const int8_t *)c->k + slice * D;
+        for (int64_t e = 0; e < (int64_t)groups * 16 * D; e += 16)
+            _mm256_store_si256((__m256i *)(dst + e), (__m256i)_mm512_cvtneps_pbh(_mm512_cvtepi32_ps(
+                                                         _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + e))))));
+        return;
     }
-    for (int c = 0; c < mp; c += 16) /* q transposed in d pairs, 16 vectors at a time */
-        for (int j = 0; j < D / 2; j++) {
-            float e[16], o[16];
-            for (int l = 0; l < 16; l++) {
-                int i = c + l;
-                const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
-                e[l] = src ? src[2 * j] * t->scale : 0.0f;
-                o[l] = src ? src[2 * j + 1] * t->scale : 0.0f;
+    /* uint4 octets: byte b of a token holds d = 8j + b (low nibble), 8j + 4 + b (high); pair
+     * 4j + m takes bytes (0, 1) for m = 0, 2 and (2, 3) for m = 1, 3, high nibbles for m >= 2 */
+    const uint8_t *src = (const uint8_t *)c->k + slice * (D / 2);
+    const __m512i nib = _mm512_set1_epi32(15), hi16 = _mm512_set1_epi32((int)0xffff0000u);
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < D / 8; j++) {
+            __m512i x = _mm512_loadu_si512(src + ((int64_t)g * (D / 8) + j) * 64);
+            for (int m = 0; m < 4; m++) {
+                int sh = 16 * (m & 1) + 4 * (m >> 1); /* first byte's nibble */
+                __m512 a = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(x, sh), nib));
+                __m512 b = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(x, sh + 8), nib));
+                __m512i pair = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(a), 16),
+                                               _mm512_and_si512(_mm512_castps_si512(b), hi16));
+                _mm512_store_si512(dst + (((int64_t)g * (D / 2) + 4 * j + m) * 16) * 2, pair);
             }
-            _mm512_store_si512(qp + j * mp + c, pair_bf16(_mm512_loadu_ps(e), _mm512_loadu_ps(o)));
         }
-    memset(acc, 0, (size_t)mp * D * 4);
-    const int first_limit = t->first_pos;
-    const __m512 zero = _mm512_setzero_ps();
+}
 
-    for (int pos = t->kv_begin; pos < t->kv_end;) {
-        const int off = pos % bs;
-        const int n = bs - off < t->kv_end - pos ? bs - off : t->kv_end - pos;
-        const int64_t slice = attn_cache_row(t, pos) - off;
-        const int g0 = off & ~15, np = (n + 1) / 2;
-        qk_block_bf16((const uint16_t *)kv->k + (slice + g0) * D, off - g0, n, D, qp, mp, s);
-        /* V rows off.. in token pairs; a missing second row of the last pair reads as 0 */
-        const uint16_t *vr = (const uint16_t *)kv->v + (slice + off) * D;
+/* V of tokens 0..n of a slice in token pairs [(n+1)/2][D] (bf16 values, or the codes of int8 /
+ * uint4 in bf16); a missing second token of the last pair reads as 0 (bf16) or a code of
+ * weight 0. */
+static void v_pairs_bf16(const dn_kv_cache_t *c, int64_t slice, int n, uint32_t *vp) {
+    const int D = c->head_dim, np = (n + 1) / 2;
+    if (c->format == DN_KV_BF16) {
+        const uint16_t *vr = (const uint16_t *)c->v + slice * D;
         for (int tp = 0; tp < np; tp++)
             for (int d = 0; d < D; d += 16) {
                 __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + (int64_t)2 * tp * D + d)));
@@ -400,6 +300,100 @@ static void prefill_tile_bf16(const attn_tile_t *t) {
                                            : _mm512_setzero_si512();
                 _mm512_store_si512(vp + (int64_t)tp * D + d, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
             }
+    } else if (c->format == DN_KV_INT8) { /* [bs/2][D][2]: the pairs as they lie */
+        const int8_t *src = (const int8_t *)c->v + slice * D;
+        for (int64_t e = 0; e < (int64_t)np * 2 * D; e += 16)
+            _mm256_store_si256((__m256i *)((uint16_t *)vp + e), (__m256i)_mm512_cvtneps_pbh(_mm512_cvtepi32_ps(
+                                                                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + e))))));
+    } else { /* quads [bs/4][D/16][8][4]: lane k of a 16-d chunk, byte r = token 4Q + r */
+        const uint8_t *src = (const uint8_t *)c->v + slice * (D / 2);
+        const __m512i nib = _mm512_set1_epi32(15), hi16 = _mm512_set1_epi32((int)0xffff0000u);
+        for (int q = 0; q < (n + 3) / 4; q++)
+            for (int ch = 0; ch < D / 16; ch++) {
+                __m256i x8 = _mm256_loadu_si256((const __m256i *)(src + ((int64_t)q * (D / 16) + ch) * 32));
+                __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(x8), x8, 1);
+                for (int h = 0; h < 2; h++) { /* tokens 4q + 2h, 4q + 2h + 1 */
+                    /* lanes 0..7: d = 16 ch + k (low nibble), lanes 8..15: 16 ch + 8 + k (high) */
+                    __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+                    sh = _mm512_add_epi32(sh, _mm512_set1_epi32(16 * h));
+                    __m512 a = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(x, sh), nib));
+                    __m512 b = _mm512_cvtepi32_ps(_mm512_and_si512(
+                        _mm512_srlv_epi32(x, _mm512_add_epi32(sh, _mm512_set1_epi32(8))), nib));
+                    __m512i pair = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(a), 16),
+                                                   _mm512_and_si512(_mm512_castps_si512(b), hi16));
+                    _mm512_store_si512(vp + (int64_t)(2 * q + h) * D + 16 * ch, pair);
+                }
+            }
+    }
+}
+
+/* The tile of bf16, int8 and uint4 caches. int8 / uint4 codes are exact in bf16: the products
+ * run on the codes, the K scales (and zero points) correct the scores, the V scales go into the
+ * weights before their rounding, and the uint4 V zero points come off at the end. Tiles start
+ * at block boundaries (attention_tile.h), so a block's tokens are 0..n of its slice. */
+static void prefill_tile_dpbf16(const attn_tile_t *t) {
+    const dn_kv_cache_t *kv = t->kv;
+    const dn_kv_format_t f = kv->format;
+    const int D = kv->head_dim, bs = kv->block_size, nh = t->n_q_heads;
+    const int M = nh * t->n_rows, mp = (M + 15) & ~15;
+    char *w = t->work;
+    uint32_t *qp = (uint32_t *)w; w += (size_t)D / 2 * mp * 4;  /* [D/2][mp] scaled q pairs */
+    float *acc = (float *)w;      w += (size_t)mp * D * 4;      /* [mp][D] */
+    uint32_t *pp = (uint32_t *)w; w += (size_t)bs / 2 * mp * 4; /* [bs/2][mp] weight pairs */
+    uint32_t *vp = (uint32_t *)w; w += (size_t)bs / 2 * D * 4;  /* [bs/2][D] value pairs */
+    uint16_t *kb = (uint16_t *)w; w += (size_t)bs * D * 2;      /* int formats: K codes in bf16 */
+    float *s = (float *)w;        w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
+    float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp, *qsum = alpha + mp, *zt = qsum + mp;
+    int32_t *limit = (int32_t *)(zt + mp);
+    const int quant = f == DN_KV_INT8 || f == DN_KV_UINT4;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
+
+    for (int i = 0; i < mp; i++) {
+        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+        zt[i] = 0.0f;
+    }
+    for (int c = 0; c < mp; c += 16) { /* q transposed in d pairs, 16 vectors at a time */
+        __m512 qs = zero; /* the sum of the rounded q, for the uint4 K zero points */
+        for (int j = 0; j < D / 2; j++) {
+            float e[16], o[16];
+            for (int l = 0; l < 16; l++) {
+                int i = c + l;
+                const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+                e[l] = src ? src[2 * j] * t->scale : 0.0f;
+                o[l] = src ? src[2 * j + 1] * t->scale : 0.0f;
+            }
+            __m512i pair = pair_bf16(_mm512_loadu_ps(e), _mm512_loadu_ps(o));
+            _mm512_store_si512(qp + j * mp + c, pair);
+            qs = _mm512_add_ps(qs, _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)),
+                                                 _mm512_castsi512_ps(_mm512_and_si512(pair, hi16))));
+        }
+        _mm512_store_ps(qsum + c, qs);
+    }
+    memset(acc, 0, (size_t)mp * D * 4);
+    const int first_limit = t->first_pos;
+
+    for (int pos = t->kv_begin; pos < t->kv_end;) {
+        const int n = bs < t->kv_end - pos ? bs : t->kv_end - pos, np = (n + 1) / 2;
+        const int64_t slice = attn_cache_row(t, pos);
+        const float *ks = quant ? kv->k_scale + slice : NULL, *kz = kv->k_zero ? kv->k_zero + slice : NULL;
+        const float *vs = quant ? kv->v_scale + slice : NULL, *vz = kv->v_zero ? kv->v_zero + slice : NULL;
+        const uint16_t *kp = (const uint16_t *)kv->k + slice * D;
+        if (quant) {
+            k_codes_bf16(kv, slice, n, kb);
+            kp = kb;
+        }
+        qk_block_bf16(kp, 0, n, D, qp, mp, s);
+        if (quant) /* scores of codes to scores: times the K scale, less the zero point's share */
+            for (int j = 0; j < n; j++)
+                for (int c = 0; c < mp; c += 16) {
+                    __m512 x = _mm512_load_ps(s + j * mp + c);
+                    if (kz) x = _mm512_fnmadd_ps(_mm512_set1_ps(kz[j]), _mm512_load_ps(qsum + c), x);
+                    _mm512_store_ps(s + j * mp + c, _mm512_mul_ps(x, _mm512_set1_ps(ks[j])));
+                }
+        v_pairs_bf16(kv, slice, n, vp);
         /* causal mask: only tokens past the first row's position can be hidden */
         for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
             for (int c = 0; c < mp; c += 16) {
@@ -416,26 +410,41 @@ static void prefill_tile_bf16(const attn_tile_t *t) {
             __m512 muse = _mm512_mask_blend_ps(
                 _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), mnew, zero);
             __m512 al = exp512(_mm512_sub_ps(mold, muse));
-            __m512 ps = zero;
+            __m512 ps = zero, zs = _mm512_mul_ps(_mm512_load_ps(zt + c), al);
             for (int j = 0; j < 2 * np; j += 2) {
                 __m512 p0 = exp512(_mm512_sub_ps(_mm512_load_ps(s + j * mp + c), muse));
                 __m512 p1 = j + 1 < n ? exp512(_mm512_sub_ps(_mm512_load_ps(s + (j + 1) * mp + c), muse)) : zero;
                 ps = _mm512_add_ps(ps, _mm512_add_ps(p0, p1));
-                _mm512_store_si512(pp + j / 2 * mp + c, pair_bf16(p0, p1));
+                if (vs) { /* the V scales into the weights */
+                    p0 = _mm512_mul_ps(p0, _mm512_set1_ps(vs[j]));
+                    p1 = j + 1 < n ? _mm512_mul_ps(p1, _mm512_set1_ps(vs[j + 1])) : zero;
+                }
+                __m512i pair = pair_bf16(p0, p1);
+                _mm512_store_si512(pp + j / 2 * mp + c, pair);
+                if (vz) { /* the V zero points' share, with the weights as rounded */
+                    zs = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)), _mm512_set1_ps(vz[j]), zs);
+                    if (j + 1 < n)
+                        zs = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(pair, hi16)),
+                                             _mm512_set1_ps(vz[j + 1]), zs);
+                }
             }
             _mm512_store_ps(sum + c, _mm512_fmadd_ps(_mm512_load_ps(sum + c), al, ps));
             _mm512_store_ps(mx + c, mnew);
             _mm512_store_ps(alpha + c, al);
+            _mm512_store_ps(zt + c, zs);
         }
         pv_block_bf16(pp, mp, np, vp, D, alpha, acc);
         pos += n;
     }
+    if (kv->v_zero)
+        for (int i = 0; i < M; i++)
+            for (int d = 0; d < D; d++) acc[(int64_t)i * D + d] -= zt[i];
     attn_finish(t, acc, mx, sum);
 }
 
 void attn_tile_avx512(const attn_tile_t *t) {
-    if (t->kv->format == DN_KV_BF16) prefill_tile_bf16(t);
-    else prefill_tile(t);
+    if (t->kv->format == DN_KV_F32) prefill_tile_f32(t);
+    else prefill_tile_dpbf16(t);
 }
 
 #pragma GCC pop_options

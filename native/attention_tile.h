@@ -18,7 +18,8 @@ typedef struct {
     int kv_head, n_kv;     /* kv heads kv_head..kv_head + n_kv - 1; n_kv > 1: whole groups */
     int n_q_heads, n_rows; /* M = n_q_heads * n_rows per kv head, n_kv * M <= ATTN_MAX_M */
     int first_pos;         /* position of row 0: row r sees positions 0..first_pos + r */
-    int kv_begin, kv_end;  /* kv_end <= first_pos + n_rows; every row sees kv_begin */
+    int kv_begin, kv_end;  /* kv_end <= first_pos + n_rows; every row sees kv_begin, a
+                            * multiple of block_size */
     float scale;           /* softmax scale */
     float *out;            /* complete unit: output of vector 0, same strides as q; else NULL */
     float *part;           /* split unit, per kv head: [M][head_dim] unnormalized acc, [M] max,

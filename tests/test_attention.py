@@ -131,19 +131,21 @@ def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
 
 def low_precision_rows(isa, fmt, seqs, n_kv, group, d, bs):
     """Rows the vector tiles compute with 8-bit-mantissa products, and the error bounds they get
-    (max and rms error, relative to the rms of the reference): the AVX-512 bf16 prefill tile
-    rounds q and the softmax weights to bf16, as bf16 attention does; the uint4 decode tiles
-    (AVX-512, AVX2) quantize q and the weights to 8 bits, an order of magnitude below the 4-bit
-    cache's own error."""
+    (max and rms error, relative to the rms of the reference): the AVX-512 prefill tile of bf16,
+    int8 and uint4 caches rounds q and the softmax weights to bf16, as bf16 attention does (the
+    int8 / uint4 codes themselves are exact in bf16); the uint4 decode tiles (AVX-512, AVX2)
+    quantize q and the weights to 8 bits, an order of magnitude below the 4-bit cache's own
+    error."""
     decode = np.array([ql * group <= 8 for ql, _ in seqs for _ in range(ql)], bool)
-    none = np.zeros_like(decode), None
+    low = np.zeros_like(decode)
     if d % 32:
-        return none
-    if fmt == "bf16" and isa == "avx512":
-        return ~decode, (0.05, 0.005)
+        return low, None
+    if isa == "avx512" and fmt != "fp32":
+        low |= ~decode
     if fmt == "uint4" and isa in ("avx2", "avx512"):
-        return decode, (0.1, 0.02)
-    return none
+        low |= decode
+    bounds = (0.1, 0.02) if fmt == "uint4" else (0.05, 0.005)
+    return low, bounds
 
 
 def run(args):
