@@ -72,7 +72,9 @@ def serve(engine, spec, index, linger):
 
 
 def main():
-    print("PID", group.rank, os.getpid(), flush=True)
+    # one write per line: mpiexec merges the ranks' stdout, and print() writes the newline apart
+    sys.stdout.write(f"PID {group.rank} {os.getpid()}\n")
+    sys.stdout.flush()
     if group.rank:
         return run_worker(group)
     spec = json.loads(sys.argv[1])

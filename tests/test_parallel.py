@@ -5,6 +5,7 @@ The multi-rank parts run small scripts (tests/mpi_*.py) under the mpiexec beside
 with the ranks on two simulated NUMA nodes (DASHINFER_NUMA_NODES="0:0;1:1")."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,8 +234,7 @@ def test_killed_rank_fails_the_group_fast(tiny_uneven):
     try:
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("PID "):
-                _, rank, pid = line.split()
+            for rank, pid in re.findall(r"PID (\d+) (\d+)", line):
                 pids[int(rank)] = int(pid)
             if line.startswith("GENERATING"):
                 break
