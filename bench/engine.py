@@ -108,6 +108,7 @@ def profile_decode(dtype, quant, threads, steps=100):
            .thread_num(threads).build())
     K.set_num_threads(threads)
     runner = runner_module.ModelRunner(model, cfg)
+    runner.load()
     runner._warm_up()
     spent = collections.defaultdict(float)
 

@@ -82,7 +82,9 @@ def make_runner(model, kv_mode):
     cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
            .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
            .kv_cache_mode(kv_mode).build())
-    return ModelRunner(model, cfg)
+    runner = ModelRunner(model, cfg)
+    runner.load()
+    return runner
 
 
 @pytest.mark.parametrize("kv_mode", list(KV_FORMATS), ids=lambda m: m.name)
@@ -112,6 +114,7 @@ def test_prefix_cache_off_recomputes(arch_models):
            .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
            .prefill_cache(False).build())
     runner = ModelRunner(model, cfg)
+    runner.load()
     prompt = list(range(3, 48))
     forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
     for _ in range(2):
