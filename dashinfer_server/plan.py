@@ -1,12 +1,9 @@
 """The step plan: what every rank's forward needs to know about one step, as int32 arrays
 (rank 0 builds it from the scheduler's chunks and broadcasts it as is).
 
-Attention sees every token of the step as its own query row whose context ends at the token
-(its causal mask is its context length), with its sequence's block table. A chunk of n prompt
-tokens thus runs as n one-row queries: the attention kernel's one-row path is ~24x faster than
-its multi-row tiles on the same work (512 prompt tokens of SmolLM2: 10 ms instead of 243 ms per
-layer on one thread), with the same results (max abs difference 3e-7). When the multi-row tiles
-catch up, a chunk becomes one entry again: only build_plan changes.
+Attention sees each chunk as one entry: its query rows, the context length after it, and its
+sequence's block table; row i of an entry of n rows over context c attends to c - n + i + 1
+tokens (the causal mask).
 """
 from dataclasses import dataclass
 
@@ -18,9 +15,9 @@ class StepPlan:
     token_ids: np.ndarray     # [T] the tokens computed this step, sequence after sequence
     positions: np.ndarray     # [T] their positions
     slots: np.ndarray         # [T] where their K/V go: block_id * block_size + offset
-    q_offsets: np.ndarray     # [R+1] attention entry r is query rows q_offsets[r]:q_offsets[r+1]
-    context_lens: np.ndarray  # [R] tokens of entry r's context (its last row's position + 1)
-    block_tables: np.ndarray  # [R, max_blocks] block ids of entry r's sequence (unused: 0)
+    q_offsets: np.ndarray     # [B+1] chunk b's tokens are rows q_offsets[b]:q_offsets[b+1]
+    context_lens: np.ndarray  # [B] tokens of chunk b's sequence in the cache after this step
+    block_tables: np.ndarray  # [B, max_blocks] block ids (unused entries 0)
     sample_rows: np.ndarray   # [S] rows whose logits are sampled (last row of a finishing chunk)
 
     @property
@@ -33,23 +30,27 @@ class StepPlan:
 
 
 def build_plan(chunks, block_size: int) -> StepPlan:
-    """Chunks (scheduler.Chunk) -> StepPlan, one attention entry per token."""
+    """Chunks (scheduler.Chunk) -> StepPlan."""
     counts = [c.count for c in chunks]
-    total = sum(counts)
+    q_offsets = np.zeros(len(chunks) + 1, np.int32)
+    np.cumsum(counts, out=q_offsets[1:])
+    total = int(q_offsets[-1])
     token_ids = np.empty(total, np.int32)
     positions = np.empty(total, np.int32)
-    tables = np.zeros((len(chunks), max(len(c.seq.table.blocks) for c in chunks)), np.int32)
+    block_tables = np.zeros((len(chunks), max(len(c.seq.table.blocks) for c in chunks)), np.int32)
+    context_lens = np.empty(len(chunks), np.int32)
+    rows = np.empty(total, np.int32)  # each token's chunk
     sample_rows = []
-    row = 0
     for b, c in enumerate(chunks):
-        token_ids[row:row + c.count] = c.seq.tokens[c.start:c.start + c.count]
-        positions[row:row + c.count] = np.arange(c.start, c.start + c.count, dtype=np.int32)
+        lo, hi = q_offsets[b], q_offsets[b + 1]
+        token_ids[lo:hi] = c.seq.tokens[c.start:c.start + c.count]
+        positions[lo:hi] = np.arange(c.start, c.start + c.count, dtype=np.int32)
         blocks = c.seq.table.blocks
-        tables[b, :len(blocks)] = blocks
-        row += c.count
+        block_tables[b, :len(blocks)] = blocks
+        context_lens[b] = c.start + c.count
+        rows[lo:hi] = b
         if c.sample:
-            sample_rows.append(row - 1)
-    block_tables = tables if total == len(chunks) else tables[np.repeat(np.arange(len(chunks)), counts)]
-    slots = block_tables[np.arange(total), positions // block_size] * block_size + positions % block_size
-    return StepPlan(token_ids, positions, slots.astype(np.int32), np.arange(total + 1, dtype=np.int32),
-                    positions + 1, block_tables, np.asarray(sample_rows, np.int32))
+            sample_rows.append(hi - 1)
+    slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
+    return StepPlan(token_ids, positions, slots.astype(np.int32), q_offsets, context_lens,
+                    block_tables, np.asarray(sample_rows, np.int32))
