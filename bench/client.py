@@ -14,12 +14,6 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The launcher pins a rank's OpenMP threads to cores (dashinfer_server.topology); the in-process
-# engine gets the same placement, so that the ratio measures the transport and nothing else.
-# (Set before the kernels load: libgomp reads these once.)
-os.environ.setdefault("OMP_PLACES", "cores")
-os.environ.setdefault("OMP_PROC_BIND", "close")
-
 import dashinfer_client as allspark  # noqa: E402
 from dashinfer_client.default_model import ensure_default_model  # noqa: E402
 

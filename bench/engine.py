@@ -1,6 +1,7 @@
 """End-to-end engine workloads on the default model: one JSON line per workload.
 
     python bench/engine.py [--quant int8] [--workloads prefill512,decode1,batch8,serve32]
+    python bench/engine.py --ranks 2 --threads 1    # through ClientEngine, 2 tensor-parallel ranks
 
 Workloads (token-level random prompts, greedy, eos ignored, every request submitted at once):
     prefill512  1 request: 512 prompt tokens, 1 new
@@ -8,7 +9,7 @@ Workloads (token-level random prompts, greedy, eos ignored, every request submit
     batch8      8 requests: 64 prompt tokens, 128 new
     serve32     32 requests: prompt 16 + (37 i mod 241), new 32 + (29 i mod 97)
 Each runs in its own process (so peak_rss_mb is that workload's own peak: weights, KV cache,
-workspaces, Python), on --threads kernel threads. Figures:
+workspaces, Python; with --ranks, the largest rank's), on --threads kernel threads. Figures:
     ttft_ms          median over requests of submission -> first token
     prefill_tok_s    prompt tokens / (submission -> the last request's first token)
     decode_tok_s     tokens after each request's first / (earliest first token -> last token)
@@ -37,7 +38,7 @@ WORKLOADS = {
 }
 
 
-def run_workload(name, dtype, quant, threads, max_prefill):
+def run_workload(name, dtype, quant, threads, max_prefill, ranks):
     """In the child process: serve the workload, return its figures."""
     import numpy as np
 
@@ -48,7 +49,7 @@ def run_workload(name, dtype, quant, threads, max_prefill):
     loader = allspark.DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, loader.config.vocab_size, p).tolist() for p, _ in requests]
-    engine = allspark.Engine()
+    engine = allspark.ClientEngine(nodes=ranks) if ranks else allspark.Engine()
     builder = loader.create_reference_runtime_config_builder(
         "bench", allspark.TargetDevice.CPU, [0], max_batch=len(requests))
     builder.max_length(max(p + n for p, n in requests)).thread_num(threads)
@@ -69,7 +70,10 @@ def run_workload(name, dtype, quant, threads, max_prefill):
         queues.append(queue)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
     stats = [q.RequestStatInfo() for q in queues]
+    rss = server_peak_rss_mb() if ranks else peak_rss_mb()
     engine.release_model("bench")
+    if ranks:
+        engine.close()
 
     first = [s["first_token_time"] for s in stats]
     last = max(s["last_token_time"] for s in stats)
@@ -77,13 +81,13 @@ def run_workload(name, dtype, quant, threads, max_prefill):
     after_first = new_tokens - len(stats)
     return {
         "workload": name, "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
-        "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
+        "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
         "new_tokens": new_tokens,
         "ttft_ms": round(statistics.median(s["time_to_first_token"] for s in stats), 1),
         "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
         "decode_tok_s": round(after_first / (last - min(first)) * 1e3, 1) if after_first else None,
         "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": rss,
         "start_model_s": round(start_s, 2),
     }
 
@@ -174,6 +178,29 @@ def peak_rss_mb() -> float:
     return round(kb / 1024)
 
 
+def server_peak_rss_mb() -> float:
+    """The largest peak resident memory among the server ranks this process spawned."""
+    import psutil
+    peaks = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if any("dashinfer_server" in part for part in proc.cmdline()):
+                with open(f"/proc/{proc.pid}/status") as f:
+                    peaks.append(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")))
+        except (psutil.Error, OSError):
+            pass
+    return round(max(peaks) / 1024) if peaks else None
+
+
+def simulated_nodes(ranks: int) -> str:
+    """DASHINFER_NUMA_NODES splitting this process's cpus evenly over `ranks` simulated nodes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < ranks:
+        sys.exit(f"--ranks {ranks} needs at least {ranks} cpus, this process has {len(cpus)}")
+    per = len(cpus) // ranks
+    return ";".join(f"{r}:" + ",".join(map(str, cpus[r * per:(r + 1) * per])) for r in range(ranks))
+
+
 def weight_bytes_per_token(dtype, quant):
     """Bytes of packed weights one decode step streams: every linear layer and lm_head."""
     from dashinfer_client import default_model
@@ -198,6 +225,10 @@ def main():
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=0, help="max_prefill_length (0: the engine's)")
+    parser.add_argument("--ranks", type=int, default=0,
+                        help="serve through a ClientEngine on this many tensor-parallel ranks (0: the "
+                             "in-process Engine); without DASHINFER_NUMA_NODES the cpus are split "
+                             "evenly into that many simulated nodes, --threads is then per rank")
     parser.add_argument("--profile", action="store_true",
                         help="instead: time every kernel and runner stage of decode1 steps")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -207,23 +238,27 @@ def main():
         print(json.dumps(profile_decode(args.dtype, args.quant, args.threads)))
         return
     if args.child:
-        print(json.dumps(run_workload(args.child, args.dtype, args.quant, args.threads, args.max_prefill)))
+        print(json.dumps(run_workload(args.child, args.dtype, args.quant, args.threads, args.max_prefill,
+                                      args.ranks)))
         return
     names = args.workloads.split(",")
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.ranks and not env.get("DASHINFER_NUMA_NODES"):
+        env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
     bound = None
     if "decode1" in names:
         sys.path.insert(0, ROOT)
         from bench.machine import read_bandwidth
-        bw = read_bandwidth(args.threads)
+        bw = read_bandwidth(args.threads * max(1, args.ranks))
         per_token = weight_bytes_per_token(args.dtype, args.quant)
         bound = bw * 1e9 / per_token
     for name in names:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--dtype", args.dtype,
-               "--threads", str(args.threads), "--max-prefill", str(args.max_prefill)]
+               "--threads", str(args.threads), "--max-prefill", str(args.max_prefill),
+               "--ranks", str(args.ranks)]
         if args.quant:
             cmd += ["--quant", args.quant]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)

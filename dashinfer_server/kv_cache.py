@@ -15,6 +15,8 @@ load (1.5 GB for SmolLM2 at 32 x 2048): size the pool with kv_cache_memory_mb in
 """
 import numpy as np
 
+from .memory import mapped_zeros
+
 MODES = ("fp32", "bf16", "int8", "uint4")
 
 
@@ -22,6 +24,11 @@ def bytes_per_block(mode: str, num_layers: int, num_kv_heads: int, block_size: i
                     head_dim: int) -> int:
     per_token_head = {"fp32": 4 * head_dim, "bf16": 2 * head_dim, "int8": head_dim + 4, "uint4": head_dim // 2 + 8}[mode]
     return 2 * num_layers * num_kv_heads * block_size * per_token_head
+
+
+def zeros(shape, dtype) -> np.ndarray:
+    """A KV array on small pages, so resident memory follows the blocks written (memory.py)."""
+    return mapped_zeros(shape, dtype, huge_pages=False)
 
 
 class KVCache:
@@ -35,17 +42,17 @@ class KVCache:
         self.layers = []
         for _ in range(num_layers):
             if mode == "fp32":
-                arrays = dict(k_cache=np.zeros(shape, np.float32), v_cache=np.zeros(shape, np.float32))
+                arrays = dict(k_cache=zeros(shape, np.float32), v_cache=zeros(shape, np.float32))
             elif mode == "bf16":
-                arrays = dict(k_cache=np.zeros(shape, np.uint16), v_cache=np.zeros(shape, np.uint16))
+                arrays = dict(k_cache=zeros(shape, np.uint16), v_cache=zeros(shape, np.uint16))
             elif mode == "int8":
-                arrays = dict(k_cache=np.zeros(shape, np.int8), v_cache=np.zeros(shape, np.int8),
-                              k_scale=np.zeros(meta, np.float32), v_scale=np.zeros(meta, np.float32))
+                arrays = dict(k_cache=zeros(shape, np.int8), v_cache=zeros(shape, np.int8),
+                              k_scale=zeros(meta, np.float32), v_scale=zeros(meta, np.float32))
             else:
                 packed = shape[:3] + (head_dim // 2,)
-                arrays = dict(k_cache=np.zeros(packed, np.uint8), v_cache=np.zeros(packed, np.uint8),
-                              k_scale=np.zeros(meta, np.float32), v_scale=np.zeros(meta, np.float32),
-                              k_zero=np.zeros(meta, np.float32), v_zero=np.zeros(meta, np.float32))
+                arrays = dict(k_cache=zeros(packed, np.uint8), v_cache=zeros(packed, np.uint8),
+                              k_scale=zeros(meta, np.float32), v_scale=zeros(meta, np.float32),
+                              k_zero=zeros(meta, np.float32), v_zero=zeros(meta, np.float32))
             self.layers.append(arrays)
 
     def layer(self, i: int) -> dict:

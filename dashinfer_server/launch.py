@@ -75,8 +75,7 @@ def build_command(args, rest, env=None, sysfs: str = topology.SYSFS, numactl=Non
     for rank in range(count):
         place = topology.plan_placement(rank, count, args.threads_per_rank or None,
                                         dict(env, DASHINFER_NODE=str(nodes[rank].id)), sysfs)
-        rank_env = {"DASHINFER_NODE": str(place.node.id), "OMP_NUM_THREADS": str(place.threads),
-                    "OMP_PLACES": "cores", "OMP_PROC_BIND": "close"}
+        rank_env = {"DASHINFER_NODE": str(place.node.id), "OMP_NUM_THREADS": str(place.threads)}
         blocks.append((rank_env, _numactl(place, numactl) + [sys.executable] + rank_args))
     if count == 1:
         return blocks[0][1], blocks[0][0]

@@ -1,23 +1,25 @@
-"""Large buffers backed by transparent huge pages.
+"""Zero-filled buffers whose page size is chosen, not left to numpy.
 
-The KV cache is read in blocks scattered over gigabytes and the weights are streamed every
-step: with 4 KiB pages both miss the TLB constantly. Where THP is in `madvise` mode (the usual
-default) a buffer must ask for huge pages itself. Pages are still touched lazily, by the
-process that first writes them, so they land on that process's NUMA node.
+numpy asks for transparent huge pages on every array of 4 MiB or more. For the KV cache that is
+wrong: its blocks are touched one by one as requests grow, and a 2 MiB page makes the first
+write of a 24 KiB block resident 2 MiB at once (SmolLM2's warm-up alone: 120 MB instead of 13).
+Streamed read-mostly data (packed weights) is where huge pages pay: fewer TLB misses.
+Either way pages are mapped lazily, by the process that first writes them, so they land on
+that process's NUMA node.
 """
 import mmap
 
 import numpy as np
 
-HUGE_PAGE = 2 << 20
 
-
-def huge_zeros(shape, dtype) -> np.ndarray:
-    """np.zeros(shape, dtype) in an anonymous mapping advised to use huge pages."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if nbytes < HUGE_PAGE:
+def mapped_zeros(shape, dtype, huge_pages: bool) -> np.ndarray:
+    """np.zeros(shape, dtype) in its own anonymous mapping, advised to use huge pages or not."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    if count == 0:
         return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(buf, dtype, count=nbytes // np.dtype(dtype).itemsize).reshape(shape)
+    buf = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        buf.madvise(advice)
+    return np.frombuffer(buf, dtype, count=count).reshape(shape)

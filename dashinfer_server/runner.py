@@ -6,6 +6,7 @@ User threads only hand requests and stops over (under the condition's lock); the
 every sequence, the block pool and the model from then on.
 """
 import logging
+import os
 import threading
 import time
 
@@ -51,6 +52,17 @@ def num_kv_blocks(cfg, model, block_size) -> int:
                                     mc.num_key_value_heads, block_size, mc.head_dim)
         return max(1, cfg.kv_cache_memory_mb * 2**20 // per_block)
     return cfg.max_batch * -(-cfg.max_length // block_size)
+
+
+def apply_thread_num(cfg) -> None:
+    """Run the kernels on cfg.thread_num threads, at most one per cpu this process may use: a
+    server rank is pinned to its NUMA node's cores, and more threads than cores only take turns."""
+    if cfg.thread_num:
+        cpus = len(os.sched_getaffinity(0))
+        if cfg.thread_num > cpus:
+            log.warning("thread_num %d exceeds the %d cpu(s) of this process: using %d",
+                        cfg.thread_num, cpus, cpus)
+        K.set_num_threads(min(cfg.thread_num, cpus))
 
 
 def build_decoder(model, cfg, group=None) -> DecoderModel:
@@ -112,8 +124,7 @@ class ModelRunner:
 
     def start(self) -> None:
         """Start the scheduler thread and wait for its warm-up; raise what the warm-up raised."""
-        if self.cfg.thread_num:
-            K.set_num_threads(self.cfg.thread_num)
+        apply_thread_num(self.cfg)
         self._ready.clear()
         self._start_error = None
         self._running = True

@@ -33,8 +33,9 @@ class Worker:
         self.models[cfg.model_name] = _Model(cfg, DashInferModel(cfg.model_dir, cfg.model_prefix))
 
     def start_model(self, payload: dict) -> None:
-        from .runner import build_decoder
+        from .runner import apply_thread_num, build_decoder
         m = self._model(payload)
+        apply_thread_num(m.cfg)
         if m.decoder is None:
             m.decoder = build_decoder(m.files, m.cfg, self.group)
 
