@@ -264,8 +264,9 @@ class ResultQueue:
         pairs) and token_logprobs (per token, a float) must be given together, as long as ids,
         and by every push of a request or by none. prefix_cache_len: the prompt tokens reused from
         the prefix cache (prefix_len_cpu defaults to it, prefix_len_gpu to 0). tensors: named model
-        outputs, merged into the next element. A push promotes Init / ContextFinished to
-        Generating. Returns False, dropping the data, if the request has already ended (a stop can
+        outputs, merged into the next element. The first tokens come out of the prompt's step: their
+        push moves Init to ContextFinished; any later push moves the request on to Generating
+        (so a consumer can tell the two phases apart, as in DashInfer). Returns False, dropping the data, if the request has already ended (a stop can
         race with the scheduler); raises ValueError on malformed arguments.
         """
         ids = [int(ids)] if isinstance(ids, numbers.Integral) else [int(i) for i in ids]
@@ -287,6 +288,7 @@ class ResultQueue:
                 elif self._with_logprobs != with_logprobs:
                     raise ValueError("push: logprobs given on some pushes of a request and not others")
             now = time.monotonic()
+            first = self._generated == 0
             if ids:
                 if self._t_first is None:
                     self._t_first = now
@@ -303,8 +305,8 @@ class ResultQueue:
                 self._prefix = (total, gpu, cpu)
             if tensors:
                 self._tensors.update(tensors)
-            if self._status < GenerateRequestStatus.Generating and ids:
-                self._status = GenerateRequestStatus.Generating
+            if ids and self._status < GenerateRequestStatus.Generating:
+                self._status = GenerateRequestStatus.ContextFinished if first else GenerateRequestStatus.Generating
             self._cond.notify_all()
             return True
 

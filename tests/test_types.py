@@ -247,7 +247,9 @@ def test_two_consumers_share_the_tokens_without_duplicates():
 def test_status_sequence_and_push_promotes_to_generating():
     q = ResultQueue()
     assert q.set_status(S.ContextFinished) and q.GenerateStatus() == S.ContextFinished
-    q.push(1)
+    q.push(1)  # the prompt's token
+    assert q.GenerateStatus() == S.ContextFinished
+    q.push(2)
     assert q.GenerateStatus() == S.Generating
     assert q.set_status(S.Generating)  # repeating the current status is harmless
     assert q.set_status(S.GenerateFinished)
@@ -256,6 +258,8 @@ def test_status_sequence_and_push_promotes_to_generating():
     q2.push([])  # nothing new: no promotion
     assert q2.GenerateStatus() == S.Init and q2.GetNoWait() is None
     q2.push([9])
+    assert q2.GenerateStatus() == S.ContextFinished
+    q2.push([10, 11])
     assert q2.GenerateStatus() == S.Generating
 
 
