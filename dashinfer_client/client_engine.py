@@ -4,10 +4,10 @@
     engine = ClientEngine("unix:///run/dashinfer.sock")   # or connects to a running one
 
 Every method has the in-process Engine's signature, status codes and messages (the server runs
-the Engine's own method; `last_error` holds the reason of the last refused call). A request is
-started and streamed in one call; a reader thread feeds its ResultQueue (the in-process class)
-from the stream, so Get/GetWithTimeout/GetNoWait/GenerateStatus/GeneratedLength/RequestStatInfo
-behave as in-process, logprobs included.
+the Engine's own method; `last_error` holds the reason of the last refused call). Each request's
+events travel on this client's session stream, batched with those of its other requests; one
+reader thread feeds every ResultQueue (the in-process class) from it, so Get/GetWithTimeout/
+GetNoWait/GenerateStatus/GeneratedLength/RequestStatInfo behave as in-process, logprobs included.
 
 Faults: if the server dies or the connection breaks, every open request's queue turns
 GenerateInterrupted with the reason in ResultQueue.error, and calls return
@@ -174,8 +174,8 @@ def _wait_group_gone(pgid, timeout=5.0) -> None:
 
 
 class _Connection:
-    """A channel to one server instance, the session that owns this client's requests on it, and
-    the request streams open on it."""
+    """A channel to one server instance and the session that owns this client's requests on it
+    and carries their events."""
 
     def __init__(self, address, timeout, group=None):
         import grpc
@@ -187,7 +187,8 @@ class _Connection:
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.DashInferStub(self.channel)
         self.broken = ""  # why this connection cannot be used any more
-        self.streams = {}  # client handle -> (call, queue), while the request's stream is open
+        self.routed = {}  # server handle -> queue, until its last event
+        self._early = {}  # server handle -> events that came before the handle was registered
         self._lock = threading.Lock()
         try:
             self._wait_healthy(timeout)
@@ -231,10 +232,46 @@ class _Connection:
             for event in self._session:
                 if event.shutting_down:
                     log.warning("the dashinfer server at %s: %s", self.address, event.message)
+                if event.requests:
+                    self._deliver(event.requests)
             why = "the server closed the connection"
         except self.grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
+        except Exception as e:  # a malformed event must not leave consumers waiting forever
+            log.exception("reading the session stream failed")
+            why = f"client error while reading the session stream: {type(e).__name__}: {e}"
+            self._session.cancel()
         self.mark_broken(why)
+        exit_note = self.group.describe_exit(1.0) if self.group is not None else ""
+        self._interrupt_routed(self.broken + (f"; {exit_note}" if exit_note else ""))
+
+    def route(self, server_handle, queue) -> None:
+        """Feed `queue` from the session's events for `server_handle` (those that came before
+        this call too)."""
+        with self._lock:
+            for event in self._early.pop(server_handle, ()):
+                _apply(event, queue)
+            if not queue.finished:
+                self.routed[server_handle] = queue
+        if self.broken:  # the session ended before the request was routed: nothing will come
+            self._interrupt_routed(self.broken)
+
+    def _deliver(self, events) -> None:
+        with self._lock:  # route() applies early events under it too: each queue sees one order
+            for event in events:
+                queue = self.routed.get(event.handle)
+                if queue is None:
+                    self._early.setdefault(event.handle, []).append(event)
+                    continue
+                _apply(event, queue)
+                if queue.finished:
+                    del self.routed[event.handle]
+
+    def _interrupt_routed(self, why) -> None:
+        with self._lock:
+            queues, self.routed, self._early = list(self.routed.values()), {}, {}
+        for queue in queues:
+            queue.set_status(INTERRUPTED, why)
 
     def mark_broken(self, why) -> None:
         if not self.broken:
@@ -247,14 +284,10 @@ class _Connection:
         return self.broken + (f"; {exit_note}" if exit_note else "")
 
     def close(self, why) -> None:
-        """Cancel the open streams (their queues end as interrupted) and close the channel; the
+        """End the session (open requests' queues end as interrupted) and close the channel; the
         server releases this session's requests."""
         self.mark_broken(why)
-        with self._lock:
-            streams = list(self.streams.values())
-        for call, queue in streams:
-            queue.set_status(INTERRUPTED, why)
-            call.cancel()
+        self._interrupt_routed(why)
         self._session.cancel()
         self.channel.close()
 
@@ -305,7 +338,7 @@ class ClientEngine:
     # ---- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Cancel open streams (their queues turn GenerateInterrupted), close the connection and stop
+        """End open requests (their queues turn GenerateInterrupted), close the connection and stop
         the group this ClientEngine spawned. Idempotent."""
         with self._lock:
             self._finalizer()
@@ -396,15 +429,15 @@ class ClientEngine:
         try:
             conn = self._connection()
             request = conn.pb.StartRequestRequest(model_name=model_name, session_id=conn.session_id,
+                                                  events_on_session=True,
                                                   generation_config_json=_generation_json(generate_config),
                                                   **_encode_ids(input_ids))
         except _Refused as e:
             return self._refuse("start_request", e.status, str(e)), None, None
         except Unavailable as e:
             return self._refuse("start_request", FAILED, str(e)), None, None
-        call = conn.stub.StartRequest(request)
         try:
-            first = next(call)
+            first = next(iter(conn.stub.StartRequest(request)))  # the only event: the rest come on the session
         except conn.grpc.RpcError as e:
             return self._refuse("start_request", FAILED, conn.lost(e)), None, None
         status = AsStatus(first.started.status)
@@ -415,10 +448,7 @@ class ClientEngine:
         _apply(first, queue)  # the server's arrival time and prompt length
         with self._lock:
             self._requests[handle] = _Request(conn, model_name, first.handle, queue)
-        with conn._lock:
-            conn.streams[handle] = (call, queue)
-        threading.Thread(target=_pump, args=(conn, handle, call, queue), daemon=True,
-                         name=f"dashinfer-stream-{handle}").start()
+        conn.route(first.handle, queue)
         return SUCCESS, handle, queue
 
     def start_request_text(self, model_name: str, model, text, generate_config):
@@ -604,7 +634,7 @@ class ClientEngine:
 
 
 class _Request:
-    """A request this client started: where it lives and the queue its stream feeds."""
+    """A request this client started: where it lives and the queue its events feed."""
     __slots__ = ("conn", "model", "server_handle", "queue")
 
     def __init__(self, conn, model, server_handle, queue):
@@ -630,30 +660,10 @@ class _State:
 
 def _wait_delivered(queues) -> None:
     """After a call that returns once requests have ended on the server (sync, stop, release):
-    wait until their queues here have the last events too, which travel on the streams and can
-    arrive after the reply. A broken stream ends its queue as interrupted: this cannot hang."""
+    wait until their queues here have the last events too, which travel on the session stream and
+    can arrive after the reply. A broken session ends its queues as interrupted: this cannot hang."""
     for q in queues:
         q.wait_finished()
-
-
-def _pump(conn, key, call, queue) -> None:
-    """Feed `queue` from the request's stream until its last event; a broken stream ends the
-    request as interrupted with the reason."""
-    try:
-        for event in call:
-            _apply(event, queue)
-        if not queue.finished:
-            queue.set_status(INTERRUPTED, "the server ended the stream before the request finished")
-    except conn.grpc.RpcError as e:
-        if not queue.finished:
-            queue.set_status(INTERRUPTED, conn.lost(e))
-    except Exception as e:  # a malformed event must not leave the consumer waiting forever
-        log.exception("stream of request %s failed", key[1])
-        queue.set_status(INTERRUPTED, f"client error while reading the stream: {type(e).__name__}: {e}")
-        call.cancel()
-    finally:
-        with conn._lock:
-            conn.streams.pop(key, None)
 
 
 def _apply(event, queue) -> None:

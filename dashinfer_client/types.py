@@ -186,8 +186,8 @@ class ResultQueue:
     Tokens produced before an interruption are still delivered before Get returns None.
 
     Producer API (for the Engine's scheduler thread and the ClientEngine's stream reader; not for
-    users): push(), set_status(), update_stats(). Every method is thread-safe; one Condition guards
-    the state, and each push or status change wakes the waiting consumers at once.
+    users): push(), set_status(), update_stats(), listen(). Every method is thread-safe; one
+    Condition guards the state, and each push or status change wakes the waiting consumers at once.
     """
 
     def __init__(self, request_id: str = ""):
@@ -208,6 +208,7 @@ class ResultQueue:
         self._wall0_ms = time.time() * 1000.0
         self._t_first = self._t_last = self._t_end = None
         self._given_stats = {}
+        self._listener = None
 
     # ---- consumer -------------------------------------------------------------------------------
 
@@ -307,7 +308,7 @@ class ResultQueue:
                 self._tensors.update(tensors)
             if ids and self._status < GenerateRequestStatus.Generating:
                 self._status = GenerateRequestStatus.ContextFinished if first else GenerateRequestStatus.Generating
-            self._cond.notify_all()
+            self._changed()
             return True
 
     def set_status(self, status, error=None) -> bool:
@@ -329,7 +330,7 @@ class ResultQueue:
                 self._error = str(error)
             if status in _FINAL:
                 self._t_end = time.monotonic()
-            self._cond.notify_all()
+            self._changed()
             return True
 
     def update_stats(self, stats=None, **kw) -> None:
@@ -345,7 +346,20 @@ class ResultQueue:
         with self._cond:
             self._given_stats.update(stats)
 
+    def listen(self, listener) -> None:
+        """Call listener() after every push and status change from now on (and once now), with
+        the queue's lock held: it must be quick and must not call the queue. For a producer
+        that forwards many queues at once (the gRPC service's session stream)."""
+        with self._cond:
+            self._listener = listener
+            listener()
+
     # ---- internals (called with the lock held) --------------------------------------------------
+
+    def _changed(self):
+        self._cond.notify_all()
+        if self._listener is not None:
+            self._listener()
 
     def _has_news(self):
         return bool(self._ids) or bool(self._tensors) or self._status in _FINAL

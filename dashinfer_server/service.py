@@ -71,12 +71,33 @@ class _Held:
 
 
 class _Session:
-    __slots__ = ("wake", "left", "requests")
+    __slots__ = ("wake", "left", "requests", "routed", "dirty", "lock")
 
     def __init__(self):
         self.wake = threading.Event()
         self.left = False
         self.requests = set()  # (model_name, handle)
+        self.routed = {}  # key -> (queue, stats sent): requests whose events go on this stream
+        self.dirty = {}  # keys of routed requests with news, in order (a dict as ordered set)
+        self.lock = threading.Lock()
+
+    def route(self, key, queue, sent) -> None:
+        """Carry the events of request `key` from now on; `sent`: the statistics already sent."""
+        with self.lock:
+            self.routed[key] = (queue, sent)
+        queue.listen(lambda: self.mark(key))
+
+    def mark(self, key) -> None:
+        """A routed queue changed (called under that queue's lock: only sets and wakes)."""
+        with self.lock:
+            self.dirty[key] = None
+        self.wake.set()
+
+    def take_dirty(self) -> list:
+        """[(key, queue, sent)] of the routed requests with news since the last call."""
+        with self.lock:
+            keys, self.dirty = list(self.dirty), {}
+            return [(k, *self.routed[k]) for k in keys if k in self.routed]
 
 
 def _reply(status, message=""):
@@ -144,14 +165,22 @@ class DashInferService(pb_grpc.DashInferServicer):
             self._held[key] = held = _Held(queue, request.session_id if session else None)
             if session:
                 session.requests.add(key)
-        if not context.add_callback(lambda: self._stream_ended(key, held)):
+        routed = session is not None and request.events_on_session
+        if request.events_on_session and not routed:
+            log.warning("request %s of %r: events_on_session without an open session: streamed on "
+                        "its own call", handle, model)
+        if not routed and not context.add_callback(lambda: self._stream_ended(key, held)):
             self._stream_ended(key, held)  # the client is gone already
             return
         sent = {}
         first = _event(queue, None, sent)
         first.started.CopyFrom(_reply(SUCCESS))
         first.handle = handle
+        if routed:  # the session's stream carries the rest (maybe before this reply arrives)
+            session.route(key, queue, sent)
         yield first
+        if routed:
+            return
         while True:
             elements = queue.Get()
             if queue.finished:
@@ -190,12 +219,19 @@ class DashInferService(pb_grpc.DashInferServicer):
         while True:
             session.wake.wait()
             session.wake.clear()
-            if session.left or self._closing:
+            if session.left:
                 return
+            closing = self._closing  # read before the flush: what it finds final is all there is
+            event = pb.SessionEvent()
             if self._draining and not told:
                 told = True
-                yield pb.SessionEvent(session_id=sid, instance_id=self.instance_id, shutting_down=True,
-                                      message=self._draining)
+                event.shutting_down, event.message = True, self._draining
+            event.requests.extend(self._routed_events(session))
+            if event.shutting_down or event.requests:
+                event.session_id, event.instance_id = sid, self.instance_id
+                yield event
+            if closing:
+                return
 
     def Health(self, request, context):
         world = getattr(self.engine._group, "world", 1)
@@ -252,6 +288,25 @@ class DashInferService(pb_grpc.DashInferServicer):
         if int(np.prod(shape)) != ids.size:
             raise ValueError(f"input_ids: {ids.size} values do not fill the shape {list(shape)}")
         return ids.reshape(shape)
+
+    def _routed_events(self, session) -> list:
+        """One RequestEvent per routed request with news; a request whose last event goes out
+        leaves the session's routing (its handle stays held until released)."""
+        events = []
+        for key, queue, sent in session.take_dirty():
+            final = queue.finished  # before taking: every token pushed before the final status
+            elements = queue.GetNoWait()
+            event = _event(queue, elements, sent)
+            event.handle = key[1]
+            events.append(event)
+            if final:
+                with session.lock:
+                    session.routed.pop(key, None)
+                with self._lock:
+                    held = self._held.get(key)
+                    if held:
+                        held.streaming = False
+        return events
 
     def _forget(self, key) -> None:
         """Drop a released request (lock held)."""

@@ -215,3 +215,58 @@ def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(ser
     finally:
         server.kill()
         server.wait()
+
+
+# ---- events on the session stream -----------------------------------------------------------------
+
+def _session_events(session, handles):
+    """RequestEvents of the session stream by handle, read until every handle has its final one."""
+    got = {h: [] for h in handles}
+    while any(not e or e[-1].status not in (S.GenerateFinished, S.GenerateInterrupted) for e in got.values()):
+        for event in next(session).requests:
+            got.setdefault(event.handle, []).append(event)
+    return got
+
+
+def test_session_carries_the_events_of_many_requests_batched(stub):
+    session = stub.Session(pb.SessionRequest())
+    sid = next(session).session_id
+    lengths = [30, 45, 60]
+    replies = [list(_start(stub, n, session_id=sid, events_on_session=True)) for n in lengths]
+    assert all(len(r) == 1 and r[0].started.status == 0 for r in replies)  # the reply only
+    handles = [r[0].handle for r in replies]
+    got = _session_events(session, handles)
+    for handle, n in zip(handles, lengths):
+        events = got[handle]
+        assert sum(len(e.ids) for e in events) == n - len(PROMPT)
+        assert events[-1].status == S.GenerateFinished and events[-1].stats["finished_time"] > 0
+        assert [e.status for e in events] == sorted(e.status for e in events)
+    direct = list(_start(stub, 60))  # the same request on its own stream gives the same tokens
+    assert [i for e in direct for i in e.ids] == [i for e in got[handles[2]] for i in e.ids]
+    stats = stub.GetStats(pb.Empty())
+    assert stats.streams == 0 and stats.models[0].requests == 4
+    session.cancel()
+
+
+def test_a_session_that_ends_stops_and_releases_its_routed_requests(stub):
+    session = stub.Session(pb.SessionRequest())
+    sid = next(session).session_id
+    handle = list(_start(stub, 4000, session_id=sid, events_on_session=True))[0].handle
+    while not any(e.handle == handle and e.ids for e in next(session).requests):
+        pass  # generating
+    tiny = lambda: stub.GetStats(pb.Empty()).models[0]  # noqa: E731
+    assert tiny().running == 1
+    session.cancel()  # the client went away mid-generation
+    deadline = time.monotonic() + 10
+    while (tiny().requests or tiny().running) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tiny().requests == 0 and tiny().running == 0
+    reply = stub.StopRequest(pb.RequestRef(model_name="tiny", id=handle))
+    assert reply.status == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
+
+
+def test_events_on_session_without_a_session_stream_on_their_own_call(stub):
+    events = list(_start(stub, 30, session_id="no-such-session", events_on_session=True))
+    assert sum(len(e.ids) for e in events) == 30 - len(PROMPT)
+    assert events[-1].status == S.GenerateFinished
+    assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=events[0].handle)).status == 0

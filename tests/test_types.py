@@ -425,3 +425,17 @@ def test_import_is_light():
                          cwd=__file__.rsplit("/tests/", 1)[0])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_listen_is_called_now_and_after_every_push_and_status_change():
+    q = ResultQueue()
+    calls = []
+    q.push(4)
+    q.listen(lambda: calls.append(q._status))  # under the lock: the state it sees is current
+    assert calls == [S.ContextFinished]
+    q.update_stats(context_token_length=3)  # statistics alone wake nobody
+    q.push([5, 6])
+    q.set_status(S.GenerateFinished)
+    assert calls == [S.ContextFinished, S.Generating, S.GenerateFinished]
+    assert not q.push(7) and not q.set_status(S.GenerateInterrupted)  # refused: no call
+    assert len(calls) == 3
