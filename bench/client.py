@@ -1,6 +1,7 @@
 """ClientEngine (gRPC, spawned server) against the in-process Engine on the same workloads.
 
     PYTHONPATH=. python bench/client.py [--workloads decode1,serve32] [--repeat 2] [--dtype bfloat16]
+    PYTHONPATH=. python bench/client.py --idle 10 [--ranks 2]   # CPU% of an idle group
 
 decode1: 1 request, 32-token prompt, 128 new tokens (streaming latency per token).
 serve32: 32 requests at once, prompt 16 + (37 i mod 241), new 32 + (29 i mod 97) tokens.
@@ -73,12 +74,40 @@ def measure(engines, runtime_cfg, workloads, repeat) -> dict:
     return best
 
 
+def idle_cpu(runtime_cfg, nodes, seconds) -> float:
+    """CPU% (of one core) that a spawned group of `nodes` ranks burns while it serves nothing:
+    the model installed and started, one request run, then `seconds` of quiet."""
+    import psutil
+    env = {}
+    if nodes > 1 and not os.environ.get("DASHINFER_NUMA_NODES"):
+        cpus = sorted(os.sched_getaffinity(0))
+        per = max(1, len(cpus) // nodes)
+        env["DASHINFER_NUMA_NODES"] = ";".join(
+            f"{r}:" + ",".join(map(str, cpus[r * per:(r + 1) * per] or cpus[-1:])) for r in range(nodes))
+    engine = allspark.ClientEngine(nodes=nodes, env=env)
+    try:
+        install(engine, runtime_cfg)
+        vocab = allspark.DashInferModel(runtime_cfg.model_dir, runtime_cfg.model_prefix).config.vocab_size
+        run(engine, runtime_cfg.model_name, prompts("decode1", vocab))
+        time.sleep(1.0)  # past the spin of the last step's threads
+        procs = psutil.Process().children(recursive=True)
+        before = {p.pid: sum(p.cpu_times()[:2]) for p in procs}
+        time.sleep(seconds)
+        spent = sum(sum(p.cpu_times()[:2]) - before[p.pid] for p in procs if p.is_running())
+        return spent / seconds * 100
+    finally:
+        engine.close()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="decode1,serve32")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--idle", type=float, default=0, metavar="SECONDS",
+                   help="instead: CPU%% of an idle spawned group (--ranks ranks) over SECONDS")
+    p.add_argument("--ranks", type=int, default=2, help="ranks of the group --idle measures")
     args = p.parse_args()
     workloads = args.workloads.split(",")
     unknown = set(workloads) - set(WORKLOADS)
@@ -87,6 +116,11 @@ def main():
     model_dir, prefix = ensure_default_model(dtype=args.dtype)
     cfg = (allspark.AsModelRuntimeConfigBuilder().model_name("bench").model_dir(model_dir, prefix)
            .max_batch(args.max_batch).max_length(512).build())
+
+    if args.idle:
+        cpu = idle_cpu(cfg, args.ranks, args.idle)
+        print(f"idle group of {args.ranks} rank(s): {cpu:.2f}% of one core over {args.idle:g} s")
+        return
 
     from dashinfer_server.engine import Engine
     engines = {"local": Engine(), "client": allspark.ClientEngine()}
