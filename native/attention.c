@@ -5,8 +5,6 @@
  * tiles take all kv heads of a sequence at once. */
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
-#include <stdlib.h>
 
 #include "attention_tile.h"
 #include "common.h"
@@ -20,40 +18,6 @@ typedef struct {
     int32_t n_split;        /* > 1 on the first of n_split consecutive units of one context */
     int64_t part;           /* float offset of its partial in the partial area, or -1 */
 } attn_unit_t;
-
-/* ---- scratch: one growing buffer per calling thread, so concurrent callers never share it */
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-typedef struct {
-    void *p;
-    size_t n;
-} scratch_t;
-
-static void scratch_free(void *s) {
-    free(((scratch_t *)s)->p);
-    free(s);
-}
-
-static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
-
-static void *scratch_get(size_t n) {
-    pthread_once(&scratch_once, scratch_init);
-    scratch_t *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s) return NULL;
-        pthread_setspecific(scratch_key, s);
-    }
-    if (s->n < n) {
-        free(s->p);
-        s->n = (n + 65535) & ~(size_t)65535;
-        s->p = aligned_alloc(64, s->n);
-        if (!s->p) s->n = 0;
-    }
-    return s->p;
-}
 
 /* ---- helpers shared by the tiles */
 
@@ -216,7 +180,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
     size_t part_bytes = ((size_t)part_floats * 4 + 63) & ~(size_t)63;
     size_t work_bytes = attn_work_bytes(c->block_size, D);
-    char *buf = scratch_get(units_bytes + part_bytes + work_bytes * nt);
+    char *buf = dn_scratch(DN_SCRATCH_ATTENTION, units_bytes + part_bytes + work_bytes * nt);
     if (!buf) return -1;
     attn_unit_t *units = (attn_unit_t *)buf;
     float *parts = (float *)(buf + units_bytes);

@@ -15,6 +15,12 @@ int dn_set_isa(dn_isa_t isa);    /* 0, or -1 when the CPU lacks it */
 int dn_num_threads(void);        /* OpenMP threads a kernel uses */
 void dn_set_num_threads(int n);
 
+/* A 64-byte aligned buffer of at least n bytes that belongs to the calling thread (so Python
+ * threads can run kernels at once), one per slot, grown on demand and kept for the next call;
+ * freed when the thread exits. NULL when out of memory. */
+typedef enum { DN_SCRATCH_LINEAR = 0, DN_SCRATCH_ATTENTION = 1, DN_SCRATCH_SLOTS = 2 } dn_scratch_slot;
+void *dn_scratch(dn_scratch_slot slot, size_t n);
+
 static inline float dn_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;

@@ -1,8 +1,6 @@
 /* Linear layer: packing, header checks, and the driver that runs one ISA's kernels in one
  * parallel region per call (the kernels themselves live in linear_<isa>.c). */
 #include <omp.h>
-#include <pthread.h>
-#include <stdlib.h>
 
 #include "linear_kernels.h"
 
@@ -139,39 +137,6 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
     return NULL;
 }
 
-/* Scratch that grows on demand and belongs to the calling thread, so two Python threads can
- * run linear at once; freed when the thread exits. */
-typedef struct {
-    uint8_t *p;
-    size_t n;
-} scratch_buf;
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *s) {
-    free(((scratch_buf *)s)->p);
-    free(s);
-}
-static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
-
-static uint8_t *scratch_get(size_t n) {
-    pthread_once(&scratch_once, scratch_init);
-    scratch_buf *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s) return NULL;
-        pthread_setspecific(scratch_key, s);
-    }
-    if (s->n < n) {
-        free(s->p);
-        s->p = NULL, s->n = 0;
-        if (posix_memalign((void **)&s->p, 64, n) != 0) return s->p = NULL;
-        s->n = n;
-    }
-    return s->p;
-}
-
 static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear_avx2,
                                                  &dn_linear_avx512};
 
@@ -184,7 +149,7 @@ int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias
     dn_linear_call c = {w, x, m, bias, y, NULL};
     size_t need = kern->scratch_bytes(w, m, nt);
     if (need) {
-        c.scratch = scratch_get(need);
+        c.scratch = dn_scratch(DN_SCRATCH_LINEAR, need);
         if (!c.scratch) return -1;
     }
 #pragma omp parallel num_threads(nt)

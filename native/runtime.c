@@ -1,5 +1,6 @@
-/* ISA detection and the thread count. */
+/* ISA detection, the thread count and per-thread scratch. */
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "common.h"
@@ -39,3 +40,35 @@ int dn_num_threads(void) {
 }
 
 void dn_set_num_threads(int n) { threads = n > 0 ? n : omp_get_max_threads(); }
+
+typedef struct {
+    void *p[DN_SCRATCH_SLOTS];
+    size_t n[DN_SCRATCH_SLOTS];
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg) {
+    scratch_t *s = arg;
+    for (int i = 0; i < DN_SCRATCH_SLOTS; i++) free(s->p[i]);
+    free(s);
+}
+
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+void *dn_scratch(dn_scratch_slot slot, size_t n) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        pthread_setspecific(scratch_key, s);
+    }
+    if (s->n[slot] < n) {
+        free(s->p[slot]);
+        s->n[slot] = (n + 65535) & ~(size_t)65535; /* grow in steps: fewer reallocations */
+        if (posix_memalign(&s->p[slot], 64, s->n[slot]) != 0) s->p[slot] = NULL, s->n[slot] = 0;
+    }
+    return s->p[slot];
+}
