@@ -1,12 +1,14 @@
 """Microseconds per allreduce of float32 vectors between the ranks: MPI vs shared memory.
 
-    DASHINFER_NUMA_NODES="0:0;1:1" PYTHONPATH=. /work/venv/bin/mpiexec -n 2 \
-        /work/venv/bin/python bench/allreduce.py
+    PYTHONPATH=. python bench/allreduce.py [--ranks 2]
 
-Each rank pins itself to its (simulated) node's cpus, as a server rank does. Prints, on rank 0,
-the best of RUNS runs of `reps` calls per size (the machine may be busy).
+Started outside MPI, it runs itself under the mpiexec beside this Python with --ranks ranks
+(without DASHINFER_NUMA_NODES, the cpus split into that many simulated nodes). Each rank pins
+itself to its node's cpus, as a server rank does. Prints, on rank 0, the best of RUNS runs of
+`reps` calls per size (the machine may be busy).
 """
 import os
+import subprocess
 import sys
 import time
 
@@ -31,7 +33,22 @@ def per_call_us(g, reduce, x, reps):
     return best * 1e6
 
 
+def relaunch_under_mpi(ranks: int) -> int:
+    from dashinfer_server.launch import mpiexec_path
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path[:1] + [os.environ.get("PYTHONPATH", "")]))
+    if not env.get("DASHINFER_NUMA_NODES"):
+        cpus = sorted(os.sched_getaffinity(0))
+        per = max(1, len(cpus) // ranks)
+        env["DASHINFER_NUMA_NODES"] = ";".join(
+            f"{r}:" + ",".join(map(str, cpus[r * per:(r + 1) * per] or cpus[-1:])) for r in range(ranks))
+    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, os.path.abspath(__file__)]
+    return subprocess.run(cmd, env=env).returncode
+
+
 def main():
+    if "PMI_RANK" not in os.environ:  # not started by mpiexec (MPICH's Hydra sets it)
+        ranks = int(sys.argv[sys.argv.index("--ranks") + 1]) if "--ranks" in sys.argv else 2
+        sys.exit(relaunch_under_mpi(ranks))
     g = init_group()
     from mpi4py import MPI
     mpi = lambda x: g.comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)  # noqa: E731
