@@ -18,8 +18,9 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
     bw_fraction      decode1 only: decode_tok_s over the memory-bandwidth bound (bytes of packed
                      weights read per token / streaming read bandwidth of bench/machine.py)
 
-    python bench/engine.py --profile [--quant int8] [--threads N]
-times every kernel call and runner stage of 100 decode1 steps instead (ms per step).
+    python bench/engine.py --profile [--quant int8] [--threads N] [--by-op]
+times every kernel call and runner stage of 100 decode1 steps instead (ms per step); the layers
+are one native call (kernel decoder_run) unless --by-op runs them op by op from Python.
 """
 import argparse
 import json
@@ -92,7 +93,7 @@ def run_workload(name, dtype, quant, threads, max_prefill, ranks):
     }
 
 
-def profile_decode(dtype, quant, threads, steps=100):
+def profile_decode(dtype, quant, threads, by_op, steps=100):
     """Where a decode1 step goes: the ModelRunner stepped in this thread (no scheduler thread),
     every kernel call and every runner stage timed -> ms per step."""
     import collections
@@ -113,6 +114,7 @@ def profile_decode(dtype, quant, threads, steps=100):
     K.set_num_threads(threads)
     runner = runner_module.ModelRunner(model, cfg)
     runner.load()
+    runner.model.fused = not by_op
     runner._warm_up()
     spent = collections.defaultdict(float)
 
@@ -231,11 +233,13 @@ def main():
                              "evenly into that many simulated nodes, --threads is then per rank")
     parser.add_argument("--profile", action="store_true",
                         help="instead: time every kernel and runner stage of decode1 steps")
+    parser.add_argument("--by-op", action="store_true",
+                        help="with --profile: run the layers op by op (each kernel timed on its own)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
         sys.path.insert(0, ROOT)
-        print(json.dumps(profile_decode(args.dtype, args.quant, args.threads)))
+        print(json.dumps(profile_decode(args.dtype, args.quant, args.threads, args.by_op)))
         return
     if args.child:
         print(json.dumps(run_workload(args.child, args.dtype, args.quant, args.threads, args.max_prefill,

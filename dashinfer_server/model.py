@@ -4,6 +4,10 @@ Pre-norm blocks; the residual stream `res` is updated by the fused add of rms_no
 Row-parallel outputs (o_proj, down_proj) are completed by the group's allreduce; the
 vocabulary-sharded logits are gathered on rank 0. Every buffer is allocated once, for the
 largest step, and steps use leading slices of them.
+
+The layers run in one native call (K.decoder_run) when the group's allreduce is native too
+(one rank, or shared memory); else op by op from Python (_layers), the same kernels in the
+same order, with MPI's allreduce between them.
 """
 import math
 
@@ -21,6 +25,7 @@ from .weights import WeightLoader, drop_mapped_pages
 # stay resident. After a step of at least this many tokens they are dropped again (~0.5 ms),
 # so prompts do not pile up a copy of the table (56 MB for SmolLM2) in resident memory.
 EMBEDDING_DROP_TOKENS = 64
+KV_ARRAYS = ("k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero")
 
 
 class Workspace:
@@ -39,7 +44,9 @@ class Workspace:
 
 class DecoderModel:
     def __init__(self, model, kv_mode: str, num_blocks: int, block_size: int, max_tokens: int,
-                 max_seqs: int, group=None):
+                 max_seqs: int, group=None, fused: bool = True):
+        """fused False: always run the layers op by op from Python (the reference the tests
+        hold the native decoder to)."""
         self.group = group or LocalGroup()
         cfg = self.cfg = model.config
         self.shard = Shard(self.group.rank, self.group.world, cfg.num_attention_heads,
@@ -62,27 +69,60 @@ class DecoderModel:
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
                             vocab_r, cfg.vocab_size)
         self.scale = 1.0 / math.sqrt(d)
+        self.fused = fused
+        self.bind_native()
+
+    def bind_native(self) -> None:
+        """(Re)build the native decoder over the weights, KV cache and workspace arrays as they
+        are now (it holds those very arrays: call again after replacing one)."""
+        ws = self.ws
+        self.native = K.decoder_new(
+            [(layer.input_norm, layer.post_norm, layer.q, layer.k, layer.v, layer.o, layer.gate_up,
+              layer.down, layer.q_bias, layer.k_bias, layer.v_bias,
+              *(self.kv.layer(i).get(name) for name in KV_ARRAYS))
+             for i, layer in enumerate(self.weights.layers)],
+            (ws.res, ws.h, ws.o, ws.q, ws.k, ws.v, ws.attn, ws.gate_up, ws.act), self.cos_sin,
+            self.heads, self.cfg.rms_norm_eps, self.scale)
 
     def forward(self, plan: StepPlan) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
         the workspace, valid until the next step)."""
         w, ws, eps = self.weights, self.ws, self.cfg.rms_norm_eps
-        t, d = plan.num_tokens, self.cfg.head_dim
+        t = plan.num_tokens
         if t > self.max_tokens:
             raise ValueError(f"step of {t} tokens exceeds the workspace of {self.max_tokens}")
         res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
+        K.embedding(plan.token_ids, w.embedding, res)
+        if t >= EMBEDDING_DROP_TOKENS:
+            drop_mapped_pages(w.embedding)
+        native = self.group.native_allreduce() if self.fused else None
+        if native is not None:
+            K.decoder_run(self.native, plan.positions, plan.slots, plan.block_tables, plan.q_offsets,
+                          plan.context_lens, *native)
+        else:
+            self._layers(plan)
+        s = len(plan.sample_rows)
+        last = ws.last[:s]
+        np.take(o, plan.sample_rows, axis=0, out=last)
+        np.take(res, plan.sample_rows, axis=0, out=h[:s])
+        K.rms_norm(last, w.final_norm, eps, last, residual=h[:s])
+        K.linear(last, w.lm_head, None, ws.logits_r[:s])
+        self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s])
+        return ws.logits[:s]
+
+    def _layers(self, plan: StepPlan) -> None:
+        """The layers op by op (what K.decoder_run does in one call)."""
+        w, ws, eps = self.weights, self.ws, self.cfg.rms_norm_eps
+        t, d = plan.num_tokens, self.cfg.head_dim
+        res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
         q, k, v, attn = ws.q[:t], ws.k[:t], ws.v[:t], ws.attn[:t]
         gate_up, act = ws.gate_up[:t], ws.act[:t]
-        # per-head views, built once per step (a decode step runs ~360 kernel calls: Python
-        # between them is overhead, so the loop below only calls)
+        # per-head views, built once per step, so the loop below only calls
         q3, attn3 = q.reshape(t, self.heads, d), attn.reshape(t, self.heads, d)
         k3, v3 = k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d)
         positions, slots, cos_sin, scale = plan.positions, plan.slots, self.cos_sin, self.scale
         tables, q_offsets, context_lens = plan.block_tables, plan.q_offsets, plan.context_lens
         linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
-        K.embedding(plan.token_ids, w.embedding, res)
-        if t >= EMBEDDING_DROP_TOKENS:
-            drop_mapped_pages(w.embedding)
         for i, layer in enumerate(w.layers):
             if i == 0:
                 rms_norm(res, layer.input_norm, eps, h)
@@ -103,11 +143,3 @@ class DecoderModel:
             K.silu_mul(gate_up, act)
             linear(act, layer.down, None, o)
             allreduce_(o)
-        s = len(plan.sample_rows)
-        last = ws.last[:s]
-        np.take(o, plan.sample_rows, axis=0, out=last)
-        np.take(res, plan.sample_rows, axis=0, out=h[:s])
-        rms_norm(last, w.final_norm, eps, last, residual=h[:s])
-        linear(last, w.lm_head, None, ws.logits_r[:s])
-        self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s])
-        return ws.logits[:s]

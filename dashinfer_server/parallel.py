@@ -91,6 +91,11 @@ class LocalGroup:
     def allreduce_(self, x) -> None:
         """Sum `x` over the ranks, in place."""
 
+    def native_allreduce(self):
+        """(comm, timeout) for kernels that allreduce inside one native call (comm None: one
+        rank, nothing to sum), or None when the sum needs Python (MPI)."""
+        return None, 0.0
+
     def gather_vocab(self, local, out) -> None:
         """Assemble rank shards of logits [B, V_rank] into out [B, V] on rank 0."""
         if out is not local:
@@ -254,6 +259,9 @@ class MPIGroup:
                 f"rank {r}: {e}" for r, e in enumerate(errors) if e))
         K.comm_set_split_threshold(self._shm, SHM_SPLIT)
         self._comm_allreduce, self._comm_gather = K.comm_allreduce, K.comm_gather_columns
+
+    def native_allreduce(self):
+        return (self._shm, self.timeout) if self._shm is not None else None
 
     def allreduce_(self, x) -> None:
         """Sum float32 x over the ranks, in place (inside a step: the lock is held)."""

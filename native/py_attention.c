@@ -1,7 +1,6 @@
 /* Bindings: kv_write and attention over the paged KV cache (see attention.h). Every shape, type
  * and index is checked here, so the kernels can trust their arguments. */
-#include "attention.h"
-#include "pyarg.h"
+#include "py_shared.h"
 
 /* Item code of a buffer ('H', 'b', 'B', ...), or 0 when obj has none (dn_take then says why). */
 static char peek_code(PyObject *obj) {
@@ -17,10 +16,9 @@ static char peek_code(PyObject *obj) {
     return code;
 }
 
-/* The cache arrays: k_cache, v_cache, k_scale, v_scale, k_zero, v_zero. The format follows the
- * cache's item type; head_dim comes from the float inputs. */
-static int take_cache(dn_args *a, PyObject *const obj[6], int writable, int head_dim,
-                      dn_kv_cache_t *c) {
+/* The format follows the cache's item type; head_dim comes from the float inputs. */
+int dn_take_kv_cache(dn_args *a, PyObject *const obj[6], int writable, int head_dim,
+                     dn_kv_cache_t *c) {
     static const char *const names[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
     char code = peek_code(obj[0]);
     if (code == 'f') c->format = DN_KV_F32;
@@ -91,6 +89,53 @@ static int take_cache(dn_args *a, PyObject *const obj[6], int writable, int head
     return 0;
 }
 
+int dn_check_slots(dn_args *a, const dn_kv_cache_t *c, const int32_t *slots, int T) {
+    int64_t n_slots = (int64_t)c->num_blocks * c->block_size;
+    for (int t = 0; t < T; t++)
+        if (slots[t] >= n_slots) {
+            dn_fail(a, PyExc_IndexError, "slots[%d] = %d is out of range for %d blocks of %d tokens",
+                    t, slots[t], c->num_blocks, c->block_size);
+            return -1;
+        }
+    return 0;
+}
+
+int dn_check_step(dn_args *a, const dn_kv_cache_t *c, int T, const int32_t *offs,
+                  const int32_t *ctx, const int32_t *tables, int B, int max_blocks) {
+    if (offs[0] != 0 || offs[B] != T) {
+        dn_fail(a, PyExc_ValueError, "q_offsets must run from 0 to T_total = %d, got %d..%d", T,
+                offs[0], offs[B]);
+        return -1;
+    }
+    for (int b = 0; b < B; b++) {
+        int ql = offs[b + 1] - offs[b];
+        if (ql < 0) {
+            dn_fail(a, PyExc_ValueError, "q_offsets decreases at sequence %d", b);
+            return -1;
+        }
+        if (ctx[b] < ql) {
+            dn_fail(a, PyExc_ValueError, "context_lens[%d] = %d is less than its %d queries", b,
+                    ctx[b], ql);
+            return -1;
+        }
+        if (ctx[b] > (int64_t)max_blocks * c->block_size) {
+            dn_fail(a, PyExc_ValueError, "context_lens[%d] = %d does not fit %d blocks of %d tokens",
+                    b, ctx[b], max_blocks, c->block_size);
+            return -1;
+        }
+        int used = ql ? (ctx[b] + c->block_size - 1) / c->block_size : 0;
+        for (int j = 0; j < used; j++) {
+            int id = tables[(int64_t)b * max_blocks + j];
+            if (id < 0 || id >= c->num_blocks) {
+                dn_fail(a, PyExc_IndexError, "block_tables[%d, %d] = %d is out of range for %d blocks",
+                        b, j, id, c->num_blocks);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 static PyObject *py_kv_write(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"k", "v", "slots", "k_cache", "v_cache", "k_scale", "v_scale",
                              "k_zero", "v_zero", NULL};
@@ -110,18 +155,13 @@ static PyObject *py_kv_write(PyObject *self, PyObject *args, PyObject *kw) {
     if (!sb) return dn_done(&a, NULL);
     if (dn_check_dim(&a, sb, "slots", 0, kb->shape[0])) return dn_done(&a, NULL);
     dn_kv_cache_t c;
-    if (take_cache(&a, cache, 1, (int)kb->shape[2], &c)) return dn_done(&a, NULL);
+    if (dn_take_kv_cache(&a, cache, 1, (int)kb->shape[2], &c)) return dn_done(&a, NULL);
     if (kb->shape[1] != c.n_kv_heads)
         return dn_fail(&a, PyExc_ValueError, "k has %zd kv heads, the cache %d", kb->shape[1],
                        c.n_kv_heads);
     int T = (int)kb->shape[0];
     const int32_t *sl = sb->buf;
-    int64_t n_slots = (int64_t)c.num_blocks * c.block_size;
-    for (int t = 0; t < T; t++)
-        if (sl[t] >= n_slots)
-            return dn_fail(&a, PyExc_IndexError,
-                           "slots[%d] = %d is out of range for %d blocks of %d tokens", t, sl[t],
-                           c.num_blocks, c.block_size);
+    if (dn_check_slots(&a, &c, sl, T)) return dn_done(&a, NULL);
     Py_BEGIN_ALLOW_THREADS;
     dn_kv_write(&c, kb->buf, vb->buf, sl, T);
     Py_END_ALLOW_THREADS;
@@ -152,7 +192,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
         if (dn_check_dim(&a, ob, "out", d, qb->shape[d])) return dn_done(&a, NULL);
     if (overlaps(qb, ob)) return dn_fail(&a, PyExc_ValueError, "out must not overlap q");
     dn_kv_cache_t c;
-    if (take_cache(&a, cache, 0, (int)qb->shape[2], &c)) return dn_done(&a, NULL);
+    if (dn_take_kv_cache(&a, cache, 0, (int)qb->shape[2], &c)) return dn_done(&a, NULL);
     int T = (int)qb->shape[0], n_heads = (int)qb->shape[1];
     if (n_heads < 1 || n_heads % c.n_kv_heads)
         return dn_fail(&a, PyExc_ValueError, "q has %d heads, not a multiple of the %d kv heads",
@@ -165,29 +205,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     Py_buffer *clb = dn_take(&a, cl, "context_lens", 'i', 1, 0);
     if (!clb || dn_check_dim(&a, clb, "context_lens", 0, B)) return dn_done(&a, NULL);
     const int32_t *offs = qob->buf, *ctx = clb->buf, *tables = btb->buf;
-    if (offs[0] != 0 || offs[B] != T)
-        return dn_fail(&a, PyExc_ValueError, "q_offsets must run from 0 to T_total = %d, got %d..%d",
-                       T, offs[0], offs[B]);
-    for (int b = 0; b < B; b++) {
-        int ql = offs[b + 1] - offs[b];
-        if (ql < 0)
-            return dn_fail(&a, PyExc_ValueError, "q_offsets decreases at sequence %d", b);
-        if (ctx[b] < ql)
-            return dn_fail(&a, PyExc_ValueError,
-                           "context_lens[%d] = %d is less than its %d queries", b, ctx[b], ql);
-        if (ctx[b] > (int64_t)max_blocks * c.block_size)
-            return dn_fail(&a, PyExc_ValueError,
-                           "context_lens[%d] = %d does not fit %d blocks of %d tokens", b, ctx[b],
-                           max_blocks, c.block_size);
-        int used = ql ? (ctx[b] + c.block_size - 1) / c.block_size : 0;
-        for (int j = 0; j < used; j++) {
-            int id = tables[(int64_t)b * max_blocks + j];
-            if (id < 0 || id >= c.num_blocks)
-                return dn_fail(&a, PyExc_IndexError,
-                               "block_tables[%d, %d] = %d is out of range for %d blocks", b, j,
-                               id, c.num_blocks);
-        }
-    }
+    if (dn_check_step(&a, &c, T, offs, ctx, tables, B, max_blocks)) return dn_done(&a, NULL);
     int rc;
     Py_BEGIN_ALLOW_THREADS;
     rc = dn_attention(&c, qb->buf, tables, max_blocks, offs, ctx, B, n_heads, (float)scale,

@@ -1,7 +1,6 @@
 /* Bindings: shared-memory collectives between ranks on one host (comm.c). A group is a capsule
  * around its dn_comm; dashinfer_server.parallel.MPIGroup sets it up through MPI. */
-#include "comm.h"
-#include "pyarg.h"
+#include "py_shared.h"
 
 #define CAPSULE "dashinfer.comm"
 
@@ -17,7 +16,7 @@ static void destroy(PyObject *cap) {
     PyMem_Free(b);
 }
 
-static dn_comm *comm_of(PyObject *cap, const char *fn) {
+dn_comm *dn_comm_of(PyObject *cap, const char *fn) {
     box_t *b = PyCapsule_IsValid(cap, CAPSULE) ? PyCapsule_GetPointer(cap, CAPSULE) : NULL;
     if (!b) {
         PyErr_Format(PyExc_TypeError, "%s: comm must come from comm_open", fn);
@@ -81,10 +80,10 @@ static PyObject *py_comm_allreduce(PyObject *self, PyObject *args, PyObject *kw)
     double timeout = 60.0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|d:comm_allreduce", names, &cap, &ox, &timeout))
         return NULL;
-    dn_comm *c = comm_of(cap, "comm_allreduce");
+    dn_comm *c = dn_comm_of(cap, "comm_allreduce");
     if (!c) return NULL;
     if (!(timeout > 0.0))
-        return PyErr_Format(PyExc_ValueError, "comm_allreduce: timeout must be > 0, got %g", timeout);
+        return PyErr_Format(PyExc_ValueError, "comm_allreduce: timeout must be > 0 seconds");
     dn_args a = {.fn = "comm_allreduce"};
     Py_buffer *x = dn_take(&a, ox, "x", 'f', -1, 1);
     if (!x) return dn_done(&a, NULL);
@@ -104,11 +103,11 @@ static PyObject *py_comm_gather_columns(PyObject *self, PyObject *args, PyObject
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|d:comm_gather_columns", names, &cap, &ol, &oo,
                                      &os, &timeout))
         return NULL;
-    dn_comm *c = comm_of(cap, "comm_gather_columns");
+    dn_comm *c = dn_comm_of(cap, "comm_gather_columns");
     if (!c) return NULL;
     const int rank = dn_comm_rank(c);
     if (!(timeout > 0.0))
-        return PyErr_Format(PyExc_ValueError, "comm_gather_columns: timeout must be > 0, got %g", timeout);
+        return PyErr_Format(PyExc_ValueError, "comm_gather_columns: timeout must be > 0 seconds");
     dn_args a = {.fn = "comm_gather_columns"};
     Py_buffer *l = dn_take(&a, ol, "local", 'f', 2, 0);
     Py_buffer *st = l ? dn_take(&a, os, "starts", 'i', 1, 0) : NULL;
@@ -139,7 +138,7 @@ static PyObject *py_comm_set_split_threshold(PyObject *self, PyObject *args) {
     PyObject *cap;
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "On:comm_set_split_threshold", &cap, &n)) return NULL;
-    dn_comm *c = comm_of(cap, "comm_set_split_threshold");
+    dn_comm *c = dn_comm_of(cap, "comm_set_split_threshold");
     if (!c) return NULL;
     if (n < 0)
         return PyErr_Format(PyExc_ValueError, "comm_set_split_threshold: n must be >= 0, got %zd", n);

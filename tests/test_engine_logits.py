@@ -12,6 +12,7 @@ import pytest
 
 from dashinfer_client import AsCacheMode, AsModelRuntimeConfigBuilder
 from dashinfer_client.model import DashInferModel
+from dashinfer_server.model import KV_ARRAYS
 from dashinfer_server.plan import build_plan
 from dashinfer_server.runner import ModelRunner
 from dashinfer_server.sequence import Sequence
@@ -131,5 +132,73 @@ def test_a_wrong_weight_is_caught(arch_models):
     forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
     layer = runner.model.weights.layers[1]
     layer.post_norm = layer.post_norm * np.float32(1.01)
+    runner.model.bind_native()
     got, _ = engine_logits(runner, prompt, forced)
     assert np.abs(got - rounded).max() > 10 * SIMULATED_TOLERANCE
+
+
+@pytest.mark.parametrize("kv_mode", list(KV_FORMATS), ids=lambda m: m.name)
+def test_native_decoder_gives_the_op_by_op_forwards_logits(arch_models, kv_mode):
+    """K.decoder_run (every layer in one call) against the same kernels called op by op from
+    Python, bit for bit, over mixed steps: chunked prompts of three requests beside decodes."""
+    arch, model, hf = arch_models
+    runner = make_runner(model, kv_mode)
+    decoder = runner.model
+    rng = np.random.default_rng(11)
+    seqs = [Sequence([int(t) for t in rng.integers(3, model.config.vocab_size, n)], n + 8)
+            for n in (20, 37, 5)]
+    for seq in seqs:
+        runner.scheduler.add(seq)
+    steps = 0
+    while runner.scheduler.running or runner.scheduler.waiting:
+        chunks, interrupted = runner.scheduler.schedule()
+        assert not interrupted
+        plan = build_plan(chunks, runner.pool.block_size)
+        decoder.fused = True
+        fused = decoder.forward(plan).copy()
+        decoder.fused = False  # writes the same K/V into the same slots again
+        by_op = decoder.forward(plan).copy()
+        assert np.array_equal(fused, by_op), f"{arch} {kv_mode.name} step {steps}"
+        runner.scheduler.advance(chunks)
+        for row, chunk in enumerate(c for c in chunks if c.sample):
+            chunk.seq.tokens.append(int(np.argmax(fused[row])))
+            if len(chunk.seq.tokens) >= chunk.seq.max_length:
+                runner.scheduler.finish(chunk.seq)
+        steps += 1
+    assert steps > 8
+
+
+def test_native_decoder_refuses_a_bad_plan(arch_models):
+    from dashinfer_server import kernels as K
+    arch, model, hf = arch_models
+    decoder = make_runner(model, AsCacheMode.AsCacheDefault).model
+    i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+    good = dict(positions=i32(0, 1), slots=i32(0, 1), block_tables=i32([[0]]).reshape(1, 1),
+                q_offsets=i32(0, 2), context_lens=i32(2))
+    K.decoder_run(decoder.native, **good)
+    n_slots = decoder.kv.num_blocks * decoder.kv.block_size
+    for change, error, words in (
+            (dict(slots=i32(0, n_slots)), IndexError, r"slots\[1\] = "),
+            (dict(positions=i32(0, 10**7)), IndexError, "rope table"),
+            (dict(block_tables=i32([[decoder.kv.num_blocks]]).reshape(1, 1)), IndexError, "block_tables"),
+            (dict(context_lens=i32(1)), ValueError, "less than its 2 queries"),
+            (dict(positions=np.zeros(0, np.int32), slots=np.zeros(0, np.int32), q_offsets=i32(0, 0)),
+             ValueError, "tokens"),
+            (dict(slots=np.zeros(2, np.int64)), TypeError, "slots")):
+        with pytest.raises(error, match=words):
+            K.decoder_run(decoder.native, **dict(good, **change))
+    with pytest.raises(TypeError, match="decoder_new"):
+        K.decoder_run(object(), **good)
+    layer, ws = decoder.weights.layers[0], decoder.ws
+    arrays = [layer.input_norm, layer.post_norm, layer.k, layer.k, layer.v, layer.o, layer.gate_up,
+              layer.down, None, None, None, *(decoder.kv.layer(0).get(n) for n in KV_ARRAYS)]
+    workspace = (ws.res, ws.h, ws.o, ws.q, ws.k, ws.v, ws.attn, ws.gate_up, ws.act)
+    with pytest.raises(ValueError, match=r"decoder_new: q is \["):  # k's weight where q's goes
+        K.decoder_new([tuple(arrays)], workspace, decoder.cos_sin, decoder.heads, 1e-5, 0.1)
+    arrays[2] = layer.q
+    with pytest.raises(ValueError, match="decoder_new: h has size"):  # a kv-wide row as h
+        K.decoder_new([tuple(arrays)], workspace[:1] + (ws.k,) + workspace[2:], decoder.cos_sin,
+                      decoder.heads, 1e-5, 0.1)
+    K.decoder_new([tuple(arrays)], workspace, decoder.cos_sin, decoder.heads, 1e-5, 0.1)
+    with pytest.raises(TypeError, match="17 arrays"):
+        K.decoder_new([tuple(arrays[:5])], workspace, decoder.cos_sin, decoder.heads, 1e-5, 0.1)

@@ -1,0 +1,218 @@
+/* Bindings: decoder_new, decoder_run (decoder.h). decoder_new checks every weight, workspace
+ * and cache array once and holds their buffers for the decoder's life; decoder_run checks only
+ * the step's plan, so a step costs one call. */
+#include "decoder.h"
+#include "py_shared.h"
+
+#define CAPSULE "dashinfer.decoder"
+#define LAYER_ARRAYS 17
+
+typedef struct {
+    dn_decoder_t d;
+    dn_args *held; /* the buffers d points into: [0] workspace and rope table, then 2 per layer */
+    int n_held;
+} box_t;
+
+static void release(box_t *b) {
+    for (int i = 0; i < b->n_held; i++) dn_done(&b->held[i], Py_None);
+    PyMem_Free(b->held);
+    PyMem_Free(b->d.layers);
+    PyMem_Free(b);
+}
+
+static void destroy(PyObject *cap) {
+    box_t *b = PyCapsule_GetPointer(cap, CAPSULE);
+    if (b) release(b);
+}
+
+static int take_linear(dn_args *a, PyObject *obj, const char *name, dn_linear_w *w, int64_t n,
+                       int64_t k) {
+    Py_buffer *v = dn_take(a, obj, name, 'B', 1, 0);
+    if (!v) return -1;
+    const char *why = dn_linear_open(w, v->buf, (size_t)v->len);
+    if (why) {
+        dn_fail(a, PyExc_ValueError, "%s: %s", name, why);
+        return -1;
+    }
+    if (w->n != n || w->k != k) {
+        dn_fail(a, PyExc_ValueError, "%s is [%lld, %lld], expected [%lld, %lld]", name,
+                (long long)w->n, (long long)w->k, (long long)n, (long long)k);
+        return -1;
+    }
+    return 0;
+}
+
+static const float *take_vector(dn_args *a, PyObject *obj, const char *name, int64_t n, int optional) {
+    if (optional && obj == Py_None) return NULL;
+    Py_buffer *v = dn_take(a, obj, name, 'f', 1, 0);
+    if (!v || dn_check_dim(a, v, name, 0, n)) return NULL;
+    return v->buf;
+}
+
+/* Layer i's arrays: norms, weights and biases into held[0], the cache into held[1]. */
+static int take_layer(dn_args held[2], PyObject *t, dn_decoder_t *d, dn_layer_t *l) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != LAYER_ARRAYS) {
+        PyErr_SetString(PyExc_TypeError, "decoder_new: each layer is a tuple of 17 arrays");
+        return -1;
+    }
+    PyObject *const *o = PySequence_Fast_ITEMS(t);
+    dn_args *a = &held[0];
+    int64_t H = d->hidden, qw = (int64_t)d->n_heads * d->head_dim, I = d->inter;
+    if (!(l->input_norm = take_vector(a, o[0], "input_norm", H, 0)) ||
+        !(l->post_norm = take_vector(a, o[1], "post_norm", H, 0)))
+        return -1;
+    /* the cache first: it gives the kv heads */
+    if (dn_take_kv_cache(&held[1], o + 11, 1, d->head_dim, &l->kv)) return -1;
+    int64_t kvw = (int64_t)l->kv.n_kv_heads * d->head_dim;
+    if (take_linear(a, o[2], "q", &l->q, qw, H) || take_linear(a, o[3], "k", &l->k, kvw, H) ||
+        take_linear(a, o[4], "v", &l->v, kvw, H) || take_linear(a, o[5], "o", &l->o, H, qw) ||
+        take_linear(a, o[6], "gate_up", &l->gate_up, 2 * I, H) ||
+        take_linear(a, o[7], "down", &l->down, H, I))
+        return -1;
+    l->q_bias = take_vector(a, o[8], "q_bias", qw, 1);
+    if (!PyErr_Occurred()) l->k_bias = take_vector(a, o[9], "k_bias", kvw, 1);
+    if (!PyErr_Occurred()) l->v_bias = take_vector(a, o[10], "v_bias", kvw, 1);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"layers", "workspace", "cos_sin", "n_heads", "eps", "scale", NULL};
+    PyObject *layers, *ws, *cs;
+    int n_heads;
+    double eps, scale;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOidd:decoder_new", kwlist, &layers, &ws, &cs,
+                                     &n_heads, &eps, &scale))
+        return NULL;
+    if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
+        return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
+    if (!PyTuple_Check(ws) || PyTuple_GET_SIZE(ws) != 9)
+        return PyErr_Format(PyExc_TypeError, "decoder_new: workspace must be a tuple of 9 arrays "
+                                             "(res, h, o, q, k, v, attn, gate_up, act)");
+    if (n_heads < 1) return PyErr_Format(PyExc_ValueError, "decoder_new: n_heads must be >= 1");
+    int n_layers = (int)PyList_GET_SIZE(layers);
+    box_t *b = PyMem_Calloc(1, sizeof *b);
+    if (!b) return PyErr_NoMemory();
+    b->held = PyMem_Calloc(1 + 2 * (size_t)n_layers, sizeof *b->held);
+    b->d.layers = PyMem_Calloc((size_t)n_layers, sizeof *b->d.layers);
+    if (!b->held || !b->d.layers) {
+        release(b);
+        return PyErr_NoMemory();
+    }
+    for (int i = 0; i < 1 + 2 * n_layers; i++) b->held[i].fn = "decoder_new";
+    b->n_held = 1 + 2 * n_layers;
+    dn_decoder_t *d = &b->d;
+    dn_args *a = &b->held[0];
+    static const char *const names[9] = {"res", "h", "o", "q", "k", "v", "attn", "gate_up", "act"};
+    float **dst[9] = {&d->res, &d->h, &d->o, &d->q, &d->k, &d->v, &d->attn, &d->gate_up, &d->act};
+    Py_buffer *v[9];
+    for (int i = 0; i < 9; i++) {
+        if (!(v[i] = dn_take(a, PyTuple_GET_ITEM(ws, i), names[i], 'f', 2, 1))) goto fail;
+        if (i && dn_check_dim(a, v[i], names[i], 0, v[0]->shape[0])) goto fail;
+        *dst[i] = v[i]->buf;
+    }
+    d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
+    d->max_tokens = (int)v[0]->shape[0], d->hidden = (int)v[0]->shape[1];
+    d->inter = (int)v[8]->shape[1];
+    if (v[3]->shape[1] % n_heads) {
+        PyErr_Format(PyExc_ValueError, "decoder_new: q's %zd columns do not split into %d heads",
+                     v[3]->shape[1], n_heads);
+        goto fail;
+    }
+    d->head_dim = (int)(v[3]->shape[1] / n_heads);
+    if (dn_check_dim(a, v[1], "h", 1, d->hidden) || dn_check_dim(a, v[2], "o", 1, d->hidden) ||
+        dn_check_dim(a, v[6], "attn", 1, v[3]->shape[1]) || dn_check_dim(a, v[5], "v", 1, v[4]->shape[1]) ||
+        dn_check_dim(a, v[7], "gate_up", 1, 2 * (Py_ssize_t)d->inter))
+        goto fail;
+    Py_buffer *c = dn_take(a, cs, "cos_sin", 'f', 2, 0);
+    if (!c || dn_check_dim(a, c, "cos_sin", 1, d->head_dim)) goto fail;
+    d->cos_sin = c->buf, d->max_pos = (int)c->shape[0];
+    for (int i = 0; i < n_layers; i++) {
+        dn_layer_t *l = &d->layers[i];
+        if (take_layer(&b->held[1 + 2 * i], PyList_GET_ITEM(layers, i), d, l)) goto fail;
+        const dn_kv_cache_t *k0 = &d->layers[0].kv;
+        if (l->kv.n_kv_heads * d->head_dim != v[4]->shape[1] || l->kv.num_blocks != k0->num_blocks ||
+            l->kv.block_size != k0->block_size) {
+            PyErr_Format(PyExc_ValueError, "decoder_new: layer %d's cache does not match k's %zd "
+                         "columns or layer 0's blocks", i, v[4]->shape[1]);
+            goto fail;
+        }
+    }
+    d->n_kv_heads = d->layers[0].kv.n_kv_heads;
+    if (d->n_heads % d->n_kv_heads) {
+        PyErr_Format(PyExc_ValueError, "decoder_new: %d heads are not a multiple of %d kv heads",
+                     d->n_heads, d->n_kv_heads);
+        goto fail;
+    }
+    PyObject *cap = PyCapsule_New(b, CAPSULE, destroy);
+    if (!cap) goto fail;
+    return cap;
+fail:
+    release(b);
+    return NULL;
+}
+
+static PyObject *py_decoder_run(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"decoder", "positions", "slots", "block_tables", "q_offsets",
+                             "context_lens", "comm", "timeout", NULL};
+    PyObject *cap, *op, *os, *obt, *oqo, *ocl, *ocomm = Py_None;
+    double timeout = 60.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|Od:decoder_run", kwlist, &cap, &op, &os,
+                                     &obt, &oqo, &ocl, &ocomm, &timeout))
+        return NULL;
+    box_t *b = PyCapsule_IsValid(cap, CAPSULE) ? PyCapsule_GetPointer(cap, CAPSULE) : NULL;
+    if (!b) return PyErr_Format(PyExc_TypeError, "decoder_run: decoder must come from decoder_new");
+    dn_comm *comm = ocomm == Py_None ? NULL : dn_comm_of(ocomm, "decoder_run");
+    if (ocomm != Py_None && !comm) return NULL;
+    if (comm && !(timeout > 0.0))
+        return PyErr_Format(PyExc_ValueError, "decoder_run: timeout must be > 0 seconds");
+    const dn_decoder_t *d = &b->d;
+    const dn_kv_cache_t *c = &d->layers[0].kv;
+    dn_args a = {.fn = "decoder_run"};
+    Py_buffer *p = dn_take(&a, op, "positions", 'i', 1, 0);
+    if (!p) return dn_done(&a, NULL);
+    int T = (int)p->shape[0];
+    if (T < 1 || T > d->max_tokens)
+        return dn_fail(&a, PyExc_ValueError, "%d tokens: the workspace holds 1 to %d", T, d->max_tokens);
+    Py_buffer *s = dn_take(&a, os, "slots", 'i', 1, 0);
+    if (!s || dn_check_dim(&a, s, "slots", 0, T)) return dn_done(&a, NULL);
+    Py_buffer *bt = dn_take(&a, obt, "block_tables", 'i', 2, 0);
+    if (!bt) return dn_done(&a, NULL);
+    int B = (int)bt->shape[0], max_blocks = (int)bt->shape[1];
+    Py_buffer *qo = dn_take(&a, oqo, "q_offsets", 'i', 1, 0);
+    if (!qo || dn_check_dim(&a, qo, "q_offsets", 0, (Py_ssize_t)B + 1)) return dn_done(&a, NULL);
+    Py_buffer *cl = dn_take(&a, ocl, "context_lens", 'i', 1, 0);
+    if (!cl || dn_check_dim(&a, cl, "context_lens", 0, B)) return dn_done(&a, NULL);
+    const int32_t *pos = p->buf;
+    for (int t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= d->max_pos)
+            return dn_fail(&a, PyExc_IndexError, "positions[%d] = %d is outside the rope table of %d",
+                           t, pos[t], d->max_pos);
+    if (dn_check_slots(&a, c, s->buf, T) ||
+        dn_check_step(&a, c, T, qo->buf, cl->buf, bt->buf, B, max_blocks))
+        return dn_done(&a, NULL);
+    char err[256] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = dn_decoder_run(d, comm, timeout, T, pos, s->buf, bt->buf, max_blocks, qo->buf, cl->buf, B,
+                        err, sizeof err);
+    Py_END_ALLOW_THREADS;
+    if (rc) return dn_fail(&a, PyExc_RuntimeError, "%s", err);
+    return dn_done(&a, NULL);
+}
+
+PyMethodDef dn_decoder_methods[] = {
+    {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
+     "decoder_new(layers, workspace, cos_sin, n_heads, eps, scale) -> decoder\n"
+     "layers: a list, per layer a tuple (input_norm, post_norm, q, k, v, o, gate_up, down, q_bias,\n"
+     "k_bias, v_bias, k_cache, v_cache, k_scale, v_scale, k_zero, v_zero) of float32 norms, packed\n"
+     "weights, float32 biases or None, and the layer's KV cache arrays (as attention takes them).\n"
+     "workspace: (res, h, o, q, k, v, attn, gate_up, act) float32 [max_tokens, width] arrays.\n"
+     "cos_sin: the rope table [max_pos, head_dim]. The decoder holds every array until it dies."},
+    {"decoder_run", (PyCFunction)(void (*)(void))py_decoder_run, METH_VARARGS | METH_KEYWORDS,
+     "decoder_run(decoder, positions, slots, block_tables, q_offsets, context_lens, comm=None,\n"
+     "timeout=60.0): every layer over the T tokens whose embeddings are in workspace res[:T]\n"
+     "(int32 step arrays as kv_write and attention take them); leaves the last layer's output in\n"
+     "o[:T] and the residual stream in res[:T]. comm (from comm_open) sums the row-parallel outputs\n"
+     "over the ranks. Releases the GIL."},
+    {NULL, NULL, 0, NULL},
+};

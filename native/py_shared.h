@@ -1,0 +1,22 @@
+/* Argument checks one binding file lends the others (py_decoder.c runs what py_attention.c and
+ * py_comm.c bind, and checks its arguments the same way). */
+#pragma once
+#include "attention.h"
+#include "comm.h"
+#include "pyarg.h"
+
+/* The cache arrays k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (obj[2..5] may be NULL or
+ * None) as a dn_kv_cache_t of the format their item type names. 0, or -1 with an exception. */
+int dn_take_kv_cache(dn_args *a, PyObject *const obj[6], int writable, int head_dim,
+                     dn_kv_cache_t *c);
+
+/* slots [T] inside the cache (negative: skipped). 0, or -1 with an exception. */
+int dn_check_slots(dn_args *a, const dn_kv_cache_t *c, const int32_t *slots, int T);
+
+/* A step's q_offsets [B+1] (0..T, increasing), context_lens [B] and block_tables [B, max_blocks]
+ * fit each other and the cache. 0, or -1 with an exception. */
+int dn_check_step(dn_args *a, const dn_kv_cache_t *c, int T, const int32_t *q_offsets,
+                  const int32_t *context_lens, const int32_t *block_tables, int B, int max_blocks);
+
+/* The dn_comm of a comm_open capsule, or NULL with an exception. */
+dn_comm *dn_comm_of(PyObject *capsule, const char *fn);
