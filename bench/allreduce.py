@@ -35,12 +35,10 @@ def per_call_us(g, reduce, x, reps):
 
 def relaunch_under_mpi(ranks: int) -> int:
     from dashinfer_server.launch import mpiexec_path
+    from dashinfer_server.topology import simulated_nodes
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path[:1] + [os.environ.get("PYTHONPATH", "")]))
     if not env.get("DASHINFER_NUMA_NODES"):
-        cpus = sorted(os.sched_getaffinity(0))
-        per = max(1, len(cpus) // ranks)
-        env["DASHINFER_NUMA_NODES"] = ";".join(
-            f"{r}:" + ",".join(map(str, cpus[r * per:(r + 1) * per] or cpus[-1:])) for r in range(ranks))
+        env["DASHINFER_NUMA_NODES"] = simulated_nodes(ranks)
     cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, os.path.abspath(__file__)]
     return subprocess.run(cmd, env=env).returncode
 

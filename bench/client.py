@@ -78,12 +78,10 @@ def idle_cpu(runtime_cfg, nodes, seconds) -> float:
     """CPU% (of one core) that a spawned group of `nodes` ranks burns while it serves nothing:
     the model installed and started, one request run, then `seconds` of quiet."""
     import psutil
+    from dashinfer_server.topology import simulated_nodes
     env = {}
     if nodes > 1 and not os.environ.get("DASHINFER_NUMA_NODES"):
-        cpus = sorted(os.sched_getaffinity(0))
-        per = max(1, len(cpus) // nodes)
-        env["DASHINFER_NUMA_NODES"] = ";".join(
-            f"{r}:" + ",".join(map(str, cpus[r * per:(r + 1) * per] or cpus[-1:])) for r in range(nodes))
+        env["DASHINFER_NUMA_NODES"] = simulated_nodes(nodes)
     engine = allspark.ClientEngine(nodes=nodes, env=env)
     try:
         install(engine, runtime_cfg)

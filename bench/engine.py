@@ -194,15 +194,6 @@ def server_peak_rss_mb() -> float:
     return round(max(peaks) / 1024) if peaks else None
 
 
-def simulated_nodes(ranks: int) -> str:
-    """DASHINFER_NUMA_NODES splitting this process's cpus evenly over `ranks` simulated nodes."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < ranks:
-        sys.exit(f"--ranks {ranks} needs at least {ranks} cpus, this process has {len(cpus)}")
-    per = len(cpus) // ranks
-    return ";".join(f"{r}:" + ",".join(map(str, cpus[r * per:(r + 1) * per])) for r in range(ranks))
-
-
 def weight_bytes_per_token(dtype, quant):
     """Bytes of packed weights one decode step streams: every linear layer and lm_head."""
     from dashinfer_client import default_model
@@ -251,6 +242,8 @@ def main():
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if args.ranks and not env.get("DASHINFER_NUMA_NODES"):
+        sys.path.insert(0, ROOT)
+        from dashinfer_server.topology import simulated_nodes
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
     bound = None
     if "decode1" in names:

@@ -213,6 +213,16 @@ def place_rank(rank: int, world: int, threads: int | None = None) -> Placement:
     return p
 
 
+def simulated_nodes(count: int) -> str:
+    """A DASHINFER_NUMA_NODES value that splits this process's cpus evenly into `count` simulated
+    nodes (for benchmarks and tests on a one-node machine)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        raise PlacementError(f"{count} simulated nodes need {count} cpus; this process has {len(cpus)}")
+    per = len(cpus) // count
+    return ";".join(f"{n}:{_cpulist(cpus[n * per:(n + 1) * per])}" for n in range(count))
+
+
 def _cpulist(cpus) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
     out, cpus = [], sorted(cpus)

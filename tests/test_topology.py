@@ -111,3 +111,15 @@ print("bind:0" in open("/proc/self/numa_maps").read())
                           capture_output=True, text=True, env=env, timeout=60)
     assert real.returncode == 0, real.stderr
     assert real.stdout.splitlines() == ["[0] 1", "True"]
+
+
+def test_simulated_nodes_split_this_process_cpus_evenly():
+    cpus = sorted(os.sched_getaffinity(0))
+    for count in range(1, len(cpus) + 1):
+        nodes = T.parse_override(T.simulated_nodes(count))
+        assert sorted(nodes) == list(range(count))
+        assert {len(c) for c in nodes.values()} == {len(cpus) // count}
+        flat = [c for n in sorted(nodes) for c in nodes[n]]
+        assert flat == cpus[:len(flat)] and len(set(flat)) == len(flat)
+    with pytest.raises(T.PlacementError, match="need"):
+        T.simulated_nodes(len(cpus) + 1)
