@@ -16,7 +16,8 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
     total_tok_s      new tokens / (submission -> last token)
     peak_rss_mb      the workload process's peak resident memory (VmHWM)
     bw_fraction      decode1 only: decode_tok_s over the memory-bandwidth bound (bytes of packed
-                     weights read per token / streaming read bandwidth of bench/machine.py)
+                     weights read per token / streaming read bandwidth of bench/machine.py, the
+                     mean of bw_gbs measured just before and just after the run)
 
     python bench/engine.py --profile [--quant int8] [--threads N] [--by-op]
 times every kernel call and runner stage of 100 decode1 steps instead (ms per step); the layers
@@ -245,14 +246,13 @@ def main():
         sys.path.insert(0, ROOT)
         from dashinfer_server.topology import simulated_nodes
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
-    bound = None
     if "decode1" in names:
         sys.path.insert(0, ROOT)
         from bench.machine import read_bandwidth
-        bw = read_bandwidth(args.threads * max(1, args.ranks))
         per_token = weight_bytes_per_token(args.dtype, args.quant)
-        bound = bw * 1e9 / per_token
     for name in names:
+        if name == "decode1":  # this host's bandwidth drifts: measure it right around the run
+            bw_before = read_bandwidth(args.threads * max(1, args.ranks))
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--dtype", args.dtype,
                "--threads", str(args.threads), "--max-prefill", str(args.max_prefill),
                "--ranks", str(args.ranks)]
@@ -263,8 +263,11 @@ def main():
             sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
         result = json.loads(out.stdout.strip().splitlines()[-1])
         if name == "decode1":
-            result.update(bw_gbs=round(bw, 1), weight_mb_per_token=round(per_token / 2**20, 1),
-                          bound_tok_s=round(bound, 1), bw_fraction=round(result["decode_tok_s"] / bound, 3))
+            bw_after = read_bandwidth(args.threads * max(1, args.ranks))
+            bound = (bw_before + bw_after) / 2 * 1e9 / per_token
+            result.update(bw_gbs=[round(bw_before, 1), round(bw_after, 1)],
+                          weight_mb_per_token=round(per_token / 2**20, 1), bound_tok_s=round(bound, 1),
+                          bw_fraction=round(result["decode_tok_s"] / bound, 3))
         print(json.dumps(result), flush=True)
 
 
