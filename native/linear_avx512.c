@@ -235,7 +235,10 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
             for (int64_t r = m0, i = 0; r < m1; r += MR, i++) {
                 int mr = m1 - r < MR ? (int)(m1 - r) : MR;
                 a.y = c->y + r * n + p * NR;
-                a.pf = prefetch_share(next, next_bytes, i, calls, f32 ? a.kc : a.kc / 2);
+                /* with one or two row blocks a slice is read too briefly for this to pay:
+                 * the hardware prefetcher alone streams it faster (M = 5..8: 4-8% a call) */
+                a.pf = calls >= 3 ? prefetch_share(next, next_bytes, i, calls, f32 ? a.kc : a.kc / 2)
+                                  : (prefetch){NULL, 0, 0};
                 if (f32) {
                     a.x = c->x + r * k + k0;
                     mk_f32_any(&a, mr, nv);
