@@ -470,19 +470,11 @@ class ClientEngine:
         return self.start_request_ids(model_name, model, ids, generate_config)
 
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
-        queues = self._queues(model_name, request_handle)
-        status = self._unary("stop_request", "StopRequest",
-                             lambda conn: self._request_ref(conn, model_name, request_handle))
-        if status == SUCCESS:
-            _wait_delivered(queues)
-        return status
+        return self._request_call("stop_request", "StopRequest", model_name, request_handle)
 
     def release_request(self, model_name: str, request_handle) -> AsStatus:
-        queues = self._queues(model_name, request_handle)
-        status = self._unary("release_request", "ReleaseRequest",
-                             lambda conn: self._request_ref(conn, model_name, request_handle))
+        status = self._request_call("release_request", "ReleaseRequest", model_name, request_handle)
         if status == SUCCESS:
-            _wait_delivered(queues)
             with self._lock:
                 self._requests.pop(request_handle, None)
         return status
@@ -490,14 +482,18 @@ class ClientEngine:
     def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
         """Block until the request (None: every request of the model) has ended, and its queue here
         holds everything the server produced."""
+        return self._request_call("sync_request", "SyncRequest", model_name, request_handle)
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _request_call(self, method, rpc, model_name, request_handle) -> AsStatus:
+        """A call that returns once the request(s) ended on the server (stop, release, sync); on
+        success it also waits until their queues here hold the last events (_wait_delivered)."""
         queues = self._queues(model_name, request_handle)
-        status = self._unary("sync_request", "SyncRequest",
-                             lambda conn: self._request_ref(conn, model_name, request_handle))
+        status = self._unary(method, rpc, lambda conn: self._request_ref(conn, model_name, request_handle))
         if status == SUCCESS:
             _wait_delivered(queues)
         return status
-
-    # ---- internals ------------------------------------------------------------------------------
 
     def _connection(self) -> _Connection:
         """The live connection; reconnects (respawning the group this client started) when it broke."""
