@@ -15,7 +15,7 @@ load (1.5 GB for SmolLM2 at 32 x 2048): size the pool with kv_cache_memory_mb in
 """
 import numpy as np
 
-from .memory import mapped_zeros
+from .memory import small_page_zeros as zeros  # resident memory follows the blocks written
 
 MODES = ("fp32", "bf16", "int8", "uint4")
 
@@ -24,11 +24,6 @@ def bytes_per_block(mode: str, num_layers: int, num_kv_heads: int, block_size: i
                     head_dim: int) -> int:
     per_token_head = {"fp32": 4 * head_dim, "bf16": 2 * head_dim, "int8": head_dim + 4, "uint4": head_dim // 2 + 8}[mode]
     return 2 * num_layers * num_kv_heads * block_size * per_token_head
-
-
-def zeros(shape, dtype) -> np.ndarray:
-    """A KV array on small pages, so resident memory follows the blocks written (memory.py)."""
-    return mapped_zeros(shape, dtype, huge_pages=False)
 
 
 class KVCache:

@@ -1,13 +1,11 @@
 import numpy as np
-import pytest
 
-from dashinfer_server.memory import mapped_zeros
+from dashinfer_server.memory import small_page_zeros
 
 
-@pytest.mark.parametrize("huge_pages", [True, False])
-def test_mapped_zeros_is_a_writable_zeroed_array_of_the_shape(huge_pages):
+def test_small_page_zeros_is_a_writable_zeroed_array_of_the_shape():
     for shape, dtype in (((3, 5), np.float32), ((4, 1 << 20), np.uint16), ((1 << 22,), np.int8), ((0, 4), np.int8)):
-        a = mapped_zeros(shape, dtype, huge_pages)
+        a = small_page_zeros(shape, dtype)
         assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
         assert not a.any()
         if a.size:
@@ -21,7 +19,7 @@ def test_small_pages_keep_a_first_write_small():
     def rss_kb():
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    bufs = [mapped_zeros((8 << 20,), np.uint8, huge_pages=False) for _ in range(16)]
+    bufs = [small_page_zeros((8 << 20,), np.uint8) for _ in range(16)]
     before = rss_kb()
     for b in bufs:
         b[5 << 20] = 1
