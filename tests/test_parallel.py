@@ -19,7 +19,6 @@ from dashinfer_server.parallel import LocalGroup, Shard, split_range
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-needs_mpi = pytest.mark.skipif(not os.access(MPIEXEC, os.X_OK), reason="no mpiexec beside python (pip install mpich)")
 
 
 def group_env(**extra):
@@ -147,7 +146,6 @@ def test_comm_bindings_check_arguments_and_time_out():
 
 # ---- collectives under mpiexec ---------------------------------------------------------------
 
-@needs_mpi
 @pytest.mark.parametrize("kind,n", [("auto", 2), ("mpi", 2), ("auto", 3)])
 def test_collectives_under_mpiexec(kind, n):
     """Allreduce (odd sizes, chunked sizes, both shm algorithms) equal to numpy and bit-identical
@@ -162,7 +160,6 @@ def test_collectives_under_mpiexec(kind, n):
     assert our_segments() == before
 
 
-@needs_mpi
 @pytest.mark.parametrize("kind", ["auto", "mpi"])
 def test_a_rank_that_raises_ends_the_job(kind):
     """Rank 1 dies of an exception while rank 0 waits for it in an allreduce: the job ends with
@@ -199,7 +196,6 @@ PROMPTS = [[5, 9, 33, 100, 7, 8, 200, 3], [44, 45, 46], list(range(10, 80))]
 QUESTION = "What is the capital of France?"
 
 
-@needs_mpi
 def test_two_ranks_generate_what_one_rank_does(tiny_uneven, smollm2):
     (fp32_dir, fp32), (bf16_dir, bf16) = smollm2
     models = [{"dir": tiny_uneven, "prefix": "tiny", "prompts": PROMPTS, "max_new": 24},
@@ -222,7 +218,6 @@ def test_two_ranks_generate_what_one_rank_does(tiny_uneven, smollm2):
     assert our_segments() == []
 
 
-@needs_mpi
 def test_killed_rank_fails_the_group_fast(tiny_uneven):
     """SIGKILL rank 1 while rank 0 generates: the whole job ends, non-zero, within seconds."""
     spec = {"models": [{"dir": tiny_uneven, "prefix": "tiny", "prompts": [[3, 4, 5]], "max_new": 500,
@@ -260,7 +255,6 @@ def test_killed_rank_fails_the_group_fast(tiny_uneven):
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("mpich_sh") and n not in mpich_before]
 
 
-@needs_mpi
 def test_sigterm_shuts_the_group_down_cleanly(tiny_uneven):
     """mpiexec forwards SIGTERM to every rank: workers keep waiting for rank 0, rank 0 shuts them
     down, and the job exits 0."""
