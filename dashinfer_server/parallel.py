@@ -149,6 +149,7 @@ STEP, COMMAND, SHUTDOWN = 1, 2, 3
 REPLY = 1024                     # int32 words of a worker's reply to a command
 SHM_CAPACITY = 1 << 18           # floats per shared-memory slot (1 MiB): longer vectors go in chunks
 SHM_SPLIT = 1 << 16              # floats from which the shm allreduce reduce-scatters + allgathers
+ABORT_GRACE = 0.3                # s for mpiexec to forward the last output before an abort
 
 
 def _wait(request, spin_s: float = 0.02) -> None:
@@ -360,8 +361,7 @@ class MPIGroup:
         if self._step_open:
             log.critical("rank 0 failed in the middle of a step (%s: %s): aborting the group",
                          type(error).__name__, error)
-            logging.shutdown()
-            self.comm.Abort(1)
+            self.abort(1)
 
     def close(self) -> None:
         """Tell the workers to exit and unmap the segment (rank 0; idempotent)."""
@@ -369,7 +369,7 @@ class MPIGroup:
             return
         if not self._lock.acquire(timeout=10):
             log.critical("a step never ended: aborting the group instead of shutting it down")
-            self.comm.Abort(1)
+            self.abort(1)
         try:
             self._send(SHUTDOWN, [], [])
             self._closed = True
@@ -449,6 +449,10 @@ class MPIGroup:
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now (a worker that failed mid-step)."""
         logging.shutdown()
+        sys.stderr.flush()
+        # mpiexec forwards our output and handles the abort on different sockets: without a
+        # moment for it to read the pipes, the one message saying why the job died can be lost.
+        time.sleep(ABORT_GRACE)
         self.comm.Abort(code)
 
 
