@@ -175,12 +175,12 @@ def test_a_rank_that_raises_ends_the_job(kind):
 
 @pytest.fixture(scope="module")
 def tiny_uneven(tmp_path_factory):
-    """A random fp32 LLaMA with 9 heads / 3 KV heads (head_dim 16), serialized."""
+    """A random fp32 LLaMA with 9 heads / 3 KV heads (head_dim 16, context 4096), serialized."""
     sys.path.insert(0, HERE)
     from helpers import build_tiny_model
     import dashinfer_client as allspark
     root = tmp_path_factory.mktemp("tp")
-    hf = build_tiny_model(str(root / "hf"), uneven=True, head_dim=16)
+    hf = build_tiny_model(str(root / "hf"), uneven=True, head_dim=16, max_position_embeddings=4096)
     (allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32").load_model()
      .read_model_config().serialize_to_path(None, str(root / "ser")).free_model())
     return str(root / "ser")
@@ -220,8 +220,9 @@ def test_two_ranks_generate_what_one_rank_does(tiny_uneven, smollm2):
 
 def test_killed_rank_fails_the_group_fast(tiny_uneven):
     """SIGKILL rank 1 while rank 0 generates: the whole job ends, non-zero, within seconds."""
-    spec = {"models": [{"dir": tiny_uneven, "prefix": "tiny", "prompts": [[3, 4, 5]], "max_new": 500,
-                        "max_length": 512}], "linger": True}
+    # 4000 tokens: still generating when the kill comes, however late this process reads GENERATING
+    spec = {"models": [{"dir": tiny_uneven, "prefix": "tiny", "prompts": [[3, 4, 5]], "max_new": 4000,
+                        "max_length": 4096}], "linger": True}
     cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_engine.py"), json.dumps(spec)]
     mpich_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=group_env())
