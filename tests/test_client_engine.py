@@ -119,7 +119,8 @@ def test_same_tokens_logprobs_and_stats_as_in_process(local, remote, options):
 
 
 def test_results_are_streamed_as_produced(remote):
-    status, handle, queue = remote.start_request_ids("tiny", None, PROMPT, _gen(300))
+    # 600 tokens: long enough that, however late this thread runs, more than one piece arrives
+    status, handle, queue = remote.start_request_ids("tiny", None, PROMPT, _gen(600))
     assert status == AsStatus.ALLSPARK_SUCCESS
     assert queue.RequestStatInfo().context_token_length == len(PROMPT)  # known from the start
     first = queue.Get()
@@ -127,7 +128,7 @@ def test_results_are_streamed_as_produced(remote):
     assert queue.GenerateStatus() in (S.ContextFinished, S.Generating, S.GenerateFinished)
     ids, _, _, gets = _drain(queue)
     assert gets >= 2, "every token arrived in one piece: not streamed"
-    assert len(first.ids_from_generate) + len(ids) == 300 - len(PROMPT) == queue.GeneratedLength()
+    assert len(first.ids_from_generate) + len(ids) == 600 - len(PROMPT) == queue.GeneratedLength()
     assert queue.GetNoWait() is None and queue.GetWithTimeout(10) is None
     assert remote.release_request("tiny", handle) == AsStatus.ALLSPARK_SUCCESS
 
