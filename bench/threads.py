@@ -2,10 +2,11 @@
 
     python bench/threads.py
 
-For each GOMP_SPINCOUNT (0 = sleep at once, the default policy's budget, ours, unbounded
+For each GOMP_SPINCOUNT (0 = sleep at once, shorter and longer spin budgets, ours, unbounded
 spinning) a fresh process runs bursts of tiny 2-thread parallel regions separated by a few
-microseconds of Python (as a decode step's kernels are), then sits idle for a second.
-Prints microseconds per region while busy and CPU% while idle.
+microseconds of Python (as a decode step's kernels are), then single regions after a pause of
+0.5 and 2 ms of Python (as the first kernel of the next step comes after sampling), then sits
+idle for a second. Prints microseconds per region in each case and CPU% while idle.
 """
 import json
 import os
@@ -23,19 +24,30 @@ t0 = time.perf_counter()
 for _ in range(n):
     K.probe_peak(False, 1, 2)
     sum(range(20))  # a little Python between kernels
-busy_us = (time.perf_counter() - t0) / n * 1e6
+out = {"busy_us_per_region": round((time.perf_counter() - t0) / n * 1e6, 2)}
+for gap_ms in (0.5, 2.0):
+    times = []
+    for _ in range(200):
+        until = time.perf_counter() + gap_ms / 1e3
+        while time.perf_counter() < until:
+            pass
+        t0 = time.perf_counter()
+        K.probe_peak(False, 1, 2)
+        times.append(time.perf_counter() - t0)
+    out[f"us_after_{gap_ms}ms_gap"] = round(sorted(times)[len(times) // 2] * 1e6, 1)
 c0, w0 = time.process_time(), time.perf_counter()
 time.sleep(1.0)
-idle = (time.process_time() - c0) / (time.perf_counter() - w0) * 100
-print(json.dumps({"busy_us_per_region": round(busy_us, 2), "idle_cpu_percent": round(idle, 1)}))
+out["idle_cpu_percent"] = round((time.process_time() - c0) / (time.perf_counter() - w0) * 100, 1)
+print(json.dumps(out))
 """
 
 POLICIES = {
     "passive (GOMP_SPINCOUNT=0)": {"GOMP_SPINCOUNT": "0"},
-    "libgomp default (300k spins)": {"GOMP_SPINCOUNT": "300000"},
+    "10k spins": {"GOMP_SPINCOUNT": "10000"},
     "dashinfer-py (kernels.py default)": {},
+    "libgomp default (300k spins)": {"GOMP_SPINCOUNT": "300000"},
+    "1M spins": {"GOMP_SPINCOUNT": "1000000"},
     "active (OMP_WAIT_POLICY=active)": {"OMP_WAIT_POLICY": "active"},
-    "10M spins": {"GOMP_SPINCOUNT": "10000000"},
 }
 
 
