@@ -447,7 +447,7 @@ class MPIGroup:
         self.comm.Igather(self._reply, None, root=0).Wait()
 
     def abort(self, code: int = 1) -> None:
-        """End every rank of the job now (a worker that failed mid-step)."""
+        """End every rank of the job now (a rank failed where its peers cannot go on)."""
         logging.shutdown()
         sys.stderr.flush()
         # mpiexec forwards our output and handles the abort on different sockets: without a
