@@ -135,10 +135,12 @@ static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     int64_t n = w->n, k = w->k, p0, p1, m0, m1;
-    dn_linear_share(w, c->m, MR, t, nt, &p0, &p1, &m0, &m1);
+    dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
+    dn_linear_panels(&share, &p0, &p1);
     float *slice = (float *)c->scratch + (size_t)t * KC * NR; /* [kb][width] */
-    int64_t kb = m1 - m0 <= 2 ? KC_FEW : KC;
     for (int64_t p = p0; p < p1; p++) {
+        dn_linear_rows(&share, p, &m0, &m1);
+        int64_t kb = m1 - m0 <= 2 ? KC_FEW : KC;
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
         for (int64_t k0 = 0; k0 < k; k0 += kb) {

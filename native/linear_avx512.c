@@ -210,9 +210,12 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
 #pragma omp barrier
     }
     int64_t p0, p1, m0, m1;
-    dn_linear_share(w, m, MR, t, nt, &p0, &p1, &m0, &m1);
-    int64_t kend = f32 ? k : kp, calls = (m1 - m0 + MR - 1) / MR;
+    dn_linear_part share = dn_linear_share(w, m, MR, t, nt);
+    dn_linear_panels(&share, &p0, &p1);
+    int64_t kend = f32 ? k : kp;
     for (int64_t p = p0; p < p1; p++) {
+        dn_linear_rows(&share, p, &m0, &m1);
+        int64_t calls = (m1 - m0 + MR - 1) / MR;
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), nv = width / 16;
         mk_args a = {.ldx = k, .ldy = n, .ldw = nv, .valid = dn_linear_valid(w, p)};

@@ -32,18 +32,33 @@ static inline const uint8_t *dn_linear_panel(const dn_linear_w *w, int64_t p) {
     return w->data + p * w->panel_bytes;
 }
 
-/* How one call divides its work: whole panels per thread when there are enough to balance,
- * else every thread does all panels for a share of the rows (in blocks of `mr` rows). */
-static inline void dn_linear_share(const dn_linear_w *w, int64_t m, int mr, int t, int nt,
-                                   int64_t *p0, int64_t *p1, int64_t *m0, int64_t *m1) {
-    int64_t mblocks = (m + mr - 1) / mr;
-    if (w->npanels >= 4 * nt || w->npanels % nt == 0 || mblocks < nt) {
-        dn_split(w->npanels, t, nt, p0, p1);
-        *m0 = 0, *m1 = m;
-    } else {
-        *p0 = 0, *p1 = w->npanels;
-        dn_split(mblocks, t, nt, m0, m1);
-        *m0 *= mr;
-        *m1 = *m1 * mr < m ? *m1 * mr : m;
-    }
+/* How one call divides its work: the grid of (panel, block of `mr` rows), panel-major, cut
+ * into near-equal contiguous shares. A share may begin or end inside a panel, so 9 panels on
+ * 2 threads split 4.5 + 4.5 rather than 5 + 4 (a 10% longer call); with one row block it is
+ * whole panels, as a GEMV needs. */
+typedef struct {
+    int64_t u0, u1;  /* units [u0, u1) of the grid */
+    int64_t mblocks; /* row blocks per panel */
+    int64_t m;
+    int mr;
+} dn_linear_part;
+
+static inline dn_linear_part dn_linear_share(const dn_linear_w *w, int64_t m, int mr, int t, int nt) {
+    dn_linear_part s = {0, 0, (m + mr - 1) / mr, m, mr};
+    dn_split(w->npanels * s.mblocks, t, nt, &s.u0, &s.u1);
+    return s;
+}
+
+/* The panels [*p0, *p1) a share touches. */
+static inline void dn_linear_panels(const dn_linear_part *s, int64_t *p0, int64_t *p1) {
+    *p0 = s->u0 / s->mblocks;
+    *p1 = s->u1 > s->u0 ? (s->u1 + s->mblocks - 1) / s->mblocks : *p0;
+}
+
+/* The rows [*m0, *m1) of panel p that a share computes. */
+static inline void dn_linear_rows(const dn_linear_part *s, int64_t p, int64_t *m0, int64_t *m1) {
+    int64_t first = p * s->mblocks, b0 = s->u0 > first ? s->u0 - first : 0;
+    int64_t b1 = s->u1 - first < s->mblocks ? s->u1 - first : s->mblocks;
+    *m0 = b0 * s->mr;
+    *m1 = b1 * s->mr < s->m ? b1 * s->mr : s->m;
 }

@@ -111,17 +111,20 @@ def test_linear_matches_reference(isa, wtype):
         check(y, x, None, bias, wtype, isa, expected)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("wtype", ["bf16", "i8", "u4", "f32"])
 def test_threads_agree(isa, wtype, threads):
+    """Threads share the (panel, row block) grid, cutting inside a panel when the panels do not
+    divide evenly (576 columns = 9 panels)."""
     rng = np.random.default_rng(2)
     before = K.num_threads()
     K.set_num_threads(threads)
     try:
-        for m in (1, 3, 37):
-            packed, wexact = make_weight(wtype, 200, 256, 64 if wtype in ("i8", "u4") else 0, rng)
-            x = rng.standard_normal((m, 256)).astype(np.float32)
-            check(K.linear(x, packed), x, wexact, None, wtype, isa)
+        for n in (200, 576):
+            packed, wexact = make_weight(wtype, n, 256, 64 if wtype in ("i8", "u4") else 0, rng)
+            for m in (1, 3, 8, 37):
+                x = rng.standard_normal((m, 256)).astype(np.float32)
+                check(K.linear(x, packed), x, wexact, None, wtype, isa)
     finally:
         K.set_num_threads(before)
 
