@@ -173,10 +173,10 @@ def runtime_builder(model):
     return AsModelRuntimeConfigBuilder().model_dir(model.model_dir, model.prefix)
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory: VmHWM, which starts afresh at exec (ru_maxrss would
-    carry over the parent's peak: Linux keeps it across fork and exec)."""
-    with open("/proc/self/status") as f:
+def peak_rss_mb(pid="self") -> float:
+    """A process's peak resident memory (this one's by default): VmHWM, which starts afresh at
+    exec (ru_maxrss would carry over the parent's peak: Linux keeps it across fork and exec)."""
+    with open(f"/proc/{pid}/status") as f:
         kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     return round(kb / 1024)
 
@@ -188,11 +188,10 @@ def server_peak_rss_mb() -> float:
     for proc in psutil.Process().children(recursive=True):
         try:
             if any("dashinfer_server" in part for part in proc.cmdline()):
-                with open(f"/proc/{proc.pid}/status") as f:
-                    peaks.append(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")))
+                peaks.append(peak_rss_mb(proc.pid))
         except (psutil.Error, OSError):
             pass
-    return round(max(peaks) / 1024) if peaks else None
+    return max(peaks) if peaks else None
 
 
 def weight_bytes_per_token(dtype, quant):

@@ -241,9 +241,7 @@ class _Connection:
             log.exception("reading the session stream failed")
             why = f"client error while reading the session stream: {type(e).__name__}: {e}"
             self._session.cancel()
-        self.mark_broken(why)
-        exit_note = self.group.describe_exit(1.0) if self.group is not None else ""
-        self._interrupt_routed(self.broken + (f"; {exit_note}" if exit_note else ""))
+        self._interrupt_routed(self.broken_by(why))
 
     def route(self, server_handle, queue) -> None:
         """Feed `queue` from the session's events for `server_handle` (those that came before
@@ -279,7 +277,12 @@ class _Connection:
 
     def lost(self, error) -> str:
         """The message for a call or stream that failed with `error` (a grpc.RpcError)."""
-        self.mark_broken(f"{error.code().name}: {error.details()}")
+        return self.broken_by(f"{error.code().name}: {error.details()}")
+
+    def broken_by(self, why) -> str:
+        """Mark the connection broken by `why` (the first reason stays) and return the message
+        for what it ended: the reason, and how the spawned group exited if it has."""
+        self.mark_broken(why)
         exit_note = self.group.describe_exit(1.0) if self.group is not None else ""
         return self.broken + (f"; {exit_note}" if exit_note else "")
 

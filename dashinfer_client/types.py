@@ -265,10 +265,11 @@ class ResultQueue:
         pairs) and token_logprobs (per token, a float) must be given together, as long as ids,
         and by every push of a request or by none. prefix_cache_len: the prompt tokens reused from
         the prefix cache (prefix_len_cpu defaults to it, prefix_len_gpu to 0). tensors: named model
-        outputs, merged into the next element. The first tokens come out of the prompt's step: their
-        push moves Init to ContextFinished; any later push moves the request on to Generating
-        (so a consumer can tell the two phases apart, as in DashInfer). Returns False, dropping the data, if the request has already ended (a stop can
-        race with the scheduler); raises ValueError on malformed arguments.
+        outputs, merged into the next element. The first tokens come out of the prompt's step:
+        their push moves Init to ContextFinished; any later push moves the request on to
+        Generating (so a consumer can tell the two phases apart, as in DashInfer). Returns False,
+        dropping the data, if the request has already ended (a stop can race with the
+        scheduler); raises ValueError on malformed arguments.
         """
         ids = [int(ids)] if isinstance(ids, numbers.Integral) else [int(i) for i in ids]
         if (log_probs is None) != (token_logprobs is None):
