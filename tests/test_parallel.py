@@ -163,12 +163,11 @@ def test_collectives_under_mpiexec(kind, n):
 @pytest.mark.parametrize("kind", ["auto", "mpi"])
 def test_a_rank_that_raises_ends_the_job(kind):
     """Rank 1 dies of an exception while rank 0 waits for it in an allreduce: the job ends with
-    an error instead of hanging (no rank enters MPI_Finalize while a peer waits)."""
-    t0 = time.monotonic()
+    an error instead of hanging (no rank enters MPI_Finalize while a peer waits): a job still
+    running after 30 s fails the test with TimeoutExpired."""
     out = mpirun("mpi_collectives.py", timeout=30, RAISE_ON_RANK="1", DASHINFER_ALLREDUCE=kind)
     assert out.returncode != 0 and "OK" not in out.stdout
     assert "rank 1 fails before its first allreduce" in out.stderr
-    assert time.monotonic() - t0 < 30
 
 
 # ---- whole engines: 2 ranks against 1 --------------------------------------------------------
@@ -236,16 +235,14 @@ def test_killed_rank_fails_the_group_fast(tiny_uneven):
                 break
         assert 1 in pids, "".join(lines)
         os.kill(pids[1], signal.SIGKILL)
-        t0 = time.monotonic()
-        code = proc.wait(timeout=20)
-        elapsed = time.monotonic() - t0
+        code = proc.wait(timeout=20)  # a job alive 20 s after the kill fails with TimeoutExpired
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     rest = proc.stdout.read()
     assert code != 0, "".join(lines) + rest
-    assert elapsed < 20 and not any(line.startswith("RESULT") for line in lines + rest.splitlines())
+    assert not any(line.startswith("RESULT") for line in lines + rest.splitlines())
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)
     assert our_segments() == []
