@@ -7,7 +7,7 @@ import enum
 import numbers
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 class TargetDevice(enum.Enum):
@@ -77,7 +77,8 @@ class GeneratedElements:
     log_probs_list: per new token, the top_logprobs (token id, logprob) pairs, most likely first.
     token_logprobs_list: per new token, the logprob of the token chosen.
     Both logprob lists are empty unless the request asked for logprobs, else as long as the ids.
-    tensors_from_model_inference: named outputs of a model-inference request (empty for generation).
+    tensors_from_model_inference: named outputs of a model-inference request; always empty here
+    (this runtime only generates).
     prefix_cache_len: prompt tokens served from the prefix cache (prefix_len_cpu + prefix_len_gpu).
     On this CPU runtime every cached token is in main memory, so prefix_len_gpu is 0.
     """
@@ -88,19 +89,6 @@ class GeneratedElements:
     prefix_cache_len: int = 0
     prefix_len_gpu: int = 0
     prefix_len_cpu: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GeneratedElements":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"GeneratedElements: unknown keys {sorted(unknown)}")
-        d = dict(d)
-        if "log_probs_list" in d:
-            d["log_probs_list"] = [[(int(i), float(p)) for i, p in tok] for tok in d["log_probs_list"]]
-        return cls(**d)
 
 
 class RequestStatInfo(dict):
@@ -199,7 +187,6 @@ class ResultQueue:
         self._ids = []
         self._log_probs = []
         self._token_logprobs = []
-        self._tensors = {}
         self._prefix = (0, 0, 0)  # prefix_cache_len, prefix_len_gpu, prefix_len_cpu
         self._generated = 0
         self._with_logprobs = None  # fixed by the first push: every push must agree
@@ -258,18 +245,17 @@ class ResultQueue:
     # ---- producer -------------------------------------------------------------------------------
 
     def push(self, ids, log_probs=None, token_logprobs=None, prefix_cache_len=None,
-             prefix_len_gpu=None, prefix_len_cpu=None, tensors=None) -> bool:
+             prefix_len_gpu=None, prefix_len_cpu=None) -> bool:
         """Append newly generated tokens and wake the consumers.
 
         ids: one token id or a sequence of them. log_probs (per token, a list of (id, logprob)
         pairs) and token_logprobs (per token, a float) must be given together, as long as ids,
         and by every push of a request or by none. prefix_cache_len: the prompt tokens reused from
-        the prefix cache (prefix_len_cpu defaults to it, prefix_len_gpu to 0). tensors: named model
-        outputs, merged into the next element. The first tokens come out of the prompt's step:
-        their push moves Init to ContextFinished; any later push moves the request on to
-        Generating (so a consumer can tell the two phases apart, as in DashInfer). Returns False,
-        dropping the data, if the request has already ended (a stop can race with the
-        scheduler); raises ValueError on malformed arguments.
+        the prefix cache (prefix_len_cpu defaults to it, prefix_len_gpu to 0). The first tokens
+        come out of the prompt's step: their push moves Init to ContextFinished; any later push
+        moves the request on to Generating (so a consumer can tell the two phases apart, as in
+        DashInfer). Returns False, dropping the data, if the request has already ended (a stop
+        can race with the scheduler); raises ValueError on malformed arguments.
         """
         ids = [int(ids)] if isinstance(ids, numbers.Integral) else [int(i) for i in ids]
         if (log_probs is None) != (token_logprobs is None):
@@ -305,8 +291,6 @@ class ResultQueue:
                 gpu = 0 if prefix_len_gpu is None else int(prefix_len_gpu)
                 cpu = total - gpu if prefix_len_cpu is None else int(prefix_len_cpu)
                 self._prefix = (total, gpu, cpu)
-            if tensors:
-                self._tensors.update(tensors)
             if ids and self._status < GenerateRequestStatus.Generating:
                 self._status = GenerateRequestStatus.ContextFinished if first else GenerateRequestStatus.Generating
             self._changed()
@@ -363,15 +347,15 @@ class ResultQueue:
             self._listener()
 
     def _has_news(self):
-        return bool(self._ids) or bool(self._tensors) or self._status in _FINAL
+        return bool(self._ids) or self._status in _FINAL
 
     def _take(self):
-        if not self._ids and not self._tensors:
+        if not self._ids:
             return None
         total, gpu, cpu = self._prefix
-        ele = GeneratedElements(self._ids, self._log_probs, self._token_logprobs, self._tensors,
+        ele = GeneratedElements(self._ids, self._log_probs, self._token_logprobs, {},
                                 total, gpu, cpu)
-        self._ids, self._log_probs, self._token_logprobs, self._tensors = [], [], [], {}
+        self._ids, self._log_probs, self._token_logprobs = [], [], []
         return ele
 
     def _wall_ms(self, t):

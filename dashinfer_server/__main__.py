@@ -72,8 +72,8 @@ def _watch_stdin(stop: threading.Event) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    from dashinfer_client.proto.wire import LOG_FORMAT  # a spawning ClientEngine parses these lines
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
     from .parallel import init_group
     group = init_group(args.threads or None)  # first: it places the rank before the kernels load
     if group.rank > 0:
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         K.set_num_threads(args.threads)
 
     from .engine import Engine
-    from .service import release_models, serve
+    from .grpc_server import serve
     engine = Engine(group)
     try:
         if args.model_dir:
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         server.shutdown(args.grace_period)
         return 0
     finally:
-        release_models(engine)
+        engine.close()  # releases the models
         group.close()  # the other ranks exit
 
 

@@ -1,7 +1,8 @@
 """The in-process Engine: DashInfer's API over ModelRunner (one scheduler thread per model).
 
-Every call returns an AsStatus (and logs why when it is an error); nothing a caller passes
-raises from deep inside or stops the other requests. Calls that wait (stop_request,
+The API's front half (argument checks, refusals, last_error, start_request_text) is
+dashinfer_client.api.EngineAPI's, shared with ClientEngine; here are its primitives. Nothing a
+caller passes raises from deep inside or stops the other requests. Calls that wait (stop_request,
 release_request, sync_request, stop_model) wait without holding the engine's lock, so other
 user threads keep starting and stopping requests meanwhile.
 
@@ -18,34 +19,19 @@ Semantics follow DashInfer's AsEngine:
   sync_request   blocks until the request (handle None: every request of the model) has ended.
 """
 import ctypes
-import enum
 import gc
 import logging
 import threading
 
 import numpy as np
 
-from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
+from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
+from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder
 from dashinfer_client.types import AsStatus, ResultQueue
 
 from .sequence import Sequence
 
 log = logging.getLogger("dashinfer_server")
-
-
-class ModelState(enum.Enum):
-    Initial = "Initial"
-    Running = "Running"
-    Stopped = "Stopped"
-    Released = "Released"
-
-
-class EngineError(Exception):
-    """A refused call: its status and the reason."""
-
-    def __init__(self, status: AsStatus, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class _Installed:
@@ -57,117 +43,99 @@ class _Installed:
         self.requests = {}  # handle -> Sequence, until release_request
 
 
-class Engine:
+class Engine(EngineAPI):
+    """DashInfer's API in-process: the front half is EngineAPI's, the primitives are here."""
+    log = log
+
     def __init__(self, group=None):
+        super().__init__()
         from .parallel import LocalGroup
         self._group = group or LocalGroup()
         self._models = {}
         self._lock = threading.RLock()
-        self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
-        self.last_error = None  # the reason of the last refused call, for logs
-        self._reason = threading.local()  # the reason of the calling thread's last refused call
 
-    def call_with_reason(self, method: str, *args):
-        """(what `method(*args)` returns, why it was refused or "" when it was not).
+    @property
+    def world_size(self) -> int:
+        return self._group.world
 
-        For the gRPC service: the reason is this call's own, even when other threads call the
-        Engine at the same time (last_error may already hold another call's reason)."""
-        self._reason.text = ""
-        result = getattr(self, method)(*args)
-        return result, self._reason.text
+    def close(self) -> None:
+        """Release every model (stopping those that run); the Engine stays usable."""
+        with self._lock:
+            names = list(self._models)
+        for name in names:
+            self.release_model(name)
+
+    def get_stats(self) -> dict:
+        with self._lock:
+            models = {name: _model_stats(m) for name, m in self._models.items()}
+        return {"models": models, "streams": 0, "sessions": 0, "draining": False}
 
     # ---- models ----------------------------------------------------------------------------
 
-    def install_model(self, runtime_cfg) -> AsStatus:
-        def install():
-            cfg = runtime_cfg.build() if hasattr(runtime_cfg, "build") else runtime_cfg
-            if not isinstance(cfg, AsModelRuntimeConfig):
-                raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                                  f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
+    def _install_model(self, cfg) -> None:
+        with self._lock:
             if cfg.model_name in self._models:
-                raise EngineError(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
-                                  f"model {cfg.model_name!r} is already installed")
+                raise Refused(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
+                              f"model {cfg.model_name!r} is already installed")
             from dashinfer_client.model.serialized import DashInferModel
             try:
                 model = DashInferModel(cfg.model_dir, cfg.model_prefix)
             except Exception as e:
-                raise EngineError(AsStatus.ALLSPARK_IO_ERROR, f"cannot load model files: {e}") from e
+                raise Refused(AsStatus.ALLSPARK_IO_ERROR, f"cannot load model files: {e}") from e
             context = model.config.max_position_embeddings
             if cfg.max_length > context:
-                raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                                  f"max_length {cfg.max_length} exceeds the model's context {context}")
+                raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
+                              f"max_length {cfg.max_length} exceeds the model's context {context}")
             self._group.command("install_model", cfg.to_dict())
             self._models[cfg.model_name] = _Installed(cfg, model)
-        return self._call("install_model", install)
 
-    def start_model(self, model_name: str) -> AsStatus:
-        def start():
-            m = self._model(model_name, (ModelState.Initial, ModelState.Stopped))
-            self._group.command("start_model", {"model_name": model_name})
+    def _start_model(self, name) -> None:
+        with self._lock:
+            m = self._model(name, (ModelState.Initial, ModelState.Stopped))
+            self._group.command("start_model", {"model_name": name})
             if m.runner is None:
                 from .runner import ModelRunner
                 m.runner = ModelRunner(m.model, m.cfg, self._group)
             m.runner.start()
             m.state = ModelState.Running
-        return self._call("start_model", start)
 
-    def stop_model(self, model_name: str) -> AsStatus:
-        def begin():
-            m = self._model(model_name, (ModelState.Running,))
+    def _stop_model(self, name) -> None:
+        with self._lock:
+            m = self._model(name, (ModelState.Running,))
             if m.stopping:
-                raise EngineError(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
-                                  f"model {model_name!r} is already being stopped")
+                raise Refused(AsStatus.ALLSPARK_INVALID_CALL_ERROR, f"model {name!r} is already being stopped")
             m.stopping = True
-            return m
-        status, m = self._call_for("stop_model", begin)
-        if status != AsStatus.ALLSPARK_SUCCESS:
-            return status
         self._wait_ended(m, list(m.requests.values()))
-
-        def stop():
+        with self._lock:
             m.runner.stop()
             m.stopping = False
-            self._group.command("stop_model", {"model_name": model_name})
+            self._group.command("stop_model", {"model_name": name})
             m.state = ModelState.Stopped
-        return self._call("stop_model", stop)
 
-    def release_model(self, model_name: str) -> AsStatus:
+    def _release_model(self, name) -> None:
         with self._lock:
-            m = self._models.get(model_name)
+            m = self._models.get(name)
             running = m is not None and m.state == ModelState.Running and not m.stopping
         if running:
-            status = self.stop_model(model_name)
-            if status != AsStatus.ALLSPARK_SUCCESS:
-                return status
-
-        def release():
-            m = self._model(model_name, (ModelState.Initial, ModelState.Stopped))
-            self._group.command("release_model", {"model_name": model_name})
+            self._stop_model(name)
+        with self._lock:
+            m = self._model(name, (ModelState.Initial, ModelState.Stopped))
+            self._group.command("release_model", {"model_name": name})
             m.state = ModelState.Released
             m.runner = m.model = None
-            del self._models[model_name]
-        status = self._call("release_model", release)
-        if status == AsStatus.ALLSPARK_SUCCESS:
-            _return_memory_to_os()
-        return status
-
-    def get_model_state(self, model_name: str):
-        with self._lock:
-            m = self._models.get(model_name)
-            return m.state if m else ModelState.Released
+            del self._models[name]
+        _return_memory_to_os()
 
     # ---- requests --------------------------------------------------------------------------
 
-    def start_request_ids(self, model_name: str, model, input_ids, generate_config):
-        """-> (AsStatus, handle, ResultQueue); handle and queue are None when refused."""
-        def start():
-            m = self._model(model_name)
+    def _start_request(self, name, loader, input_ids, gen):
+        with self._lock:
+            m = self._model(name)
             if m.stopping or m.state == ModelState.Stopped:
-                raise EngineError(AsStatus.ALLSPARK_REQUEST_DENIED,
-                                  f"model {model_name!r} is stopped or stopping: no new requests")
-            self._model(model_name, (ModelState.Running,))
+                raise Refused(AsStatus.ALLSPARK_REQUEST_DENIED, f"model {name!r} is stopped or stopping: no new requests")
+            self._model(name, (ModelState.Running,))
             ids = self._check_ids(input_ids, m)
-            gen = self._check_generation(generate_config, m, len(ids))
+            gen = self._check_generation(gen, m, len(ids))
             from .sampler import RequestSamplingState
             seq = Sequence(ids, gen.max_length)
             seq.queue = ResultQueue(str(seq.handle))
@@ -175,72 +143,37 @@ class Engine:
             seq.sampling = RequestSamplingState(self._sampling_params(gen), ids)
             m.requests[seq.handle] = seq
             m.runner.submit(seq)
-            return seq
-        status, seq = self._call_for("start_request", start)
-        return (status, seq.handle, seq.queue) if seq is not None else (status, None, None)
+            return seq.handle, seq.queue
 
-    def start_request_text(self, model_name: str, model, text, generate_config):
-        """Tokenize with the loader's tokenizer (or the installed model's), then start_request_ids.
-        A list of texts starts one request each: -> (AsStatus, [handles], [queues]), the status
-        being the first failure if any."""
-        if isinstance(text, (list, tuple)):
-            results = [self.start_request_text(model_name, model, t, generate_config) for t in text]
-            bad = [r[0] for r in results if r[0] != AsStatus.ALLSPARK_SUCCESS]
-            return (bad[0] if bad else AsStatus.ALLSPARK_SUCCESS,
-                    [r[1] for r in results], [r[2] for r in results])
-        try:
-            with self._lock:
-                installed = self._models.get(model_name)
-            loader = model if model is not None and hasattr(model, "get_tokenizer") else \
-                (installed.model if installed else None)
-            if loader is None:
-                raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, f"unknown model {model_name!r}")
-            if not isinstance(text, str):
-                raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                                  f"start_request_text takes a str or a list of str, got {type(text).__name__}")
-            with self._tokenizer_lock:
-                ids = loader.get_tokenizer()(text)["input_ids"]
-        except EngineError as e:
-            return self._refuse("start_request_text", e), None, None
-        except Exception as e:
-            return self._refuse("start_request_text", EngineError(
-                AsStatus.ALLSPARK_PARAM_ERROR, f"cannot tokenize the text: {type(e).__name__}: {e}")), None, None
-        return self.start_request_ids(model_name, model, ids, generate_config)
-
-    def stop_request(self, model_name: str, request_handle) -> AsStatus:
-        status, found = self._call_for("stop_request", lambda: self._stop(model_name, request_handle))
-        if status == AsStatus.ALLSPARK_SUCCESS:
-            self._wait_ended(*found)
-        return status
-
-    def release_request(self, model_name: str, request_handle) -> AsStatus:
-        status, found = self._call_for("release_request", lambda: self._stop(model_name, request_handle))
-        if status != AsStatus.ALLSPARK_SUCCESS:
-            return status
-        self._wait_ended(*found)
-        m, (seq,) = found
+    def _tokenizer_loader(self, name):
         with self._lock:
-            m.requests.pop(seq.handle, None)
-        return status
+            return self._model(name).model
 
-    def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
-        """Block until the request (None: every request of the model) has ended."""
-        def find():
-            if request_handle is None:
-                m = self._model(model_name)
-                return m, list(m.requests.values())
-            m, seq = self._request(model_name, request_handle)
+    def _stop_request(self, name, handle) -> None:
+        self._wait_ended(*self._stop(name, handle))
+
+    def _release_request(self, name, handle) -> None:
+        m, seqs = self._stop(name, handle)
+        self._wait_ended(m, seqs)
+        with self._lock:
+            m.requests.pop(handle, None)
+
+    def _sync_request(self, name, handle) -> None:
+        with self._lock:
+            if handle is None:
+                m = self._model(name)
+                seqs = list(m.requests.values())
+            else:
+                m, seq = self._request(name, handle)
+                seqs = [seq]
+        self._wait_ended(m, seqs)
+
+    def _stop(self, name, handle):
+        with self._lock:
+            m, seq = self._request(name, handle)
+            if m.runner is not None and not seq.queue.finished:
+                m.runner.stop_request(seq)
             return m, [seq]
-        status, found = self._call_for("sync_request", find)
-        if status == AsStatus.ALLSPARK_SUCCESS:
-            self._wait_ended(*found)
-        return status
-
-    def _stop(self, model_name, handle):
-        m, seq = self._request(model_name, handle)
-        if m.runner is not None and not seq.queue.finished:
-            m.runner.stop_request(seq)
-        return m, [seq]
 
     @staticmethod
     def _wait_ended(m, seqs) -> None:
@@ -256,45 +189,21 @@ class Engine:
 
     # ---- checks ----------------------------------------------------------------------------
 
-    def _call(self, what, fn) -> AsStatus:
-        return self._call_for(what, fn)[0]
-
-    def _call_for(self, what, fn):
-        """Run fn under the lock -> (AsStatus, fn's result or None)."""
-        try:
-            with self._lock:
-                return AsStatus.ALLSPARK_SUCCESS, fn()
-        except EngineError as e:
-            return self._refuse(what, e), None
-        except MemoryError as e:
-            log.exception("%s failed", what)
-            return self._refuse(what, EngineError(AsStatus.ALLSPARK_MEMORY_ERROR, f"out of memory: {e}")), None
-        except Exception as e:  # not the caller's fault: say so and keep serving
-            log.exception("%s failed", what)
-            return self._refuse(what, EngineError(AsStatus.ALLSPARK_RUNTIME_ERROR,
-                                                  f"{type(e).__name__}: {e}")), None
-
-    def _refuse(self, what, e: EngineError) -> AsStatus:
-        self.last_error = self._reason.text = f"{what}: {e}"
-        log.error("%s refused (%s): %s", what, e.status.name, e)
-        return e.status
-
     def _model(self, name, states=None) -> _Installed:
-        m = self._models.get(name) if isinstance(name, str) else None
+        m = self._models.get(name)
         if m is None:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, f"unknown model {name!r}")
+            raise unknown_model(name)
         if states and m.state not in states:
-            raise EngineError(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
-                              f"model {name!r} is {m.state.value}, this call needs "
-                              + " or ".join(s.value for s in states))
+            raise Refused(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
+                          f"model {name!r} is {m.state.value}, this call needs "
+                          + " or ".join(s.value for s in states))
         return m
 
     def _request(self, model_name, handle):
         m = self._model(model_name)
-        seq = m.requests.get(handle) if isinstance(handle, int) else None
+        seq = m.requests.get(handle)
         if seq is None:
-            raise EngineError(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID,
-                              f"unknown request handle {handle!r} for model {model_name!r}")
+            raise unknown_handle(model_name, handle)
         return m, seq
 
     @staticmethod
@@ -304,25 +213,25 @@ class Engine:
         except Exception:
             arr = None
         if arr is None or (arr.dtype.kind not in "iu" and arr.size):
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, "input_ids must be a list of integers")
+            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, "input_ids must be a list of integers")
         arr = arr.reshape(-1) if arr.ndim == 2 and arr.shape[0] == 1 else arr
         if arr.ndim != 1:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"input_ids must be one sequence of ids, got shape {arr.shape}")
+            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                          f"input_ids must be one sequence of ids, got shape {arr.shape}")
         if arr.size == 0:
-            raise EngineError(AsStatus.ALLSPARK_EMPTY_REQUEST, "input_ids is empty")
+            raise Refused(AsStatus.ALLSPARK_EMPTY_REQUEST, "input_ids is empty")
         vocab = m.model.config.vocab_size
         bad = arr[(arr < 0) | (arr >= vocab)]
         if bad.size:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"input id {int(bad[0])} is outside the vocabulary [0, {vocab})")
+            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                          f"input id {int(bad[0])} is outside the vocabulary [0, {vocab})")
         if arr.size >= m.cfg.max_length:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"prompt of {arr.size} tokens leaves no room under max_length {m.cfg.max_length}")
+            raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
+                          f"prompt of {arr.size} tokens leaves no room under max_length {m.cfg.max_length}")
         if arr.size + 1 > m.runner.block_capacity:
-            raise EngineError(AsStatus.ALLSPARK_CACHE_MEMORY_OUT,
-                              f"prompt of {arr.size} tokens can never fit the KV cache of "
-                              f"{m.runner.block_capacity} tokens")
+            raise Refused(AsStatus.ALLSPARK_CACHE_MEMORY_OUT,
+                          f"prompt of {arr.size} tokens can never fit the KV cache of "
+                          f"{m.runner.block_capacity} tokens")
         return [int(i) for i in arr]
 
     @staticmethod
@@ -333,35 +242,46 @@ class Engine:
             if isinstance(gen, dict):
                 gen = ASGenerationConfigBuilder().update(gen).build()
         except ValueError as e:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, f"generate_config: {e}") from e
+            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, f"generate_config: {e}") from e
         if not isinstance(gen, ASGenerationConfig):
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
+            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                          f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
         if gen.lora_name:
-            raise EngineError(AsStatus.ALLSPARK_LORA_NOT_LOADED,
-                              f"lora_name={gen.lora_name!r}: this runtime loads no LoRA adapters")
+            raise Refused(AsStatus.ALLSPARK_LORA_NOT_LOADED,
+                          f"lora_name={gen.lora_name!r}: this runtime loads no LoRA adapters")
         for key, what in (("mm_info", "multimodal input"), ("response_format", "guided decoding")):
             if getattr(gen, key):
-                raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                                  f"{key} is not supported: this runtime has no {what}")
+                raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
+                              f"{key} is not supported: this runtime has no {what}")
         if gen.max_length > m.cfg.max_length:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"generation max_length {gen.max_length} exceeds the engine's {m.cfg.max_length}")
+            raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
+                          f"generation max_length {gen.max_length} exceeds the engine's {m.cfg.max_length}")
         if gen.max_length <= prompt_len:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"generation max_length {gen.max_length} leaves no room after the "
-                              f"{prompt_len}-token prompt")
+            raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
+                          f"generation max_length {gen.max_length} leaves no room after the "
+                          f"{prompt_len}-token prompt")
         from .sampler import validate
         try:
             validate(Engine._sampling_params(gen), m.model.config.vocab_size, prompt_len)
         except ValueError as e:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
+            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
         return gen
 
     @staticmethod
     def _sampling_params(gen):
         from .sampler import SamplingParams
         return SamplingParams.from_config(gen)
+
+
+def _model_stats(m) -> dict:
+    """One model's entry of get_stats()."""
+    runner = m.runner
+    return {"state": m.state, "requests": len(m.requests),
+            "running": len(runner.scheduler.running) if runner else 0,
+            "waiting": len(runner.scheduler.waiting) if runner else 0,
+            "kv_blocks_total": len(runner.pool.blocks) if runner else 0,
+            "kv_blocks_free": runner.pool.num_available if runner else 0,
+            "runtime_config": m.cfg.to_dict()}
 
 
 def _return_memory_to_os() -> None:

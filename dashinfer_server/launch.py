@@ -20,13 +20,9 @@ import shutil
 import sys
 import time
 
+from dashinfer_client.proto.wire import default_address
+
 from . import topology
-
-
-def default_address() -> str:
-    """A unix socket only this user can reach, unique to this launch."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return f"unix://{base}/dashinfer-{os.getuid()}-{os.getpid()}.sock"
 
 
 def mpiexec_path() -> str:

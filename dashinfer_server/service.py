@@ -9,59 +9,22 @@ Requests belong to whoever holds them: a stream that breaks before its request e
 went away) stops and releases that request; a Session that ends releases every request started
 under it that its client never released.
 
-serve(engine, address) -> Server (accepting); Server.shutdown(grace) drains: new work is refused
-with ALLSPARK_REQUEST_DENIED, running requests get `grace` seconds to finish and are interrupted
-after that, then the models are stopped and the service closes.
+The service uses the Engine's public API only (EngineAPI: its calls, get_stats, world_size); the
+messages are built and read by dashinfer_client.proto.wire. grpc_server.py serves it.
 """
-import json
 import logging
 import os
-import socket
 import threading
-import time
 import uuid
-from concurrent import futures
 
-import grpc
-import numpy as np
+from dashinfer_client.proto import wire
+from dashinfer_client.proto.wire import pb, pb_grpc
+from dashinfer_client.types import AsStatus
 
-from dashinfer_client.config import AsModelRuntimeConfig
-from dashinfer_client.proto import load as load_stubs
-from dashinfer_client.types import AsStatus, GenerateRequestStatus
-
-pb, pb_grpc = load_stubs()
 log = logging.getLogger("dashinfer_server.service")
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
-# Streams hold a worker thread each (the sync gRPC server); threads are created when needed.
-DEFAULT_MAX_WORKERS = 512
-
-
-def default_address() -> str:
-    """A unix socket private to this process: $XDG_RUNTIME_DIR (else /tmp)/dashinfer-<uid>-<pid>.sock."""
-    folder = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return f"unix://{folder}/dashinfer-{os.getuid()}-{os.getpid()}.sock"
-
-
-def unix_socket_path(address: str):
-    """The file of a unix:PATH / unix:///PATH address, else None."""
-    if not address.startswith("unix:"):
-        return None
-    path = address[len("unix:"):]
-    return path[2:] if path.startswith("//") else path
-
-
-class _Foreign:
-    """A handle that is not an int, named by its client-side repr (for the Engine's refusal)."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
 class _Held:
     """A request the service started: its queue, the session owning it, whether it streams."""
     __slots__ = ("queue", "session", "streaming")
@@ -120,7 +83,7 @@ class DashInferService(pb_grpc.DashInferServicer):
         if self._draining:
             return self._denied("install_model")
         try:
-            cfg = AsModelRuntimeConfig.from_dict(json.loads(request.runtime_config_json))
+            cfg = wire.decode_runtime_config(request.runtime_config_json)
         except (ValueError, TypeError) as e:
             return _reply(AsStatus.ALLSPARK_PARAM_ERROR, f"install_model: bad runtime config: {e}")
         return self._call("install_model", cfg)
@@ -146,8 +109,8 @@ class DashInferService(pb_grpc.DashInferServicer):
     def StartRequest(self, request, context):
         model = request.model_name
         try:
-            ids = self._input_ids(request)
-            gen = json.loads(request.generation_config_json or "{}")
+            ids = wire.decode_ids(request)
+            gen = wire.decode_generation(request.generation_config_json)
         except ValueError as e:
             yield pb.RequestEvent(started=_reply(AsStatus.ALLSPARK_PARAM_ERROR, f"start_request: {e}"))
             return
@@ -173,7 +136,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             self._stream_ended(key, held)  # the client is gone already
             return
         sent = {}
-        first = _event(queue, None, sent)
+        first = wire.encode_event(queue, None, sent)
         first.started.CopyFrom(_reply(SUCCESS))
         first.handle = handle
         if routed:  # the session's stream carries the rest (maybe before this reply arrives)
@@ -184,25 +147,25 @@ class DashInferService(pb_grpc.DashInferServicer):
         while True:
             elements = queue.Get()
             if queue.finished:
-                elements = _merge(elements, queue.GetNoWait())  # pushed before the final status
+                elements = wire.merge_elements(elements, queue.GetNoWait())  # pushed before the final status
                 held.streaming = False
-                yield _event(queue, elements, sent)
+                yield wire.encode_event(queue, elements, sent)
                 return
-            yield _event(queue, elements, sent)
+            yield wire.encode_event(queue, elements, sent)
 
     def StopRequest(self, request, context):
-        return self._call("stop_request", request.model_name, self._handle(request))
+        return self._call("stop_request", request.model_name, wire.decode_handle(request))
 
     def ReleaseRequest(self, request, context):
-        reply = self._call("release_request", request.model_name, self._handle(request))
+        handle = wire.decode_handle(request)
+        reply = self._call("release_request", request.model_name, handle)
         if reply.status == SUCCESS:
             with self._lock:
-                self._forget((request.model_name, self._handle(request)))
+                self._forget((request.model_name, handle))
         return reply
 
     def SyncRequest(self, request, context):
-        handle = self._handle(request) if request.HasField("handle") else None
-        return self._call("sync_request", request.model_name, handle)
+        return self._call("sync_request", request.model_name, wire.decode_handle(request))
 
     # ---- sessions, health, stats ---------------------------------------------------------------
 
@@ -234,16 +197,15 @@ class DashInferService(pb_grpc.DashInferServicer):
                 return
 
     def Health(self, request, context):
-        world = getattr(self.engine._group, "world", 1)
         return pb.HealthReply(ready=not self._draining, instance_id=self.instance_id, pid=os.getpid(),
-                              world_size=world, message=self._draining or "ready")
+                              world_size=self.engine.world_size, message=self._draining or "ready")
 
     def GetStats(self, request, context):
+        stats = self.engine.get_stats()
         with self._lock:
-            streams = sum(h.streaming for h in self._held.values())
-            sessions = len(self._sessions)
-        return pb.StatsReply(reply=_reply(SUCCESS), models=_model_stats(self.engine), streams=streams,
-                             sessions=sessions, draining=bool(self._draining))
+            stats.update(streams=sum(h.streaming for h in self._held.values()),
+                         sessions=len(self._sessions), draining=bool(self._draining))
+        return wire.encode_stats(stats, _reply(SUCCESS))
 
     # ---- shutdown ------------------------------------------------------------------------------
 
@@ -275,20 +237,6 @@ class DashInferService(pb_grpc.DashInferServicer):
     def _denied(self, what) -> pb.Reply:
         return _reply(DENIED, f"{what}: {self._draining}")
 
-    @staticmethod
-    def _handle(request):
-        return request.id if request.WhichOneof("handle") == "id" else _Foreign(request.foreign)
-
-    @staticmethod
-    def _input_ids(request):
-        if request.input_ids_json:
-            return json.loads(request.input_ids_json)
-        ids = np.array(request.input_ids, dtype=np.int64)
-        shape = tuple(request.input_shape)
-        if int(np.prod(shape)) != ids.size:
-            raise ValueError(f"input_ids: {ids.size} values do not fill the shape {list(shape)}")
-        return ids.reshape(shape)
-
     def _routed_events(self, session) -> list:
         """One RequestEvent per routed request with news; a request whose last event goes out
         leaves the session's routing (its handle stays held until released)."""
@@ -296,7 +244,7 @@ class DashInferService(pb_grpc.DashInferServicer):
         for key, queue, sent in session.take_dirty():
             final = queue.finished  # before taking: every token pushed before the final status
             elements = queue.GetNoWait()
-            event = _event(queue, elements, sent)
+            event = wire.encode_event(queue, elements, sent)
             event.handle = key[1]
             events.append(event)
             if final:
@@ -344,167 +292,3 @@ class DashInferService(pb_grpc.DashInferServicer):
             self.engine.call_with_reason("release_request", *key)
         if keys:
             log.info("session %s ended: released %d request(s) its client held", sid[:8], len(keys))
-
-
-def _merge(a, b):
-    """Two GeneratedElements in delivery order as one (either may be None)."""
-    if a is None or b is None:
-        return a or b
-    a.ids_from_generate += b.ids_from_generate
-    a.log_probs_list += b.log_probs_list
-    a.token_logprobs_list += b.token_logprobs_list
-    a.tensors_from_model_inference.update(b.tensors_from_model_inference)
-    a.prefix_cache_len, a.prefix_len_gpu, a.prefix_len_cpu = b.prefix_cache_len, b.prefix_len_gpu, b.prefix_len_cpu
-    return a
-
-
-def _event(queue, elements, sent) -> pb.RequestEvent:
-    """What the client's queue needs to mirror this one after `elements` were taken from it.
-    sent: the statistics the stream has carried so far (updated): only changed entries go, and
-    never generated_token_length, which the client's queue counts itself."""
-    stats = queue.RequestStatInfo()
-    changed = {k: v for k, v in stats.items() if sent.get(k) != v and k != "generated_token_length"}
-    sent.update(changed)
-    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed)
-    if elements is not None:
-        event.ids.extend(elements.ids_from_generate)
-        for top in elements.log_probs_list:
-            event.log_probs.add(ids=[i for i, _ in top], logprobs=[p for _, p in top])
-        event.token_logprobs.extend(elements.token_logprobs_list)
-        for name, value in elements.tensors_from_model_inference.items():
-            arr = np.ascontiguousarray(value)
-            event.tensors[name].CopyFrom(pb.Tensor(dtype=arr.dtype.str, shape=arr.shape, data=arr.tobytes()))
-        event.prefix_cache_len = elements.prefix_cache_len
-        event.prefix_len_gpu = elements.prefix_len_gpu
-        event.prefix_len_cpu = elements.prefix_len_cpu
-    return event
-
-
-def _installed(engine) -> list:
-    """(name, installed model) of every model the Engine holds, read under its lock. The service
-    reads the Engine's tables only here, for stats and shutdown."""
-    with engine._lock:
-        return list(engine._models.items())
-
-
-def _model_stats(engine) -> list:
-    """Per installed model: state, config, requests held and the scheduler's queues (counted)."""
-    out = []
-    for name, m in _installed(engine):
-        runner = m.runner
-        stats = pb.ModelStats(model_name=name, state=m.state.value, requests=len(m.requests),
-                              runtime_config_json=json.dumps(m.cfg.to_dict()))
-        if runner is not None:
-            stats.running = len(runner.scheduler.running)
-            stats.waiting = len(runner.scheduler.waiting)
-            stats.kv_blocks_total = len(runner.pool.blocks)
-            stats.kv_blocks_free = runner.pool.num_available
-        out.append(stats)
-    return out
-
-
-def release_models(engine) -> None:
-    """Release every installed model (stopping those that run): the last step of a shutdown."""
-    for name, _ in _installed(engine):
-        engine.call_with_reason("release_model", name)
-
-
-def _claim_unix_socket(path: str) -> None:
-    """Make `path` bindable: refuse if a live server listens there, remove a stale socket file."""
-    if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # left by a server that died
-        except OSError as e:
-            raise RuntimeError(f"cannot use {path}: {e}") from e
-        else:
-            raise RuntimeError(f"{path} is in use by a running server; choose another --address")
-        finally:
-            probe.close()
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-
-
-class Server:
-    """The gRPC server of rank 0 around one Engine (see serve)."""
-
-    def __init__(self, engine, address=None, max_workers=DEFAULT_MAX_WORKERS):
-        self.engine = engine
-        self.address = address or default_address()
-        self.service = DashInferService(engine)
-        self.socket_path = unix_socket_path(self.address)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
-                                   options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
-        self._stopped = threading.Event()
-
-    def start(self) -> "Server":
-        if self.socket_path:
-            _claim_unix_socket(self.socket_path)
-        try:
-            port = self._server.add_insecure_port(self.address)
-        except RuntimeError as e:
-            raise RuntimeError(f"cannot listen on {self.address}: {e}") from e
-        if not self.socket_path and self.address.rsplit(":", 1)[-1] == "0":
-            self.address = f"{self.address.rsplit(':', 1)[0]}:{port}"  # the port the OS chose
-        self._server.start()
-        if self.socket_path:
-            os.chmod(self.socket_path, 0o660)  # this user and its group only
-        return self
-
-    def shutdown(self, grace: float = 30.0) -> None:
-        """Drain (refuse new work, give running requests `grace` seconds, then interrupt them),
-        stop the models and close. Every model stays installed (release is the caller's)."""
-        why = "the server is shutting down: no new requests are accepted"
-        self.service.begin_draining(why)
-        deadline = time.monotonic() + grace
-        queues = self.service.unfinished()
-        if queues:
-            log.info("draining: waiting up to %.0f s for %d running request(s)", grace, len(queues))
-        for q in queues:
-            q.wait_finished(max(0.0, deadline - time.monotonic()))
-        late = [q for q in queues if not q.finished]
-        for q in late:
-            q.set_status(GenerateRequestStatus.GenerateInterrupted,
-                         f"the server shut down before the request finished (grace period {grace:g} s)")
-        if late:
-            log.warning("draining: interrupted %d request(s) still running after %.0f s", len(late), grace)
-        self.stop_models()
-        self.service.close_sessions()
-        self._server.stop(grace=5.0).wait()
-        self._remove_socket()
-        self._stopped.set()
-
-    def stop_models(self) -> None:
-        """Stop every running model (its unfinished requests are interrupted)."""
-        for name, m in _installed(self.engine):
-            if m.state.value == "Running":
-                self.engine.call_with_reason("stop_model", name)
-
-    def stop(self) -> None:
-        """Close at once (no drain): open streams are cancelled."""
-        self.service.close_sessions()
-        self._server.stop(grace=None).wait()
-        self._remove_socket()
-        self._stopped.set()
-
-    def wait(self, timeout=None) -> bool:
-        return self._stopped.wait(timeout)
-
-    def _remove_socket(self) -> None:
-        if self.socket_path:
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
-
-
-def serve(engine, address=None, max_workers=DEFAULT_MAX_WORKERS) -> Server:
-    """Serve `engine` on `address` (default: a unix socket private to this process; a TCP address
-    such as 127.0.0.1:PORT listens only where it names, never on every interface unless it says
-    so) and return the started Server: it accepts calls when this returns."""
-    return Server(engine, address, max_workers).start()

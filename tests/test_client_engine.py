@@ -79,7 +79,7 @@ def remote(serialized):
 
 
 def _server_pid(engine):
-    return engine._state.group.proc.pid
+    return engine.server.proc.pid
 
 
 def _wait_until(predicate, timeout=10.0):
@@ -218,14 +218,12 @@ def test_client_disconnect_frees_its_requests(remote):
 def test_cancelled_stream_frees_its_request(remote):
     """A bare gRPC client (no session) that cancels mid-stream: the server stops and releases it."""
     import grpc
-    from dashinfer_client.client_engine import _generation_json
-    from dashinfer_client.proto import load
-    pb, pb_grpc = load()
+    from dashinfer_client.proto.wire import encode_generation, pb, pb_grpc
     base = remote.get_stats()["models"]["tiny"]["requests"]
     with grpc.insecure_channel(remote.address) as channel:
         call = pb_grpc.DashInferStub(channel).StartRequest(pb.StartRequestRequest(
             model_name="tiny", input_ids=PROMPT, input_shape=[len(PROMPT)],
-            generation_config_json=_generation_json(_gen(MAX_LENGTH - 1))))
+            generation_config_json=encode_generation(_gen(MAX_LENGTH - 1).build())))
         assert next(call).started.status == 0 and next(call).ids
         call.cancel()
     assert _wait_until(lambda: remote.get_stats()["models"]["tiny"]["requests"] == base)
@@ -325,7 +323,7 @@ def test_nothing_at_the_address_is_a_clear_error():
 def test_garbage_collected_client_stops_its_server():
     import gc
     engine = allspark.ClientEngine(startup_timeout=60)
-    proc, socket_path = engine._state.group.proc, engine._state.group.socket
+    proc, socket_path = engine.server.proc, engine.server.socket
     del engine
     gc.collect()
     assert proc.poll() is not None and not os.path.exists(socket_path)
@@ -338,15 +336,15 @@ def test_sigterm_drains_running_requests_and_exits_zero(serialized):
         assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
         queues = [engine.start_request_ids("tiny", None, PROMPT, _gen(800))[2] for _ in range(3)]
         assert all(q.Get() is not None for q in queues)
-        group = engine._state.group
-        group.proc.send_signal(signal.SIGTERM)
-        assert group.proc.wait(30) == 0
-        assert "draining: waiting up to 30 s" in group.describe_exit(), "nothing was running at SIGTERM"
+        server = engine.server
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+        assert "draining: waiting up to 30 s" in server.describe_exit(), "nothing was running at SIGTERM"
         for queue in queues:
             assert queue.wait_finished(5)
             assert queue.GenerateStatus() == S.GenerateFinished, queue.error
             assert queue.GeneratedLength() == 800 - len(PROMPT)
-        assert not os.path.exists(group.socket)
+        assert not os.path.exists(server.socket)
     finally:
         engine.close()
 

@@ -61,9 +61,11 @@ def test_flags_default_from_the_environment():
     assert extra["DASHINFER_NODE"] == "0" and extra["OMP_NUM_THREADS"] == "1"
 
 
-def test_default_address_is_a_private_unix_socket(monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
-    assert L.default_address() == f"unix:///run/user/1000/dashinfer-{os.getuid()}-{os.getpid()}.sock"
+def test_default_address_is_a_private_unix_socket(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert L.default_address() == f"unix://{tmp_path}/dashinfer-{os.getuid()}-{os.getpid()}.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent/run")  # not writable: /tmp
+    assert L.default_address() == f"unix:///tmp/dashinfer-{os.getuid()}-{os.getpid()}.sock"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     cmd, _ = command([], dict(SIM))
     address = cmd[cmd.index("--address") + 1]

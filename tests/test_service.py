@@ -16,7 +16,8 @@ import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
-from dashinfer_server.service import Server, default_address, serve, unix_socket_path
+from dashinfer_client.proto.wire import default_address, unix_socket_path
+from dashinfer_server.grpc_server import Server, serve
 from helpers import build_tiny_model
 
 pb, pb_grpc = load()

@@ -49,16 +49,6 @@ def test_other_enums():
 
 # ---- GeneratedElements, RequestStatInfo ----------------------------------------------------------
 
-def test_generated_elements_round_trip():
-    ele = GeneratedElements([5, 6], [[(5, -0.1), (9, -2.0)], [(6, -0.3), (1, -1.0)]], [-0.1, -0.3],
-                            {}, 16, 0, 16)
-    d = ele.to_dict()
-    d["log_probs_list"] = [[list(p) for p in tok] for tok in d["log_probs_list"]]  # as JSON gives it back
-    assert GeneratedElements.from_dict(d) == ele
-    with pytest.raises(ValueError, match="ids"):
-        GeneratedElements.from_dict({"ids": [1]})
-
-
 def test_request_stat_info_keys_and_attributes():
     info = RequestStatInfo({"time_to_first_token": 12.5, "context_token_length": 7})
     assert set(info) == {k.value for k in RequestStatInfo.Key}
@@ -308,15 +298,14 @@ def test_push_refuses_mixing_logprobs_and_none():
         q2.push([2], [[(2, -1.0)]], [-1.0])
 
 
-def test_push_prefix_lengths_and_tensors():
+def test_push_prefix_lengths():
     q = ResultQueue()
     q.push([1], prefix_cache_len=64, prefix_len_gpu=16)
     ele = q.Get()
     assert (ele.prefix_cache_len, ele.prefix_len_gpu, ele.prefix_len_cpu) == (64, 16, 48)
-    q.push([], tensors={"hidden": np.zeros(3)})
-    ele = q.GetNoWait()
-    assert ele.ids_from_generate == [] and list(ele.tensors_from_model_inference) == ["hidden"]
-    assert ele.prefix_cache_len == 64  # the latest known values ride along
+    assert ele.tensors_from_model_inference == {}  # generation produces no named tensors
+    q.push([2])
+    assert q.GetNoWait().prefix_cache_len == 64  # the latest known values ride along
 
 
 def test_stats_derived_by_the_queue():

@@ -1,0 +1,255 @@
+"""DashInfer's API, written once for both engines: the in-process Engine (dashinfer_server) and
+ClientEngine (over gRPC) inherit EngineAPI, so they have the same methods, check their arguments
+the same way and refuse with the same status and message.
+
+Every call returns an AsStatus (and logs why when it is an error); `last_error` holds the reason
+of the last refused call, call_with_reason the reason of this thread's own call. Nothing a caller
+passes raises. What does not depend on the engine is checked here: the model name (a str that
+UTF-8 can carry), the handle (an int), the configs (build() called here; a failing build() is
+the caller's ALLSPARK_PARAM_ERROR), the texts of start_request_text and their tokenizer (one
+request per text of a list; Hugging Face fast tokenizers are not safe across threads: one lock).
+
+An engine implements the primitives (the underscored methods below that raise
+NotImplementedError, plus get_stats, close and world_size). They get checked arguments and
+refuse by raising Refused; any other exception is reported as ALLSPARK_RUNTIME_ERROR (a bug,
+logged with its traceback) and the engine keeps serving.
+"""
+import enum
+import logging
+import threading
+
+from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
+from .types import AsStatus
+
+SUCCESS = AsStatus.ALLSPARK_SUCCESS
+PARAM_ERROR = AsStatus.ALLSPARK_PARAM_ERROR
+
+
+class ModelState(str, enum.Enum):
+    """Initial (installed) -> Running (start_model) -> Stopped (stop_model) -> Released. A str, so
+    it compares equal to its name."""
+    Initial = "Initial"
+    Running = "Running"
+    Stopped = "Stopped"
+    Released = "Released"
+
+
+class Refused(Exception):
+    """A refused call: its status and why. named: the message already names the call (a server's
+    refusal, relayed as it is)."""
+
+    def __init__(self, status: AsStatus, message: str, named: bool = False):
+        super().__init__(message)
+        self.status = AsStatus(status)
+        self.named = named
+
+
+class EngineAPI:
+    log = logging.getLogger("dashinfer_client")
+
+    def __init__(self):
+        self.last_error = None  # the reason of the last refused call, for logs
+        self._reason = threading.local()  # the reason of the calling thread's last refused call
+        self._tokenizer_lock = threading.Lock()
+
+    def call_with_reason(self, method: str, *args):
+        """(what `method(*args)` returns, why it was refused or "" when it was not); the reason
+        is this call's own, even when other threads call the engine at the same time (for the
+        gRPC service; last_error may already hold another call's reason)."""
+        self._reason.text = ""
+        result = getattr(self, method)(*args)
+        return result, self._reason.text
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- models ----------------------------------------------------------------------------------
+
+    def install_model(self, runtime_cfg) -> AsStatus:
+        return self._guarded("install_model", lambda: self._install_model(_runtime_config(runtime_cfg)))[0]
+
+    def start_model(self, model_name: str) -> AsStatus:
+        return self._guarded("start_model", lambda: self._start_model(_model_name(model_name)))[0]
+
+    def stop_model(self, model_name: str) -> AsStatus:
+        return self._guarded("stop_model", lambda: self._stop_model(_model_name(model_name)))[0]
+
+    def release_model(self, model_name: str) -> AsStatus:
+        return self._guarded("release_model", lambda: self._release_model(_model_name(model_name)))[0]
+
+    def get_model_state(self, model_name: str) -> ModelState:
+        """The model's state; Released for a model not installed."""
+        model = self.get_stats()["models"].get(model_name) if isinstance(model_name, str) else None
+        return model["state"] if model else ModelState.Released
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def start_request_ids(self, model_name: str, model, input_ids, generate_config):
+        """-> (AsStatus, handle, ResultQueue); handle and queue are None when refused. model: the
+        loader (unused by the engines; DashInfer's signature)."""
+        status, started = self._guarded("start_request", lambda: self._start_request(
+            _model_name(model_name), model, input_ids, _generation_config(generate_config)))
+        return (status, *started) if started is not None else (status, None, None)
+
+    def start_request_text(self, model_name: str, model, text, generate_config):
+        """Tokenize with the loader's tokenizer (model; else that of the installed model's files),
+        then start_request_ids. A list of texts starts one request each: -> (AsStatus, [handles],
+        [queues]), the status being the first failure if any."""
+        if isinstance(text, (list, tuple)):
+            results = [self.start_request_text(model_name, model, t, generate_config) for t in text]
+            bad = [r[0] for r in results if r[0] != SUCCESS]
+            return bad[0] if bad else SUCCESS, [r[1] for r in results], [r[2] for r in results]
+        status, ids = self._guarded("start_request_text", lambda: self._tokenize(model_name, model, text))
+        if status != SUCCESS:
+            return status, None, None
+        return self.start_request_ids(model_name, model, ids, generate_config)
+
+    def stop_request(self, model_name: str, request_handle) -> AsStatus:
+        """Returns once the request has ended; its queue stays readable until release_request."""
+        return self._guarded("stop_request", lambda: self._stop_request(*_request(model_name, request_handle)))[0]
+
+    def release_request(self, model_name: str, request_handle) -> AsStatus:
+        """stop_request, then forget the handle."""
+        return self._guarded("release_request",
+                             lambda: self._release_request(*_request(model_name, request_handle)))[0]
+
+    def sync_request(self, model_name: str, request_handle=None) -> AsStatus:
+        """Block until the request (None: every request of the model) has ended."""
+        def sync():
+            if request_handle is None:
+                return self._sync_request(_model_name(model_name), None)
+            return self._sync_request(*_request(model_name, request_handle))
+        return self._guarded("sync_request", sync)[0]
+
+    # ---- primitives --------------------------------------------------------------------------------
+
+    def get_stats(self) -> dict:
+        """{"models": {name: {"state": ModelState, "requests" (handles held), "running" (in the
+        batch), "waiting" (queued for it), "kv_blocks_total", "kv_blocks_free", "runtime_config"
+        (AsModelRuntimeConfig.to_dict())}}, "streams", "sessions" (of the gRPC service: request
+        streams and client sessions open; 0 in-process), "draining" (the service is shutting down)}."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def world_size(self) -> int:
+        """Tensor-parallel ranks serving the models."""
+        raise NotImplementedError
+
+    def _install_model(self, cfg: AsModelRuntimeConfig) -> None:
+        raise NotImplementedError
+
+    def _start_model(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _stop_model(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _release_model(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _start_request(self, name: str, loader, input_ids, gen):
+        """gen: an ASGenerationConfig or a dict of its options -> (handle, queue)."""
+        raise NotImplementedError
+
+    def _stop_request(self, name: str, handle: int) -> None:
+        raise NotImplementedError
+
+    def _release_request(self, name: str, handle: int) -> None:
+        raise NotImplementedError
+
+    def _sync_request(self, name: str, handle) -> None:
+        raise NotImplementedError
+
+    def _tokenizer_loader(self, name: str):
+        """The loader whose tokenizer start_request_text uses when it is given none."""
+        raise NotImplementedError
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _tokenize(self, model_name, model, text) -> list:
+        name = _model_name(model_name)
+        loader = model if model is not None and hasattr(model, "get_tokenizer") else self._tokenizer_loader(name)
+        if not isinstance(text, str):
+            raise Refused(PARAM_ERROR, f"start_request_text takes a str or a list of str, got {type(text).__name__}")
+        try:
+            with self._tokenizer_lock:
+                return loader.get_tokenizer()(text)["input_ids"]
+        except Exception as e:
+            raise Refused(PARAM_ERROR, f"cannot tokenize the text: {type(e).__name__}: {e}") from e
+
+    def _guarded(self, what, fn):
+        """fn() -> (SUCCESS, its result), or (the refusal's status, None)."""
+        try:
+            return SUCCESS, fn()
+        except Refused as e:
+            return self._refuse(what, e), None
+        except MemoryError as e:
+            self.log.exception("%s failed", what)
+            return self._refuse(what, Refused(AsStatus.ALLSPARK_MEMORY_ERROR, f"out of memory: {e}")), None
+        except Exception as e:  # not the caller's fault: say so and keep serving
+            self.log.exception("%s failed", what)
+            return self._refuse(what, Refused(AsStatus.ALLSPARK_RUNTIME_ERROR, f"{type(e).__name__}: {e}")), None
+
+    def _refuse(self, what, e: Refused) -> AsStatus:
+        self.last_error = self._reason.text = str(e) if e.named else f"{what}: {e}"
+        self.log.error("%s (%s)", self.last_error, e.status.name)
+        return e.status
+
+
+# ---- the checks that do not depend on the engine -------------------------------------------------------
+
+def unknown_model(name) -> Refused:
+    return Refused(PARAM_ERROR, f"unknown model {name!r}")
+
+
+def unknown_handle(name, handle) -> Refused:
+    return Refused(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID, f"unknown request handle {handle!r} for model {name!r}")
+
+
+def _model_name(name) -> str:
+    if not isinstance(name, str):
+        raise Refused(PARAM_ERROR, f"a model name is a str, got {type(name).__name__} {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Refused(PARAM_ERROR, f"model name {name!r} is not valid text ({e.reason})") from e
+    return name
+
+
+def _request(model_name, handle):
+    """(model name, handle) checked: the handle must be an int (one this engine gave out)."""
+    name = _model_name(model_name)
+    if not isinstance(handle, int) or isinstance(handle, bool):
+        raise unknown_handle(name, handle)
+    return name, handle
+
+
+def _runtime_config(cfg) -> AsModelRuntimeConfig:
+    if hasattr(cfg, "build"):
+        try:
+            cfg = cfg.build()
+        except Exception as e:
+            raise Refused(PARAM_ERROR, f"the runtime config does not build: {type(e).__name__}: {e}") from e
+    if not isinstance(cfg, AsModelRuntimeConfig):
+        raise Refused(PARAM_ERROR, f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
+    _model_name(cfg.model_name)
+    return cfg
+
+
+def _generation_config(gen):
+    """A builder built; an ASGenerationConfig or a dict of options (checked by the engine) passes."""
+    if isinstance(gen, ASGenerationConfigBuilder):
+        try:
+            gen = gen.build()
+        except Exception as e:
+            raise Refused(PARAM_ERROR, f"generate_config: {e}") from e
+    if not isinstance(gen, (ASGenerationConfig, dict)):
+        raise Refused(PARAM_ERROR,
+                      f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
+    return gen

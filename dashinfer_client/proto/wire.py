@@ -1,0 +1,197 @@
+"""The wire format: Python objects <-> the messages of proto/dashinfer.proto, both directions.
+
+Used by both ends (ClientEngine and the gRPC service of rank 0), so each encoding sits beside its
+decoding: request events (a ResultQueue's news), input ids, configs, handles, statistics. Also
+what else the two ends must agree on outside the messages: addresses (the default unix socket,
+unix: parsing) and the server's log-line format, which a ClientEngine reads back from the
+output of a group it spawned.
+"""
+import json
+import os
+import re
+import uuid
+
+import numpy as np
+
+from ..api import ModelState
+from ..config import ASGenerationConfig, AsModelRuntimeConfig
+from ..types import GenerateRequestStatus, RequestStatInfo
+from . import load
+
+pb, pb_grpc = load()
+
+_FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted,
+          GenerateRequestStatus.InternalError)
+_COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
+
+# ---- addresses -------------------------------------------------------------------------------------
+
+
+def default_address(unique=False) -> str:
+    """A unix socket only this user can reach: $XDG_RUNTIME_DIR (else /tmp)/dashinfer-<uid>-<pid>
+    .sock; unique: with a random suffix too (a client spawning several groups)."""
+    folder = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    if not os.access(folder, os.W_OK):
+        folder = "/tmp"
+    suffix = f"-{uuid.uuid4().hex[:8]}" if unique else ""
+    return f"unix://{folder}/dashinfer-{os.getuid()}-{os.getpid()}{suffix}.sock"
+
+
+def unix_socket_path(address: str):
+    """The file of a unix:PATH / unix:///PATH address, else None."""
+    if not address.startswith("unix:"):
+        return None
+    path = address[len("unix:"):]
+    return path[2:] if path.startswith("//") else path
+
+
+# ---- the server's log lines ------------------------------------------------------------------------
+
+# "<date> <time> <logger>[<pid>] <LEVEL> <message>"
+LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+_LOG_RECORD = re.compile(r"^\S+ \S+ (\S+\[\d+\]) (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$")
+
+
+def parse_log_line(line):
+    """(level name, "logger[pid]: message") of a line LOG_FORMAT wrote, else None (a traceback's
+    continuation or foreign output)."""
+    record = _LOG_RECORD.match(line)
+    return (record.group(2), f"{record.group(1)}: {record.group(3)}") if record else None
+
+
+# ---- configs, ids, handles -------------------------------------------------------------------------
+
+
+def encode_runtime_config(cfg: AsModelRuntimeConfig) -> str:
+    """The config's JSON, model_dir made absolute (the server's working directory is not ours)."""
+    d = cfg.to_dict()
+    d["model_dir"] = os.path.abspath(d["model_dir"])
+    return json.dumps(d)
+
+
+def decode_runtime_config(text: str) -> AsModelRuntimeConfig:
+    """Raises ValueError or TypeError on a bad config."""
+    return AsModelRuntimeConfig.from_dict(json.loads(text))
+
+
+def encode_generation(gen) -> str:
+    """An ASGenerationConfig (or the user's dict, for the server's Engine to check) as JSON."""
+    return json.dumps(gen.to_dict() if isinstance(gen, ASGenerationConfig) else gen, default=repr)
+
+
+def decode_generation(text: str):
+    """The dict the Engine checks; raises ValueError on bad JSON."""
+    return json.loads(text or "{}")
+
+
+def encode_ids(input_ids) -> dict:
+    """input_ids as StartRequestRequest fields: an integer array's values and shape, else its JSON
+    (for the server's Engine to refuse with its own message)."""
+    try:
+        arr = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)
+    except Exception:
+        arr = None
+    if arr is not None and (arr.dtype.kind in "iu" or arr.size == 0) and arr.ndim > 0:
+        if arr.size == 0 or (arr.min() >= -2**63 and arr.max() < 2**63):
+            return {"input_ids": arr.astype(np.int64).ravel().tolist(), "input_shape": list(arr.shape)}
+    try:
+        return {"input_ids_json": json.dumps(input_ids, default=repr)}
+    except (TypeError, ValueError):
+        return {"input_ids_json": json.dumps(repr(input_ids))}
+
+
+def decode_ids(request):
+    """The input_ids of a StartRequestRequest; ValueError when the values do not fill the shape."""
+    if request.input_ids_json:
+        return json.loads(request.input_ids_json)
+    ids = np.array(request.input_ids, dtype=np.int64)
+    shape = tuple(request.input_shape)
+    if int(np.prod(shape)) != ids.size:
+        raise ValueError(f"input_ids: {ids.size} values do not fill the shape {list(shape)}")
+    return ids.reshape(shape)
+
+
+def encode_request_ref(model_name, server_handle=None):
+    """A RequestRef: one request (its handle on the server), or every request of the model."""
+    if server_handle is None:
+        return pb.RequestRef(model_name=model_name)
+    return pb.RequestRef(model_name=model_name, id=server_handle)
+
+
+def decode_handle(request):
+    """The handle a RequestRef names, or None when it names none."""
+    return request.id if request.HasField("id") else None
+
+
+# ---- request events --------------------------------------------------------------------------------
+
+
+def encode_event(queue, elements, sent) -> pb.RequestEvent:
+    """What a client's queue needs to mirror `queue` after `elements` (GeneratedElements or None)
+    were taken from it. sent: the statistics the stream has carried so far (updated): only
+    changed entries go, and never generated_token_length, which the client's queue counts itself."""
+    stats = queue.RequestStatInfo()
+    changed = {k: v for k, v in stats.items() if sent.get(k) != v and k != "generated_token_length"}
+    sent.update(changed)
+    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed)
+    if elements is not None:
+        event.ids.extend(elements.ids_from_generate)
+        for top in elements.log_probs_list:
+            event.log_probs.add(ids=[i for i, _ in top], logprobs=[p for _, p in top])
+        event.token_logprobs.extend(elements.token_logprobs_list)
+        event.prefix_cache_len = elements.prefix_cache_len
+        event.prefix_len_gpu = elements.prefix_len_gpu
+        event.prefix_len_cpu = elements.prefix_len_cpu
+    return event
+
+
+def merge_elements(a, b):
+    """Two GeneratedElements in delivery order as one (either may be None)."""
+    if a is None or b is None:
+        return a or b
+    a.ids_from_generate += b.ids_from_generate
+    a.log_probs_list += b.log_probs_list
+    a.token_logprobs_list += b.token_logprobs_list
+    a.prefix_cache_len, a.prefix_len_gpu, a.prefix_len_cpu = b.prefix_cache_len, b.prefix_len_gpu, b.prefix_len_cpu
+    return a
+
+
+def apply_event(event, queue) -> None:
+    """Mirror one server event into the client's queue: tokens first, then the status."""
+    status = GenerateRequestStatus(event.status)
+    if event.stats:
+        queue.update_stats({k: int(v) if k in _COUNT_KEYS else v for k, v in event.stats.items()})
+    if status == GenerateRequestStatus.ContextFinished and queue.GenerateStatus() < status:
+        queue.set_status(status)
+    if event.ids:
+        logprobs = token_logprobs = None
+        if event.token_logprobs:
+            logprobs = [list(zip(top.ids, top.logprobs)) for top in event.log_probs]
+            token_logprobs = list(event.token_logprobs)
+        queue.push(list(event.ids), logprobs, token_logprobs, prefix_cache_len=event.prefix_cache_len,
+                   prefix_len_gpu=event.prefix_len_gpu, prefix_len_cpu=event.prefix_len_cpu)
+    if status in _FINAL or status > queue.GenerateStatus():
+        queue.set_status(status, event.error or None)
+
+
+# ---- statistics ------------------------------------------------------------------------------------
+
+_MODEL_COUNTS = ("requests", "running", "waiting", "kv_blocks_total", "kv_blocks_free")
+_SERVICE_KEYS = ("streams", "sessions", "draining")
+
+
+def encode_stats(stats: dict, reply) -> pb.StatsReply:
+    """An engine's get_stats() dict (api.EngineAPI.get_stats) as a StatsReply."""
+    models = [pb.ModelStats(model_name=name, state=m["state"].value,
+                            runtime_config_json=json.dumps(m["runtime_config"]),
+                            **{k: m[k] for k in _MODEL_COUNTS})
+              for name, m in stats["models"].items()]
+    return pb.StatsReply(reply=reply, models=models, **{k: stats[k] for k in _SERVICE_KEYS})
+
+
+def decode_stats(reply) -> dict:
+    """A StatsReply as get_stats() returns it."""
+    models = {m.model_name: {"state": ModelState(m.state), **{k: getattr(m, k) for k in _MODEL_COUNTS},
+                             "runtime_config": json.loads(m.runtime_config_json)}
+              for m in reply.models}
+    return {"models": models, **{k: getattr(reply, k) for k in _SERVICE_KEYS}}

@@ -1,0 +1,127 @@
+"""The gRPC server of rank 0 around one Engine: listening (a unix socket private to this user by
+default), draining and closing; the calls themselves are service.py's.
+
+serve(engine, address) -> Server (accepting); Server.shutdown(grace) drains: new work is refused
+with ALLSPARK_REQUEST_DENIED, running requests get `grace` seconds to finish and are interrupted
+after that, then the models are stopped and the service closes.
+"""
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from dashinfer_client.api import ModelState
+from dashinfer_client.proto.wire import default_address, pb_grpc, unix_socket_path
+from dashinfer_client.types import GenerateRequestStatus
+
+from .service import DashInferService
+
+log = logging.getLogger("dashinfer_server.service")
+
+# Streams hold a worker thread each (the sync gRPC server); threads are created when needed.
+DEFAULT_MAX_WORKERS = 512
+
+
+def _claim_unix_socket(path: str) -> None:
+    """Make `path` bindable: refuse if a live server listens there, remove a stale socket file."""
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # left by a server that died
+        except OSError as e:
+            raise RuntimeError(f"cannot use {path}: {e}") from e
+        else:
+            raise RuntimeError(f"{path} is in use by a running server; choose another --address")
+        finally:
+            probe.close()
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+
+
+class Server:
+    """The gRPC server of rank 0 around one Engine (see serve)."""
+
+    def __init__(self, engine, address=None, max_workers=DEFAULT_MAX_WORKERS):
+        self.engine = engine
+        self.address = address or default_address()
+        self.service = DashInferService(engine)
+        self.socket_path = unix_socket_path(self.address)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
+                                   options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
+        self._stopped = threading.Event()
+
+    def start(self) -> "Server":
+        if self.socket_path:
+            _claim_unix_socket(self.socket_path)
+        try:
+            port = self._server.add_insecure_port(self.address)
+        except RuntimeError as e:
+            raise RuntimeError(f"cannot listen on {self.address}: {e}") from e
+        if not self.socket_path and self.address.rsplit(":", 1)[-1] == "0":
+            self.address = f"{self.address.rsplit(':', 1)[0]}:{port}"  # the port the OS chose
+        self._server.start()
+        if self.socket_path:
+            os.chmod(self.socket_path, 0o660)  # this user and its group only
+        return self
+
+    def shutdown(self, grace: float = 30.0) -> None:
+        """Drain (refuse new work, give running requests `grace` seconds, then interrupt them),
+        stop the models and close. Every model stays installed (release is the caller's)."""
+        why = "the server is shutting down: no new requests are accepted"
+        self.service.begin_draining(why)
+        deadline = time.monotonic() + grace
+        queues = self.service.unfinished()
+        if queues:
+            log.info("draining: waiting up to %.0f s for %d running request(s)", grace, len(queues))
+        for q in queues:
+            q.wait_finished(max(0.0, deadline - time.monotonic()))
+        late = [q for q in queues if not q.finished]
+        for q in late:
+            q.set_status(GenerateRequestStatus.GenerateInterrupted,
+                         f"the server shut down before the request finished (grace period {grace:g} s)")
+        if late:
+            log.warning("draining: interrupted %d request(s) still running after %.0f s", len(late), grace)
+        self.stop_models()
+        self.service.close_sessions()
+        self._server.stop(grace=5.0).wait()
+        self._remove_socket()
+        self._stopped.set()
+
+    def stop_models(self) -> None:
+        """Stop every running model (its unfinished requests are interrupted)."""
+        for name, m in self.engine.get_stats()["models"].items():
+            if m["state"] is ModelState.Running:
+                self.engine.call_with_reason("stop_model", name)
+
+    def stop(self) -> None:
+        """Close at once (no drain): open streams are cancelled."""
+        self.service.close_sessions()
+        self._server.stop(grace=None).wait()
+        self._remove_socket()
+        self._stopped.set()
+
+    def wait(self, timeout=None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def _remove_socket(self) -> None:
+        if self.socket_path:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+
+
+def serve(engine, address=None, max_workers=DEFAULT_MAX_WORKERS) -> Server:
+    """Serve `engine` on `address` (default: a unix socket private to this process; a TCP address
+    such as 127.0.0.1:PORT listens only where it names, never on every interface unless it says
+    so) and return the started Server: it accepts calls when this returns."""
+    return Server(engine, address, max_workers).start()
