@@ -182,6 +182,11 @@ BAD_CALLS = {
     "gen dict bad key": lambda e, s: e.start_request_ids("tiny", None, [1, 2], {"top_kk": 1})[0],
     "gen wrong type": lambda e, s: e.start_request_ids("tiny", None, [1, 2], 42)[0],
     "text not str": lambda e, s: e.start_request_text("tiny", None, 42, _gen())[0],
+    "bytes model name": lambda e, s: e.start_model(b"tiny"),
+    "lone surrogate name": lambda e, s: e.start_request_ids("tiny\udc80", None, [1, 2], _gen())[0],
+    "bool handle": lambda e, s: e.stop_request("tiny", True),
+    "unknown handle, unknown model": lambda e, s: e.release_request("nope", 10**9),
+    "gen type": lambda e, s: e.start_request_ids("tiny", None, [1, 2], [1, 2])[0],
 }
 
 
