@@ -6,6 +6,7 @@ are imported the first time one of their names is used.
 """
 import importlib
 
+from .api import ModelState
 from .config import (ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig,
                      AsModelRuntimeConfigBuilder)
 from .prompt import PromptTemplate
@@ -23,7 +24,7 @@ _LAZY = {
 }
 
 __all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelRuntimeConfig",
-           "AsModelRuntimeConfigBuilder", "PromptTemplate", "AsCacheMode", "AsStatus",
+           "AsModelRuntimeConfigBuilder", "ModelState", "PromptTemplate", "AsCacheMode", "AsStatus",
            "GeneratedElements", "GenerateRequestStatus", "RequestStatInfo", "ResultQueue",
            "RoPEScaleMethod", "TargetDevice", *_LAZY]
 

@@ -381,7 +381,7 @@ def test_chat_template_of_the_tokenizer():
 def test_contract_names_are_exported():
     eager = ["AsModelRuntimeConfigBuilder", "ASGenerationConfigBuilder", "TargetDevice", "AsCacheMode",
              "AsStatus", "GenerateRequestStatus", "GeneratedElements", "ResultQueue", "RequestStatInfo",
-             "PromptTemplate", "RoPEScaleMethod"]
+             "PromptTemplate", "RoPEScaleMethod", "ModelState"]
     lazy = ["Engine", "ClientEngine", "HuggingFaceModel", "GGUFModel", "DashInferModel",
             "ModelSerializerException"]
     for name in eager:
