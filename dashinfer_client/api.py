@@ -81,7 +81,8 @@ class EngineAPI:
         return self._guarded("release_model", lambda: self._release_model(_model_name(model_name)))[0]
 
     def get_model_state(self, model_name: str) -> ModelState:
-        """The model's state; Released for a model not installed."""
+        """The model's state; Released for a model not installed. A query, not a call: like
+        get_stats it raises (ClientEngine: Unavailable) when there is no server to ask."""
         model = self.get_stats()["models"].get(model_name) if isinstance(model_name, str) else None
         return model["state"] if model else ModelState.Released
 

@@ -9,14 +9,14 @@ import time
 
 import grpc
 
-from .proto.wire import apply_event, pb, pb_grpc
+from .proto.wire import KEEPALIVE_MS, apply_event, pb, pb_grpc
 from .types import GenerateRequestStatus
 
 log = logging.getLogger("dashinfer_client")
 
 # Local sockets answer within milliseconds: retry connecting often (gRPC's default waits 1-120 s).
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-                    ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.keepalive_time_ms", 30000),
+                    ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.keepalive_time_ms", KEEPALIVE_MS),
                     ("grpc.max_receive_message_length", 64 * 2**20)]
 
 

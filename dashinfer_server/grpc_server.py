@@ -15,7 +15,7 @@ from concurrent import futures
 import grpc
 
 from dashinfer_client.api import ModelState
-from dashinfer_client.proto.wire import default_address, pb_grpc, unix_socket_path
+from dashinfer_client.proto.wire import KEEPALIVE_MS, default_address, pb_grpc, unix_socket_path
 from dashinfer_client.types import GenerateRequestStatus
 
 from .service import DashInferService
@@ -55,7 +55,9 @@ class Server:
         self.service = DashInferService(engine)
         self.socket_path = unix_socket_path(self.address)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
-                                   options=[("grpc.so_reuseport", 0)])
+                                   options=[("grpc.so_reuseport", 0),  # a client's keepalive pings:
+                                            ("grpc.http2.min_ping_interval_without_data_ms",
+                                             KEEPALIVE_MS // 2)])
         pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
         self._stopped = threading.Event()
 

@@ -24,6 +24,10 @@ _FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.Generate
           GenerateRequestStatus.InternalError)
 _COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
 
+# A client pings an idle connection this often (its session stream stays open for hours); the
+# server must accept pings that often, or it ends the connection ("too many pings").
+KEEPALIVE_MS = 30000
+
 # ---- addresses -------------------------------------------------------------------------------------
 
 
