@@ -1,4 +1,4 @@
-"""The in-process Engine: DashInfer's API over ModelRunner (one scheduler thread per model).
+"""The in-process Engine: DashInfer's API over ModelLoop (one main-loop thread per model).
 
 The API's front half (argument checks, refusals, last_error, start_request_text) is
 dashinfer_client.api.EngineAPI's, shared with ClientEngine; here are its primitives. Nothing a
@@ -23,13 +23,10 @@ import gc
 import logging
 import threading
 
-import numpy as np
-
 from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
-from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder
-from dashinfer_client.types import AsStatus, ResultQueue
+from dashinfer_client.types import AsStatus
 
-from .sequence import Sequence
+from .request import ModelLimits, RequestError, new_request
 
 log = logging.getLogger("dashinfer_server")
 
@@ -39,7 +36,7 @@ class _Installed:
         self.cfg, self.model = cfg, model
         self.state = ModelState.Initial
         self.stopping = False  # stop_model is waiting for the running requests
-        self.runner = None
+        self.loop = None
         self.requests = {}  # handle -> Sequence, until release_request
 
 
@@ -93,10 +90,10 @@ class Engine(EngineAPI):
         with self._lock:
             m = self._model(name, (ModelState.Initial, ModelState.Stopped))
             self._group.command("start_model", {"model_name": name})
-            if m.runner is None:
-                from .runner import ModelRunner
-                m.runner = ModelRunner(m.model, m.cfg, self._group)
-            m.runner.start()
+            if m.loop is None:
+                from .model_loop import ModelLoop
+                m.loop = ModelLoop(m.model, m.cfg, self._group)
+            m.loop.start()
             m.state = ModelState.Running
 
     def _stop_model(self, name) -> None:
@@ -107,7 +104,7 @@ class Engine(EngineAPI):
             m.stopping = True
         self._wait_ended(m, list(m.requests.values()))
         with self._lock:
-            m.runner.stop()
+            m.loop.stop()
             m.stopping = False
             self._group.command("stop_model", {"model_name": name})
             m.state = ModelState.Stopped
@@ -122,7 +119,7 @@ class Engine(EngineAPI):
             m = self._model(name, (ModelState.Initial, ModelState.Stopped))
             self._group.command("release_model", {"model_name": name})
             m.state = ModelState.Released
-            m.runner = m.model = None
+            m.loop = m.model = None
             del self._models[name]
         _return_memory_to_os()
 
@@ -134,15 +131,13 @@ class Engine(EngineAPI):
             if m.stopping or m.state == ModelState.Stopped:
                 raise Refused(AsStatus.ALLSPARK_REQUEST_DENIED, f"model {name!r} is stopped or stopping: no new requests")
             self._model(name, (ModelState.Running,))
-            ids = self._check_ids(input_ids, m)
-            gen = self._check_generation(gen, m, len(ids))
-            from .sampler import RequestSamplingState
-            seq = Sequence(ids, gen.max_length)
-            seq.queue = ResultQueue(str(seq.handle))
-            seq.queue.update_stats(context_token_length=len(ids))
-            seq.sampling = RequestSamplingState(self._sampling_params(gen), ids)
+            limits = ModelLimits(m.model.config.vocab_size, m.cfg.max_length, m.loop.block_capacity)
+            try:
+                seq = new_request(input_ids, gen, limits)
+            except RequestError as e:
+                raise Refused(e.status, str(e)) from e
             m.requests[seq.handle] = seq
-            m.runner.submit(seq)
+            m.loop.submit(seq)
             return seq.handle, seq.queue
 
     def _tokenizer_loader(self, name):
@@ -171,8 +166,8 @@ class Engine(EngineAPI):
     def _stop(self, name, handle):
         with self._lock:
             m, seq = self._request(name, handle)
-            if m.runner is not None and not seq.queue.finished:
-                m.runner.stop_request(seq)
+            if m.loop is not None and not seq.queue.finished:
+                m.loop.stop_request(seq)
             return m, [seq]
 
     @staticmethod
@@ -181,8 +176,8 @@ class Engine(EngineAPI):
         thread rather than hang (it only dies on a bug, which it has logged)."""
         for seq in seqs:
             while not seq.queue.wait_finished(0.1):
-                runner = m.runner
-                if runner is None or not runner.alive:
+                loop = m.loop
+                if loop is None or not loop.alive:
                     log.error("request %d: the scheduler thread of %r is not running", seq.handle,
                               m.cfg.model_name)
                     return
@@ -206,81 +201,15 @@ class Engine(EngineAPI):
             raise unknown_handle(model_name, handle)
         return m, seq
 
-    @staticmethod
-    def _check_ids(input_ids, m) -> list:
-        try:
-            arr = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)
-        except Exception:
-            arr = None
-        if arr is None or (arr.dtype.kind not in "iu" and arr.size):
-            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, "input_ids must be a list of integers")
-        arr = arr.reshape(-1) if arr.ndim == 2 and arr.shape[0] == 1 else arr
-        if arr.ndim != 1:
-            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
-                          f"input_ids must be one sequence of ids, got shape {arr.shape}")
-        if arr.size == 0:
-            raise Refused(AsStatus.ALLSPARK_EMPTY_REQUEST, "input_ids is empty")
-        vocab = m.model.config.vocab_size
-        bad = arr[(arr < 0) | (arr >= vocab)]
-        if bad.size:
-            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
-                          f"input id {int(bad[0])} is outside the vocabulary [0, {vocab})")
-        if arr.size >= m.cfg.max_length:
-            raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                          f"prompt of {arr.size} tokens leaves no room under max_length {m.cfg.max_length}")
-        if arr.size + 1 > m.runner.block_capacity:
-            raise Refused(AsStatus.ALLSPARK_CACHE_MEMORY_OUT,
-                          f"prompt of {arr.size} tokens can never fit the KV cache of "
-                          f"{m.runner.block_capacity} tokens")
-        return [int(i) for i in arr]
-
-    @staticmethod
-    def _check_generation(gen, m, prompt_len) -> ASGenerationConfig:
-        try:
-            if isinstance(gen, ASGenerationConfigBuilder):
-                gen = gen.build()
-            if isinstance(gen, dict):
-                gen = ASGenerationConfigBuilder().update(gen).build()
-        except ValueError as e:
-            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, f"generate_config: {e}") from e
-        if not isinstance(gen, ASGenerationConfig):
-            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
-                          f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
-        if gen.lora_name:
-            raise Refused(AsStatus.ALLSPARK_LORA_NOT_LOADED,
-                          f"lora_name={gen.lora_name!r}: this runtime loads no LoRA adapters")
-        for key, what in (("mm_info", "multimodal input"), ("response_format", "guided decoding")):
-            if getattr(gen, key):
-                raise Refused(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"{key} is not supported: this runtime has no {what}")
-        if gen.max_length > m.cfg.max_length:
-            raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                          f"generation max_length {gen.max_length} exceeds the engine's {m.cfg.max_length}")
-        if gen.max_length <= prompt_len:
-            raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                          f"generation max_length {gen.max_length} leaves no room after the "
-                          f"{prompt_len}-token prompt")
-        from .sampler import validate
-        try:
-            validate(Engine._sampling_params(gen), m.model.config.vocab_size, prompt_len)
-        except ValueError as e:
-            raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
-        return gen
-
-    @staticmethod
-    def _sampling_params(gen):
-        from .sampler import SamplingParams
-        return SamplingParams.from_config(gen)
-
 
 def _model_stats(m) -> dict:
     """One model's entry of get_stats()."""
-    runner = m.runner
+    loop = m.loop
     return {"state": m.state, "requests": len(m.requests),
-            "running": len(runner.scheduler.running) if runner else 0,
-            "waiting": len(runner.scheduler.waiting) if runner else 0,
-            "kv_blocks_total": len(runner.pool.blocks) if runner else 0,
-            "kv_blocks_free": runner.pool.num_available if runner else 0,
+            "running": len(loop.scheduler.running) if loop else 0,
+            "waiting": len(loop.scheduler.waiting) if loop else 0,
+            "kv_blocks_total": len(loop.pool.blocks) if loop else 0,
+            "kv_blocks_free": loop.pool.num_available if loop else 0,
             "runtime_config": m.cfg.to_dict()}
 
 
