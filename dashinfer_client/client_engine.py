@@ -101,11 +101,11 @@ class ClientEngine(EngineAPI):
     @property
     def world_size(self) -> int:
         """The ranks of the server; raises Unavailable."""
-        return self._connection().world_size
+        return self._connection_for_query().world_size
 
     def get_stats(self) -> dict:
         """The server's view (EngineAPI.get_stats); raises Unavailable."""
-        conn = self._connection()
+        conn = self._connection_for_query()
         try:
             return wire.decode_stats(conn.stub.GetStats(wire.pb.Empty()))
         except conn.RpcError as e:
@@ -219,6 +219,13 @@ class ClientEngine(EngineAPI):
             raise Refused(FAILED, conn.lost(e)) from e
         if reply.status != SUCCESS:
             raise Refused(reply.status, reply.message, named=True)
+
+    def _connection_for_query(self) -> Connection:
+        """_connection() for the queries, which raise Unavailable rather than return a status."""
+        try:
+            return self._connection()
+        except Refused as e:  # the server restarted and installing a model again failed
+            raise Unavailable(str(e)) from e
 
     def _connected(self) -> Connection:
         try:
