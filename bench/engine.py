@@ -112,6 +112,7 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
     cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
            .thread_num(threads).build())
+    K.load()
     K.set_num_threads(threads)
     runner = runner_module.ModelRunner(model, cfg)
     runner.load()
@@ -198,8 +199,10 @@ def weight_bytes_per_token(dtype, quant):
     """Bytes of packed weights one decode step streams: every linear layer and lm_head."""
     from dashinfer_client import default_model
     from dashinfer_client.model import DashInferModel
-    from dashinfer_server.parallel import Shard
+    from dashinfer_server import kernels
+    from dashinfer_server.shard import Shard
     from dashinfer_server.weights import WeightLoader
+    kernels.load()
     model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
     c = model.config
     weights = WeightLoader(model, Shard(0, 1, c.num_attention_heads, c.num_key_value_heads,

@@ -14,6 +14,12 @@ import signal
 import sys
 import threading
 
+from . import kernels as K
+from .engine import Engine
+from .parallel import init_group
+from .service import release_models, serve
+from .worker import run_worker
+
 log = logging.getLogger("dashinfer_server")
 
 
@@ -74,10 +80,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
-    from .parallel import init_group
-    group = init_group(args.threads or None)  # first: it places the rank before the kernels load
+    group = init_group(args.threads or None)  # first: it places the rank, then loads the kernels
     if group.rank > 0:
-        from .worker import run_worker
         return run_worker(group) or 0
 
     stop = threading.Event()
@@ -86,11 +90,8 @@ def main(argv=None) -> int:
     if args.exit_on_stdin_eof:
         _watch_stdin(stop)
     if args.threads:
-        from . import kernels as K
         K.set_num_threads(args.threads)
 
-    from .engine import Engine
-    from .service import release_models, serve
     engine = Engine(group)
     try:
         if args.model_dir:

@@ -28,6 +28,8 @@ import numpy as np
 from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
 from dashinfer_client.types import AsStatus, ResultQueue
 
+from .parallel import LocalGroup
+from .runner import ModelRunner
 from .sequence import Sequence
 
 log = logging.getLogger("dashinfer_server")
@@ -59,7 +61,6 @@ class _Installed:
 
 class Engine:
     def __init__(self, group=None):
-        from .parallel import LocalGroup
         self._group = group or LocalGroup()
         self._models = {}
         self._lock = threading.RLock()
@@ -105,7 +106,6 @@ class Engine:
             m = self._model(model_name, (ModelState.Initial, ModelState.Stopped))
             self._group.command("start_model", {"model_name": model_name})
             if m.runner is None:
-                from .runner import ModelRunner
                 m.runner = ModelRunner(m.model, m.cfg, self._group)
             m.runner.start()
             m.state = ModelState.Running

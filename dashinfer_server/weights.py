@@ -13,7 +13,7 @@ import numpy as np
 from dashinfer_client.dtypes import from_bf16
 
 from . import kernels as K
-from .parallel import Shard
+from .shard import Shard
 
 
 @dataclass

@@ -2,6 +2,8 @@ import pytest
 
 from dashinfer_server import kernels as K
 
+K.load()  # tests run where pytest started: nothing to place first
+
 _ORDER = ("portable", "avx2", "avx512")
 # Every kernel path this CPU can run: tests cover all of them on one machine.
 ISAS = _ORDER[: _ORDER.index(K.supported_isa()) + 1]
