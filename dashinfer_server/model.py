@@ -16,6 +16,7 @@ import numpy as np
 from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 
 from . import kernels as K
+from .cpu_share import CpuShare
 from .kv_cache import KVCache
 from .parallel import LocalGroup
 from .shard import Shard
@@ -70,6 +71,7 @@ class DecoderModel:
                             vocab_r, cfg.vocab_size)
         self.scale = 1.0 / math.sqrt(d)
         self.fused = fused
+        self.cpu_share = CpuShare()
         self.bind_native()
 
     def bind_native(self) -> None:
@@ -88,6 +90,7 @@ class DecoderModel:
         if t > self.max_tokens:
             raise ValueError(f"step of {t} tokens exceeds the workspace of {self.max_tokens}")
         res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
+        self.cpu_share.adapt()  # the kernel threads follow the cores other processes leave
         K.embedding(plan.token_ids, w.embedding, res)
         if t >= EMBEDDING_DROP_TOKENS:
             drop_mapped_pages(w.embedding)
