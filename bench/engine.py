@@ -19,6 +19,10 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
                      weights read per token / streaming read bandwidth of bench/machine.py, the
                      mean of bw_gbs measured just before and just after the run)
 
+    python bench/engine.py --neighbour [--workloads decode1,serve32]
+runs each workload quiet, then beside a busy-loop process (one core of two taken), and prints
+both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet).
+
     python bench/engine.py --profile [--quant int8] [--threads N] [--by-op]
 times every kernel call and model-loop stage of 100 decode1 steps instead (ms per step); the layers
 are one native call (kernel decoder_run) unless --by-op runs them op by op from Python.
@@ -111,6 +115,7 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
     cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
            .thread_num(threads).build())
+    K.load()
     K.set_num_threads(threads)
     loop = loop_module.ModelLoop(model, cfg)
     loop.load()
@@ -195,8 +200,10 @@ def weight_bytes_per_token(dtype, quant):
     """Bytes of packed weights one decode step streams: every linear layer and lm_head."""
     from dashinfer_client import default_model
     from dashinfer_client.model import DashInferModel
-    from dashinfer_server.parallel import Shard
+    from dashinfer_server import kernels
+    from dashinfer_server.shard import Shard
     from dashinfer_server.weights import WeightLoader
+    kernels.load()
     model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
     c = model.config
     weights = WeightLoader(model, Shard(0, 1, c.num_attention_heads, c.num_key_value_heads,
@@ -204,6 +211,13 @@ def weight_bytes_per_token(dtype, quant):
     linears = [w for layer in weights.layers for w in (layer.q, layer.k, layer.v, layer.o, layer.gate_up,
                                                         layer.down)]
     return sum(len(w) for w in linears + [weights.lm_head])
+
+
+def run_child(cmd, env, name) -> dict:
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -223,6 +237,8 @@ def main():
                         help="instead: time every kernel and model-loop stage of decode1 steps")
     parser.add_argument("--by-op", action="store_true",
                         help="with --profile: run the layers op by op (each kernel timed on its own)")
+    parser.add_argument("--neighbour", action="store_true",
+                        help="run each workload quiet and beside a busy-loop process; print the ratio")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
@@ -242,23 +258,30 @@ def main():
         sys.path.insert(0, ROOT)
         from dashinfer_server.topology import simulated_nodes
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
-    if "decode1" in names:
+    if "decode1" in names and not args.neighbour:
         sys.path.insert(0, ROOT)
         from bench.machine import read_bandwidth
         per_token = weight_bytes_per_token(args.dtype, args.quant)
     for name in names:
-        if name == "decode1":  # this host's bandwidth drifts: measure it right around the run
+        if name == "decode1" and not args.neighbour:  # this host's bandwidth drifts: measure it right around the run
             bw_before = read_bandwidth(args.threads * max(1, args.ranks))
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--dtype", args.dtype,
                "--threads", str(args.threads), "--max-prefill", str(args.max_prefill),
                "--ranks", str(args.ranks)]
         if args.quant:
             cmd += ["--quant", args.quant]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        if name == "decode1":
+        result = run_child(cmd, env, name)
+        if args.neighbour:
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                beside = run_child(cmd, env, name)
+            finally:
+                busy.kill()
+                busy.wait()
+            result = {"workload": name, "quiet_total_tok_s": result["total_tok_s"],
+                      "neighbour_total_tok_s": beside["total_tok_s"],
+                      "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3)}
+        if name == "decode1" and not args.neighbour:
             bw_after = read_bandwidth(args.threads * max(1, args.ranks))
             bound = (bw_before + bw_after) / 2 * 1e9 / per_token
             result.update(bw_gbs=[round(bw_before, 1), round(bw_after, 1)],

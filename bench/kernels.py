@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from machine import limits as measure_limits  # noqa: E402
 
+from dashinfer_server import kernels as K  # noqa: E402
+
 FAMILIES = ("linear", "attention", "elementwise")
 
 
@@ -24,8 +26,6 @@ def main():
     parser.add_argument("--only", default=",".join(FAMILIES))
     parser.add_argument("--json", help="also write all rows to this file")
     args = parser.parse_args()
-
-    from dashinfer_server import kernels as K
 
     K.set_num_threads(args.threads)
     limits = measure_limits(args.threads)

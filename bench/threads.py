@@ -16,6 +16,7 @@ import sys
 CHILD = r"""
 import os, time, json
 from dashinfer_server import kernels as K
+K.load()
 K.set_num_threads(2)
 n = 20000
 for _ in range(2000):

@@ -14,6 +14,14 @@ import signal
 import sys
 import threading
 
+from dashinfer_client.proto.wire import LOG_FORMAT  # a spawning ClientEngine parses these lines
+
+from . import kernels as K
+from .engine import Engine
+from .parallel import init_group
+from .grpc_server import serve
+from .worker import run_worker
+
 log = logging.getLogger("dashinfer_server")
 
 
@@ -72,12 +80,9 @@ def _watch_stdin(stop: threading.Event) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from dashinfer_client.proto.wire import LOG_FORMAT  # a spawning ClientEngine parses these lines
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
-    from .parallel import init_group
-    group = init_group(args.threads or None)  # first: it places the rank before the kernels load
+    group = init_group(args.threads or None)  # first: it places the rank, then loads the kernels
     if group.rank > 0:
-        from .worker import run_worker
         return run_worker(group) or 0
 
     stop = threading.Event()
@@ -86,11 +91,8 @@ def main(argv=None) -> int:
     if args.exit_on_stdin_eof:
         _watch_stdin(stop)
     if args.threads:
-        from . import kernels as K
         K.set_num_threads(args.threads)
 
-    from .engine import Engine
-    from .grpc_server import serve
     engine = Engine(group)
     try:
         if args.model_dir:

@@ -24,8 +24,11 @@ import logging
 import threading
 
 from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
+from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 
+from .model_loop import ModelLoop
+from .parallel import LocalGroup
 from .request import ModelLimits, RequestError, new_request
 
 log = logging.getLogger("dashinfer_server")
@@ -46,7 +49,6 @@ class Engine(EngineAPI):
 
     def __init__(self, group=None):
         super().__init__()
-        from .parallel import LocalGroup
         self._group = group or LocalGroup()
         self._models = {}
         self._lock = threading.RLock()
@@ -74,7 +76,6 @@ class Engine(EngineAPI):
             if cfg.model_name in self._models:
                 raise Refused(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
                               f"model {cfg.model_name!r} is already installed")
-            from dashinfer_client.model.serialized import DashInferModel
             try:
                 model = DashInferModel(cfg.model_dir, cfg.model_prefix)
             except Exception as e:
@@ -91,7 +92,6 @@ class Engine(EngineAPI):
             m = self._model(name, (ModelState.Initial, ModelState.Stopped))
             self._group.command("start_model", {"model_name": name})
             if m.loop is None:
-                from .model_loop import ModelLoop
                 m.loop = ModelLoop(m.model, m.cfg, self._group)
             m.loop.start()
             m.state = ModelState.Running

@@ -12,18 +12,35 @@ kernel threads of the rank that writes them, so on a multi-socket server they la
 rank's NUMA node. Writing the whole pool at start would only move an out-of-memory failure from
 a busy moment to start_model, at the price of max_batch x max_length tokens of RAM whatever the
 load (1.5 GB for SmolLM2 at 32 x 2048): size the pool with kv_cache_memory_mb instead.
-"""
-import numpy as np
 
-from .memory import small_page_zeros as zeros  # resident memory follows the blocks written
+The arrays sit on small pages, whatever numpy would choose: numpy asks for transparent huge
+pages on every array of 4 MiB or more, and a 2 MiB page would make the first write of a 24 KiB
+block resident 2 MiB at once (SmolLM2's warm-up alone: 120 MB instead of 13).
+"""
+import mmap
+
+import numpy as np
 
 MODES = ("fp32", "bf16", "int8", "uint4")
 
 
 def bytes_per_block(mode: str, num_layers: int, num_kv_heads: int, block_size: int,
                     head_dim: int) -> int:
-    per_token_head = {"fp32": 4 * head_dim, "bf16": 2 * head_dim, "int8": head_dim + 4, "uint4": head_dim // 2 + 8}[mode]
+    per_token_head = {"fp32": 4 * head_dim, "bf16": 2 * head_dim, "int8": head_dim + 4,
+                      "uint4": head_dim // 2 + 8}[mode]
     return 2 * num_layers * num_kv_heads * block_size * per_token_head
+
+
+def small_page_zeros(shape, dtype) -> np.ndarray:
+    """np.zeros(shape, dtype) in its own anonymous mapping, advised not to use huge pages."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    if count == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype, count=count).reshape(shape)
 
 
 class KVCache:
@@ -34,6 +51,7 @@ class KVCache:
         self.mode, self.num_blocks, self.block_size = mode, num_blocks, block_size
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
         meta = shape[:3]
+        zeros = small_page_zeros  # resident memory follows the blocks written
         self.layers = []
         for _ in range(num_layers):
             if mode == "fp32":
@@ -49,7 +67,3 @@ class KVCache:
                               k_scale=zeros(meta, np.float32), v_scale=zeros(meta, np.float32),
                               k_zero=zeros(meta, np.float32), v_zero=zeros(meta, np.float32))
             self.layers.append(arrays)
-
-    def layer(self, i: int) -> dict:
-        """Keyword arguments of kv_write / attention for layer i."""
-        return self.layers[i]

@@ -18,8 +18,10 @@ import numpy as np
 from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 
 from . import kernels as K
+from .cpu_share import CpuShare
 from .kv_cache import KVCache
-from .parallel import LocalGroup, Shard
+from .parallel import LocalGroup
+from .shard import Shard
 from .plan import StepPlan
 from .weights import WeightLoader, drop_mapped_pages
 from .kv_cache import bytes_per_block
@@ -28,7 +30,6 @@ from .kv_cache import bytes_per_block
 # stay resident. After a step of at least this many tokens they are dropped again (~0.5 ms),
 # so prompts do not pile up a copy of the table (56 MB for SmolLM2) in resident memory.
 EMBEDDING_DROP_TOKENS = 64
-KV_ARRAYS = ("k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero")
 
 
 class Workspace:
@@ -67,25 +68,22 @@ class DecoderModel:
                                     cfg.max_position_embeddings)
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros
-        self.kv_args = [{n: a for n, a in self.kv.layer(i).items() if not n.endswith("cache")}
-                        for i in range(cfg.num_hidden_layers)]
+        self.kv_args = [{n: a for n, a in arrays.items() if not n.endswith("cache")}
+                        for arrays in self.kv.layers]
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
                             vocab_r, cfg.vocab_size)
         self.scale = 1.0 / math.sqrt(d)
         self.fused = fused
+        self.cpu_share = CpuShare()
         self.bind_native()
 
     def bind_native(self) -> None:
         """(Re)build the native decoder over the weights, KV cache and workspace arrays as they
         are now (it holds those very arrays: call again after replacing one)."""
-        ws = self.ws
-        self.native = K.decoder_new(
-            [(layer.input_norm, layer.post_norm, layer.q, layer.k, layer.v, layer.o, layer.gate_up,
-              layer.down, layer.q_bias, layer.k_bias, layer.v_bias,
-              *(self.kv.layer(i).get(name) for name in KV_ARRAYS))
-             for i, layer in enumerate(self.weights.layers)],
-            (ws.res, ws.h, ws.o, ws.q, ws.k, ws.v, ws.attn, ws.gate_up, ws.act), self.cos_sin,
-            self.heads, self.cfg.rms_norm_eps, self.scale)
+        # each layer by name: its LayerWeights fields and its KV cache arrays
+        layers = [dict(vars(weights), **cache) for weights, cache in zip(self.weights.layers, self.kv.layers)]
+        self.native = K.decoder_new(layers, vars(self.ws), self.cos_sin, self.heads,
+                                    self.cfg.rms_norm_eps, self.scale)
 
     def forward(self, plan: StepPlan) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -95,6 +93,7 @@ class DecoderModel:
         if t > self.max_tokens:
             raise ValueError(f"step of {t} tokens exceeds the workspace of {self.max_tokens}")
         res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
+        self.cpu_share.adapt()  # the kernel threads follow the cores other processes leave
         K.embedding(plan.token_ids, w.embedding, res)
         if t >= EMBEDDING_DROP_TOKENS:
             drop_mapped_pages(w.embedding)

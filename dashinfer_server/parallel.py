@@ -1,8 +1,9 @@
-"""Tensor parallelism: which slice of each weight a rank owns, and the collectives of a step.
+"""The group of ranks a process belongs to, and the collectives of a step.
 
-Attention is split by whole KV-head groups (a rank owns some KV heads and their query heads;
-uneven splits are fine), the MLP by the intermediate dimension, lm_head by vocabulary.
-Row-parallel outputs (o_proj, down_proj) are partial sums that an allreduce completes.
+LocalGroup is the one process of the in-process Engine; MPIGroup one rank of an mpiexec'd
+tensor-parallel group: joining it (init_group, which places the rank and loads the kernels),
+rank 0's messages to the others (commands, step plans) and the allreduce / vocabulary gather
+of a forward. What slice of the model each rank owns is shard.py's.
 """
 import atexit
 import json
@@ -12,71 +13,24 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernels as K
+from . import topology
+from .plan import StepPlan
+from .shard import split_range
+
 log = logging.getLogger("dashinfer_server")
-
-
-def split_range(n: int, rank: int, world: int, align: int = 1) -> tuple[int, int]:
-    """Rank's [start, stop) of n items cut into `world` near-equal parts whose borders are
-    multiples of `align` (earlier ranks take the remainder)."""
-    if n % align:
-        raise ValueError(f"cannot split {n} into parts aligned to {align}")
-    units, extra = divmod(n // align, world)
-    start = (rank * units + min(rank, extra)) * align
-    stop = start + (units + (rank < extra)) * align
-    return start, stop
-
-
-@dataclass(frozen=True)
-class Shard:
-    """What rank `rank` of `world` owns of a model with these dimensions."""
-    rank: int
-    world: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    vocab_size: int
-    intermediate_align: int = 64
-
-    def __post_init__(self):
-        if not 0 <= self.rank < self.world:
-            raise ValueError(f"rank {self.rank} is not in a group of {self.world}")
-        if self.world > self.num_kv_heads:
-            raise ValueError(f"{self.world} tensor-parallel ranks need at least as many KV heads; "
-                             f"the model has {self.num_kv_heads}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads} query heads do not form groups over "
-                             f"{self.num_kv_heads} KV heads")
-
-    @property
-    def kv_heads(self) -> tuple[int, int]:
-        return split_range(self.num_kv_heads, self.rank, self.world)
-
-    @property
-    def heads(self) -> tuple[int, int]:
-        group = self.num_heads // self.num_kv_heads
-        a, b = self.kv_heads
-        return a * group, b * group
-
-    @property
-    def intermediate(self) -> tuple[int, int]:
-        align = self.intermediate_align
-        if self.intermediate_size % align:
-            align = 1
-        return split_range(self.intermediate_size, self.rank, self.world, align)
-
-    @property
-    def vocab(self) -> tuple[int, int]:
-        return split_range(self.vocab_size, self.rank, self.world)
 
 
 class LocalGroup:
     """The trivial group of the in-process Engine (TP=1): every collective is the identity."""
     rank = 0
     world = 1
+
+    def __init__(self):
+        K.load()  # the in-process Engine runs where it was started: nothing to place first
 
     def command(self, name: str, payload: dict) -> None:
         """Rank 0 tells the other ranks to run an engine command (install_model, start_model,
@@ -118,15 +72,15 @@ def launched_world() -> tuple[int, int]:
 
 def init_group(threads: int | None = None):
     """The group this process belongs to: LocalGroup for a single process, MPIGroup for a rank
-    of an mpiexec'd group of several. Call it first, before anything imports
-    dashinfer_server.kernels: a rank binds itself to its NUMA node (dashinfer_server.topology)
-    and sets its OpenMP placement, which the kernels' OpenMP runtime reads when it loads.
+    of an mpiexec'd group of several. A server calls it first: a rank binds itself to its NUMA
+    node (dashinfer_server.topology) and sets its OpenMP placement, and only then loads the
+    kernels, whose OpenMP runtime reads that placement when it loads.
     threads: OpenMP threads per rank (default: the cores of its node)."""
     rank, world = launched_world()
     if world <= 1 and "DASHINFER_NODE" not in os.environ:
         return LocalGroup()
-    from . import topology
     topology.place_rank(rank, world, threads)
+    K.load()
     if world <= 1:
         return LocalGroup()
     return MPIGroup.init()
@@ -237,7 +191,6 @@ class MPIGroup:
     def _open_shm(self) -> None:
         """Rank 0 creates a segment named for this group, the others map it, and rank 0 removes
         the name once all have (or have failed): nothing stays in /dev/shm however ranks die."""
-        from . import kernels as K
         name, error = None, None
         if self.rank == 0:
             _sweep_stale_segments()
@@ -374,7 +327,6 @@ class MPIGroup:
             self._send(SHUTDOWN, [], [])
             self._closed = True
             if self._shm is not None:
-                from . import kernels as K
                 K.comm_close(self._shm)
         finally:
             self._lock.release()
@@ -426,7 +378,6 @@ class MPIGroup:
             return ("command", name, json.loads(rest.tobytes().rstrip(b"\0").decode()))
         if kind != STEP:
             raise RuntimeError(f"unknown message kind {kind} from rank 0")
-        from .plan import StepPlan
         t, b, mb, s = (int(v) for v in head[3:7])
         sizes = [t, t, t, b + 1, b, b * mb, s]
         cuts = np.cumsum(sizes)[:-1]

@@ -4,18 +4,19 @@ Nodes and their cpus come from sysfs (/sys/devices/system/node/node*/cpulist). T
 DASHINFER_NUMA_NODES="0:0-3;1:4-7" (node:cpulist;...) describes nodes to use instead, e.g. two
 simulated nodes of one core each on a one-node machine; memory is bound only to nodes that
 really exist. A rank binds its cpus (sched_setaffinity) and its memory (set_mempolicy), and sets
-its OpenMP thread count (one per core of its node) before the kernels load. Threads are not
-pinned to single cores inside the node: libgomp would pin the main thread too, and every thread
-it starts after (the scheduler, gRPC) would then share one core with a compute thread (1 rank x
-2 threads: prefill512 1390 -> 780 tok/s, decode1 125 -> 88). Anything that cannot be placed as
+its OpenMP thread count (one per core of its node) before the kernels load (kernels.load).
+Threads are not pinned to single cores inside the node: libgomp would pin the main thread
+too, and every thread it starts after (the scheduler, gRPC) would then share one core with a
+compute thread (1 rank x 2 threads: prefill512 1390 -> 780 tok/s, decode1 125 -> 88). Anything that cannot be placed as
 asked is an error at start, never a silent fallback.
 """
 import ctypes
 import logging
 import os
 import re
-import sys
 from dataclasses import dataclass
+
+from . import kernels
 
 log = logging.getLogger("dashinfer_server")
 
@@ -200,7 +201,7 @@ def apply(p: Placement, env=None) -> None:
     if p.node.real and MEMBIND_MODES[p.membind] is not None:
         set_mempolicy(MEMBIND_MODES[p.membind], p.node.id)
     env["OMP_NUM_THREADS"] = str(p.threads)
-    if "dashinfer_server._native" in sys.modules:
+    if kernels.loaded():
         log.warning("rank %d: the kernels were loaded before the placement: their OpenMP "
                     "threads keep the old settings", p.rank)
 

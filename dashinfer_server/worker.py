@@ -9,6 +9,9 @@ import logging
 import signal
 
 from dashinfer_client.config import AsModelRuntimeConfig
+from dashinfer_client.model.serialized import DashInferModel
+
+from .model import apply_thread_num, build_decoder
 
 log = logging.getLogger("dashinfer_server")
 
@@ -27,13 +30,11 @@ class Worker:
         self.models = {}
 
     def install_model(self, payload: dict) -> None:
-        from dashinfer_client.model.serialized import DashInferModel
         cfg = AsModelRuntimeConfig.from_dict(payload)
         # a retry after a failure elsewhere in the group replaces what this rank had
         self.models[cfg.model_name] = _Model(cfg, DashInferModel(cfg.model_dir, cfg.model_prefix))
 
     def start_model(self, payload: dict) -> None:
-        from .model import apply_thread_num, build_decoder
         m = self._model(payload)
         apply_thread_num(m.cfg)
         if m.decoder is None:

@@ -1,8 +1,8 @@
 /* Paged attention: cuts a batch step into tiles (GQA group x query rows x context range), runs
  * them on the OpenMP threads, and merges the tiles that split one context (flash-decoding).
- * The tile kernels: attention_generic.h (portable, and AVX2 via attention_avx2.c),
- * attention_prefill_avx512.c, and attention_decode_avx512.c / attention_decode_avx2.c, whose
- * tiles take all kv heads of a sequence at once. */
+ * The tile kernels: attention_vec8.h (plain C, built as attention_vec8_portable.c and
+ * attention_vec8_avx2.c), attention_prefill_avx512.c, and attention_decode_avx512.c /
+ * attention_decode_avx2.c, whose tiles take all kv heads of a sequence at once. */
 #include <math.h>
 #include <omp.h>
 
@@ -51,12 +51,6 @@ void attn_finish(const attn_tile_t *t, const float *acc, const float *mx, const 
         for (int d = 0; d < D; d++) o[d] = acc[(int64_t)i * D + d] * inv;
     }
 }
-
-/* ---- the portable tile: plain C, see attention_generic.h */
-
-#define TILE_FN attn_tile_portable
-#define DEQUANT_FN dequant_rows_portable
-#include "attention_generic.h"
 
 /* ---- planning */
 

@@ -1,36 +1,9 @@
-/* Paged attention with GQA over a block KV cache, and the kernel that writes new K/V into it.
- *
- * One layer's cache is a pair of arrays [num_blocks, n_kv_heads, block_size, head_dim] (uint4:
- * head_dim / 2 bytes); a token's slot is block_id * block_size + offset_in_block. Inside a
- * (block, kv head) slice the values are ordered for the decode kernels, not token by token:
- * see attention_layout.h (K: 16 tokens side by side per d; V: rows, or token pairs / quads).
- * block_size is a multiple of 16 and head_dim of 16. Four storage formats:
- *   fp32 : float, for fp32 models (their logits must match an fp32 reference).
- *   bf16 : uint16 bits.
- *   int8 : codes q, x ~= q * scale, scale = max|x| / 127 per token per head.
- *   uint4: codes q in 0..15, x ~= (q - zero) * scale, scale = (max - min) / 15,
- *          zero = -min / scale per token per head.
- * Scales and zeros are [num_blocks, n_kv_heads, block_size], per token.
+/* Paged attention with GQA over a block KV cache (kv_cache.h says how the cache is stored).
  * Callers validate every argument (py_attention.c does); these functions trust them. */
 #pragma once
 #include <stdint.h>
 
-typedef enum { DN_KV_BF16 = 0, DN_KV_INT8 = 1, DN_KV_UINT4 = 2, DN_KV_F32 = 3 } dn_kv_format_t;
-
-typedef struct {
-    dn_kv_format_t format;
-    int num_blocks, n_kv_heads, block_size, head_dim;
-    void *k, *v;              /* [num_blocks, n_kv_heads, block_size, head_dim] (uint4: head_dim/2 bytes) */
-    float *k_scale, *v_scale; /* [num_blocks, n_kv_heads, block_size]; int8 and uint4 */
-    float *k_zero, *v_zero;   /* [num_blocks, n_kv_heads, block_size]; uint4 only */
-} dn_kv_cache_t;
-
-/* Quantize T tokens into their slots; a negative slot skips the token (padding). */
-void dn_kv_write(const dn_kv_cache_t *c,
-                 const float *k,       /* [T, n_kv_heads, head_dim] */
-                 const float *v,       /* [T, n_kv_heads, head_dim] */
-                 const int32_t *slots, /* [T] */
-                 int T);
+#include "kv_cache.h"
 
 /* One continuous-batching step: B sequences, sequence b owns query rows q_offsets[b]..q_offsets[b+1]
  * which sit at its last q_len positions of context_lens[b] cached tokens and attend causally.

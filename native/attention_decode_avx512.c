@@ -8,7 +8,7 @@
  * than a head's 2-16 KiB slice of every block, and while it computes one (block, head) slice it
  * prefetches the next one into L2, line for line as it consumes its own.
  *
- * Products, per slice (layouts: attention_layout.h).
+ * Products, per slice (layouts: kv_cache_layout.h).
  *   Scores: K holds 16 tokens side by side, so q . k of 16 tokens accumulates in the 16 lanes of
  *   one register per query vector, q broadcast: no horizontal sums.
  *     fp32: FMA per d.  bf16: a 64-byte load of a d pair gives d even by a shift, d odd by a mask;
@@ -29,7 +29,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")
 
-#include "attention_avx512.h"
+#include "exp_prefetch_avx512.h"
 
 #define MAX_M 8
 

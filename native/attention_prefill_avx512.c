@@ -11,7 +11,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")
 
-#include "attention_avx512.h"
+#include "exp_prefetch_avx512.h"
 
 /* ---- fp32 cache: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
  * Scores are kept transposed, S[t][i], so the per-vector softmax statistics are lane-wise and

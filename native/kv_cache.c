@@ -1,11 +1,11 @@
 /* Writing new K/V into the paged cache: one vector per (token, kv head), quantized per the format
- * and scattered into the slice layout (attention_layout.h). Small next to attention
+ * and scattered into the slice layout (kv_cache_layout.h). Small next to attention
  * (T * n_kv_heads * head_dim values per layer and step), so plain C. */
 #include <math.h>
 #include <string.h>
 
-#include "attention.h"
 #include "common.h"
+#include "kv_cache.h"
 
 /* Round to nearest even for |v| <= 2^22, as nearbyintf does, without a libm call: the loops
  * below vectorize. Also max / min written out: fmaxf / fminf are calls on baseline x86-64.
@@ -53,7 +53,7 @@ static void quantize_uint4(const float *x, int n, uint8_t *q, float *scale, floa
 }
 
 /* One token's K (is_k) or V vector of one head into the slice whose first token is cache row
- * `slice`, as token t of it: quantized, then spread over the slice layout (attention_layout.h;
+ * `slice`, as token t of it: quantized, then spread over the slice layout (kv_cache_layout.h;
  * each byte holds values of one token only, so tokens can be written concurrently). */
 static void write_one(const dn_kv_cache_t *c, int is_k, const float *x, int64_t slice, int t) {
     const int D = c->head_dim;

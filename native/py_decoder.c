@@ -5,7 +5,12 @@
 #include "py_shared.h"
 
 #define CAPSULE "dashinfer.decoder"
-#define LAYER_ARRAYS 17
+
+/* A layer's fields: weights.py's LayerWeights and kv_cache.py's arrays, by name. */
+static const char *const LAYER_FIELDS[] = {
+    "input_norm", "post_norm", "q", "k", "v", "o", "gate_up", "down", "q_bias", "k_bias", "v_bias",
+    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", NULL};
+static const char *const KV_FIELDS[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
 
 typedef struct {
     dn_decoder_t d;
@@ -49,29 +54,64 @@ static const float *take_vector(dn_args *a, PyObject *obj, const char *name, int
     return v->buf;
 }
 
-/* Layer i's arrays: norms, weights and biases into held[0], the cache into held[1]. */
-static int take_layer(dn_args held[2], PyObject *t, dn_decoder_t *d, dn_layer_t *l) {
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != LAYER_ARRAYS) {
-        PyErr_SetString(PyExc_TypeError, "decoder_new: each layer is a tuple of 17 arrays");
+/* layer[name], borrowed; None when the layer lacks it (dn_take then names what is missing). */
+static PyObject *field(PyObject *layer, const char *name) {
+    PyObject *o = PyDict_GetItemString(layer, name);
+    return o ? o : Py_None;
+}
+
+/* A layer names no field decoder_new does not know: a misspelt optional one (a bias, a cache
+ * scale) would otherwise be dropped without a word. */
+static int check_fields(PyObject *layer) {
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(layer, &pos, &key, &value)) {
+        const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (!name) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "decoder_new: a layer's keys are field names (str)");
+            return -1;
+        }
+        int known = 0;
+        for (int i = 0; LAYER_FIELDS[i] && !known; i++) known = !strcmp(name, LAYER_FIELDS[i]);
+        if (!known) {
+            PyErr_Format(PyExc_ValueError, "decoder_new: a layer has no field %R", key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A layer's arrays, by name: norms, weights and biases into held[0], the cache into held[1]. */
+static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_layer_t *l) {
+    if (!PyDict_Check(layer)) {
+        PyErr_SetString(PyExc_TypeError, "decoder_new: each layer is a dict of named arrays");
         return -1;
     }
-    PyObject *const *o = PySequence_Fast_ITEMS(t);
+    if (check_fields(layer)) return -1;
     dn_args *a = &held[0];
     int64_t H = d->hidden, qw = (int64_t)d->n_heads * d->head_dim, I = d->inter;
-    if (!(l->input_norm = take_vector(a, o[0], "input_norm", H, 0)) ||
-        !(l->post_norm = take_vector(a, o[1], "post_norm", H, 0)))
+    if (!(l->input_norm = take_vector(a, field(layer, "input_norm"), "input_norm", H, 0)) ||
+        !(l->post_norm = take_vector(a, field(layer, "post_norm"), "post_norm", H, 0)))
         return -1;
     /* the cache first: it gives the kv heads */
-    if (dn_take_kv_cache(&held[1], o + 11, 1, d->head_dim, &l->kv)) return -1;
+    PyObject *cache[6];
+    for (int i = 0; i < 6; i++) cache[i] = field(layer, KV_FIELDS[i]);
+    if (dn_take_kv_cache(&held[1], cache, 1, d->head_dim, &l->kv)) return -1;
     int64_t kvw = (int64_t)l->kv.n_kv_heads * d->head_dim;
-    if (take_linear(a, o[2], "q", &l->q, qw, H) || take_linear(a, o[3], "k", &l->k, kvw, H) ||
-        take_linear(a, o[4], "v", &l->v, kvw, H) || take_linear(a, o[5], "o", &l->o, H, qw) ||
-        take_linear(a, o[6], "gate_up", &l->gate_up, 2 * I, H) ||
-        take_linear(a, o[7], "down", &l->down, H, I))
-        return -1;
-    l->q_bias = take_vector(a, o[8], "q_bias", qw, 1);
-    if (!PyErr_Occurred()) l->k_bias = take_vector(a, o[9], "k_bias", kvw, 1);
-    if (!PyErr_Occurred()) l->v_bias = take_vector(a, o[10], "v_bias", kvw, 1);
+    struct {
+        const char *name;
+        dn_linear_w *w;
+        int64_t n, k;
+    } linears[] = {{"q", &l->q, qw, H},  {"k", &l->k, kvw, H},          {"v", &l->v, kvw, H},
+                   {"o", &l->o, H, qw}, {"gate_up", &l->gate_up, 2 * I, H}, {"down", &l->down, H, I}};
+    for (int i = 0; i < 6; i++)
+        if (take_linear(a, field(layer, linears[i].name), linears[i].name, linears[i].w,
+                        linears[i].n, linears[i].k))
+            return -1;
+    l->q_bias = take_vector(a, field(layer, "q_bias"), "q_bias", qw, 1);
+    if (!PyErr_Occurred()) l->k_bias = take_vector(a, field(layer, "k_bias"), "k_bias", kvw, 1);
+    if (!PyErr_Occurred()) l->v_bias = take_vector(a, field(layer, "v_bias"), "v_bias", kvw, 1);
     return PyErr_Occurred() ? -1 : 0;
 }
 
@@ -85,8 +125,8 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
         return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
-    if (!PyTuple_Check(ws) || PyTuple_GET_SIZE(ws) != 9)
-        return PyErr_Format(PyExc_TypeError, "decoder_new: workspace must be a tuple of 9 arrays "
+    if (!PyDict_Check(ws))
+        return PyErr_Format(PyExc_TypeError, "decoder_new: workspace must be a dict of named arrays "
                                              "(res, h, o, q, k, v, attn, gate_up, act)");
     if (n_heads < 1) return PyErr_Format(PyExc_ValueError, "decoder_new: n_heads must be >= 1");
     int n_layers = (int)PyList_GET_SIZE(layers);
@@ -106,7 +146,7 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     float **dst[9] = {&d->res, &d->h, &d->o, &d->q, &d->k, &d->v, &d->attn, &d->gate_up, &d->act};
     Py_buffer *v[9];
     for (int i = 0; i < 9; i++) {
-        if (!(v[i] = dn_take(a, PyTuple_GET_ITEM(ws, i), names[i], 'f', 2, 1))) goto fail;
+        if (!(v[i] = dn_take(a, field(ws, names[i]), names[i], 'f', 2, 1))) goto fail;
         if (i && dn_check_dim(a, v[i], names[i], 0, v[0]->shape[0])) goto fail;
         *dst[i] = v[i]->buf;
     }
@@ -203,10 +243,12 @@ static PyObject *py_decoder_run(PyObject *self, PyObject *args, PyObject *kw) {
 PyMethodDef dn_decoder_methods[] = {
     {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
      "decoder_new(layers, workspace, cos_sin, n_heads, eps, scale) -> decoder\n"
-     "layers: a list, per layer a tuple (input_norm, post_norm, q, k, v, o, gate_up, down, q_bias,\n"
-     "k_bias, v_bias, k_cache, v_cache, k_scale, v_scale, k_zero, v_zero) of float32 norms, packed\n"
-     "weights, float32 biases or None, and the layer's KV cache arrays (as attention takes them).\n"
-     "workspace: (res, h, o, q, k, v, attn, gate_up, act) float32 [max_tokens, width] arrays.\n"
+     "layers: a list, per layer a dict of named arrays: float32 norms input_norm, post_norm; packed\n"
+     "weights q, k, v, o, gate_up, down; float32 biases q_bias, k_bias, v_bias (absent or None: no\n"
+     "bias); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"
+     "takes them). A field it does not know is an error.\n"
+     "workspace: a dict with the float32 [max_tokens, width] arrays res, h, o, q, k, v, attn,\n"
+     "gate_up, act (other entries are not read).\n"
      "cos_sin: the rope table [max_pos, head_dim]. The decoder holds every array until it dies."},
     {"decoder_run", (PyCFunction)(void (*)(void))py_decoder_run, METH_VARARGS | METH_KEYWORDS,
      "decoder_run(decoder, positions, slots, block_tables, q_offsets, context_lens, comm=None,\n"

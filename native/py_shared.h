@@ -1,5 +1,5 @@
-/* Argument checks one binding file lends the others (py_decoder.c runs what py_attention.c and
- * py_comm.c bind, and checks its arguments the same way). */
+/* Argument checks one binding file lends the others (py_decoder.c runs what py_kv_cache.c,
+ * py_attention.c and py_comm.c bind, and checks its arguments the same way). */
 #pragma once
 #include "attention.h"
 #include "comm.h"

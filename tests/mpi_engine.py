@@ -16,16 +16,15 @@ import signal
 import sys
 import threading
 
+from dashinfer_client import ASGenerationConfigBuilder, AsModelRuntimeConfigBuilder
+from dashinfer_client.model.serialized import DashInferModel
+from dashinfer_client.types import AsStatus
+from dashinfer_server.engine import Engine
 from dashinfer_server.parallel import init_group
+from dashinfer_server.worker import run_worker
 
 logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(message)s")
-group = init_group()  # before the kernels load: it places the rank
-
-from dashinfer_client import ASGenerationConfigBuilder, AsModelRuntimeConfigBuilder  # noqa: E402
-from dashinfer_client.model.serialized import DashInferModel  # noqa: E402
-from dashinfer_client.types import AsStatus  # noqa: E402
-from dashinfer_server.engine import Engine  # noqa: E402
-from dashinfer_server.worker import run_worker  # noqa: E402
+group = init_group()  # places the rank, then loads the kernels
 
 
 def check(status, what, engine):

@@ -39,7 +39,7 @@ def empty_cache(fmt, num_blocks, n_kv, bs, d, rng):
 
 def to_rows(fmt, which, cache):
     """A cache array in token order [num_blocks, n_kv, bs, head_dim] (uint4: codes 0..15), undoing
-    the slice layout of native/attention_layout.h."""
+    the slice layout of native/kv_cache_layout.h."""
     nb, h, bs = cache.shape[:3]
     if fmt == "uint4":
         d = cache.shape[3] * 2

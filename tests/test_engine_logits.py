@@ -189,16 +189,21 @@ def test_native_decoder_refuses_a_bad_plan(arch_models):
             K.decoder_run(decoder.native, **dict(good, **change))
     with pytest.raises(TypeError, match="decoder_new"):
         K.decoder_run(object(), **good)
-    layer, ws = decoder.weights.layers[0], decoder.ws
-    arrays = [layer.input_norm, layer.post_norm, layer.k, layer.k, layer.v, layer.o, layer.gate_up,
-              layer.down, None, None, None, *(decoder.kv.layer(0).get(n) for n in KV_ARRAYS)]
-    workspace = (ws.res, ws.h, ws.o, ws.q, ws.k, ws.v, ws.attn, ws.gate_up, ws.act)
+    w = decoder.weights.layers[0]
+    layer = dict(input_norm=w.input_norm, post_norm=w.post_norm, q=w.q, k=w.k, v=w.v, o=w.o,
+                 gate_up=w.gate_up, down=w.down, **decoder.kv.layers[0])
+    workspace = vars(decoder.ws)
+    new = lambda layers, ws=workspace: K.decoder_new(layers, ws, decoder.cos_sin, decoder.heads,  # noqa: E731
+                                                     1e-5, 0.1)
     with pytest.raises(ValueError, match=r"decoder_new: q is \["):  # k's weight where q's goes
-        K.decoder_new([tuple(arrays)], workspace, decoder.cos_sin, decoder.heads, 1e-5, 0.1)
-    arrays[2] = layer.q
+        new([dict(layer, q=w.k)])
     with pytest.raises(ValueError, match="decoder_new: h has size"):  # a kv-wide row as h
-        K.decoder_new([tuple(arrays)], workspace[:1] + (ws.k,) + workspace[2:], decoder.cos_sin,
-                      decoder.heads, 1e-5, 0.1)
-    K.decoder_new([tuple(arrays)], workspace, decoder.cos_sin, decoder.heads, 1e-5, 0.1)
-    with pytest.raises(TypeError, match="17 arrays"):
-        K.decoder_new([tuple(arrays[:5])], workspace, decoder.cos_sin, decoder.heads, 1e-5, 0.1)
+        new([layer], dict(workspace, h=decoder.ws.k))
+    new([layer])
+    new([dict(layer, q_bias=None, k_bias=None, v_bias=None)])  # None: no bias, as absent
+    with pytest.raises(TypeError, match="decoder_new: down is required"):
+        new([{n: a for n, a in layer.items() if n != "down"}])
+    with pytest.raises(ValueError, match="decoder_new: a layer has no field 'qbias'"):
+        new([dict(layer, qbias=np.zeros(w.q.shape[0], np.float32))])  # misspelt: not dropped
+    with pytest.raises(TypeError, match="dict of named arrays"):
+        new([tuple(layer.values())])

@@ -1,6 +1,6 @@
 import numpy as np
 
-from dashinfer_server.memory import small_page_zeros
+from dashinfer_server.kv_cache import small_page_zeros
 
 
 def test_small_page_zeros_is_a_writable_zeroed_array_of_the_shape():

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from dashinfer_server.parallel import LocalGroup, Shard, split_range
+from dashinfer_server.parallel import LocalGroup
+from dashinfer_server.shard import Shard, split_range
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -20,11 +20,29 @@ def test_unknown_or_unsupported_isa_is_refused():
 
 
 def test_env_caps_the_path():
-    code = "from dashinfer_server import kernels as K; print(K.isa())"
+    code = "from dashinfer_server import kernels as K; K.load(); print(K.isa())"
     env = dict(os.environ, DASHINFER_ISA="portable")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "portable"
+
+
+def test_kernels_load_only_when_asked():
+    """Importing the server (every module, __main__ included) loads no kernels, so a rank can
+    place itself first; a kernel used before load() says so; load() is idempotent."""
+    code = ("import sys\n"
+            "import dashinfer_server.__main__, dashinfer_server.engine\n"
+            "from dashinfer_server import kernels as K\n"
+            "print('dashinfer_server._native' in sys.modules)\n"
+            "try:\n    K.linear\nexcept K.KernelsNotLoaded as e:\n    print(e)\n"
+            "print(K.load() is K.load() is K, K.loaded(), K.num_threads() >= 1)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "False"
+    assert "dashinfer_server.kernels.linear used before kernels.load()" in lines[1]
+    assert lines[2] == "True True True"
+    with pytest.raises(AttributeError, match="no attribute 'no_such_kernel'"):
+        K.no_such_kernel
 
 
 def test_thread_count_is_checked():

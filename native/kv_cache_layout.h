@@ -1,4 +1,4 @@
-/* Where each value of a (block, kv head) slice of the cache lives: the layouts of attention.h.
+/* Where each value of a (block, kv head) slice of the cache lives: the layouts of kv_cache.h.
  * Shared by kv_write (scatter), the portable tile (gather) and the tests' numpy mirror.
  *
  * Decode reads every cached byte once per step and does a few multiply-adds with it, so the
@@ -11,7 +11,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "attention.h"
+#include "kv_cache.h"
 
 /* Index of K value (t, d) in its slice: element index; uint4: nibble index (byte = i / 2,
  * high nibble when i is odd). t < block_size (a multiple of 16), d < head_dim. */

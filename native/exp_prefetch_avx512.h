@@ -1,5 +1,5 @@
-/* Helpers of the AVX-512 attention tiles (attention_decode_avx512.c, attention_prefill_avx512.c).
- * Include inside a `#pragma GCC target` region that enables AVX-512 F/BW/VL/DQ. */
+/* AVX-512 e^x (16 lanes) and software prefetch into L2: helpers of the AVX-512 attention tiles
+ * (attention_decode_avx512.c, attention_prefill_avx512.c). Include inside a `#pragma GCC target` region that enables AVX-512 F/BW/VL/DQ. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>

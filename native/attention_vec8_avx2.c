@@ -1,4 +1,4 @@
-/* The AVX2 attention tile: the generic C tile compiled for AVX2 + FMA (8-lane vectors). */
+/* attention_vec8.h's tile compiled for AVX2 + FMA: attn_tile_avx2 (8 lanes in one register). */
 #include "common.h"
 
 #pragma GCC push_options
@@ -6,6 +6,6 @@
 
 #define TILE_FN attn_tile_avx2
 #define DEQUANT_FN dequant_rows_avx2
-#include "attention_generic.h"
+#include "attention_vec8.h"
 
 #pragma GCC pop_options

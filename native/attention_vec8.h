@@ -1,6 +1,7 @@
-/* The attention tile in plain C, shaped for the auto-vectorizer. Included twice: by attention.c
- * as attn_tile_portable (baseline x86-64) and by attention_avx2.c as attn_tile_avx2 (compiled
- * for AVX2 + FMA), each with its own TILE_FN / DEQUANT_FN names.
+/* The attention tile in plain C over 8-float vectors (gcc vector extensions), shaped for the
+ * auto-vectorizer: any tile, prefill or decode. A template, built twice with its own TILE_FN /
+ * DEQUANT_FN names: attention_vec8_portable.c (attn_tile_portable, baseline x86-64) and
+ * attention_vec8_avx2.c (attn_tile_avx2, compiled for AVX2 + FMA).
  *
  * Same plan as the AVX-512 prefill tile: the cache block is dequantized to fp32 rows, scores are
  * kept transposed (S[t][i], query vectors along the lanes), so QK^T is a broadcast FMA over the
@@ -8,9 +9,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "attention_layout.h"
 #include "attention_tile.h"
 #include "common.h"
+#include "kv_cache_layout.h"
 
 #define GL 8 /* query vectors per lane group */
 
@@ -58,7 +59,7 @@ static inline __attribute__((always_inline)) v8f exp8(v8f x) {
 
 /* n cached tokens of K (which = 0) or V (which = 1) from cache row `row` on (within one block),
  * to fp32 rows [n][head_dim]: V rows of fp32 / bf16 are read as they lie, the rest gathered
- * through the slice layout (attention_layout.h). */
+ * through the slice layout (kv_cache_layout.h). */
 static void DEQUANT_FN(const dn_kv_cache_t *c, int which, int64_t row, int n,
                        float *restrict dst) {
     const int D = c->head_dim, off = (int)(row % c->block_size);
