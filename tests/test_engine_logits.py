@@ -12,7 +12,6 @@ import pytest
 
 from dashinfer_client import AsCacheMode, AsModelRuntimeConfigBuilder
 from dashinfer_client.model import DashInferModel
-from dashinfer_server.model import KV_ARRAYS
 from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.plan import build_plan
 from dashinfer_server.sequence import Sequence
