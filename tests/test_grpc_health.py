@@ -11,29 +11,20 @@ import dashinfer_client as allspark
 from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
 from dashinfer_server.service import serve
-from tests.helpers import build_tiny_model
+from tests.engine_fixtures import API_CONTEXT, serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
 
 pb, pb_grpc = load()
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-@pytest.fixture(scope="module")
-def serialized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4096)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
 
 
 def _check(channel, service=""):
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
 
 
-def test_health_serving_then_not_serving_while_draining(serialized, tmp_path):
+def test_health_serving_then_not_serving_while_draining(serialized_tiny, tmp_path):
     engine = Engine()
-    cfg = (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(serialized, "tiny")
-           .max_length(4096).max_batch(2).build())
+    cfg = serialized_tiny("llama", max_position_embeddings=API_CONTEXT).create_reference_runtime_config_builder(
+        "tiny", allspark.TargetDevice.CPU, [0], max_batch=2).max_length(4096).build()
     assert engine.install_model(cfg) == 0 and engine.start_model("tiny") == 0
     server = serve(engine, f"unix://{tmp_path}/h.sock")
     drain = threading.Thread(target=server.shutdown, args=(60,))
