@@ -9,9 +9,9 @@ import pytest
 
 from dashinfer_client import default_model
 from dashinfer_client.errors import ModelSerializerException
-from dashinfer_client.model import DashInferModel, HuggingFaceModel
+from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
 from dashinfer_client.tokenizer import Tokenizer, supports
-from tests.helpers import build_tiny_model, build_tiny_tokenizer
+from tests.helpers import build_tiny_gguf, build_tiny_model, build_tiny_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["Hello, world!", "", "  leading spaces, tabs\tand\nnew lines\n\n", "é, 日本語, emoji 🙂 and ß",
@@ -144,6 +144,23 @@ def test_model_handles_choose_the_light_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ModelSerializerException, match=r"dashinfer-py\[convert\]"):
         HuggingFaceModel(hf, "tiny").get_tokenizer()
+
+
+def test_conversions_that_need_the_convert_extra_say_so(tmp_path, monkeypatch):
+    hf = build_tiny_model(str(tmp_path / "hf"))
+    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf)
+    bin_dir = build_tiny_model(str(tmp_path / "bin"), weights="bin")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ModelSerializerException, match=r"needs transformers.*dashinfer-py\[convert\]"):
+        GGUFModel(str(gguf_path), "tiny").load_model().read_model_config().serialize_to_path(None, str(tmp_path / "g"))
+    with pytest.raises(ModelSerializerException, match=r"needs torch.*dashinfer-py\[convert\]"):
+        HuggingFaceModel(bin_dir, "tiny").load_model().read_model_config().serialize_to_path(None, str(tmp_path / "b"))
+    # a safetensors checkpoint converts and serves its tokenizer without either
+    HuggingFaceModel(hf, "tiny").load_model().read_model_config().serialize_to_path(None, str(tmp_path / "s"))
+    from tokenizers import Tokenizer as Backend
+    expected = Backend.from_file(os.path.join(hf, "tokenizer.json")).encode("hi é").ids
+    assert DashInferModel(str(tmp_path / "s"), "tiny").get_tokenizer().encode("hi é") == expected
 
 
 SERVE_AND_CHAT = """
