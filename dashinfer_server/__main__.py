@@ -115,6 +115,9 @@ def main(argv=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
+    # A server a ClientEngine spawned is that client's, not the service's: it tells systemd nothing
+    # (it may inherit NOTIFY_SOCKET from a service that runs the client).
+    notify = (lambda state: False) if args.exit_on_stdin_eof else systemd.notify
     if args.exit_on_stdin_eof:
         _watch_stdin(stop)
     if args.threads:
@@ -126,7 +129,7 @@ def main(argv=None) -> int:
     engine = Engine(group)
     try:
         try:
-            cfg, timings = _start_model(engine, args) if args.model_dir else (None, {})
+            cfg, timings = _start_model(engine, args, notify) if args.model_dir else (None, {})
         except ConfigError as e:
             log.error("%s", e)
             return EX_CONFIG
@@ -144,10 +147,10 @@ def main(argv=None) -> int:
         print(f"dashinfer_server: ready on {server.address} (pid {os.getpid()}, {group.world} rank(s))",
               flush=True)
         # under mpiexec this rank is not the unit's main process: the units say NotifyAccess=all
-        systemd.notify(f"READY=1\nSTATUS=serving on {server.address}")
+        notify(f"READY=1\nSTATUS=serving on {server.address}")
         stop.wait()
         log.info("shutting down (grace period %.0f s)", args.grace_period)
-        systemd.notify("STOPPING=1\nSTATUS=draining: running requests finish, new ones are refused")
+        notify("STOPPING=1\nSTATUS=draining: running requests finish, new ones are refused")
         server.shutdown(args.grace_period)
         return 0
     finally:
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
         group.close()  # the other ranks exit
 
 
-def _start_model(engine, args):
+def _start_model(engine, args, notify):
     """Install and start the model of the flags -> (runtime config, {"load_s", "start_s"});
     ConfigError when the options or files are wrong, RuntimeError when it cannot start."""
     from dashinfer_client.types import AsStatus
@@ -163,14 +166,14 @@ def _start_model(engine, args):
         cfg = runtime_config(args)
     except ValueError as e:
         raise ConfigError(f"bad model options: {e}") from None
-    systemd.notify(f"STATUS=loading model {cfg.model_name!r} from {cfg.model_dir}")
+    notify(f"STATUS=loading model {cfg.model_name!r} from {cfg.model_dir}")
     began = time.monotonic()
     status, why = engine.call_with_reason("install_model", cfg)
     loaded = time.monotonic()
     if status != 0:
         error = ConfigError if AsStatus(status).name in CONFIG_STATUSES else RuntimeError
         raise error(f"cannot install model {cfg.model_name!r}: {why}")
-    systemd.notify(f"STATUS=starting model {cfg.model_name!r} (weights, warm-up)")
+    notify(f"STATUS=starting model {cfg.model_name!r} (weights, warm-up)")
     status, why = engine.call_with_reason("start_model", cfg.model_name)
     if status != 0:
         raise RuntimeError(f"cannot start model {cfg.model_name!r}: {why}")

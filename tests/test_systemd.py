@@ -141,3 +141,30 @@ def test_a_configuration_error_exits_78_without_ready(serialized_tiny, tmp_path)
     finally:
         listener.close()
     assert proc.returncode == systemd.EX_CONFIG and "exceeds the model's context" in err
+
+
+@pytest.mark.parametrize("spawned", [False, True])
+def test_a_server_a_client_spawned_tells_systemd_nothing(tmp_path, spawned):
+    """--exit-on-stdin-eof marks a server a ClientEngine spawned: it may inherit NOTIFY_SOCKET from
+    a service running that client, but it is not that service."""
+    notify_path = str(tmp_path / "notify.sock")
+    env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with _listener(notify_path) as listener:
+        proc = subprocess.Popen([sys.executable, "-m", "dashinfer_server", "--address", f"unix://{tmp_path}/s.sock"]
+                                + (["--exit-on-stdin-eof"] if spawned else []),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert proc.stdout.readline().startswith("dashinfer_server: ready on")
+            if spawned:
+                proc.stdin.close()  # the client is gone: the server shuts down
+            else:
+                assert listener.recv(4096).startswith(b"READY=1")
+                proc.send_signal(signal.SIGTERM)
+                assert listener.recv(4096).startswith(b"STOPPING=1")
+            assert proc.wait(60) == 0
+            listener.settimeout(0.2)
+            with pytest.raises(socket.timeout):
+                listener.recv(4096)  # nothing (more) was sent
+        finally:
+            proc.kill()
+            proc.wait()
