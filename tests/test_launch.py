@@ -53,11 +53,11 @@ def test_two_nodes_one_rank_each_with_its_environment():
 
 def test_flags_default_from_the_environment():
     env = dict(SIM, DASHINFER_NODES="1", DASHINFER_THREADS_PER_RANK="1", DASHINFER_ADDRESS="unix:///run/x.sock",
-               DASHINFER_MODEL_DIR="/models", DASHINFER_LOG_LEVEL="DEBUG")
+               DASHINFER_MODEL_DIR="/models", DASHINFER_LOG_LEVEL="DEBUG", DASHINFER_LOG_FORMAT="json")
     cmd, extra = command([], env)
     # one rank: no mpiexec, the rank's placement goes in its environment
     assert cmd == [sys.executable, "-m", "dashinfer_server", "--address", "unix:///run/x.sock",
-                   "--threads", "1", "--model-dir", "/models", "--log-level", "DEBUG"]
+                   "--threads", "1", "--model-dir", "/models", "--log-level", "DEBUG", "--log-format", "json"]
     assert extra["DASHINFER_NODE"] == "0" and extra["OMP_NUM_THREADS"] == "1"
 
 
@@ -84,7 +84,7 @@ def test_impossible_launches_fail_before_starting(capsys):
         command(["--nodes", "3"], SIM)
     with pytest.raises(T.PlacementError, match="threads do not fit"):
         command(["--threads-per-rank", "2"], SIM)
-    assert L.main(["--nodes", "64", "--dry-run"]) == 2
+    assert L.main(["--nodes", "64", "--dry-run"]) == 78  # EX_CONFIG: systemd does not restart it
     assert "this machine has" in capsys.readouterr().err
 
 
@@ -98,43 +98,102 @@ def test_shell_wrapper_runs_the_launcher():
     assert out.stdout.count("-m dashinfer_server --address 127.0.0.1:1") == 2
 
 
-def installed_unit(tmp_path, text=None):
-    text = text or open(os.path.join(LAUNCH, "dashinfer.service")).read()
-    unit = tmp_path / "dashinfer.service"
-    unit.write_text(text.replace("/opt/dashinfer/launch", LAUNCH))
+UNITS = ("dashinfer.service", "dashinfer-http.service")
+# Settings whose absence systemd-analyze security weighs most: without them a unit is rated unsafe.
+HARDENING = ("User=", "Group=", "NoNewPrivileges=", "ProtectSystem=", "ProtectHome=", "PrivateTmp=",
+             "PrivateDevices=", "PrivateUsers=", "ProtectKernel", "ProtectControlGroups=", "ProtectClock=",
+             "ProtectHostname=", "ProtectProc=", "Restrict", "LockPersonality=", "CapabilityBoundingSet=",
+             "AmbientCapabilities=", "SystemCallFilter=", "SystemCallArchitectures=", "KeyringMode=",
+             "RemoveIPC=", "IPAddress", "UMask=")
+
+
+def unit_text(name):
+    return open(os.path.join(LAUNCH, name)).read()
+
+
+def installed_unit(tmp_path, name="dashinfer.service", text=None):
+    """The unit with /opt/dashinfer paths pointing into this checkout (and, for the HTTP unit, the
+    `dashinfer` console script replaced by an executable stand-in: verify checks ExecStart exists)."""
+    text = text or unit_text(name)
+    stand_in = tmp_path / "dashinfer"
+    stand_in.write_text("#!/bin/sh\n")
+    stand_in.chmod(0o755)
+    unit = tmp_path / name
+    unit.write_text(text.replace("/opt/dashinfer/launch", LAUNCH).replace("/opt/dashinfer/venv/bin/dashinfer",
+                                                                          str(stand_in)))
     return unit
 
 
-def verify(unit):
+def analyze(*args):
     tool = shutil.which("systemd-analyze")
     assert tool, "systemd-analyze is missing: apt-get install -y systemd"
-    return subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([tool, *args], capture_output=True, text=True, timeout=60)
 
 
-def test_systemd_unit_verifies(tmp_path):
-    text = open(os.path.join(LAUNCH, "dashinfer.service")).read()
-    for line in ("ExecStart=/opt/dashinfer/launch/dashinfer-launch", "Restart=on-failure",
-                 "KillSignal=SIGTERM", "KillMode=mixed", "EnvironmentFile=/opt/dashinfer/launch/dashinfer.env"):
-        assert line in text.splitlines()
-    assert re.search(r"^TimeoutStopSec=\d+$", text, re.M)
-    done = verify(installed_unit(tmp_path))
+def exposure(unit) -> float:
+    done = analyze("security", "--offline=true", "--no-pager", str(unit))
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout + done.stderr)
+    assert found, done.stdout + done.stderr
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_unit_verifies(tmp_path, name):
+    text = unit_text(name)
+    for line in ("Type=notify", "Restart=on-failure", "RestartPreventExitStatus=78", "KillSignal=SIGTERM",
+                 "KillMode=mixed", "User=dashinfer", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "ProtectHome=yes", "PrivateTmp=yes", "CacheDirectory=dashinfer"):
+        assert line in text.splitlines(), line
+    assert re.search(r"^TimeoutStopSec=\d+$", text, re.M) and re.search(r"^RuntimeDirectory=\S+$", text, re.M)
+    env_file = re.search(r"^EnvironmentFile=/opt/dashinfer/launch/(\S+)$", text, re.M).group(1)
+    assert os.path.isfile(os.path.join(LAUNCH, env_file))
+    done = analyze("verify", str(installed_unit(tmp_path, name)))
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
     # the check can fail: a bad value is reported (systemd-analyze warns and exits 0 for some)
-    broken = verify(installed_unit(tmp_path, text.replace("Restart=on-failure", "Restart=sometimes")))
+    broken = analyze("verify", str(installed_unit(tmp_path, name, text.replace("Restart=on-failure", "Restart=sometimes"))))
     assert broken.returncode != 0 or "restart" in broken.stderr
 
 
-def test_env_file_documents_only_variables_the_code_reads():
-    names = re.findall(r"^#?\s*(DASHINFER_\w+)=", open(os.path.join(LAUNCH, "dashinfer.env")).read(), re.M)
-    assert len(names) >= 10
+def test_grpc_unit_runs_the_launcher_and_takes_the_ranks_notifications():
+    lines = unit_text("dashinfer.service").splitlines()
+    assert "ExecStart=/opt/dashinfer/launch/dashinfer-launch" in lines
+    assert "NotifyAccess=all" in lines  # rank 0, which says READY=1, is a child of mpiexec
+    assert "RuntimeDirectory=dashinfer" in lines  # the default DASHINFER_ADDRESS lives there
+    assert "DASHINFER_ADDRESS=unix:///run/dashinfer/dashinfer.sock" in unit_text("dashinfer.env").splitlines()
+
+
+def test_http_unit_runs_dashinfer_serve_with_the_env_file_settings():
+    text = unit_text("dashinfer-http.service")
+    command = re.search(r"^ExecStart=(.*)$", text, re.M).group(1).split()
+    assert command[:3] == ["/opt/dashinfer/venv/bin/dashinfer", "serve", "${DASHINFER_MODEL}"]
+    flags = dict(zip(command[3:-1:2], command[4:-1:2]))
+    assert flags == {"--tp": "${DASHINFER_TP}", "--host": "${DASHINFER_HOST}", "--port": "${DASHINFER_PORT}"}
+    assert command[-1] == "$DASHINFER_SERVE_ARGS"  # unbraced: split into words, none when empty
+    assert "NotifyAccess=main" in text.splitlines()  # the ranks `serve` spawns do not speak for it
+    env = dict(re.findall(r"^(DASHINFER_\w+)=(.*)$", unit_text("dashinfer-http.env"), re.M))
+    assert env["DASHINFER_HOST"] == "127.0.0.1" and env["DASHINFER_PORT"] == "8000"
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_unit_exposure_is_at_most_4(tmp_path, name):
+    assert exposure(installed_unit(tmp_path, name)) <= 4.0
+    # the check can fail: the same unit without its hardening is rated far worse
+    bare = "\n".join(line for line in unit_text(name).splitlines() if not line.startswith(HARDENING))
+    assert exposure(installed_unit(tmp_path, name, bare)) > 4.0
+
+
+@pytest.mark.parametrize("env_file", ["dashinfer.env", "dashinfer-http.env"])
+def test_env_file_documents_only_variables_the_code_reads(env_file):
+    names = re.findall(r"^#?\s*(DASHINFER_\w+)=", open(os.path.join(LAUNCH, env_file)).read(), re.M)
+    assert len(names) >= 5
     sources = ""
-    for d in ("dashinfer_server", "launch"):
+    for d in ("dashinfer_server", "dashinfer_client", "launch"):
         for base, _, files in os.walk(os.path.join(ROOT, d)):
             for f in files:
-                if f.endswith((".py", "-launch")):
+                if f.endswith((".py", "-launch", ".service")):
                     sources += open(os.path.join(base, f)).read()
     unread = [n for n in names if n not in sources]
-    assert not unread, f"dashinfer.env documents variables nothing reads: {unread}"
+    assert not unread, f"{env_file} documents variables nothing reads: {unread}"
 
 
 def test_sweep_removes_only_unmapped_old_mpich_segments(tmp_path):
@@ -149,3 +208,19 @@ def test_sweep_removes_only_unmapped_old_mpich_segments(tmp_path):
         removed = L.sweep_stale_mpich_segments(str(tmp_path), min_age_s=60)
     assert removed == [str(old)]
     assert not old.exists() and young.exists() and mapped.exists()
+
+
+def test_deployment_doc_tables_every_variable_the_code_and_units_read():
+    read = set()
+    for d in ("dashinfer_server", "dashinfer_client", "launch"):
+        for base, _, files in os.walk(os.path.join(ROOT, d)):
+            for f in files:
+                if f.endswith((".py", "-launch", ".service")):
+                    read.update(re.findall(r"DASHINFER_[A-Z0-9_]*[A-Z0-9]", open(os.path.join(base, f)).read()))
+    assert {"DASHINFER_NUMA_NODES", "DASHINFER_MODEL", "DASHINFER_ISA"} <= read  # the scan finds them
+    doc = open(os.path.join(ROOT, "docs", "deployment.md")).read()
+    table = doc[doc.index("## Environment variables"):]
+    rows = [line for line in table.splitlines() if line.startswith("| `DASHINFER_")]
+    tabled = {name for row in rows for name in re.findall(r"`(DASHINFER_\w+)`", row.split("|")[1])}
+    assert not read - tabled, f"docs/deployment.md does not table: {sorted(read - tabled)}"
+    assert not tabled - read, f"docs/deployment.md tables variables nothing reads: {sorted(tabled - read)}"
