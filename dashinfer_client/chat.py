@@ -62,7 +62,7 @@ def chat(question, ranks=0, dtype="bfloat16", quant=None, max_new_tokens=256, te
     try:
         gen = loader.create_reference_generation_config_builder(runtime).update({
             "max_length": len(prompt) + max_new_tokens,
-            "do_sample": temperature > 0, "temperature": temperature or 1.0, "top_k": 0, "top_p": 1.0,
+            "do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
         })
         if seed is not None:
             gen.seed(seed)

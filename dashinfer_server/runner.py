@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from dashinfer_client.types import GenerateRequestStatus
+from dashinfer_client.types import FinishReason, GenerateRequestStatus
 
 from . import kernels as K
 from .block_pool import BlockPool, BlockTable
@@ -150,7 +150,8 @@ class ModelRunner:
             incoming, self._incoming, self._stops = self._incoming, [], []
         if self.scheduler is None:  # never loaded
             for seq in incoming:
-                seq.queue.set_status(GenerateRequestStatus.GenerateInterrupted, "the model was stopped")
+                seq.queue.set_status(GenerateRequestStatus.GenerateInterrupted, "the model was stopped",
+                                     FinishReason.INTERRUPTED)
             return
         for seq in incoming:
             self.scheduler.add(seq)
@@ -181,7 +182,7 @@ class ModelRunner:
                 self.scheduler.add(seq)
             for seq in stops:
                 if seq.phase != Phase.DONE:
-                    self._retire(seq, GenerateRequestStatus.GenerateFinished)
+                    self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=FinishReason.STOPPED)
             try:
                 self.step()
             except Exception as e:  # a bug must not hang every client: fail what ran, go on
@@ -199,25 +200,29 @@ class ModelRunner:
         if not chunks:
             return
         logits = self._forward(build_plan(chunks, self.pool.block_size))
-        self.scheduler.advance(chunks)
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
-        for row, seq in enumerate(sampled):
-            self._deliver(seq, int(result.ids[row]), result, row)
+        self._postprocess(chunks, sampled, result)
 
-    def _deliver(self, seq: Sequence, token: int, result, row: int) -> None:
-        queue = seq.queue
-        seq.tokens.append(token)  # the sampler has appended it to its own history
-        if seq.num_generated == 1:
-            queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
-            queue.set_status(GenerateRequestStatus.ContextFinished)
-        if seq.sampling.params.logprobs:
-            queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
-                       prefix_cache_len=seq.table.cached_len)
-        else:
-            queue.push(token, prefix_cache_len=seq.table.cached_len)
-        if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
-            self._retire(seq, GenerateRequestStatus.GenerateFinished)
+    def _postprocess(self, chunks, sampled, result) -> None:
+        """Every update a step makes, in one place: the computed tokens (the scheduler's
+        bookkeeping), then for each sampled request its new token, its delivery, and whether it
+        has finished."""
+        self.scheduler.advance(chunks)
+        for row, seq in enumerate(sampled):
+            token = int(result.ids[row])
+            seq.append(token)
+            queue = seq.queue
+            if seq.num_generated == 1:
+                queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
+            if result.top_logprobs[row] is not None:
+                queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
+                           prefix_cache_len=seq.table.cached_len)
+            else:
+                queue.push(token, prefix_cache_len=seq.table.cached_len)
+            reason = check_stop(seq)
+            if reason is not None:
+                self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=reason)
 
     def _forward(self, plan):
         """Hand the plan to the other ranks, then run this rank's shard of it."""
@@ -229,10 +234,10 @@ class ModelRunner:
             group.step_failed(e)
             raise
 
-    def _retire(self, seq: Sequence, status, error=None) -> None:
+    def _retire(self, seq: Sequence, status, error=None, reason=FinishReason.INTERRUPTED) -> None:
         if seq.phase != Phase.DONE:
             self.scheduler.finish(seq)
-        seq.queue.set_status(status, error)
+        seq.queue.set_status(status, error, reason)
 
     def _warm_up(self) -> None:
         """Run the two extreme steps before any request comes: the largest one (max_step_tokens
