@@ -251,3 +251,10 @@ def test_closed_pipeline_refuses_calls(tiny):
     p.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         p("abc")
+
+
+def test_one_gen_config_per_prompt(pipe):
+    gens = [GenerationConfig(max_new_tokens=3, ignore_eos=True), GenerationConfig(max_new_tokens=5, ignore_eos=True)]
+    assert [r.generate_token_len for r in pipe(["abc", "abd"], gen_config=gens)] == [3, 5]
+    with pytest.raises(ValueError, match="gen_config is a list of 1"):
+        pipe(["abc", "abd"], gen_config=gens[:1])

@@ -141,35 +141,48 @@ class Pipeline:
         return self.tokenizer.encode(prompt_text(self.tokenizer, prompt, self.chat_template),
                                      add_special_tokens=False)
 
+    def _gen_configs(self, gen_config, n, deprecated):
+        """One GenerationConfig per prompt (gen_config: None, one, or a list of n, as LMDeploy)."""
+        configs = gen_config if isinstance(gen_config, list) else [gen_config] * n
+        if len(configs) != n:
+            raise ValueError(f"gen_config is a list of {len(configs)} GenerationConfig for {n} prompts")
+        out = []
+        for gen in configs:
+            gen = gen if gen is not None else GenerationConfig()
+            if not isinstance(gen, GenerationConfig):
+                raise TypeError(f"gen_config must be a GenerationConfig, a list of them, or None, "
+                                f"got {type(gen).__name__}")
+            out.append(gen.with_deprecated(deprecated))
+        return out
+
     def _plan(self, prompts, gen_config, do_preprocess, deprecated):
-        """Everything checked before anything is submitted -> (one?, [(ids, options or None)], gen)."""
+        """Everything checked before anything is submitted -> (one prompt?, [(ids, options | None
+        when the prompt fills the session, Answer)])."""
         if self.engine is None:
             raise RuntimeError("this pipeline is closed")
-        gen = gen_config if gen_config is not None else GenerationConfig()
-        if not isinstance(gen, GenerationConfig):
-            raise TypeError(f"gen_config must be a GenerationConfig or None, got {type(gen).__name__}")
-        gen = gen.with_deprecated(deprecated)
         prompt_list, one = self._prompt_list(prompts)
-        stops = encode_words(self.tokenizer, gen.stop_words, gen.stop_token_ids) + self._template_stops
-        bad = encode_words(self.tokenizer, gen.bad_words, gen.bad_token_ids)
         plan = []
-        for i, prompt in enumerate(prompt_list):
+        for i, (prompt, gen) in enumerate(zip(prompt_list, self._gen_configs(gen_config, len(prompt_list),
+                                                                             deprecated))):
             ids = self._input_ids(prompt, i, do_preprocess)
             if not ids:
                 raise ValueError(f"prompts[{i}] is empty after tokenization")
+            stops = encode_words(self.tokenizer, gen.stop_words, gen.stop_token_ids) + self._template_stops
             options = None
             if len(ids) < self.session_len:
-                options = request_options(gen, len(ids), self.session_len, stops, bad)
+                options = request_options(gen, len(ids), self.session_len, stops,
+                                          encode_words(self.tokenizer, gen.bad_words, gen.bad_token_ids))
                 ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
-            plan.append((ids, options))
-        terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
-        return one, plan, gen, terminators
+            terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
+            plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens,
+                                              terminators, gen.logprobs is not None)))
+        return one, plan
 
-    def _submit(self, plan, gen, terminators):
+    def _submit(self, plan):
         """Start every request -> [(Answer, handle, queue) | Response of a too long prompt]."""
         started = []
         try:
-            for i, (ids, options) in enumerate(plan):
+            for i, (ids, options, answer) in enumerate(plan):
                 if options is None:
                     started.append(too_long(i, len(ids)))
                     continue
@@ -178,8 +191,6 @@ class Pipeline:
                 if status != AsStatus.ALLSPARK_SUCCESS:
                     raise RuntimeError(f"pipeline: prompts[{i}] was refused ({AsStatus(status).name}): "
                                        f"{self.engine.last_error}")
-                answer = Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens, terminators,
-                                gen.logprobs is not None)
                 started.append((answer, handle, queue))
         except BaseException:
             self._end(started)
@@ -195,19 +206,23 @@ class Pipeline:
     # ---- the API -------------------------------------------------------------------------------
 
     def __call__(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
-        """One Response for one prompt, a list in input order for several."""
+        """One Response for one prompt, a list in input order for several. gen_config: one
+        GenerationConfig for all prompts or a list of one per prompt."""
         return self.infer(prompts, gen_config, do_preprocess, **deprecated)
 
     def infer(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
-        one, plan, gen, terminators = self._plan(prompts, gen_config, do_preprocess, deprecated)
-        started = self._submit(plan, gen, terminators)
+        one, plan = self._plan(prompts, gen_config, do_preprocess, deprecated)
+        started = self._submit(plan)
         out = []
         try:
             for item in started:
                 if not isinstance(item, tuple):
                     out.append(item)
                     continue
-                answer, _, queue = item
+                answer, handle, queue = item
+                # Wait without waking up at every token (that would take the GIL from an in-process
+                # engine 32 times a step), then take everything at once.
+                self.engine.sync_request(MODEL_NAME, handle)
                 while (elements := queue.Get()) is not None:
                     answer.add(elements)
                 out.append(answer.response(queue.RequestStatInfo()["finish_reason"]))
@@ -218,11 +233,10 @@ class Pipeline:
     def stream_infer(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
         """A generator of Response pieces as tokens come, interleaved across the prompts; the last
         piece of each prompt carries its finish_reason. Closing it early stops the requests."""
-        _, plan, gen, terminators = self._plan(prompts, gen_config, do_preprocess, deprecated)
-        return self._stream(plan, gen, terminators)
+        return self._stream(self._plan(prompts, gen_config, do_preprocess, deprecated)[1])
 
-    def _stream(self, plan, gen, terminators):
-        started = self._submit(plan, gen, terminators)
+    def _stream(self, plan):
+        started = self._submit(plan)
         arrivals = queue_module.SimpleQueue()  # (index, GeneratedElements | None at the end)
         readers = []
         for item in started:
