@@ -21,6 +21,10 @@ _LAZY = {
     "GGUFModel": "dashinfer_client.model.gguf_loader",
     "DashInferModel": "dashinfer_client.model.serialized",
     "ModelSerializerException": "dashinfer_client.errors",
+    # LMDeploy's pipeline API (dashinfer_client.pipeline_api)
+    **{name: "dashinfer_client.pipeline_api" for name in (
+        "pipeline", "Pipeline", "GenerationConfig", "TurbomindEngineConfig", "PytorchEngineConfig",
+        "CpuEngineConfig", "ChatTemplateConfig", "Response")},
 }
 
 __all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelRuntimeConfig",

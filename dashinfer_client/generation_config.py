@@ -26,12 +26,14 @@ def _eos(key, v):
     return ids
 
 
-def _stop_words(key, v):
+def _id_sequences(key, v):
+    if v is None and key == "bad_words_ids":  # transformers' and DashInfer's "none"
+        return []
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
         raise ValueError(f"{key} must be a list of lists of token ids, got {v!r}")
     out = [check_ids(f"{key}[{i}]", words) for i, words in enumerate(v)]
     if any(not words for words in out):
-        raise ValueError(f"{key}: each stop sequence needs at least one token id, got {v!r}")
+        raise ValueError(f"{key}: each sequence needs at least one token id, got {v!r}")
     return out
 
 
@@ -62,7 +64,9 @@ OPTIONS = {
     "max_length": (20, _count(1), "prompt + generated tokens, the hard stop"),
     "min_length": (0, _count(0), "no eos before prompt + generated tokens reach this length"),
     "early_stopping": (True, check_bool, "an eos_token_id ends the request; off = eos is an ordinary token"),
-    "stop_words_ids": (list, _stop_words, "token sequences that end the request when generated"),
+    "stop_words_ids": (list, _id_sequences, "token sequences that end the request when generated"),
+    "bad_words_ids": (list, _id_sequences, "token sequences never generated: a sequence's last token is "
+                      "banned where the tokens before it were just generated (transformers' rule)"),
     "eos_token_id": (0, _eos, "the end-of-sequence id, or a list of them"),
     "no_repeat_ngram_size": (0, _count(0), "no n-gram of this size occurs twice; 0 = off"),
     # > 0 as transformers requires (a penalty divides or multiplies logits); DashInfer sets no cap
@@ -87,7 +91,6 @@ NEUTRAL_ONLY = {
     "num_beams": (1, "beam search is not implemented"),
     "num_return_sequences": (1, "one sequence per request"),
     "frequency_penalty": (0.0, "use presence_penalty or repetition_penalty"),
-    "bad_words_ids": (None, "token suppression lists are not implemented"),
 }
 
 
@@ -200,7 +203,7 @@ class ASGenerationConfigBuilder:
 
     def update(self, update_fields: dict) -> "ASGenerationConfigBuilder":
         """Set several keys at once; an unknown key or bad value raises before anything changes.
-        DashInfer's num_beams, num_return_sequences, frequency_penalty and bad_words_ids are
+        DashInfer's num_beams, num_return_sequences and frequency_penalty are
         accepted at their neutral values only."""
         check_keys("ASGenerationConfigBuilder.update", update_fields, list(OPTIONS) + list(NEUTRAL_ONLY))
         checked = {key: check_value(key, value) for key, value in update_fields.items()}

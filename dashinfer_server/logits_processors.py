@@ -16,7 +16,7 @@ _CHUNK = 256
 
 def apply_penalties(row, state):
     """Penalize row (float32 [V], in place) for the history held by `state`, in DashInfer's order:
-    repetition, presence, no-repeat n-gram, min-length."""
+    repetition, presence, no-repeat n-gram, min-length, then bad words."""
     p = state.params
     penalty = p["repetition_penalty"]
     if penalty != 1.0:
@@ -35,6 +35,9 @@ def apply_penalties(row, state):
             row[banned] = NEG_INF
     if len(state.tokens) < p["min_length"]:
         row[state.eos_array] = NEG_INF
+    bad = state.bad_word_ids()
+    if bad is not None and bad.size:
+        row[bad] = NEG_INF
 
 
 def top_k_indices(x, k):

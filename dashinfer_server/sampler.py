@@ -82,6 +82,9 @@ class RequestSamplingState:
         # (n-1)-token prefix -> tokens that followed it; lists: most prefixes have one follower
         self._ngrams = {} if n > 1 else None
         self.rng = np.random.default_rng(params["seed"])
+        bad = params["bad_words_ids"]
+        self.bad_tokens = np.array(sorted({w[0] for w in bad if len(w) == 1}), np.int64)  # always banned
+        self.bad_sequences = [(tuple(w[:-1]), w[-1]) for w in bad if len(w) > 1]  # banned after a prefix
         for end in range(1, len(tokens) + 1):
             self._record(end)
 
@@ -112,6 +115,14 @@ class RequestSamplingState:
     def generated_ids(self):
         """Distinct generated tokens (the presence penalty's)."""
         return self._generated.ids if self._generated is not None else _EMPTY_IDS
+
+    def bad_word_ids(self):
+        """Tokens bad_words_ids bans at this step (ids to index with), or None."""
+        if not self.bad_sequences:
+            return self.bad_tokens if self.bad_tokens.size else None
+        tail = [last for prefix, last in self.bad_sequences
+                if len(prefix) <= len(self.tokens) and tuple(self.tokens[len(self.tokens) - len(prefix):]) == prefix]
+        return np.concatenate((self.bad_tokens, np.array(tail, np.int64))) if tail else self.bad_tokens
 
     def ngram_banned_ids(self):
         """Tokens that would complete an n-gram already present (ids to index with), or None."""

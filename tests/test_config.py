@@ -170,7 +170,7 @@ def test_runtime_failed_update_changes_nothing():
 # ---- generation config ---------------------------------------------------------------------------
 
 DASHINFER_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, max_length=20,
-                          min_length=0, early_stopping=True, stop_words_ids=[], eos_token_id=0,
+                          min_length=0, early_stopping=True, stop_words_ids=[], bad_words_ids=[], eos_token_id=0,
                           no_repeat_ngram_size=0, repetition_penalty=1.0, length_penalty=1.0,
                           presence_penalty=0.0, suppress_repetition_in_generation=False,
                           logprobs=False, top_logprobs=0, lora_name="", mm_info=None,
@@ -281,7 +281,7 @@ GEN_ERRORS = [
     ("seed", -1), ("seed", 2**64), ("seed", "42"),
     ("eos_token_id", -1), ("eos_token_id", []), ("eos_token_id", "2"), ("eos_token_id", [1, -2]),
     ("stop_words_ids", [[]]), ("stop_words_ids", [1, 2]), ("stop_words_ids", "ab"),
-    ("stop_words_ids", [[1, "x"]]),
+    ("stop_words_ids", [[1, "x"]]), ("bad_words_ids", [[]]), ("bad_words_ids", [3]),
     ("do_sample", "yes"), ("do_sample", 1), ("early_stopping", None), ("logprobs", 1),
     ("suppress_repetition_in_generation", "true"), ("lora_name", 5), ("response_format", "json"),
 ]
@@ -308,7 +308,7 @@ def test_generation_range_messages_say_what_is_allowed():
 
 @pytest.mark.parametrize("fields,key", [
     ({"num_beams": 4}, "num_beams"), ({"num_return_sequences": 2}, "num_return_sequences"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"bad_words_ids": [[1]]}, "bad_words_ids"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"bad_words_ids": [[1, -1]]}, "bad_words_ids"),
     ({"top_kk": 3}, "top_kk"), ({"uuid": "x"}, "uuid"),
 ])
 def test_generation_update_refuses_unknown_or_unsupported(fields, key):

@@ -1,0 +1,294 @@
+"""pipeline(model): LMDeploy's offline inference API over this runtime's DashInfer API.
+
+    with pipeline(None, backend_config=TurbomindEngineConfig(tp=2)) as pipe:
+        print(pipe(["Hi, please introduce yourself", "Shanghai is"]))
+
+A Pipeline owns one engine: the in-process Engine for tp=1, a ClientEngine over tp server ranks
+(one per NUMA node) for tp > 1. Every prompt of a call is submitted before any is read, so they share
+the engine's continuous batching; nothing here schedules, samples or tokenizes differently from
+the engine's own API.
+"""
+import logging
+import os
+import queue as queue_module
+import threading
+
+from ..config import ASGenerationConfigBuilder
+from ..model_cache import resolve_model
+from ..types import AsStatus, TargetDevice
+from .chat_template import BUILTIN, ChatTemplateConfig, check_messages, prompt_text
+from .engine_config import engine_settings
+from .generation import GenerationConfig, encode_words, request_options
+from .response import Answer, too_long
+
+MODEL_NAME = "pipeline"
+# session_len None: the model's context, at most this (the KV pool is reserved for max_batch_size
+# requests of session_len tokens, and a long pool makes start_model slower).
+DEFAULT_SESSION_LEN = 4096
+LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
+
+
+def pipeline(model_path=None, model_name=None, backend_config=None, chat_template_config=None,
+             log_level="ERROR", **kwargs) -> "Pipeline":
+    """A Pipeline serving model_path (see Pipeline); kwargs set fields of backend_config."""
+    return Pipeline(model_path, model_name, backend_config, chat_template_config, log_level, **kwargs)
+
+
+def _kv_budget_mb(settings, loader, session_len):
+    """kv_cache_memory_mb: 0 (room for max_batch_size x session_len, the engine's default) when that
+    fits in cache_max_entry_count of the free memory, else that fraction of it."""
+    c = loader.config
+    upper_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # fp32 K+V
+    need_mb = settings.max_batch_size * session_len * upper_bytes_per_token / 2**20
+    with open("/proc/meminfo") as f:
+        available_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    budget_mb = int(settings.cache_max_entry_count * available_kb / 1024)
+    return 0 if need_mb <= budget_mb else budget_mb
+
+
+def _check_format(model_path, model_format):
+    if model_format is None or model_path is None:
+        return
+    path = os.fspath(model_path)
+    kind = ("gguf" if os.path.isfile(path) and not path.endswith(".asgraph")
+            else "hf" if os.path.isfile(os.path.join(path, "config.json")) else "dashinfer")
+    if kind != model_format:
+        raise ValueError(f"model_format={model_format!r} but model_path {path} is a {kind} model")
+
+
+class Pipeline:
+    """model_path: a Hugging Face directory, a GGUF file, a serialized model (directory or
+    {dir}/{prefix}), or None / the default model's name (dashinfer_client.model_cache.resolve_model).
+    model_name: a label; a built-in chat template's name ('chatml', 'qwen', 'llama3') selects it.
+    backend_config: TurbomindEngineConfig, PytorchEngineConfig or CpuEngineConfig (engine_config.py).
+    chat_template_config: ChatTemplateConfig; None = the model's own chat template."""
+
+    def __init__(self, model_path=None, model_name=None, backend_config=None, chat_template_config=None,
+                 log_level="ERROR", **kwargs):
+        from ..model.serialized import DashInferModel
+        if not isinstance(log_level, str) or log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+        for name in ("dashinfer_client", "dashinfer_server"):
+            logging.getLogger(name).setLevel(log_level.upper())
+        if model_name is not None and not isinstance(model_name, str):
+            raise TypeError(f"model_name must be a str or None, got {type(model_name).__name__}")
+        if chat_template_config is None:
+            chat_template_config = ChatTemplateConfig(model_name if model_name in BUILTIN else None)
+        if not isinstance(chat_template_config, ChatTemplateConfig):
+            raise TypeError(f"chat_template_config must be a ChatTemplateConfig or None, "
+                            f"got {type(chat_template_config).__name__}")
+        self.chat_template = chat_template_config
+        self.settings = s = engine_settings(backend_config, kwargs)
+        model_dir, prefix = resolve_model(model_path, dtype=s.dtype, quant=s.weight_quant)
+        _check_format(model_path, s.model_format)
+        self.model_name = model_name or prefix
+        self.loader = DashInferModel(model_dir, prefix)
+        self.tokenizer = self.loader.get_tokenizer()
+        self.session_len = s.session_len or min(DEFAULT_SESSION_LEN, self.loader.get_model_context_length())
+        self.eos_ids = self._eos_ids()
+        self._template_stops = encode_words(self.tokenizer, self.chat_template.template_stop_words(), ())
+        self.engine = self._open_engine()
+        self._lock = threading.Lock()
+
+    def _eos_ids(self):
+        eos = self.loader.create_reference_generation_config_builder().build()["eos_token_id"]
+        return list(eos) if isinstance(eos, list) else [eos]
+
+    def _open_engine(self):
+        import dashinfer_client as allspark
+        s = self.settings
+        runtime = (self.loader.create_reference_runtime_config_builder(
+                       MODEL_NAME, TargetDevice.CPU, [0], max_batch=s.max_batch_size)
+                   .max_length(self.session_len).kv_cache_mode(s.kv_cache_mode)
+                   .kv_cache_span_size(s.block_size).prefill_cache(s.enable_prefix_caching)
+                   .max_prefill_length(s.max_prefill_token_num).thread_num(s.threads_per_rank or 0)
+                   .kv_cache_memory_mb(_kv_budget_mb(s, self.loader, self.session_len)).build())
+        engine = allspark.Engine() if s.tp == 1 else allspark.ClientEngine(
+            nodes=s.tp, threads_per_rank=s.threads_per_rank)
+        for step, args in (("install_model", (runtime,)), ("start_model", (MODEL_NAME,))):
+            status, why = engine.call_with_reason(step, *args)
+            if status != AsStatus.ALLSPARK_SUCCESS:
+                if s.tp > 1:
+                    engine.close()
+                raise RuntimeError(f"pipeline: {step} failed ({AsStatus(status).name}): {why}")
+        return engine
+
+    # ---- prompts -------------------------------------------------------------------------------
+
+    def _prompt_list(self, prompts):
+        """(list of str | conversation, whether one prompt was given)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)):
+            return [prompts], True
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a str, a list of str, a conversation (list of {{'role', "
+                            f"'content'}} dicts) or a list of them, got {type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("prompts is an empty list: give at least one prompt")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, (str, list)):
+                raise TypeError(f"prompts[{i}] must be a str or a conversation (list of dicts), "
+                                f"got {type(p).__name__}")
+        return list(prompts), False
+
+    def _input_ids(self, prompt, i, do_preprocess):
+        if isinstance(prompt, str):
+            if not do_preprocess:
+                return self.tokenizer.encode(prompt, add_special_tokens=True)
+            prompt = [{"role": "user", "content": prompt}]
+        elif not do_preprocess:
+            raise ValueError(f"prompts[{i}]: a conversation needs do_preprocess=True (the chat template)")
+        check_messages(prompt, f"prompts[{i}]")
+        return self.tokenizer.encode(prompt_text(self.tokenizer, prompt, self.chat_template),
+                                     add_special_tokens=False)
+
+    def _gen_configs(self, gen_config, n, deprecated):
+        """One GenerationConfig per prompt (gen_config: None, one, or a list of n, as LMDeploy)."""
+        configs = gen_config if isinstance(gen_config, list) else [gen_config] * n
+        if len(configs) != n:
+            raise ValueError(f"gen_config is a list of {len(configs)} GenerationConfig for {n} prompts")
+        out = []
+        for gen in configs:
+            gen = gen if gen is not None else GenerationConfig()
+            if not isinstance(gen, GenerationConfig):
+                raise TypeError(f"gen_config must be a GenerationConfig, a list of them, or None, "
+                                f"got {type(gen).__name__}")
+            out.append(gen.with_deprecated(deprecated))
+        return out
+
+    def _plan(self, prompts, gen_config, do_preprocess, deprecated):
+        """Everything checked before anything is submitted -> (one prompt?, [(ids, options | None
+        when the prompt fills the session, Answer)])."""
+        if self.engine is None:
+            raise RuntimeError("this pipeline is closed")
+        prompt_list, one = self._prompt_list(prompts)
+        plan = []
+        for i, (prompt, gen) in enumerate(zip(prompt_list, self._gen_configs(gen_config, len(prompt_list),
+                                                                             deprecated))):
+            ids = self._input_ids(prompt, i, do_preprocess)
+            if not ids:
+                raise ValueError(f"prompts[{i}] is empty after tokenization")
+            stops = encode_words(self.tokenizer, gen.stop_words, gen.stop_token_ids) + self._template_stops
+            options = None
+            if len(ids) < self.session_len:
+                options = request_options(gen, len(ids), self.session_len, stops,
+                                          encode_words(self.tokenizer, gen.bad_words, gen.bad_token_ids))
+                ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
+            terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
+            plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens,
+                                              terminators, gen.logprobs is not None)))
+        return one, plan
+
+    def _submit(self, plan):
+        """Start every request -> [(Answer, handle, queue) | Response of a too long prompt]."""
+        started = []
+        try:
+            for i, (ids, options, answer) in enumerate(plan):
+                if options is None:
+                    started.append(too_long(i, len(ids)))
+                    continue
+                builder = ASGenerationConfigBuilder(eos_token_id=self.eos_ids).update(options)
+                status, handle, queue = self.engine.start_request_ids(MODEL_NAME, self.loader, ids, builder)
+                if status != AsStatus.ALLSPARK_SUCCESS:
+                    raise RuntimeError(f"pipeline: prompts[{i}] was refused ({AsStatus(status).name}): "
+                                       f"{self.engine.last_error}")
+                started.append((answer, handle, queue))
+        except BaseException:
+            self._end(started)
+            raise
+        return started
+
+    def _end(self, started):
+        for item in started:
+            if isinstance(item, tuple):
+                self.engine.stop_request(MODEL_NAME, item[1])
+                self.engine.release_request(MODEL_NAME, item[1])
+
+    # ---- the API -------------------------------------------------------------------------------
+
+    def __call__(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
+        """One Response for one prompt, a list in input order for several. gen_config: one
+        GenerationConfig for all prompts or a list of one per prompt."""
+        return self.infer(prompts, gen_config, do_preprocess, **deprecated)
+
+    def infer(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
+        one, plan = self._plan(prompts, gen_config, do_preprocess, deprecated)
+        started = self._submit(plan)
+        out = []
+        try:
+            for item in started:
+                if not isinstance(item, tuple):
+                    out.append(item)
+                    continue
+                answer, handle, queue = item
+                # Wait without waking up at every token (that would take the GIL from an in-process
+                # engine 32 times a step), then take everything at once.
+                self.engine.sync_request(MODEL_NAME, handle)
+                while (elements := queue.Get()) is not None:
+                    answer.add(elements)
+                out.append(answer.response(queue.RequestStatInfo()["finish_reason"]))
+        finally:
+            self._end(started)
+        return out[0] if one else out
+
+    def stream_infer(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
+        """A generator of Response pieces as tokens come, interleaved across the prompts; the last
+        piece of each prompt carries its finish_reason. Closing it early stops the requests."""
+        return self._stream(self._plan(prompts, gen_config, do_preprocess, deprecated)[1])
+
+    def _stream(self, plan):
+        started = self._submit(plan)
+        arrivals = queue_module.SimpleQueue()  # (index, GeneratedElements | None at the end)
+        readers = []
+        for item in started:
+            if not isinstance(item, tuple):
+                yield item
+                continue
+            answer, _, queue = item
+            reader = threading.Thread(target=_read, args=(answer.session_id, queue, arrivals), daemon=True,
+                                      name=f"pipeline-stream-{answer.session_id}")
+            reader.start()
+            readers.append(reader)
+        answers = {item[0].session_id: item for item in started if isinstance(item, tuple)}
+        try:
+            for _ in range(len(answers)):
+                while True:
+                    i, elements = arrivals.get()
+                    answer, _, queue = answers[i]
+                    if elements is None:
+                        yield answer.piece(queue.RequestStatInfo()["finish_reason"] or "interrupted")
+                        break
+                    answer.add(elements)
+                    piece = answer.piece()
+                    if piece is not None:
+                        yield piece
+        finally:
+            self._end(started)
+            for reader in readers:
+                reader.join()
+
+    def close(self):
+        """Release the model; a ClientEngine's ranks are stopped (sockets and shared memory removed)."""
+        with self._lock:
+            engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        engine.release_model(MODEL_NAME)
+        if self.settings.tp > 1:
+            engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"Pipeline(model={self.model_name!r}, tp={self.settings.tp}, session_len={self.session_len}, "
+                f"max_batch_size={self.settings.max_batch_size})")
+
+
+def _read(index, queue, arrivals):
+    """A stream's reader thread: every GeneratedElements of one request, then None."""
+    while (elements := queue.Get()) is not None:
+        arrivals.put((index, elements))
+    arrivals.put((index, None))
