@@ -670,6 +670,8 @@ def _apply(event, queue) -> None:
     status = GenerateRequestStatus(event.status)
     if event.stats:
         queue.update_stats({k: int(v) if k in _COUNT_KEYS else v for k, v in event.stats.items()})
+    if event.finish_reason:
+        queue.update_stats(finish_reason=event.finish_reason)
     if status == GenerateRequestStatus.ContextFinished and queue.GenerateStatus() < status:
         queue.set_status(status)
     if event.ids or event.tensors:

@@ -59,6 +59,28 @@ _FINAL = frozenset({GenerateRequestStatus.GenerateFinished, GenerateRequestStatu
                     GenerateRequestStatus.InternalError})
 
 
+class FinishReason(str, enum.Enum):
+    """Why a request ended: RequestStatInfo's finish_reason (a plain str, "" while it runs).
+
+    EOS          an eos_token_id was generated (with early_stopping on)
+    STOP_WORDS   the output ended with one of stop_words_ids
+    LENGTH       prompt + generated tokens reached max_length
+    STOPPED      stop_request or release_request ended it
+    INTERRUPTED  the engine could not go on: KV cache exhausted, a failure, a shutdown
+    """
+    EOS = "eos"
+    STOP_WORDS = "stop_words"
+    LENGTH = "length"
+    STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
+
+
+# The reason a final status implies when its producer names none.
+_IMPLIED_REASON = {GenerateRequestStatus.GenerateFinished: FinishReason.STOPPED,
+                   GenerateRequestStatus.GenerateInterrupted: FinishReason.INTERRUPTED,
+                   GenerateRequestStatus.InternalError: FinishReason.INTERRUPTED}
+
+
 class RoPEScaleMethod(enum.Enum):
     """RoPE scaling. NO_SCALE, YaRN and NTK carry DashInfer's values; LINEAR and LLAMA3 are the
     scalings this runtime implements (named in Hugging Face configs as "linear" and "llama3")."""
@@ -122,6 +144,8 @@ class RequestStatInfo(dict):
     generated_token_length tokens generated so far
     context_tps           prompt tokens computed per second of prefill
     generate_tps          tokens per second after the first
+    finish_reason         why it ended, a FinishReason value ("eos", "length", ...); "" while it
+                          runs (not one of DashInfer's keys: it has no such statistic)
     """
 
     class Key(enum.Enum):
@@ -138,12 +162,15 @@ class RequestStatInfo(dict):
         KEY_OUTPUT_LEN = "generated_token_length"
         KEY_CONTEXT_TPS = "context_tps"
         KEY_GENERATE_TPS = "generate_tps"
+        KEY_FINISH_REASON = "finish_reason"
 
     KEYS = tuple(k.value for k in Key)
     COUNT_KEYS = ("context_token_length", "context_cached_length", "generated_token_length")
+    TEXT_KEYS = ("finish_reason",)
 
     def __init__(self, info=None, **kw):
-        super().__init__({k: (0 if k in self.COUNT_KEYS else 0.0) for k in self.KEYS})
+        super().__init__({k: (0 if k in self.COUNT_KEYS else "" if k in self.TEXT_KEYS else 0.0)
+                          for k in self.KEYS})
         self.update(info or {}, **kw)
 
     def __getattr__(self, name):
@@ -163,10 +190,18 @@ class RequestStatInfo(dict):
 
 
 def _check_stat(key, value):
+    """The value to store for statistic `key` (a FinishReason as its plain str)."""
     if key not in RequestStatInfo.KEYS:
         raise ValueError(f"unknown statistic {key!r}; known: {', '.join(RequestStatInfo.KEYS)}")
+    if key in RequestStatInfo.TEXT_KEYS:
+        try:
+            return FinishReason(value).value if value != "" else ""
+        except ValueError:
+            raise ValueError(f"statistic {key} must be one of {', '.join(r.value for r in FinishReason)}"
+                             f" or '', got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"statistic {key} must be a number, got {value!r}")
+    return value
 
 
 class ResultQueue:
@@ -312,15 +347,19 @@ class ResultQueue:
             self._changed()
             return True
 
-    def set_status(self, status, error=None) -> bool:
+    def set_status(self, status, error=None, finish_reason=None) -> bool:
         """Move the request to `status` (a GenerateRequestStatus) and wake the consumers.
 
         A final status (GenerateFinished, GenerateInterrupted, InternalError) is kept once set:
         later calls return False and change nothing, so the first of a stop and a natural finish
         wins. Going back (Generating -> ContextFinished) is a producer bug: ValueError.
         error: a message for the consumer (ResultQueue.error), e.g. why it was interrupted.
+        finish_reason: with a final status, a FinishReason for the statistics; when neither it nor
+        update_stats gave one, GenerateFinished means STOPPED and the others INTERRUPTED.
         """
         status = GenerateRequestStatus(status)
+        if finish_reason is not None:
+            finish_reason = _check_stat("finish_reason", finish_reason)
         with self._cond:
             if self._status in _FINAL:
                 return False
@@ -331,6 +370,8 @@ class ResultQueue:
                 self._error = str(error)
             if status in _FINAL:
                 self._t_end = time.monotonic()
+                if finish_reason or not self._given_stats.get("finish_reason"):
+                    self._given_stats["finish_reason"] = finish_reason or _IMPLIED_REASON[status].value
             self._changed()
             return True
 
@@ -340,10 +381,9 @@ class ResultQueue:
         arrival_time (its creation), first/last_token_time (pushes), time_to_first_token,
         prefill_time, decode_time, finished_time, context_cached_length (push's
         prefix_cache_len), context_tps and generate_tps. generated_token_length always counts the
-        pushed tokens, whatever is given here. Unknown keys or non-numbers: ValueError."""
-        stats = dict(stats or {}, **kw)
-        for k, v in stats.items():
-            _check_stat(k, v)
+        pushed tokens, whatever is given here. Unknown keys or non-numbers (finish_reason: not a
+        FinishReason): ValueError."""
+        stats = {k: _check_stat(k, v) for k, v in dict(stats or {}, **kw).items()}
         with self._cond:
             self._given_stats.update(stats)
 

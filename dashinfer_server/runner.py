@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from dashinfer_client.types import GenerateRequestStatus
+from dashinfer_client.types import FinishReason, GenerateRequestStatus
 
 from . import kernels as K
 from .block_pool import BlockPool, BlockTable
@@ -150,7 +150,8 @@ class ModelRunner:
             incoming, self._incoming, self._stops = self._incoming, [], []
         if self.scheduler is None:  # never loaded
             for seq in incoming:
-                seq.queue.set_status(GenerateRequestStatus.GenerateInterrupted, "the model was stopped")
+                seq.queue.set_status(GenerateRequestStatus.GenerateInterrupted, "the model was stopped",
+                                     FinishReason.INTERRUPTED)
             return
         for seq in incoming:
             self.scheduler.add(seq)
@@ -181,7 +182,7 @@ class ModelRunner:
                 self.scheduler.add(seq)
             for seq in stops:
                 if seq.phase != Phase.DONE:
-                    self._retire(seq, GenerateRequestStatus.GenerateFinished)
+                    self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=FinishReason.STOPPED)
             try:
                 self.step()
             except Exception as e:  # a bug must not hang every client: fail what ran, go on
@@ -216,8 +217,11 @@ class ModelRunner:
                        prefix_cache_len=seq.table.cached_len)
         else:
             queue.push(token, prefix_cache_len=seq.table.cached_len)
-        if check_stop(seq.sampling, token) is not None or len(seq.tokens) >= seq.max_length:
-            self._retire(seq, GenerateRequestStatus.GenerateFinished)
+        reason = check_stop(seq.sampling, token)
+        if reason is None and len(seq.tokens) >= seq.max_length:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=reason)
 
     def _forward(self, plan):
         """Hand the plan to the other ranks, then run this rank's shard of it."""
@@ -229,10 +233,10 @@ class ModelRunner:
             group.step_failed(e)
             raise
 
-    def _retire(self, seq: Sequence, status, error=None) -> None:
+    def _retire(self, seq: Sequence, status, error=None, reason=FinishReason.INTERRUPTED) -> None:
         if seq.phase != Phase.DONE:
             self.scheduler.finish(seq)
-        seq.queue.set_status(status, error)
+        seq.queue.set_status(status, error, reason)
 
     def _warm_up(self) -> None:
         """Run the two extreme steps before any request comes: the largest one (max_step_tokens

@@ -363,9 +363,11 @@ def _event(queue, elements, sent) -> pb.RequestEvent:
     sent: the statistics the stream has carried so far (updated): only changed entries go, and
     never generated_token_length, which the client's queue counts itself."""
     stats = queue.RequestStatInfo()
+    reason = stats.pop("finish_reason")  # a string: it has its own field
     changed = {k: v for k, v in stats.items() if sent.get(k) != v and k != "generated_token_length"}
     sent.update(changed)
-    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed)
+    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed,
+                            finish_reason=reason)
     if elements is not None:
         event.ids.extend(elements.ids_from_generate)
         for top in elements.log_probs_list:

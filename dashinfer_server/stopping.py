@@ -13,13 +13,7 @@
 The token that triggers a stop (the eos, the stop word's last token) is delivered with the others:
 the engine appends it to the output before finishing, as DashInfer does.
 """
-from enum import Enum
-
-
-class StopReason(str, Enum):
-    EOS = "eos"
-    STOP_WORDS = "stop_words"
-    LENGTH = "length"
+from dashinfer_client.types import FinishReason
 
 
 def check_stop(state, new_id):
@@ -29,10 +23,10 @@ def check_stop(state, new_id):
     assert tokens[-1] == new_id, "check_stop: new_id is not the state's last token"
     params = state.params
     if params.early_stopping and new_id in state.eos_ids:
-        return StopReason.EOS
+        return FinishReason.EOS
     for word in params.stop_words_ids:
         if word[-1] == new_id and len(word) <= len(tokens) and tuple(tokens[-len(word):]) == word:
-            return StopReason.STOP_WORDS
+            return FinishReason.STOP_WORDS
     if len(tokens) >= params.max_length:
-        return StopReason.LENGTH
+        return FinishReason.LENGTH
     return None

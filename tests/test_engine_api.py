@@ -119,13 +119,15 @@ def test_status_sequence_and_stats(api_engine):
     prompt = prompt_of(40, 2)
     status, handle, queue = engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + 100))
     assert status == OK and isinstance(handle, int)
-    seen, ids = [queue.GenerateStatus()], []
+    seen, ids, reasons = [queue.GenerateStatus()], [], set()
     while True:
         ele = queue.Get()
         seen.append(queue.GenerateStatus())
         if ele is None:
             break
         ids += ele.ids_from_generate
+        if seen[-1] != Finished:
+            reasons.add(queue.RequestStatInfo()["finish_reason"])
     order = [GenerateRequestStatus.Init, GenerateRequestStatus.ContextFinished,
              GenerateRequestStatus.Generating, Finished]
     assert all(s in order for s in seen) and seen == sorted(seen, key=order.index)
@@ -140,6 +142,7 @@ def test_status_sequence_and_stats(api_engine):
     assert info["finished_time"] >= info["time_to_first_token"] + info["decode_time"] - 1.0
     assert info["context_tps"] > 0 and info["generate_tps"] > 0
     assert info["last_token_time"] >= info["first_token_time"] >= info["arrival_time"] > 1.6e12
+    assert reasons <= {""} and info["finish_reason"] == info.finish_reason == "length"
     assert engine.release_request(name, handle) == OK
 
 
@@ -227,9 +230,10 @@ def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, 
     for (handle, queue), out in zip(started, outs):
         assert queue.GeneratedLength() == len(out)
         if queue.GenerateStatus() == Finished:
-            assert len(out) == 390
+            assert len(out) == 390 and queue.RequestStatInfo().finish_reason == "length"
         else:
             assert 0 < len(out) < 390 and "KV cache" in queue.error
+            assert queue.RequestStatInfo().finish_reason == "interrupted"
     assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
     # what an interrupted request delivered is what it generates alone, cut short
     handle, queue = started[-1]
@@ -256,6 +260,7 @@ def test_stop_request(api_engine):
                 got += queue.Get().ids_from_generate
             assert engine.stop_request(long, handle) == OK
             assert queue.GenerateStatus() == Finished  # stop_request returns once it has ended
+            assert queue.RequestStatInfo().finish_reason == "stopped"
             rest, _ = collect(queue)
             got += rest
             assert 3 <= len(got) == queue.GeneratedLength() < 4096 - len(prompt)
@@ -282,6 +287,7 @@ def test_stop_a_request_still_waiting(api_engine):
         assert status == status2 == OK
         assert engine.stop_request(one, h2) == OK
         assert q2.GenerateStatus() == Finished and q2.GeneratedLength() == 0 and q2.Get() is None
+        assert q2.RequestStatInfo().finish_reason == "stopped"
         assert q1.GenerateStatus() != Finished
         assert engine.stop_request(one, h1) == OK
         got = collect(q1)[0]
@@ -407,16 +413,19 @@ def test_stop_words(api_engine):
     ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + 40, stop_words_ids=[[1, 2, 3], word]))
     expected = first_stop(prompt + free, len(prompt), lambda t: t[-2:] == word)
     assert ids == expected and len(ids) <= 8 and queue.GenerateStatus() == Finished
+    assert queue.RequestStatInfo()["finish_reason"] == "stop_words"
 
 
 def test_eos_list_and_early_stopping(api_engine):
     prompt = prompt_of(12, 16)
     free = alone(api_engine, prompt, 40)
     eos = [free[9], free[5]]
-    ids, *_ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=True))
+    ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=True))
     assert ids == first_stop(prompt + free, len(prompt), lambda t: t[-1] in eos) and len(ids) <= 6
-    ids, *_ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=False))
+    assert queue.RequestStatInfo()["finish_reason"] == "eos"
+    ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + 40, eos_token_id=eos, early_stopping=False))
     assert ids == free  # without early stopping an eos is an ordinary token
+    assert queue.RequestStatInfo()["finish_reason"] == "length"
 
 
 def test_min_length(api_engine):
@@ -435,6 +444,7 @@ def test_max_length(api_engine):
     for new in (1, 7):
         ids, _, queue, _ = run(api_engine, prompt, greedy(len(prompt) + new))
         assert len(ids) == new == queue.GeneratedLength() and queue.GenerateStatus() == Finished
+        assert queue.RequestStatInfo()["finish_reason"] == "length"
 
 
 def _repetition(p, generated_only):

@@ -12,6 +12,7 @@ import dashinfer_client as allspark
 from dashinfer_client import (AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus,
                               PromptTemplate, RequestStatInfo, ResultQueue, RoPEScaleMethod,
                               TargetDevice)
+from dashinfer_client.types import FinishReason
 
 S = GenerateRequestStatus
 JOIN_S = 10  # generous bound for a thread that must finish; never a timing assert
@@ -354,6 +355,31 @@ def test_stats_given_by_the_producer_win():
                        ({"context_token_length": True}, "context_token_length")):
         with pytest.raises(ValueError, match=match):
             q.update_stats(bad)
+
+
+def test_finish_reason_is_empty_while_running_then_kept_from_the_first_final_status():
+    q = ResultQueue()
+    assert q.RequestStatInfo().finish_reason == ""
+    q.push([1])
+    assert q.RequestStatInfo()["finish_reason"] == ""
+    assert q.set_status(S.GenerateFinished, finish_reason=FinishReason.EOS)
+    assert not q.set_status(S.GenerateInterrupted, "late", FinishReason.INTERRUPTED)
+    info = q.RequestStatInfo()
+    assert info.finish_reason == "eos" and type(info.finish_reason) is str
+    # a final status without a reason: the one update_stats gave, else what the status implies
+    given = ResultQueue()
+    given.update_stats(finish_reason="stop_words")
+    given.set_status(S.GenerateFinished)
+    assert given.RequestStatInfo().finish_reason == "stop_words"
+    for status, implied in ((S.GenerateFinished, "stopped"), (S.GenerateInterrupted, "interrupted"),
+                            (S.InternalError, "interrupted")):
+        q = ResultQueue()
+        q.set_status(status)
+        assert q.RequestStatInfo().finish_reason == implied
+    with pytest.raises(ValueError, match="finish_reason"):
+        ResultQueue().update_stats(finish_reason="tired")
+    with pytest.raises(ValueError, match="finish_reason"):
+        ResultQueue().set_status(S.GenerateFinished, finish_reason=3)
 
 
 # ---- PromptTemplate ------------------------------------------------------------------------------
