@@ -11,7 +11,7 @@ import hmac
 import json
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -45,15 +45,14 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
     async def validation_error(request, e):
         return JSONResponse(bad_request(str(e)).body(), status_code=400)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
+    async def check_key(request: Request):
+        if api_key:
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                e = ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)",
-                             "authentication_error", code="invalid_api_key")
-                return JSONResponse(e.body(), status_code=401)
-        return await call_next(request)
+                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)",
+                               "authentication_error", code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
     @app.get("/health")
     async def health():
@@ -66,7 +65,7 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
         body = await asyncio.to_thread(metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def models():
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0,
                                             "owned_by": "dashinfer", "max_model_len": served.max_length}]}
@@ -88,14 +87,15 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
         collected = [p async for p in pieces]
         return answer.whole(collected, usage)
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         return await complete(request, parse_chat)
 
-    @app.post("/v1/completions")
+    @v1.post("/completions")
     async def completions(request: Request):
         return await complete(request, parse_completion)
 
+    app.include_router(v1)
     return app
 
 

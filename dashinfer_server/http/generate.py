@@ -91,20 +91,12 @@ async def generate(served, job, metrics, usage: Usage, decoder):
                 break
         if not stop.hit and queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
             raise unavailable(f"the request was interrupted: {queue.error or 'the engine stopped it'}")
-        reason = "stop" if stop.hit else _finish_reason(queue, len(job.prompt_ids) + usage.completion_tokens,
-                                                          job.generation["max_length"])
+        reason = "stop" if stop.hit else _FINISH[queue.RequestStatInfo()["finish_reason"]]
         yield Piece(stop.flush(), finish_reason=reason)
         metrics.finished(usage, time.monotonic() - started, reason)
     finally:
         # Not awaited: the consumer may be a cancelled task (the client went away).
         loop.run_in_executor(None, served.finish, handle)
-
-
-def _finish_reason(queue, total_length, max_length) -> str:
-    reason = queue.RequestStatInfo().get("finish_reason")
-    if reason in _FINISH:
-        return _FINISH[reason]
-    return "length" if total_length >= max_length else "stop"
 
 
 def _with_logprobs(elements) -> list:

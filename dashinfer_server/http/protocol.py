@@ -81,6 +81,8 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     for key, engine_key in _SAME_MEANING.items():
         if body.get(key) is not None:
             generation[engine_key] = body[key]
+    if generation["temperature"] == 0:  # OpenAI's greedy
+        generation["do_sample"] = False
     # Token counts after the prompt -> the engine's lengths, which count the prompt too.
     if max_tokens is not None:
         generation["max_length"] = len(ids) + _int(max_tokens, "max_tokens")  # the engine checks it

@@ -33,12 +33,28 @@ class ServedModel:
         self.defaults = self.loader.create_reference_generation_config_builder(self.runtime).build().to_dict()
         del self.defaults["seed"]  # each request draws its own unless it names one
         self.engine = None
+        self.owns_model = True  # False: attached to a model someone else installed
         self.state = "loading"  # -> serving -> draining, or -> failed
         self.why = "the model is loading"
         self.restarts = 0  # times the rank group was found lost and came back
         self._instance = None
         self._probe = None
         self._recovering = threading.Lock()
+
+    @classmethod
+    def attach(cls, engine, name):
+        """The model `name` a running rank group (engine: a ClientEngine) already serves."""
+        models = engine.get_stats()["models"]
+        if name is None and len(models) == 1:
+            name = next(iter(models))
+        if name not in models:
+            raise RuntimeError(f"the server serves {', '.join(map(repr, models)) or 'no model'}"
+                               + (f", not {name!r}" if name else "; name one"))
+        cfg = models[name]["runtime_config"]
+        served = cls(cfg["model_dir"], cfg["model_prefix"], name, max_batch=cfg["max_batch"],
+                     max_length=cfg["max_length"])
+        served.engine, served.owns_model, served.state, served.why = engine, False, "serving", ""
+        return served
 
     # ---- lifetime -------------------------------------------------------------------------------
 
@@ -71,7 +87,8 @@ class ServedModel:
     def close(self) -> None:
         if self.engine is None:
             return
-        self.engine.release_model(self.name)
+        if self.owns_model:
+            self.engine.release_model(self.name)
         if hasattr(self.engine, "close"):
             self.engine.close()
         if self._probe is not None:
