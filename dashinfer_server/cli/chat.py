@@ -125,7 +125,7 @@ class _EngineChat:
                 sys.stdout.write(text[-1])
                 sys.stdout.flush()
         finally:
-            served.finish(handle)
+            served.finish(handle, queue)
         print()
         if queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
             raise CliError(f"generation interrupted: {queue.error}")

@@ -79,7 +79,7 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
         job = parse(body, served)
         answer = Answer(job, lambda i: served.tokenizer.decode([i]))
         usage = Usage()
-        pieces = generate(served, job, metrics, usage, decoder_factory(served.tokenizer))
+        pieces = generate(served, job, metrics, usage, decoder_factory(served.tokenizer), answer.id)
         if job.stream:
             first = await _first(pieces)  # a refusal is still an HTTP error, not a stream
             return StreamingResponse(_events(answer, first, pieces, usage), media_type="text/event-stream",

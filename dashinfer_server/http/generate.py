@@ -54,7 +54,7 @@ class StopText:
         return held
 
 
-async def generate(served, job, metrics, usage: Usage, decoder):
+async def generate(served, job, metrics, usage: Usage, decoder, request_id=""):
     """Async iterator of Piece; the last one carries the finish reason. Raises ApiError when the
     engine refuses the request or the rank group is lost under it."""
     loop = asyncio.get_running_loop()
@@ -96,7 +96,7 @@ async def generate(served, job, metrics, usage: Usage, decoder):
         metrics.finished(usage, time.monotonic() - started, reason)
     finally:
         # Not awaited: the consumer may be a cancelled task (the client went away).
-        loop.run_in_executor(None, served.finish, handle)
+        loop.run_in_executor(None, served.finish, handle, queue, request_id)
 
 
 def _with_logprobs(elements) -> list:
