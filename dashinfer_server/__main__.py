@@ -3,9 +3,13 @@
 Rank 0 runs the Engine and serves gRPC on ADDR (default: a unix socket private to the process);
 under mpiexec the other ranks run the worker loop. With --model-dir/--model-prefix/--model-name
 the model is installed and started before the service accepts calls (the systemd use case).
-The line "dashinfer_server: ready ..." is printed once the service accepts calls.
+The line "dashinfer_server: ready ..." is printed once the service accepts calls; under systemd
+(Type=notify) rank 0 then sends READY=1, and STOPPING=1 when it begins to drain.
 SIGTERM or SIGINT: stop admitting requests, let running ones finish for --grace-period seconds
 (then interrupt them), stop the models, close, exit 0.
+A configuration error (bad flags, a model path that holds no model, a placement this machine
+cannot give, a model the runtime refuses) exits 78 (EX_CONFIG): restarting cannot fix it, and
+the systemd units say RestartPreventExitStatus=78.
 """
 import argparse
 import logging
@@ -13,12 +17,29 @@ import os
 import signal
 import sys
 import threading
+import time
+
+from . import logs, systemd
+from .systemd import EX_CONFIG
 
 log = logging.getLogger("dashinfer_server")
+# Engine refusals of install_model that a restart cannot fix: the files or the options are wrong.
+CONFIG_STATUSES = {"ALLSPARK_PARAM_ERROR", "ALLSPARK_IO_ERROR", "ALLSPARK_EXCEED_LIMIT_ERROR",
+                   "ALLSPARK_INVALID_CALL_ERROR"}
+
+
+class ConfigError(Exception):
+    """A configuration a restart cannot fix: exit EX_CONFIG."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EX_CONFIG, f"{self.prog}: error: {message}\n")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dashinfer_server", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m dashinfer_server", description=__doc__.split("\n")[0])
     p.add_argument("--address", default=None,
                    help="unix:///path.sock or HOST:PORT (default: a unix socket under $XDG_RUNTIME_DIR or /tmp)")
     p.add_argument("--threads", type=int, default=0, help="compute threads of this rank (default: all its cores)")
@@ -32,13 +53,20 @@ def parse_args(argv=None):
                    help="seconds running requests get to finish on SIGTERM before they are interrupted")
     p.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="shut down when stdin closes (set by a ClientEngine that spawned this server)")
-    p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=logs.LEVELS)
+    p.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                   help="text (one line per record) or json (one JSON object per line)")
     args = p.parse_args(argv)
     model_flags = (args.model_dir, args.model_prefix, args.model_name)
     if any(model_flags) and not all(model_flags):
         p.error("--model-dir, --model-prefix and --model-name go together")
     if args.threads < 0:
         p.error("--threads must be >= 0")
+    if args.model_dir:
+        graph = os.path.join(args.model_dir, args.model_prefix + ".asgraph")
+        if not os.path.isfile(graph):
+            p.error(f"no serialized model at {graph} (--model-dir {args.model_dir}, --model-prefix "
+                    f"{args.model_prefix})")
     return args
 
 
@@ -72,10 +100,14 @@ def _watch_stdin(stop: threading.Event) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    logs.configure(args.log_level, args.log_format)
     from .parallel import init_group
-    group = init_group(args.threads or None)  # first: it places the rank before the kernels load
+    from .topology import PlacementError
+    try:
+        group = init_group(args.threads or None)  # first: it places the rank before the kernels load
+    except PlacementError as e:
+        log.error("%s", e)
+        return EX_CONFIG
     if group.rank > 0:
         from .worker import run_worker
         return run_worker(group) or 0
@@ -93,17 +125,14 @@ def main(argv=None) -> int:
     from .service import release_models, serve
     engine = Engine(group)
     try:
-        if args.model_dir:
-            try:
-                cfg = runtime_config(args)
-            except ValueError as e:
-                log.error("bad model options: %s", e)
-                return 2
-            for call, arg in (("install_model", cfg), ("start_model", cfg.model_name)):
-                status, why = engine.call_with_reason(call, arg)
-                if status != 0:
-                    log.error("cannot serve model %r: %s", cfg.model_name, why)
-                    return 1
+        try:
+            cfg, timings = _start_model(engine, args) if args.model_dir else (None, {})
+        except ConfigError as e:
+            log.error("%s", e)
+            return EX_CONFIG
+        except RuntimeError as e:
+            log.error("%s", e)
+            return 1
         if stop.is_set():
             return 0
         try:
@@ -111,16 +140,48 @@ def main(argv=None) -> int:
         except RuntimeError as e:
             log.error("%s", e)
             return 1
+        _log_startup(cfg, group.world, server.address, args.threads, timings)
         print(f"dashinfer_server: ready on {server.address} (pid {os.getpid()}, {group.world} rank(s))",
               flush=True)
-        log.info("serving on %s", server.address)
+        # under mpiexec this rank is not the unit's main process: the units say NotifyAccess=all
+        systemd.notify(f"READY=1\nSTATUS=serving on {server.address}")
         stop.wait()
         log.info("shutting down (grace period %.0f s)", args.grace_period)
+        systemd.notify("STOPPING=1\nSTATUS=draining: running requests finish, new ones are refused")
         server.shutdown(args.grace_period)
         return 0
     finally:
         release_models(engine)
         group.close()  # the other ranks exit
+
+
+def _start_model(engine, args):
+    """Install and start the model of the flags -> (runtime config, {"load_s", "start_s"});
+    ConfigError when the options or files are wrong, RuntimeError when it cannot start."""
+    from dashinfer_client.types import AsStatus
+    try:
+        cfg = runtime_config(args)
+    except ValueError as e:
+        raise ConfigError(f"bad model options: {e}") from None
+    systemd.notify(f"STATUS=loading model {cfg.model_name!r} from {cfg.model_dir}")
+    began = time.monotonic()
+    status, why = engine.call_with_reason("install_model", cfg)
+    loaded = time.monotonic()
+    if status != 0:
+        error = ConfigError if AsStatus(status).name in CONFIG_STATUSES else RuntimeError
+        raise error(f"cannot install model {cfg.model_name!r}: {why}")
+    systemd.notify(f"STATUS=starting model {cfg.model_name!r} (weights, warm-up)")
+    status, why = engine.call_with_reason("start_model", cfg.model_name)
+    if status != 0:
+        raise RuntimeError(f"cannot start model {cfg.model_name!r}: {why}")
+    return cfg, {"load_s": loaded - began, "start_s": time.monotonic() - loaded}
+
+
+def _log_startup(cfg, world, address, threads, timings) -> None:
+    from dashinfer_client.model.serialized import DashInferModel
+    from .startup_log import log_startup, startup_summary
+    model = DashInferModel(cfg.model_dir, cfg.model_prefix) if cfg else None
+    log_startup(startup_summary(cfg, model, world=world, address=address, threads=threads or None, **timings))
 
 
 if __name__ == "__main__":

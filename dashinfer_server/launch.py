@@ -5,7 +5,7 @@
 
 Every flag has an environment default (DASHINFER_NODES, DASHINFER_THREADS_PER_RANK,
 DASHINFER_ADDRESS, DASHINFER_MODEL_DIR, DASHINFER_MODEL_PREFIX, DASHINFER_MODEL_NAME,
-DASHINFER_LOG_LEVEL); flags it does not know go to every rank unchanged. The node count
+DASHINFER_LOG_LEVEL, DASHINFER_LOG_FORMAT); flags it does not know go to every rank unchanged. The node count
 defaults to the NUMA nodes of dashinfer_server.topology (DASHINFER_NUMA_NODES simulates nodes).
 It runs the mpiexec installed beside this Python (the mpich wheel's), never another one on PATH,
 and replaces itself with it, so a supervisor's SIGTERM reaches mpiexec, which forwards it to the
@@ -21,6 +21,7 @@ import sys
 import time
 
 from . import topology
+from .systemd import EX_CONFIG
 
 
 def default_address() -> str:
@@ -50,6 +51,7 @@ def parse_args(argv, env):
     p.add_argument("--model-prefix", default=env.get("DASHINFER_MODEL_PREFIX") or None)
     p.add_argument("--model-name", default=env.get("DASHINFER_MODEL_NAME") or None)
     p.add_argument("--log-level", default=env.get("DASHINFER_LOG_LEVEL") or None)
+    p.add_argument("--log-format", default=env.get("DASHINFER_LOG_FORMAT") or None, help="text or json")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     return p.parse_known_args(argv)
 
@@ -67,7 +69,7 @@ def build_command(args, rest, env=None, sysfs: str = topology.SYSFS, numactl=Non
     rank_args = ["-m", "dashinfer_server", "--address", args.address or default_address()]
     for flag, value in (("--threads", args.threads_per_rank), ("--model-dir", args.model_dir),
                         ("--model-prefix", args.model_prefix), ("--model-name", args.model_name),
-                        ("--log-level", args.log_level)):
+                        ("--log-level", args.log_level), ("--log-format", args.log_format)):
         if value:
             rank_args += [flag, str(value)]
     rank_args += rest
@@ -143,7 +145,7 @@ def main(argv=None) -> int:
         cmd, extra_env = build_command(args, rest)
     except topology.PlacementError as e:
         print(f"dashinfer-launch: {e}", file=sys.stderr)
-        return 2
+        return EX_CONFIG
     if args.dry_run:
         print(" ".join(f"{k}={v}" for k, v in extra_env.items()), " ".join(cmd))
         return 0

@@ -24,6 +24,7 @@ from concurrent import futures
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dashinfer_client.config import AsModelRuntimeConfig
 from dashinfer_client.proto import load as load_stubs
@@ -442,6 +443,9 @@ class Server:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
                                    options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
+        # grpc.health.v1 for probes and load balancers: SERVING once started, NOT_SERVING from the drain on
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._stopped = threading.Event()
 
     def start(self) -> "Server":
@@ -456,6 +460,8 @@ class Server:
         self._server.start()
         if self.socket_path:
             os.chmod(self.socket_path, 0o660)  # this user and its group only
+        for name in (health.OVERALL_HEALTH, pb.DESCRIPTOR.services_by_name["DashInfer"].full_name):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self
 
     def shutdown(self, grace: float = 30.0) -> None:
@@ -463,6 +469,7 @@ class Server:
         stop the models and close. Every model stays installed (release is the caller's)."""
         why = "the server is shutting down: no new requests are accepted"
         self.service.begin_draining(why)
+        self.health.enter_graceful_shutdown()  # every service NOT_SERVING from now on
         deadline = time.monotonic() + grace
         queues = self.service.unfinished()
         if queues:
@@ -489,6 +496,7 @@ class Server:
 
     def stop(self) -> None:
         """Close at once (no drain): open streams are cancelled."""
+        self.health.enter_graceful_shutdown()
         self.service.close_sessions()
         self._server.stop(grace=None).wait()
         self._remove_socket()

@@ -9,6 +9,9 @@ import os
 import socket
 
 log = logging.getLogger("dashinfer_server.systemd")
+# Exit status of a configuration error (sysexits' EX_CONFIG): a restart cannot fix it, and the
+# units say RestartPreventExitStatus=78 so that systemd does not try every few seconds.
+EX_CONFIG = 78
 
 
 def notify(state: str) -> bool:

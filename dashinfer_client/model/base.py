@@ -3,7 +3,20 @@
 Subclasses (HuggingFaceModel, GGUFModel, DashInferModel) set self.config (ModelConfig) and
 self.generation_config (dict), and say where the serialized model is and how to build the tokenizer.
 """
+from .. import tokenizer as light_tokenizer
 from ..errors import ModelSerializerException
+
+
+def auto_tokenizer(path, **kwargs):
+    """transformers' AutoTokenizer.from_pretrained(path, **kwargs), or a clear error naming the
+    extra that provides it."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelSerializerException(
+            f"the tokenizer in {path} needs transformers, which is not installed: "
+            "pip install 'dashinfer-py[convert]'") from None
+    return AutoTokenizer.from_pretrained(path, **kwargs)
 
 
 class ModelHandle:
@@ -18,7 +31,7 @@ class ModelHandle:
         raise NotImplementedError
 
     def _tokenizer_path(self):
-        """A directory AutoTokenizer.from_pretrained can read."""
+        """A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json...)."""
         raise NotImplementedError
 
     def _tokenizer_kwargs(self):
@@ -26,11 +39,16 @@ class ModelHandle:
 
     # -- DashInfer API -------------------------------------------------------------------------
     def init_tokenizer(self, padding_side="left"):
-        """Build the transformers tokenizer once (later calls keep it)."""
+        """Build the tokenizer once (later calls keep it): dashinfer_client.tokenizer.Tokenizer
+        (tokenizers + jinja2, no transformers) when it reproduces the directory's tokenizer, else
+        transformers' AutoTokenizer (the [convert] extra)."""
         if self.tokenizer is None:
-            from transformers import AutoTokenizer
-            self.tokenizer = AutoTokenizer.from_pretrained(
-                self._tokenizer_path(), padding_side=padding_side, **self._tokenizer_kwargs())
+            path = self._tokenizer_path()
+            kwargs = self._tokenizer_kwargs()
+            if light_tokenizer.supports(path) and not kwargs.get("trust_remote_code"):
+                self.tokenizer = light_tokenizer.Tokenizer(path, padding_side=padding_side)
+            else:
+                self.tokenizer = auto_tokenizer(path, padding_side=padding_side, **kwargs)
         return self
 
     def get_tokenizer(self):

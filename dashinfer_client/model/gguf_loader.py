@@ -11,6 +11,7 @@ import re
 
 from ..errors import ModelSerializerException
 from .arch import ModelConfig, eos_list
+from .base import auto_tokenizer
 from .source import SourceModel
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> ours
@@ -124,8 +125,7 @@ class GGUFModel(SourceModel):
 
     def _gguf_tokenizer(self):
         if self.tokenizer is None:
-            from transformers import AutoTokenizer
-            self.tokenizer = AutoTokenizer.from_pretrained(
+            self.tokenizer = auto_tokenizer(  # transformers reads the tokenizer out of the GGUF metadata
                 os.path.dirname(os.path.abspath(self.model_path)), gguf_file=os.path.basename(self.model_path),
                 padding_side="left")
         return self.tokenizer

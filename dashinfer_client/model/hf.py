@@ -137,7 +137,8 @@ def _load_bin(index_path, single_path):
         import torch
     except ImportError:
         raise ModelSerializerException(
-            "reading pytorch_model.bin checkpoints needs torch (pip install torch); safetensors checkpoints do not") from None
+            "reading pytorch_model.bin checkpoints needs torch, which is not installed: "
+            "pip install 'dashinfer-py[convert]' (safetensors checkpoints do not need it)") from None
     if os.path.exists(index_path):
         with open(index_path) as f:
             files = sorted(set(json.load(f)["weight_map"].values()))

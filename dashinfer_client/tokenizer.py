@@ -1,0 +1,206 @@
+"""A tokenizer read from a Hugging Face tokenizer directory with `tokenizers` and jinja2 only.
+
+Serving and chatting must not import transformers (and through it torch) just to turn text into
+ids: this class reads tokenizer.json, tokenizer_config.json and the chat template
+(chat_template.jinja, chat_template.json or the config's "chat_template") and offers the part of
+transformers' tokenizer API the runtime and its users call: __call__, encode, decode,
+batch_decode, apply_chat_template, the special tokens and their ids. It behaves as transformers 5's
+generic fast tokenizer (TokenizersBackend / PreTrainedTokenizerFast) does on the same files;
+directories whose tokenizer class rebuilds the pipeline in Python (e.g. LlamaTokenizer) are not
+its to read: `supports(path)` says which are, and the model handles fall back to transformers.
+What encode adds around a text (bos/eos) is tokenizer.json's post-processor, as in transformers 5,
+which ignores the config's add_bos_token/add_eos_token when tokenizer.json exists.
+"""
+import json
+import os
+from datetime import datetime
+
+# tokenizer_class values whose behaviour is exactly tokenizer.json plus tokenizer_config.json.
+GENERIC_CLASSES = {None, "TokenizersBackend", "PreTrainedTokenizerFast"}
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def supports(path) -> bool:
+    """True when `path` holds a tokenizer this class reproduces (tokenizer.json, a generic class)."""
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return False
+    return _read_json(os.path.join(path, "tokenizer_config.json")).get("tokenizer_class") in GENERIC_CLASSES
+
+
+def _read_json(path) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_text(value):
+    """A special token as the config writes it: a string or a serialized AddedToken dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _find_chat_template(path, config):
+    jinja_file = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja_file):
+        with open(jinja_file, encoding="utf-8") as f:
+            return f.read()
+    template = _read_json(os.path.join(path, "chat_template.json")).get("chat_template") or config.get("chat_template")
+    if isinstance(template, list):  # named templates: the one called "default"
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template
+
+
+class Tokenizer:
+    """Tokenizer(path, padding_side="left"): the tokenizer of a Hugging Face tokenizer directory."""
+
+    def __init__(self, path, padding_side="left"):
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as Backend
+        self.name_or_path = str(path)
+        self.padding_side = padding_side
+        config = _read_json(os.path.join(path, "tokenizer_config.json"))
+        self.init_kwargs = config
+        self._backend = Backend.from_file(os.path.join(path, "tokenizer.json"))
+        listed = set(self._backend.get_vocab(with_added_tokens=True))
+        for entry in (config.get("added_tokens_decoder") or {}).values():
+            if entry["content"] not in listed:
+                add = self._backend.add_special_tokens if entry.get("special") else self._backend.add_tokens
+                add([AddedToken(entry["content"], single_word=entry.get("single_word", False),
+                                lstrip=entry.get("lstrip", False), rstrip=entry.get("rstrip", False),
+                                normalized=entry.get("normalized", False), special=entry.get("special", False))])
+        self.special_tokens_map = {k: _token_text(config[k]) for k in SPECIAL_KEYS if config.get(k)}
+        for key in SPECIAL_KEYS:
+            setattr(self, key, self.special_tokens_map.get(key))
+        self.chat_template = _find_chat_template(path, config)
+        self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        self._template = None
+
+    # ---- ids and tokens ------------------------------------------------------------------------
+
+    def __getattr__(self, name):
+        # bos_token_id, eos_token_id, pad_token_id...: the id of the matching special token
+        if name.endswith("_token_id") and name[:-3] in SPECIAL_KEYS:
+            token = self.__dict__.get("special_tokens_map", {}).get(name[:-3])
+            return None if token is None else self.convert_tokens_to_ids(token)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def convert_tokens_to_ids(self, tokens):
+        if isinstance(tokens, str):
+            return self._backend.token_to_id(tokens)
+        return [self._backend.token_to_id(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        if isinstance(ids, int):
+            return self._backend.id_to_token(ids)
+        return [self._backend.id_to_token(int(i)) for i in ids]
+
+    @property
+    def all_special_tokens(self) -> list:
+        return list(dict.fromkeys(self.special_tokens_map.values()))
+
+    @property
+    def all_special_ids(self) -> list:
+        return self.convert_tokens_to_ids(self.all_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=False)
+
+    def __len__(self):
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict:
+        return self._backend.get_vocab(with_added_tokens=True)
+
+    # ---- text <-> ids --------------------------------------------------------------------------
+
+    def encode(self, text, add_special_tokens=True) -> list:
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def __call__(self, text, add_special_tokens=True, padding=False, truncation=False, return_tensors=None):
+        """{"input_ids", "attention_mask"} of a text, or lists of them for a list of texts."""
+        if padding or truncation or return_tensors:
+            raise ValueError("this tokenizer returns plain lists: padding, truncation and return_tensors "
+                             "are not supported")
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        encoded = self._backend.encode_batch(list(text), add_special_tokens=add_special_tokens)
+        return {"input_ids": [e.ids for e in encoded], "attention_mask": [[1] * len(e.ids) for e in encoded]}
+
+    def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=None) -> str:
+        if isinstance(ids, dict):
+            ids = ids["input_ids"]
+        ids = [int(ids)] if not hasattr(ids, "__len__") else [int(i) for i in ids]
+        text = self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None \
+            else clean_up_tokenization_spaces
+        # transformers skips the clean-up for BPE (it would strip real spaces before punctuation)
+        if clean and type(self._backend.model).__name__ != "BPE":
+            for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                                  (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+                text = text.replace(before, after)
+        return text
+
+    def batch_decode(self, sequences, skip_special_tokens=False) -> list:
+        return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
+
+    # ---- chat ----------------------------------------------------------------------------------
+
+    def apply_chat_template(self, conversation, add_generation_prompt=False, tokenize=True, return_dict=True,
+                            chat_template=None, tools=None, documents=None, **kwargs):
+        """The model's chat template rendered over `conversation` (a list of {"role", "content"}
+        messages); tokenize=True: its ids as {"input_ids", "attention_mask"} (a plain list with
+        return_dict=False), special tokens from the text only, as transformers does."""
+        if not conversation:
+            raise ValueError("cannot apply the chat template to an empty conversation")
+        template = self._compiled(chat_template)
+        messages = [{k: v for k, v in m.items() if v is not None} for m in conversation]
+        values = {**self.special_tokens_map, **kwargs}
+        text = template.render(messages=messages, tools=tools, documents=documents,
+                               add_generation_prompt=add_generation_prompt, **values)
+        if not tokenize:
+            return text
+        out = self(text, add_special_tokens=False)
+        return out if return_dict else out["input_ids"]
+
+    def _compiled(self, chat_template=None):
+        if chat_template is not None:
+            return _compile(chat_template)
+        if self.chat_template is None:
+            raise ValueError(f"the tokenizer in {self.name_or_path} has no chat template")
+        if self._template is None:
+            self._template = _compile(self.chat_template)
+        return self._template
+
+
+def _compile(source):
+    """A chat template compiled in a sandbox with the helpers Hugging Face templates use."""
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        """{% generation %}...{% endgeneration %} (marks assistant text for training): the body as is."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja's own tojson escapes HTML characters, which a prompt must keep
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
