@@ -56,12 +56,12 @@ def wait_for(predicate, timeout=120.0, every=0.05):
 class Server:
     """`python -m dashinfer serve` in a subprocess; its log goes to a file the tests can read."""
 
-    def __init__(self, model_dir, log_path, *flags, tp=2):
+    def __init__(self, model_dir, log_path, *flags, tp=2, python_flags=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "dashinfer", "serve", model_dir, "--tp", str(tp), "--port", str(self.port),
+        cmd = [sys.executable, *python_flags, "-m", "dashinfer", "serve", model_dir, "--tp", str(tp), "--port", str(self.port),
                "--served-model-name", "tiny", "--max-model-len", str(MAX_MODEL_LEN), *flags]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=cli_env(**TWO_NODES),
                                      cwd=ROOT)
