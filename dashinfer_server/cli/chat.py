@@ -126,7 +126,7 @@ class _EngineChat:
                 sys.stdout.flush()
         finally:
             served.finish(handle, queue)
-        print()
+        print(flush=True)
         if queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
             raise CliError(f"generation interrupted: {queue.error}")
         print(summary(queue.RequestStatInfo()), file=sys.stderr)
@@ -187,5 +187,5 @@ class _HttpChat:
                     text.append(piece)
                     sys.stdout.write(piece)
                     sys.stdout.flush()
-        print()
+        print(flush=True)
         return "".join(text)
