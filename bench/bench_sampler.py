@@ -12,7 +12,9 @@ import time
 
 import numpy as np
 
-from dashinfer_server.sampler import RequestSamplingState, Sampler, SamplingParams
+from dashinfer_client.generation_config import check_generation
+from dashinfer_server.sampler import Sampler
+from dashinfer_server.sequence import Sequence
 
 PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, no_repeat_ngram_size=3,
                  min_length=600, eos_token_id=[0, 1])
@@ -31,15 +33,19 @@ def step_us(config, batch, vocab, steps, repeats):
     rng = np.random.default_rng(0)
     source = (rng.standard_normal((batch, vocab)) * 2.5).astype(np.float32)
     logits = np.empty_like(source)
-    params = SamplingParams(max_length=4096, seed=1, **config)
+    params = check_generation({"max_length": 4096, "seed": 1, **config})
     sampler = Sampler()
     best = copy_best = float("inf")
     for _ in range(repeats):
-        states = [RequestSamplingState(params, rng.integers(0, vocab, 512).tolist())
-                  for _ in range(batch)]
+        seqs = [Sequence.start(rng.integers(0, vocab, 512).tolist(), params) for _ in range(batch)]
+        states = [seq.sampling for seq in seqs]
+
+        def step():
+            for seq, token in zip(seqs, sampler.sample(logits, states).ids):
+                seq.append(int(token))  # what the engine does after sampling: penalties see it
         for _ in range(3):  # warm-up
             np.copyto(logits, source)
-            sampler.sample(logits, states)
+            step()
         t0 = time.perf_counter()
         for _ in range(steps):
             np.copyto(logits, source)
@@ -47,7 +53,7 @@ def step_us(config, batch, vocab, steps, repeats):
         t0 = time.perf_counter()
         for _ in range(steps):
             np.copyto(logits, source)
-            sampler.sample(logits, states)
+            step()
         best = min(best, (time.perf_counter() - t0) / steps)
     return (best - copy_best) * 1e6
 

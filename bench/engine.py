@@ -103,11 +103,10 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
 
     import dashinfer_server.model as model_module
     import dashinfer_server.runner as runner_module
-    from dashinfer_client import ASGenerationConfigBuilder, ResultQueue, default_model
+    from dashinfer_client import ASGenerationConfigBuilder, default_model
     from dashinfer_client.model import DashInferModel
     from dashinfer_server import kernels as K
-    from dashinfer_server.sampler import RequestSamplingState, SamplingParams
-    from dashinfer_server.sequence import Sequence
+    from dashinfer_server.request import ModelLimits, new_request
 
     model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
     cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
@@ -134,18 +133,16 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
 
     prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, 32).tolist()
     gen = ASGenerationConfigBuilder(seed=0).update(
-        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4}).build()
-    seq = Sequence(prompt, gen.max_length)
-    seq.queue, seq.sampling = ResultQueue(), RequestSamplingState(SamplingParams.from_config(gen), prompt)
-    runner.scheduler.add(seq)
+        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4})
+    limits = ModelLimits(model.config.vocab_size, cfg.max_length, runner.block_capacity)
+    runner.scheduler.add(new_request(prompt, gen, limits))
     runner.step()  # the prompt
     runner.step()  # a first decode, untimed
     model_module.K = TimedKernels()
     runner_module.build_plan = timed("runner build_plan", runner_module.build_plan)
     runner.scheduler.schedule = timed("runner schedule", runner.scheduler.schedule)
-    runner.scheduler.advance = timed("runner advance", runner.scheduler.advance)
     runner.sampler.sample = timed("runner sample", runner.sampler.sample)
-    runner._deliver = timed("runner deliver", runner._deliver)
+    runner._postprocess = timed("runner postprocess", runner._postprocess)
     forward = runner.model.forward
     runner.model.forward = timed("forward", forward)
     t = time.perf_counter()

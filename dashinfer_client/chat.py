@@ -14,6 +14,7 @@ import sys
 
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus, default_model
+from dashinfer_client.detokenize import IncrementalDecoder
 
 MODEL_NAME = "default"
 
@@ -29,24 +30,6 @@ def open_engine(ranks: int):
         raise SystemExit(f"chat: --ranks {ranks} needs the ClientEngine, which this build lacks ({e}); "
                          "use --ranks 0") from None
     return client_engine(nodes=ranks)
-
-
-class IncrementalDecoder:
-    """Text of a growing list of token ids, handed out piece by piece. A character split over
-    several tokens (UTF-8 bytes of a byte-level BPE) is held back until it is complete."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids = []
-        self.emitted = 0  # characters of the decoded text already handed out
-
-    def push(self, ids) -> str:
-        self.ids += ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete character: wait for its other bytes
-            return ""
-        piece, self.emitted = text[self.emitted:], len(text)
-        return piece
 
 
 def summary(stats) -> str:
@@ -79,7 +62,7 @@ def chat(question, ranks=0, dtype="bfloat16", quant=None, max_new_tokens=256, te
     try:
         gen = loader.create_reference_generation_config_builder(runtime).update({
             "max_length": len(prompt) + max_new_tokens,
-            "do_sample": temperature > 0, "temperature": temperature or 1.0, "top_k": 0, "top_p": 1.0,
+            "do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
         })
         if seed is not None:
             gen.seed(seed)
@@ -91,7 +74,7 @@ def chat(question, ranks=0, dtype="bfloat16", quant=None, max_new_tokens=256, te
         while (elements := queue.Get()) is not None:
             out.write(decoder.push(elements.ids_from_generate))
             out.flush()
-        out.write("\n")
+        out.write(decoder.finish() + "\n")
         if queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
             print(f"chat: generation interrupted: {queue.error}", file=err)
             return 1

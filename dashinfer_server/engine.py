@@ -23,12 +23,10 @@ import gc
 import logging
 import threading
 
-import numpy as np
+from dashinfer_client.config import AsModelRuntimeConfig
+from dashinfer_client.types import AsStatus
 
-from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
-from dashinfer_client.types import AsStatus, ResultQueue
-
-from .sequence import Sequence
+from .request import ModelLimits, RequestError, new_request
 
 log = logging.getLogger("dashinfer_server")
 
@@ -166,13 +164,11 @@ class Engine:
                 raise EngineError(AsStatus.ALLSPARK_REQUEST_DENIED,
                                   f"model {model_name!r} is stopped or stopping: no new requests")
             self._model(model_name, (ModelState.Running,))
-            ids = self._check_ids(input_ids, m)
-            gen = self._check_generation(generate_config, m, len(ids))
-            from .sampler import RequestSamplingState
-            seq = Sequence(ids, gen.max_length)
-            seq.queue = ResultQueue(str(seq.handle))
-            seq.queue.update_stats(context_token_length=len(ids))
-            seq.sampling = RequestSamplingState(self._sampling_params(gen), ids)
+            limits = ModelLimits(m.model.config.vocab_size, m.cfg.max_length, m.runner.block_capacity)
+            try:
+                seq = new_request(input_ids, generate_config, limits)
+            except RequestError as e:
+                raise EngineError(e.status, str(e)) from e
             m.requests[seq.handle] = seq
             m.runner.submit(seq)
             return seq
@@ -296,72 +292,6 @@ class Engine:
             raise EngineError(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID,
                               f"unknown request handle {handle!r} for model {model_name!r}")
         return m, seq
-
-    @staticmethod
-    def _check_ids(input_ids, m) -> list:
-        try:
-            arr = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)
-        except Exception:
-            arr = None
-        if arr is None or (arr.dtype.kind not in "iu" and arr.size):
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, "input_ids must be a list of integers")
-        arr = arr.reshape(-1) if arr.ndim == 2 and arr.shape[0] == 1 else arr
-        if arr.ndim != 1:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"input_ids must be one sequence of ids, got shape {arr.shape}")
-        if arr.size == 0:
-            raise EngineError(AsStatus.ALLSPARK_EMPTY_REQUEST, "input_ids is empty")
-        vocab = m.model.config.vocab_size
-        bad = arr[(arr < 0) | (arr >= vocab)]
-        if bad.size:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"input id {int(bad[0])} is outside the vocabulary [0, {vocab})")
-        if arr.size >= m.cfg.max_length:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"prompt of {arr.size} tokens leaves no room under max_length {m.cfg.max_length}")
-        if arr.size + 1 > m.runner.block_capacity:
-            raise EngineError(AsStatus.ALLSPARK_CACHE_MEMORY_OUT,
-                              f"prompt of {arr.size} tokens can never fit the KV cache of "
-                              f"{m.runner.block_capacity} tokens")
-        return [int(i) for i in arr]
-
-    @staticmethod
-    def _check_generation(gen, m, prompt_len) -> ASGenerationConfig:
-        try:
-            if isinstance(gen, ASGenerationConfigBuilder):
-                gen = gen.build()
-            if isinstance(gen, dict):
-                gen = ASGenerationConfigBuilder().update(gen).build()
-        except ValueError as e:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, f"generate_config: {e}") from e
-        if not isinstance(gen, ASGenerationConfig):
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                              f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
-        if gen.lora_name:
-            raise EngineError(AsStatus.ALLSPARK_LORA_NOT_LOADED,
-                              f"lora_name={gen.lora_name!r}: this runtime loads no LoRA adapters")
-        for key, what in (("mm_info", "multimodal input"), ("response_format", "guided decoding")):
-            if getattr(gen, key):
-                raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR,
-                                  f"{key} is not supported: this runtime has no {what}")
-        if gen.max_length > m.cfg.max_length:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"generation max_length {gen.max_length} exceeds the engine's {m.cfg.max_length}")
-        if gen.max_length <= prompt_len:
-            raise EngineError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
-                              f"generation max_length {gen.max_length} leaves no room after the "
-                              f"{prompt_len}-token prompt")
-        from .sampler import validate
-        try:
-            validate(Engine._sampling_params(gen), m.model.config.vocab_size, prompt_len)
-        except ValueError as e:
-            raise EngineError(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
-        return gen
-
-    @staticmethod
-    def _sampling_params(gen):
-        from .sampler import SamplingParams
-        return SamplingParams.from_config(gen)
 
 
 def _return_memory_to_os() -> None:

@@ -16,25 +16,28 @@ _CHUNK = 256
 
 def apply_penalties(row, state):
     """Penalize row (float32 [V], in place) for the history held by `state`, in DashInfer's order:
-    repetition, presence, no-repeat n-gram, min-length."""
+    repetition, presence, no-repeat n-gram, min-length, then bad words."""
     p = state.params
-    if p.repetition_penalty != 1.0:
+    penalty = p["repetition_penalty"]
+    if penalty != 1.0:
         ids = state.repetition_ids
         if ids.size:
             # Dividing a negative logit would raise it: negative logits are multiplied instead.
             v = row[ids]
-            row[ids] = np.where(v < 0, v * np.float32(p.repetition_penalty),
-                                v / np.float32(p.repetition_penalty))
-    if p.presence_penalty != 0.0:
+            row[ids] = np.where(v < 0, v * np.float32(penalty), v / np.float32(penalty))
+    if p["presence_penalty"] != 0.0:
         ids = state.generated_ids
         if ids.size:
-            row[ids] -= np.float32(p.presence_penalty)
-    if p.no_repeat_ngram_size:
+            row[ids] -= np.float32(p["presence_penalty"])
+    if state.ngram_size:
         banned = state.ngram_banned_ids()
         if banned is not None:
             row[banned] = NEG_INF
-    if len(state.tokens) < p.min_length and state.eos_array.size:
+    if len(state.tokens) < p["min_length"]:
         row[state.eos_array] = NEG_INF
+    bad = state.bad_word_ids()
+    if bad is not None and bad.size:
+        row[bad] = NEG_INF
 
 
 def top_k_indices(x, k):

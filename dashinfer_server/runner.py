@@ -200,28 +200,29 @@ class ModelRunner:
         if not chunks:
             return
         logits = self._forward(build_plan(chunks, self.pool.block_size))
-        self.scheduler.advance(chunks)
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
-        for row, seq in enumerate(sampled):
-            self._deliver(seq, int(result.ids[row]), result, row)
+        self._postprocess(chunks, sampled, result)
 
-    def _deliver(self, seq: Sequence, token: int, result, row: int) -> None:
-        queue = seq.queue
-        seq.tokens.append(token)  # the sampler has appended it to its own history
-        if seq.num_generated == 1:
-            queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
-            queue.set_status(GenerateRequestStatus.ContextFinished)
-        if seq.sampling.params.logprobs:
-            queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
-                       prefix_cache_len=seq.table.cached_len)
-        else:
-            queue.push(token, prefix_cache_len=seq.table.cached_len)
-        reason = check_stop(seq.sampling, token)
-        if reason is None and len(seq.tokens) >= seq.max_length:
-            reason = FinishReason.LENGTH
-        if reason is not None:
-            self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=reason)
+    def _postprocess(self, chunks, sampled, result) -> None:
+        """Every update a step makes, in one place: the computed tokens (the scheduler's
+        bookkeeping), then for each sampled request its new token, its delivery, and whether it
+        has finished."""
+        self.scheduler.advance(chunks)
+        for row, seq in enumerate(sampled):
+            token = int(result.ids[row])
+            seq.append(token)
+            queue = seq.queue
+            if seq.num_generated == 1:
+                queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
+            if result.top_logprobs[row] is not None:
+                queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
+                           prefix_cache_len=seq.table.cached_len)
+            else:
+                queue.push(token, prefix_cache_len=seq.table.cached_len)
+            reason = check_stop(seq)
+            if reason is not None:
+                self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=reason)
 
     def _forward(self, plan):
         """Hand the plan to the other ranks, then run this rank's shard of it."""

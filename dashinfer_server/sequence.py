@@ -1,11 +1,14 @@
-"""One request's state inside the engine: its tokens, its KV blocks, how far it has run,
-and where its results go."""
+"""One request inside the engine, in one object: its tokens (held here only), its KV blocks, how
+far it has run, its sampler state and where its results go."""
 import enum
 import itertools
 import time
 from dataclasses import dataclass, field
 
+from dashinfer_client.types import ResultQueue
+
 from .block_pool import BlockTable
+from .sampler import RequestSamplingState
 
 
 class Phase(enum.Enum):
@@ -30,11 +33,27 @@ class Sequence:
     arrival: float = field(default_factory=time.perf_counter)
     admitted: float = 0.0           # when the scheduler gave it KV blocks (perf_counter)
     queue: object = None            # the ResultQueue its tokens go to
-    sampling: object = None         # its sampler state (params, history, RNG)
+    sampling: object = None         # its RequestSamplingState (options, penalty sets, RNG)
 
     def __post_init__(self):
         if self.prompt_len < 0:
             self.prompt_len = len(self.tokens)
+
+    @classmethod
+    def start(cls, prompt: list, params: dict) -> "Sequence":
+        """A new request: `prompt` (token ids) generating by `params`, its checked options
+        (request.new_request checks them against the model)."""
+        seq = cls(list(prompt), params["max_length"])
+        seq.sampling = RequestSamplingState(params, seq.tokens)
+        seq.queue = ResultQueue(str(seq.handle))
+        seq.queue.update_stats(context_token_length=len(prompt))
+        return seq
+
+    def append(self, token: int) -> None:
+        """Add a generated token (and tell the sampler state, which reads the same list)."""
+        self.tokens.append(token)
+        if self.sampling is not None:
+            self.sampling.observe(token)
 
     @property
     def num_generated(self) -> int:

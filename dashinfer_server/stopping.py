@@ -16,17 +16,17 @@ the engine appends it to the output before finishing, as DashInfer does.
 from dashinfer_client.types import FinishReason
 
 
-def check_stop(state, new_id):
-    """Why the request must stop after `new_id`, or None. `state` already holds new_id as its
-    last token (Sampler.sample appends it)."""
-    tokens = state.tokens
-    assert tokens[-1] == new_id, "check_stop: new_id is not the state's last token"
+def check_stop(seq):
+    """Why the request `seq` (a Sequence) must stop after its newest token, or None."""
+    tokens = seq.tokens
+    state = seq.sampling
     params = state.params
-    if params.early_stopping and new_id in state.eos_ids:
+    new_id = tokens[-1]
+    if params["early_stopping"] and new_id in state.eos_ids:
         return FinishReason.EOS
-    for word in params.stop_words_ids:
-        if word[-1] == new_id and len(word) <= len(tokens) and tuple(tokens[-len(word):]) == word:
+    for word in params["stop_words_ids"]:
+        if word[-1] == new_id and len(word) <= len(tokens) and tokens[-len(word):] == word:
             return FinishReason.STOP_WORDS
-    if len(tokens) >= params.max_length:
+    if len(tokens) >= seq.max_length:
         return FinishReason.LENGTH
     return None

@@ -170,7 +170,7 @@ def test_runtime_failed_update_changes_nothing():
 # ---- generation config ---------------------------------------------------------------------------
 
 DASHINFER_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, max_length=20,
-                          min_length=0, early_stopping=True, stop_words_ids=[], eos_token_id=0,
+                          min_length=0, early_stopping=True, stop_words_ids=[], bad_words_ids=[], eos_token_id=0,
                           no_repeat_ngram_size=0, repetition_penalty=1.0, length_penalty=1.0,
                           presence_penalty=0.0, suppress_repetition_in_generation=False,
                           logprobs=False, top_logprobs=0, lora_name="", mm_info=None,
@@ -198,6 +198,8 @@ SETTERS = [
     ("stop_words_ids", [[5, 6], [7]]), ("eos_token_id", 2), ("eos_token_id", [2, 3]),
     ("no_repeat_ngram_size", 3), ("repetition_penalty", 1.1), ("length_penalty", -0.5),
     ("presence_penalty", -1.5), ("suppress_repetition_in_generation", True), ("seed", 2**64 - 1),
+    # the one rule: repetition_penalty > 0 (transformers'), presence_penalty finite (DashInfer's)
+    ("repetition_penalty", 2.5), ("presence_penalty", 3.0), ("presence_penalty", -2.5),
     ("seed", 0), ("logprobs", True), ("lora_name", "adapter"), ("mm_info", mm),
     ("response_format", {"type": "json_object"}),
 ]
@@ -272,12 +274,13 @@ GEN_ERRORS = [
     ("top_k", -1), ("top_k", 2.5), ("top_k", "5"), ("top_k", True),
     ("max_length", 0), ("max_length", 1.0), ("min_length", -1),
     ("top_logprobs", 11), ("top_logprobs", -1),
-    ("repetition_penalty", 0), ("repetition_penalty", 2.5), ("presence_penalty", 3),
-    ("presence_penalty", -2.1), ("length_penalty", "1"), ("no_repeat_ngram_size", -1),
+    ("repetition_penalty", 0), ("repetition_penalty", -1.2), ("repetition_penalty", math.inf),
+    ("presence_penalty", math.inf), ("presence_penalty", math.nan), ("presence_penalty", "0.5"),
+    ("length_penalty", "1"), ("no_repeat_ngram_size", -1),
     ("seed", -1), ("seed", 2**64), ("seed", "42"),
     ("eos_token_id", -1), ("eos_token_id", []), ("eos_token_id", "2"), ("eos_token_id", [1, -2]),
     ("stop_words_ids", [[]]), ("stop_words_ids", [1, 2]), ("stop_words_ids", "ab"),
-    ("stop_words_ids", [[1, "x"]]),
+    ("stop_words_ids", [[1, "x"]]), ("bad_words_ids", [[]]), ("bad_words_ids", [3]),
     ("do_sample", "yes"), ("do_sample", 1), ("early_stopping", None), ("logprobs", 1),
     ("suppress_repetition_in_generation", "true"), ("lora_name", 5), ("response_format", "json"),
 ]
@@ -304,7 +307,7 @@ def test_generation_range_messages_say_what_is_allowed():
 
 @pytest.mark.parametrize("fields,key", [
     ({"num_beams": 4}, "num_beams"), ({"num_return_sequences": 2}, "num_return_sequences"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"bad_words_ids": [[1]]}, "bad_words_ids"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"bad_words_ids": [[1, -1]]}, "bad_words_ids"),
     ({"top_kk": 3}, "top_kk"), ({"uuid": "x"}, "uuid"),
 ])
 def test_generation_update_refuses_unknown_or_unsupported(fields, key):
@@ -365,3 +368,34 @@ def test_generation_from_hf_refusals():
         ASGenerationConfigBuilder({"top_p": 1.5})
     with pytest.raises(ValueError, match="hf_gen_config"):
         ASGenerationConfigBuilder("greedy")
+
+
+def test_generation_built_config_is_a_dict_as_upstreams():
+    """DashInfer's build() returns a dict: users index, copy, iterate and serialize it."""
+    cfg = ASGenerationConfigBuilder(seed=3).top_k(9).build()
+    assert isinstance(cfg, dict) and cfg["top_k"] == cfg.top_k == 9
+    cfg["response_format"] = {"type": "json_object"}
+    cfg.top_p = 0.5  # attribute writes are dict writes
+    assert dict(cfg.items())["response_format"] == {"type": "json_object"} and cfg["top_p"] == 0.5
+    copied = cfg.copy()
+    copied["top_k"] = 1
+    assert cfg["top_k"] == 9
+    assert json.loads(json.dumps(cfg)) == cfg and ASGenerationConfig(json.loads(json.dumps(cfg))) == cfg
+    with pytest.raises(AttributeError, match="nope"):
+        cfg.nope = 1
+
+
+def test_generation_changed_config_is_checked_again():
+    cfg = ASGenerationConfigBuilder().build()
+    cfg["top_p"] = 7
+    with pytest.raises(ValueError, match="top_p"):
+        cfg.validate()
+    cfg["top_p"], cfg["uuid"] = 0.5, "request-1"
+    with pytest.raises(ValueError, match="uuid"):
+        cfg.validate()
+    del cfg["uuid"], cfg["top_k"]
+    assert cfg.validate()["top_k"] == 50  # a key taken out is back at its default
+
+
+def test_generation_temperature_zero_is_accepted_as_greedy():
+    assert ASGenerationConfigBuilder().temperature(0).build().validate()["temperature"] == 0.0

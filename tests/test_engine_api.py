@@ -363,6 +363,26 @@ def test_sampling_cut_to_one_token_is_greedy(api_engine, options):
     assert ids == alone(api_engine, prompt, 24)
 
 
+def test_temperature_zero_is_greedy(api_engine):
+    prompt = prompt_of(14, 12)
+    ids, *_ = run(api_engine, prompt, sampled(len(prompt) + 24, 5, temperature=0.0))
+    assert ids == alone(api_engine, prompt, 24)
+
+
+def test_a_built_config_changed_as_a_dict_is_read_and_checked(api_engine, caplog):
+    """build() gives a dict (as DashInfer's); what the user changes in it is what runs, and a
+    change to a bad value is refused like any bad value."""
+    engine, name, loader = api_engine
+    prompt = prompt_of(14, 12)
+    cfg = sampled(len(prompt) + 24, 5).build()
+    cfg["temperature"] = 0.0
+    ids, *_ = run(api_engine, prompt, cfg)
+    assert ids == alone(api_engine, prompt, 24)
+    cfg["top_p"] = 3.0
+    assert engine.start_request_ids(name, loader, prompt, cfg) == (AsStatus.ALLSPARK_PARAM_ERROR, None, None)
+    assert logged(caplog, "top_p")
+
+
 def test_sampling_follows_the_distribution(api_engine):
     """top_k=2 draws only the two most likely tokens, both of them over enough draws."""
     engine, name, loader = api_engine

@@ -1,23 +1,24 @@
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from transformers import GenerationConfig
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from dashinfer_server.logits_processors import pick, sampling_weights, top_k_indices
-from dashinfer_server.sampler import RequestSamplingState, Sampler, SamplingParams, validate
+from dashinfer_client.generation_config import check_generation
+from dashinfer_server.sampler import Sampler
+from dashinfer_server.sequence import Sequence
 
 
-def make_state(prompt, generated=(), **params):
-    state = RequestSamplingState(SamplingParams(**params), prompt)
+def make_state(prompt, generated=(), **options):
+    """The sampler state of a request of `prompt` that has generated `generated`."""
+    seq = Sequence.start(prompt, check_generation({"max_length": 4096, **options}))
     for t in generated:
-        state.append(t)
-    return state
+        seq.append(t)
+    return seq.sampling
 
 
 def rand_logits(rng, batch, vocab, scale=3.0):
@@ -37,80 +38,6 @@ def dense_probs(row, temperature, top_k, top_p):
 def chi_square(counts, probs):
     expected = probs * counts.sum()
     return float(((counts - expected) ** 2 / expected).sum())
-
-
-# ---------------------------------------------------------------------------- params, validate
-
-def test_from_config_reads_dicts_objects_and_hf_configs():
-    p = SamplingParams.from_config({"top_k": 7, "eos_token_id": 2, "stop_words_ids": [[3, 4]],
-                                    "seed": None, "lora_name": "ignored"})
-    assert (p.top_k, p.eos_token_id, p.stop_words_ids, p.seed) == (7, (2,), ((3, 4),), None)
-    assert p.top_p == 1.0 and p.max_length == 20 and p.early_stopping  # DashInfer defaults
-
-    q = SamplingParams.from_config(SimpleNamespace(temperature=0.5, eos_token_id=[1, 2],
-                                                   presence_penalty=0.3, logprobs=True))
-    assert (q.temperature, q.eos_token_id, q.presence_penalty, q.logprobs) == (
-        0.5, (1, 2), 0.3, True)
-
-    hf = GenerationConfig(do_sample=True, top_k=9, top_p=0.7, repetition_penalty=1.3,
-                          no_repeat_ngram_size=3, eos_token_id=[5, 6], max_length=99)
-    h = SamplingParams.from_config(hf)
-    assert (h.top_k, h.top_p, h.repetition_penalty, h.no_repeat_ngram_size, h.eos_token_id,
-            h.max_length) == (9, 0.7, 1.3, 3, (5, 6), 99)
-    assert SamplingParams.from_config(h) == h
-
-
-@pytest.mark.parametrize("key,value,words", [
-    ("do_sample", "yes", "do_sample must be a bool"),
-    ("top_k", 1.5, "top_k must be an integer"),
-    ("temperature", "hot", "temperature must be a number"),
-    ("eos_token_id", [1, "x"], "eos_token_id must be an integer"),
-    ("stop_words_ids", [1, 2], "stop_words_ids must be a list of lists"),
-    ("seed", 0.5, "seed must be an integer"),
-    ("max_length", True, "max_length must be an integer"),
-])
-def test_params_refuse_wrong_types(key, value, words):
-    with pytest.raises(ValueError, match=words):
-        SamplingParams.from_config({key: value})
-
-
-def test_validate_accepts_a_full_config():
-    p = SamplingParams(do_sample=True, temperature=0.7, top_k=40, top_p=0.9,
-                       repetition_penalty=1.1, presence_penalty=-0.5, no_repeat_ngram_size=3,
-                       min_length=5, max_length=100, eos_token_id=[0, 99], stop_words_ids=[[1, 2]],
-                       seed=2**64 - 1, logprobs=True, top_logprobs=10)
-    validate(p, vocab_size=100, prompt_len=99)
-    validate(SamplingParams(do_sample=False, temperature=0.0), vocab_size=100)
-
-
-@pytest.mark.parametrize("params,words", [
-    (dict(temperature=0.0), "temperature must be a positive"),
-    (dict(temperature=float("nan")), "temperature must be a positive"),
-    (dict(top_k=-1), "top_k must be >= 0"),
-    (dict(top_p=0.0), "top_p must be in"),
-    (dict(top_p=1.5), "top_p must be in"),
-    (dict(repetition_penalty=0.0), "repetition_penalty must be a positive"),
-    (dict(presence_penalty=float("inf")), "presence_penalty must be a finite"),
-    (dict(length_penalty=1.2), "length_penalty=1.2 is not supported"),
-    (dict(no_repeat_ngram_size=-2), "no_repeat_ngram_size must be >= 0"),
-    (dict(max_length=0, min_length=0), "max_length must be >= 1"),
-    (dict(min_length=30, max_length=20), "min_length must be in 0..max_length"),
-    (dict(eos_token_id=[3, 100]), "eos_token_id .* outside the vocabulary"),
-    (dict(eos_token_id=-1), "eos_token_id .* outside the vocabulary"),
-    (dict(stop_words_ids=[[1], []]), "empty stop word"),
-    (dict(stop_words_ids=[[1, 100]]), "stop_words_ids has an id outside"),
-    (dict(seed=-1), "seed must be in"),
-    (dict(logprobs=True, top_logprobs=11), "top_logprobs must be in 0..10"),
-    (dict(top_logprobs=3), "needs logprobs=True"),
-])
-def test_validate_refuses_out_of_range(params, words):
-    with pytest.raises(ValueError, match=words):
-        validate(SamplingParams(**params), vocab_size=100)
-
-
-def test_validate_refuses_a_prompt_that_fills_max_length():
-    with pytest.raises(ValueError, match="leaves no room"):
-        validate(SamplingParams(max_length=10), vocab_size=100, prompt_len=10)
 
 
 # ---------------------------------------------------------------------------- penalties
@@ -405,12 +332,27 @@ def test_logprobs_without_top_logprobs_and_independent_of_temperature():
 
 # ---------------------------------------------------------------------------- contract
 
-def test_sample_appends_the_new_tokens_to_the_history():
-    states = [make_state([3, 4], do_sample=False), make_state([5], seed=0)]
-    logits = rand_logits(np.random.default_rng(10), 2, 50)
-    out = Sampler().sample(logits, states)
-    assert states[0].tokens == [3, 4, out.ids[0]] and states[1].tokens == [5, out.ids[1]]
-    assert states[0].num_generated == 1 and states[0].prompt_len == 2
+def test_the_request_owns_the_tokens_and_the_sampler_reads_them():
+    """sample() leaves the history alone; Sequence.append adds a token once, and the sampler
+    state (reading the same list) penalizes it from the next step on."""
+    seq = Sequence.start([3, 4], check_generation(dict(do_sample=False, presence_penalty=5.0,
+                                                       max_length=10)))
+    logits = np.zeros((1, 8), np.float32)
+    logits[0, 6] = 1.0
+    out = Sampler().sample(logits, [seq.sampling])
+    assert out.ids[0] == 6 and seq.tokens == [3, 4] and seq.sampling.tokens is seq.tokens
+    seq.append(6)
+    assert seq.tokens == [3, 4, 6] and seq.num_generated == 1
+    logits = np.zeros((1, 8), np.float32)
+    logits[0, 6] = 1.0
+    assert Sampler().sample(logits, [seq.sampling]).ids[0] != 6 and logits[0, 6] == -4.0
+
+
+def test_temperature_zero_is_greedy_and_draws_nothing():
+    logits = rand_logits(np.random.default_rng(11), 4, 300)
+    states = [make_state([0], seed=s, temperature=0.0, top_k=0) for s in range(4)]
+    assert np.array_equal(Sampler().sample(logits.copy(), states).ids, logits.argmax(axis=1))
+    assert all(st.rng.random() == np.random.default_rng(s).random() for s, st in enumerate(states))
 
 
 @pytest.mark.parametrize("logits,words", [

@@ -1,27 +1,29 @@
 import numpy as np
 import pytest
 
-from dashinfer_server.sampler import RequestSamplingState, Sampler, SamplingParams
+from dashinfer_client.generation_config import check_generation
 from dashinfer_client.types import FinishReason
+from dashinfer_server.sampler import Sampler
+from dashinfer_server.sequence import Sequence
 from dashinfer_server.stopping import check_stop
 
 VOCAB = 12
 
 
-def generate(prompt, favourites, **params):
+def generate(prompt, favourites, **options):
     """Greedy decoding where step t's logits prefer favourites[t] (then 11, then the rest);
-    returns (generated ids, stop reason)."""
-    state = RequestSamplingState(SamplingParams(do_sample=False, **params), prompt)
+    returns (generated ids, stop reason). The eos id is 10 unless given (never a favourite)."""
+    seq = Sequence.start(prompt, check_generation({"eos_token_id": 10, "do_sample": False, **options}))
     sampler = Sampler()
     for fav in favourites:
         logits = np.zeros((1, VOCAB), np.float32)
         logits[0, 11] = 1.0
         logits[0, fav] = 2.0
-        new_id = sampler.sample(logits, [state]).ids[0]
-        reason = check_stop(state, new_id)
+        seq.append(int(sampler.sample(logits, [seq.sampling]).ids[0]))
+        reason = check_stop(seq)
         if reason is not None:
-            return state.tokens[state.prompt_len:], reason
-    return state.tokens[state.prompt_len:], None
+            return seq.tokens[seq.prompt_len:], reason
+    return seq.tokens[seq.prompt_len:], None
 
 
 @pytest.mark.parametrize("eos", [9, [7, 9]])

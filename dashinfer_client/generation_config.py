@@ -1,0 +1,245 @@
+"""How one request generates: ASGenerationConfigBuilder -> ASGenerationConfig, DashInfer's keys.
+
+OPTIONS below is the one declaration of the generation options: each key's default, the check
+of its value, and what it means. The builder's setters, the built config and the engine's
+reading of a config all go through check_generation(), so the limits cannot disagree.
+
+As in DashInfer, build() returns a dict (ASGenerationConfig is a dict subclass whose entries also
+read as attributes): users set cfg["key"] = value, copy it, json.dumps it. Because a dict can be
+changed after build(), an engine checks the config again when it reads it.
+"""
+import numbers
+import random
+
+from .checks import check_bool, check_float, check_ids, check_int, check_keys, check_str
+
+SEED_MAX = 2**31 - 1   # DashInfer draws default seeds from [1, int32 max]
+MAX_TOP_LOGPROBS = 10  # DashInfer's engine limit
+
+
+def _eos(key, v):
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return check_int(key, v, 0)
+    ids = check_ids(key, v)
+    if not ids:
+        raise ValueError(f"{key} must be a token id or a non-empty list of them, got {v!r}")
+    return ids
+
+
+def _id_sequences(key, v):
+    if v is None and key == "bad_words_ids":  # transformers' and DashInfer's "none"
+        return []
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise ValueError(f"{key} must be a list of lists of token ids, got {v!r}")
+    out = [check_ids(f"{key}[{i}]", words) for i, words in enumerate(v)]
+    if any(not words for words in out):
+        raise ValueError(f"{key}: each sequence needs at least one token id, got {v!r}")
+    return out
+
+
+def _response_format(key, v):
+    if v is not None and not isinstance(v, dict):
+        raise ValueError(f"{key} must be a dict (e.g. {{'type': 'json_object'}}) or None, got {v!r}")
+    return v
+
+
+def _number(ok, allowed):
+    return lambda key, v: check_float(key, v, ok, allowed)
+
+
+def _count(lo, hi=None):
+    return lambda key, v: check_int(key, v, lo, hi)
+
+
+# key: (default, check(key, value) -> normal value, meaning). Defaults are DashInfer's; a default
+# that is a function is called for each config (a fresh seed, a fresh list).
+OPTIONS = {
+    "do_sample": (True, check_bool,
+                  "sample the next token; off (or temperature 0) = greedy"),
+    "temperature": (1.0, _number(lambda x: x >= 0, ">= 0 (0 = greedy)"),
+                    "divides the logits before top-k / top-p; 0 = greedy"),
+    "top_k": (50, _count(0), "keep the k most likely tokens; 0 = no cut"),
+    "top_p": (1.0, _number(lambda x: 0 < x <= 1, "in (0, 1]"),
+              "keep the most likely tokens whose probability exceeds top_p; 1 = no cut"),
+    "max_length": (20, _count(1), "prompt + generated tokens, the hard stop"),
+    "min_length": (0, _count(0), "no eos before prompt + generated tokens reach this length"),
+    "early_stopping": (True, check_bool, "an eos_token_id ends the request; off = eos is an ordinary token"),
+    "stop_words_ids": (list, _id_sequences, "token sequences that end the request when generated"),
+    "bad_words_ids": (list, _id_sequences, "token sequences never generated: a sequence's last token is "
+                      "banned where the tokens before it were just generated (transformers' rule)"),
+    "eos_token_id": (0, _eos, "the end-of-sequence id, or a list of them"),
+    "no_repeat_ngram_size": (0, _count(0), "no n-gram of this size occurs twice; 0 = off"),
+    # > 0 as transformers requires (a penalty divides or multiplies logits); DashInfer sets no cap
+    "repetition_penalty": (1.0, _number(lambda x: x > 0, "> 0 (1 = off)"),
+                           "penalize tokens already in prompt + output (transformers' rule); 1 = off"),
+    "length_penalty": (1.0, check_float, "DashInfer's beam-search length penalty; 1 = off"),
+    # any finite value, as DashInfer; OpenAI's [-2, 2] is a rule of the HTTP API, not of the engine
+    "presence_penalty": (0.0, check_float, "subtracted from every token generated so far; 0 = off"),
+    "suppress_repetition_in_generation": (False, check_bool,
+                                          "the repetition penalty looks at generated tokens only"),
+    "seed": (lambda: random.randint(1, SEED_MAX), _count(0, 2**64 - 1),
+             "the sampling seed: the same seed gives the same tokens"),
+    "logprobs": (False, check_bool, "return the log-probability of each token"),
+    "top_logprobs": (0, _count(0, MAX_TOP_LOGPROBS), "also the most likely alternatives per token"),
+    "lora_name": ("", check_str, "a LoRA adapter (none loads here)"),
+    "mm_info": (None, lambda key, v: v, "multimedia input (none here)"),
+    "response_format": (None, _response_format, "guided decoding, e.g. {'type': 'json_object'}"),
+}
+
+# DashInfer keys with no effect here, accepted at their neutral value only: key -> (neutral, why).
+NEUTRAL_ONLY = {
+    "num_beams": (1, "beam search is not implemented"),
+    "num_return_sequences": (1, "one sequence per request"),
+    "frequency_penalty": (0.0, "use presence_penalty or repetition_penalty"),
+}
+
+
+def default(key):
+    value = OPTIONS[key][0]
+    return value() if callable(value) else value
+
+
+def check_value(key, value):
+    """The normal form of one option's value (a neutral-only key: None), or ValueError."""
+    if key in NEUTRAL_ONLY:
+        neutral, why = NEUTRAL_ONLY[key]
+        if value == neutral or (neutral is None and not value):
+            return None
+        raise ValueError(f"{key}={value!r} is not supported ({why}); only {neutral!r} is accepted")
+    return OPTIONS[key][1](key, value)
+
+
+def check_generation(config, what="generate_config") -> dict:
+    """The one check of a generation config's values: a new plain dict with every option, each
+    value checked and in its normal form, the missing ones at their defaults. Unknown keys, bad
+    values and contradictions raise ValueError (the engine's own limits are checked there)."""
+    check_keys(what, config, list(OPTIONS) + list(NEUTRAL_ONLY))
+    out = {key: check_value(key, value) for key, value in config.items() if key not in NEUTRAL_ONLY}
+    for key in OPTIONS.keys() - out.keys():
+        out[key] = default(key)
+    if out["min_length"] > out["max_length"]:
+        raise ValueError(f"min_length ({out['min_length']}) must be <= max_length ({out['max_length']})")
+    if out["top_logprobs"] and not out["logprobs"]:
+        raise ValueError(f"top_logprobs={out['top_logprobs']} needs logprobs=True")
+    return out
+
+
+class ASGenerationConfig(dict):
+    """A checked generation config (see OPTIONS): a dict of every option, whose entries also read
+    and write as attributes (cfg.top_k). ASGenerationConfig(d, **kw) checks d's keys and values and
+    fills in the defaults; after changes, validate() checks it again."""
+
+    def __init__(self, config=None, **kw):
+        super().__init__(check_generation(dict(config or {}, **kw), "ASGenerationConfig"))
+
+    def __getattr__(self, name):
+        if name in OPTIONS:
+            return self.get(name)
+        raise AttributeError(f"ASGenerationConfig has no option {name!r}")
+
+    def __setattr__(self, name, value):
+        if name not in OPTIONS:
+            raise AttributeError(f"ASGenerationConfig has no option {name!r}")
+        self[name] = value
+
+    def validate(self) -> dict:
+        """check_generation of the current content (it may have changed since build())."""
+        return check_generation(self)
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ASGenerationConfig":
+        check_keys("ASGenerationConfig.from_dict", d, list(OPTIONS))
+        return cls(d)
+
+
+# transformers GenerationConfig attributes DashInfer reads; everything else there is ignored, as
+# in DashInfer (max_length included: it is the user's per-request choice here).
+_HF_KEYS = ("top_k", "top_p", "temperature", "repetition_penalty", "length_penalty", "min_length",
+            "no_repeat_ngram_size")
+
+
+class ASGenerationConfigBuilder:
+    """Fluent builder of ASGenerationConfig: one setter per option of OPTIONS (named after it),
+    each checking its value and returning self; update() sets several at once.
+
+    ASGenerationConfigBuilder(hf_gen_config=None, seed=None, eos_token_id=0): empty (DashInfer's
+    defaults), or from a transformers GenerationConfig or a dict of its keys (the content of
+    generation_config.json). From Hugging Face, as DashInfer does: top_k, top_p, temperature,
+    repetition/length penalties, min_length, no_repeat_ngram_size and eos_token_id are taken when
+    set, num_return_sequences other than 1 is refused, and do_sample and early_stopping are turned
+    on. seed: None draws one at random.
+    """
+
+    def __init__(self, hf_gen_config=None, seed=None, eos_token_id=0):
+        self._cfg = {}
+        self.eos_token_id(eos_token_id)
+        self.seed(default("seed") if seed is None else seed)
+        if hf_gen_config is not None:
+            self._apply_hf(hf_gen_config)
+
+    def _apply_hf(self, hf):
+        if isinstance(hf, dict):
+            get = hf.get
+        elif hasattr(hf, "to_dict") and hasattr(hf, "top_k"):
+            def get(key):
+                return getattr(hf, key, None)
+        else:
+            raise ValueError(f"hf_gen_config must be a transformers GenerationConfig or a dict, "
+                             f"got {type(hf).__name__}")
+        if get("num_return_sequences") not in (None, 1):
+            raise ValueError(f"num_return_sequences={get('num_return_sequences')} is not supported; "
+                             f"one sequence per request")
+        for key in _HF_KEYS + ("eos_token_id",):
+            if get(key) is not None:
+                self._set(key, get(key))
+        self.do_sample().early_stopping()
+
+    def _set(self, key, value):
+        self._cfg[key] = check_value(key, value)
+        return self
+
+    def update(self, update_fields: dict) -> "ASGenerationConfigBuilder":
+        """Set several keys at once; an unknown key or bad value raises before anything changes.
+        DashInfer's num_beams, num_return_sequences and frequency_penalty are
+        accepted at their neutral values only."""
+        check_keys("ASGenerationConfigBuilder.update", update_fields, list(OPTIONS) + list(NEUTRAL_ONLY))
+        checked = {key: check_value(key, value) for key, value in update_fields.items()}
+        self._cfg.update({k: v for k, v in checked.items() if k not in NEUTRAL_ONLY})
+        return self
+
+    def do_sample(self, flag: bool = True):
+        return self._set("do_sample", flag)
+
+    def early_stopping(self, flag: bool = True):
+        return self._set("early_stopping", flag)
+
+    def logprobs(self, flag: bool = True):
+        return self._set("logprobs", flag)
+
+    def suppress_repetition_in_generation(self, flag: bool = True):
+        return self._set("suppress_repetition_in_generation", flag)
+
+    def log_probs(self, enable_logprobs: bool, top_logprobs: int = 0):
+        """Return logprobs, with the top_logprobs (0..10) most likely alternatives per token."""
+        return self.update({"logprobs": enable_logprobs, "top_logprobs": top_logprobs})
+
+    def build(self) -> ASGenerationConfig:
+        """A new checked ASGenerationConfig; the builder stays usable."""
+        return ASGenerationConfig(self._cfg)
+
+
+def _setter(key):
+    def set_option(self, value):
+        return self._set(key, value)
+    set_option.__name__ = key
+    set_option.__doc__ = OPTIONS[key][2]
+    return set_option
+
+
+for _key in OPTIONS:  # the other setters: one per option, value required
+    if not hasattr(ASGenerationConfigBuilder, _key):
+        setattr(ASGenerationConfigBuilder, _key, _setter(_key))
+ASGenerationConfigBuilder.with_mm_info = ASGenerationConfigBuilder.mm_info  # DashInfer's name
