@@ -12,25 +12,39 @@ HTTP, engine... Prints tokens/s of each run, the median ratio HTTP / ClientEngin
 then the CPU used by the idle HTTP server process (and by its whole process tree, ranks included)
 over --idle seconds (target < 1%).
 """
-import argparse
-import asyncio
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-from client import WORKLOADS, install, prompts, run  # noqa: E402  (the ClientEngine side of bench/client.py)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+# This file is named http: the standard library's http package must not resolve to it.
+sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != BENCH]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
 
 import dashinfer_client as allspark  # noqa: E402
 from dashinfer_client.default_model import ensure_default_model  # noqa: E402
 
 MAX_LENGTH = 512
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _bench_client():
+    """bench/client.py: its serve32 prompts and its ClientEngine runner, the side compared against."""
+    spec = importlib.util.spec_from_file_location("bench_client", os.path.join(BENCH, "client.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_client = _bench_client()
+install, prompts, run = _client.install, _client.prompts, _client.run
 
 
 def start_server(args, env) -> tuple:

@@ -140,8 +140,7 @@ class Reference:
         return ids, lps, tops, reason
 
     def text(self, ids) -> str:
-        """The text an incremental decoder hands out: all of it but an unfinished last character."""
-        return self.tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def close(self):
         self.engine.release_model("ref")

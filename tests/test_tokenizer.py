@@ -148,7 +148,7 @@ def test_model_handles_choose_the_light_tokenizer(tmp_path, monkeypatch):
 
 SERVE_AND_CHAT = """
 import sys
-import dashinfer_server.service, dashinfer_server.engine, dashinfer_client.chat, dashinfer_client.tokenizer
+import dashinfer_server.service, dashinfer_server.engine, dashinfer_server.cli.chat, dashinfer_client.tokenizer
 from dashinfer_client.model import DashInferModel
 tok = DashInferModel(sys.argv[1], sys.argv[2]).get_tokenizer()
 ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)

@@ -12,9 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from .common import CliError, add_engine_options, add_model_options, check_ranks, resolve
-
-DEFAULT_NAMES = ("default", "SmolLM2-135M-Instruct")
+from .common import DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks, resolve
 
 
 def add_parser(sub) -> None:
@@ -109,7 +107,7 @@ class _EngineChat:
         self.served, self.options = served, options
 
     def __call__(self, messages) -> str:
-        from dashinfer_client.chat import IncrementalDecoder  # TODO pipeline's module
+        from dashinfer_client.detokenize import IncrementalDecoder
         from dashinfer_client.types import GenerateRequestStatus
         from dashinfer_server.http.errors import ApiError
         from dashinfer_server.http.protocol import parse_chat
@@ -124,6 +122,8 @@ class _EngineChat:
                 text.append(decoder.push(elements.ids_from_generate))
                 sys.stdout.write(text[-1])
                 sys.stdout.flush()
+            text.append(decoder.finish())
+            sys.stdout.write(text[-1])
         finally:
             served.finish(handle, queue)
         print(flush=True)

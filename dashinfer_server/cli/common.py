@@ -1,7 +1,8 @@
 """What the subcommands share: the one-line error, the model argument, the rank count check."""
-import os
-
 CONFIG_ERROR = 78  # EX_CONFIG: a supervisor must not restart a service that cannot start
+
+
+DEFAULT_NAMES = ("default", "SmolLM2-135M-Instruct")  # MODEL left out means the default model too
 
 
 class CliError(Exception):
@@ -13,8 +14,8 @@ class CliError(Exception):
 
 
 def add_model_options(p) -> None:
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"),
-                   help="weights dtype of a converted model (default bfloat16)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
+                   help="weights dtype of a converted model (default bfloat16; a serialized model: what it holds)")
     p.add_argument("--quant", default=None, choices=("int8", "uint4"),
                    help="weight-only quantization of the linear layers when converting")
 
@@ -27,12 +28,11 @@ def add_engine_options(p) -> None:
 
 def resolve(model, dtype, quant):
     """(model_dir, prefix) of the serialized model for MODEL (converted once and cached)."""
-    if model is not None and not os.path.exists(model) and (os.sep in model or model.endswith(".gguf")):
-        raise CliError(f"model {model!r} does not exist", CONFIG_ERROR)
     from dashinfer_client.errors import ModelSerializerException
+    from dashinfer_client.model_cache import resolve_model
     try:
-        return _resolve_model(model, dtype, quant)
-    except (ModelSerializerException, ValueError, FileNotFoundError) as e:
+        return resolve_model(model if model not in DEFAULT_NAMES else None, dtype, quant, progress=True)
+    except (ModelSerializerException, ValueError, OSError) as e:
         raise CliError(str(e), CONFIG_ERROR) from None
 
 
@@ -51,13 +51,3 @@ def check_ranks(tp) -> None:
         raise CliError(f"--tp {tp}: this machine has {len(nodes)} NUMA node(s), one rank each "
                        f"(DASHINFER_NUMA_NODES simulates more)", CONFIG_ERROR)
 
-
-def _resolve_model(model, dtype, quant):  # TEMPORARY until the pipeline branch's resolve_model lands
-    import glob
-    from dashinfer_client import default_model
-    if model is None or model in ("default", default_model.MODEL_NAME):
-        return default_model.ensure_default_model(dtype, quant)
-    graphs = glob.glob(os.path.join(model, "*.asgraph"))
-    if len(graphs) == 1:
-        return model, os.path.basename(graphs[0])[:-len(".asgraph")]
-    raise CliError(f"model {model!r} does not exist", CONFIG_ERROR)

@@ -26,7 +26,7 @@ def run(args) -> int:
     cls = allspark.GGUFModel if gguf else allspark.HuggingFaceModel
     quant = None if args.quant is None else {"quant_method": "instant_quant", "weight_format": args.quant}
     try:
-        loader = cls(src, name, user_set_data_type=args.dtype)
+        loader = cls(src, name, user_set_data_type=args.dtype or "bfloat16")
         loader.load_model().read_model_config().serialize_to_path(
             None, args.out, enable_quant=quant is not None, weight_only_quant=True,
             customized_quant_config=quant)

@@ -92,7 +92,7 @@ async def generate(served, job, metrics, usage: Usage, decoder, request_id=""):
         if not stop.hit and queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
             raise unavailable(f"the request was interrupted: {queue.error or 'the engine stopped it'}")
         reason = "stop" if stop.hit else _FINISH[queue.RequestStatInfo()["finish_reason"]]
-        yield Piece(stop.flush(), finish_reason=reason)
+        yield Piece("" if stop.hit else stop.push(decoder.finish()) + stop.flush(), finish_reason=reason)
         metrics.finished(usage, time.monotonic() - started, reason)
     finally:
         # Not awaited: the consumer may be a cancelled task (the client went away).
