@@ -160,7 +160,8 @@ def test_sse_bytes_follow_openai_format(server):
 ], ids=["unknown-model", "n", "temperature", "top_logprobs-alone", "top_logprobs-over", "frequency",
         "messages", "tools", "max_tokens"])
 def test_errors_have_openai_shape_and_status(server, body, status, words):
-    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=120)
     error = r.json()["error"]
     assert r.status_code == status and set(error) == {"message", "type", "param", "code"}, r.text
     assert all(w in error["message"] for w in words), error
@@ -178,13 +179,13 @@ def test_api_key_is_checked_on_every_v1_route(server):
         bad.models.list()
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
-    assert httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "a"}).status_code == 401
+    assert httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "a"}, timeout=120).status_code == 401
     assert http_status(server.url + "/health") == 200 and http_status(server.url + "/metrics") == 200
 
 
 def _metrics(server) -> dict:
     """{(name, labels without model_name): value} of every sample."""
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(server.url + "/metrics", timeout=120).text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
