@@ -234,6 +234,18 @@ def test_a_client_that_disconnects_mid_stream_frees_its_request(server):
     assert _metrics(server)[("dashinfer_kv_cache_blocks_used", ())] == 0
 
 
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_request(server):
+    long_answer = MAX_MODEL_LEN - 64
+    body = {"model": "tiny", "messages": QUESTION, "max_tokens": long_answer, "min_tokens": long_answer}
+    done_before = len(server.finished_lines())
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5,
+                   headers={"Authorization": f"Bearer {API_KEY}"})
+    assert wait_for(lambda: len(server.finished_lines()) > done_before, 60), server.output()[-3000:]
+    generated, reason = server.finished_lines()[done_before]
+    assert reason == "stopped" and generated < long_answer
+
+
 def _rank_pids(server_pid, rank):
     """Pids of the processes descending from server_pid that run MPI rank `rank` of dashinfer_server."""
     children = {}

@@ -7,6 +7,7 @@ With an API key every /v1 route wants `Authorization: Bearer <key>`. Errors are 
 {"error": {message, type, param, code}} with the HTTP status of errors.STATUS_TO_HTTP.
 """
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -28,8 +29,14 @@ log = logging.getLogger("dashinfer_server.http")
 def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
     """served: a ServedModel (loading or serving); decoder_factory(tokenizer) -> an incremental
     detokenizer with push(ids) -> str."""
-    app = FastAPI(title="dashinfer", docs_url=None, redoc_url=None)
     metrics = Metrics(served)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.ensure_future(metrics.log_throughput())
+        yield
+        task.cancel()
+    app = FastAPI(title="dashinfer", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.served, app.state.metrics = served, metrics
 
     @app.exception_handler(ApiError)
@@ -84,8 +91,8 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
             first = await _first(pieces)  # a refusal is still an HTTP error, not a stream
             return StreamingResponse(_events(answer, first, pieces, usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        collected = [p async for p in pieces]
-        return answer.whole(collected, usage)
+        collected = await _unless_disconnected(request, _collect(pieces))
+        return answer.whole(collected, usage) if collected is not None else Response(status_code=499)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
@@ -107,6 +114,27 @@ async def _json(request) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     return body
+
+
+async def _collect(pieces) -> list:
+    return [p async for p in pieces]
+
+
+async def _unless_disconnected(request, work):
+    """work's result, or None when the client disconnects first (work is then cancelled, which
+    stops and releases its request)."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
 
 
 async def _first(pieces):

@@ -5,10 +5,15 @@ reason, time to first token, inter-token latency and request latency (as the cli
 from the request's arrival at the server). Read from the engine at each scrape: requests running
 and waiting, KV cache blocks used and total, and rank group restarts.
 """
+import asyncio
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+log = logging.getLogger("dashinfer_server.http")
 PREFIX = "dashinfer"
+THROUGHPUT_EVERY_S = 10.0
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5,
                     10, 20, 40, 80)
 _REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
@@ -33,10 +38,12 @@ class Metrics:
                                  ["model_name"], buckets=_REQUEST_BUCKETS, registry=r).labels(**labels)
         r.register(_EngineCollector(served))
         self.name = served.name
+        self.counts = {"requests": 0, "prompt": 0, "generated": 0}  # for the throughput line
 
     def tokens(self, n, seconds, first) -> None:
         """n tokens arrived `seconds` after the previous ones (after the request's arrival: first)."""
         self.generated_tokens.inc(n)
+        self.counts["generated"] += n
         if first:
             self.ttft.observe(seconds)
             n -= 1
@@ -46,8 +53,22 @@ class Metrics:
 
     def finished(self, usage, seconds, reason) -> None:
         self.prompt_tokens.inc(usage.prompt_tokens)
+        self.counts["prompt"] += usage.prompt_tokens
+        self.counts["requests"] += 1
         self.requests.labels(model_name=self.name, finish_reason=reason).inc()
         self.latency.observe(seconds)
+
+    async def log_throughput(self, every=THROUGHPUT_EVERY_S) -> None:
+        """One INFO line every `every` seconds in which tokens were generated (silent when idle)."""
+        last = dict(self.counts)
+        while True:
+            await asyncio.sleep(every)
+            now = dict(self.counts)
+            if now["generated"] != last["generated"]:
+                log.info("throughput: %.1f generated tok/s, %.1f prompt tok/s, %d requests finished in %.0f s",
+                         (now["generated"] - last["generated"]) / every, (now["prompt"] - last["prompt"]) / every,
+                         now["requests"] - last["requests"], every)
+            last = now
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
