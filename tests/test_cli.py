@@ -53,6 +53,14 @@ def test_expected_failures_are_one_line(args, code, words):
     one_line_error(dashinfer(*args, env=TWO_NODES), code, *words)
 
 
+def test_a_model_the_engine_refuses_exits_78_with_its_reason(tiny_model):  # noqa: F811
+    done = dashinfer("serve", tiny_model, "--port", str(free_port()), "--max-model-len", "999999")
+    assert done.returncode == 78 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("dashinfer serve: cannot serve") and "999999" in last and "context" in last, last
+    one_line_error(dashinfer("chat", tiny_model, "hi", "--tp", "1", "--threads", "-3"), 78, "thread_num")
+
+
 def test_no_server_there_is_one_line():
     one_line_error(dashinfer("chat", "--url", f"http://127.0.0.1:{free_port()}", "hi"), 1, "no server at")
     one_line_error(dashinfer("chat", "--address", f"unix:///tmp/dashinfer-none-{os.getpid()}.sock", "hi"), 1,

@@ -12,7 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from .common import DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks, resolve
+from .common import CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks, resolve
 
 
 def add_parser(sub) -> None:
@@ -76,12 +76,14 @@ def _open(model, args):
             raise CliError(str(e).splitlines()[0]) from None
     check_ranks(args.tp)
     model_dir, prefix = resolve(model, args.dtype, args.quant)
-    served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
+    served = None
     try:
+        served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
         served.load()
-    except RuntimeError as e:
-        served.close()
-        raise CliError(str(e).splitlines()[0]) from None
+    except (RuntimeError, ValueError) as e:  # ValueError: an option or a limit the engine refuses
+        if served is not None:
+            served.close()
+        raise CliError(str(e).splitlines()[0], CONFIG_ERROR if isinstance(e, ValueError) else 1) from None
     return served
 
 

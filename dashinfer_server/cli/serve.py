@@ -72,7 +72,7 @@ def run(args) -> int:
         loader.join()
         served.close()
     if server.load_error:
-        raise CliError(f"cannot serve {name!r}: {server.load_error}")
+        raise CliError(f"cannot serve {name!r}: {server.load_error}", server.load_error_code)
     if server.interrupted:
         raise KeyboardInterrupt
     return 0
@@ -86,6 +86,7 @@ def _server(config, served):
 
     class Server(uvicorn.Server):
         load_error = ""
+        load_error_code = 0
         interrupted = False
 
         def handle_exit(self, sig, frame):  # uvicorn's, without raising the signal again at the end
@@ -108,6 +109,7 @@ def _load(served, server) -> None:
         log.error("cannot serve model %r: %s", served.name, e)
         served.state, served.why = "failed", str(e)
         server.load_error = str(e).splitlines()[0]
+        server.load_error_code = CONFIG_ERROR if isinstance(e, ValueError) else 1
         server.should_exit = True
         return
     if server.should_exit:

@@ -75,7 +75,7 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     if not isinstance(model, str):
         raise bad_request("'model' must be a string (GET /v1/models lists them)", "model")
     for key, neutral in _UNSUPPORTED.items():
-        if body.get(key) not in (None, neutral):
+        if body.get(key) not in (None, neutral, {}, []):
             raise bad_request(f"'{key}' is not supported by this server", key)
     generation = dict(_OPENAI_DEFAULTS)
     for key, engine_key in _SAME_MEANING.items():

@@ -24,8 +24,8 @@ class ServedModel:
         self.loader = DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
         self.name, self.tp, self.threads, self.engine_env = name, tp, threads, engine_env
-        context = self.loader.get_model_context_length()
-        self.max_length = min(context, max_length or 2048)
+        # Longer than the context is refused by install_model, with its message.
+        self.max_length = max_length or min(self.loader.get_model_context_length(), 2048)
         self.runtime = (self.loader.create_reference_runtime_config_builder(name, "CPU", [0], max_batch)
                         .max_length(self.max_length).kv_cache_mode(kv_cache_mode).thread_num(threads)
                         .build())
@@ -59,7 +59,8 @@ class ServedModel:
     # ---- lifetime -------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Start the engine and the model; raises RuntimeError saying why it cannot serve."""
+        """Start the engine and the model; raises ValueError when the engine refuses the model or its
+        limits, RuntimeError when the rank group cannot start."""
         import dashinfer_client as allspark
         started = time.monotonic()
         if self.tp == 1:
@@ -75,8 +76,8 @@ class ServedModel:
             self._instance = self._probe.instance()
         for call, arg in (("install_model", self.runtime), ("start_model", self.name)):
             status, why = self.engine.call_with_reason(call, arg)
-            if status != SUCCESS:
-                raise RuntimeError(f"{call}: {why or AsStatus(status).name}")
+            if status != SUCCESS:  # the engine refuses this configuration
+                raise ValueError(f"{why or AsStatus(status).name}")
         self.state, self.why = "serving", ""
         log.info("model %r serving: %d rank(s), max_length %d, max_batch %d, loaded in %.1f s",
                  self.name, self.tp, self.max_length, self.runtime.max_batch, time.monotonic() - started)
@@ -136,8 +137,11 @@ class ServedModel:
     # ---- health and stats -----------------------------------------------------------------------
 
     def stats(self):
-        """{running, waiting, kv_blocks_total, kv_blocks_free, ...} of the model, or None."""
+        """{running, waiting, kv_blocks_total, kv_blocks_free, ...} of the model, or None (also while
+        the rank group is down: get_stats would wait for its restart)."""
         if self.state not in ("serving", "draining") or not hasattr(self.engine, "get_stats"):
+            return None
+        if self._probe is not None and self._probe.instance() is None:
             return None
         try:
             return self.engine.get_stats()["models"].get(self.name)
