@@ -277,8 +277,18 @@ def _rank_pids(server_pid, rank):
 def test_health_after_a_rank_is_killed(server, client):
     """Last in this module: the group restarts under the server."""
     assert http_status(server.url + "/health") == 200
-    (rank1,) = _rank_pids(server.proc.pid, 1)
-    os.kill(rank1, signal.SIGKILL)
+    long_answer = MAX_MODEL_LEN - 64
+    body = {"model": "tiny", "messages": QUESTION, "max_tokens": long_answer, "min_tokens": long_answer,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: {")
+        (rank1,) = _rank_pids(server.proc.pid, 1)
+        os.kill(rank1, signal.SIGKILL)
+        events = [line for line in lines if line]
+    # the stream in flight ends with an error event, then [DONE]
+    assert events[-1] == "data: [DONE]" and "error" in json.loads(events[-2][len("data: "):]), events[-3:]
     assert wait_for(lambda: http_status(server.url + "/health") == 503, 30), "a dead rank left /health at 200"
     assert wait_for(lambda: http_status(server.url + "/health") == 200, 120), server.output()[-3000:]
     assert _metrics(server)[("dashinfer_rank_group_restarts_total", ())] == 1
