@@ -57,8 +57,7 @@ def run(args) -> int:
     import uvicorn
 
     from dashinfer_server.http.app import create_app
-    from dashinfer_client.detokenize import IncrementalDecoder
-    app = create_app(served, api_key=args.api_key, decoder_factory=IncrementalDecoder)
+    app = create_app(served, api_key=args.api_key)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=args.log_level == "DEBUG",
                             timeout_graceful_shutdown=args.grace_period, log_config=None)
     server = _server(config, served)

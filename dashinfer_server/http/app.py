@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import hmac
 import json
-import logging
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+
+from dashinfer_client.detokenize import IncrementalDecoder
 
 from .errors import ApiError, bad_request
 from .generate import Usage, generate
@@ -23,12 +24,8 @@ from .metrics import Metrics
 from .protocol import parse_chat, parse_completion
 from .responses import DONE, Answer
 
-log = logging.getLogger("dashinfer_server.http")
-
-
-def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
-    """served: a ServedModel (loading or serving); decoder_factory(tokenizer) -> an incremental
-    detokenizer with push(ids) -> str."""
+def create_app(served, api_key=None) -> FastAPI:
+    """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set."""
     metrics = Metrics(served)
 
     @contextlib.asynccontextmanager
@@ -37,7 +34,6 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
         yield
         task.cancel()
     app = FastAPI(title="dashinfer", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.served, app.state.metrics = served, metrics
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -86,7 +82,7 @@ def create_app(served, api_key=None, decoder_factory=None) -> FastAPI:
         job = parse(body, served)
         answer = Answer(job, lambda i: served.tokenizer.decode([i]))
         usage = Usage()
-        pieces = generate(served, job, metrics, usage, decoder_factory(served.tokenizer), answer.id)
+        pieces = generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer), answer.id)
         if job.stream:
             first = await _first(pieces)  # a refusal is still an HTTP error, not a stream
             return StreamingResponse(_events(answer, first, pieces, usage), media_type="text/event-stream",
