@@ -1,2 +1,1 @@
-"""`dashinfer`: the command line (`python -m dashinfer` = the `dashinfer` console script).
-The runtime itself is dashinfer_client (the API) and dashinfer_server (the engine)."""
+"""dashinfer: DashInfer's package name, served by dashinfer-py (see dashinfer.allspark)."""
