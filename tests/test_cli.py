@@ -133,3 +133,16 @@ def test_convert_then_serve_the_output(tmp_path, ref):
     done = dashinfer("chat", str(tmp_path / "out"), HELLO, "--max-new-tokens", "8")
     assert done.returncode == 0, done.stderr
     assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"  # the same random model
+
+
+def test_ctrl_c_in_a_chat_is_one_line(tiny_model):  # noqa: F811
+    chat = subprocess.Popen([sys.executable, "-m", "dashinfer", "chat", tiny_model], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    try:
+        assert chat.stdout.read(2) == b"> "  # the model serves and waits for a question
+        chat.send_signal(signal.SIGINT)
+        assert chat.wait(60) == 130
+        assert chat.stderr.read().decode().strip().splitlines() == ["dashinfer chat: interrupted"]
+    finally:
+        chat.kill()
+        chat.wait()
