@@ -42,13 +42,12 @@ def parse_chat(body: dict, served) -> Job:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     turns = [_message(i, m) for i, m in enumerate(messages)]
     ids = served.chat_prompt_ids(turns)
-    logprobs = None
-    if _flag(body, "logprobs"):
-        logprobs = _count(body, "top_logprobs", 0)
-    elif body.get("top_logprobs") is not None:
-        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    logprobs = _count(body, "top_logprobs", 0) if _flag(body, "logprobs") else None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return _job("chat", body, served, ids, max_tokens, logprobs)
+    job = _job("chat", body, served, ids, max_tokens, logprobs)
+    if logprobs is None and body.get("top_logprobs") is not None:
+        job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
+    return job
 
 
 def parse_completion(body: dict, served) -> Job:
