@@ -114,7 +114,8 @@ def check_generation(config, what="generate_config") -> dict:
     value checked and in its normal form, the missing ones at their defaults. Unknown keys, bad
     values and contradictions raise ValueError (the engine's own limits are checked there)."""
     check_keys(what, config, list(OPTIONS) + list(NEUTRAL_ONLY))
-    out = {key: check_value(key, value) for key, value in config.items() if key not in NEUTRAL_ONLY}
+    checked = {key: check_value(key, value) for key, value in config.items()}  # neutral-only: refused unless neutral
+    out = {key: value for key, value in checked.items() if key not in NEUTRAL_ONLY}
     for key in OPTIONS.keys() - out.keys():
         out[key] = default(key)
     if out["min_length"] > out["max_length"]:

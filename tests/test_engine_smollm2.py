@@ -132,18 +132,17 @@ def test_release_model_frees_its_memory():
     assert after - before < 0.25 * (running - before), (before, running, after)
 
 
-def test_chat_streams_the_answer():
-    import io
-    from dashinfer_client.chat import chat
-    out, err = io.StringIO(), io.StringIO()
-    assert chat("What is the capital of France?", max_new_tokens=12, out=out, err=err) == 0
-    assert "Paris" in out.getvalue()
-    assert "time to first token" in err.getvalue() and "decode" in err.getvalue()
+def test_chat_streams_the_answer(capsys):
+    from dashinfer_server.cli import main
+    assert main(["chat", "--max-new-tokens", "12", "What is the capital of France?"]) == 0
+    out, err = capsys.readouterr()
+    assert "Paris" in out
+    assert "time to first token" in err and "decode" in err
 
 
 def test_incremental_decoding_keeps_multibyte_characters_whole(tmp_path):
     from transformers import AutoTokenizer
-    from dashinfer_client.chat import IncrementalDecoder
+    from dashinfer_client.detokenize import IncrementalDecoder
     from tests.helpers import build_tiny_tokenizer
     tok = AutoTokenizer.from_pretrained(build_tiny_tokenizer(str(tmp_path)))
     text = "café 日本 🚀!"

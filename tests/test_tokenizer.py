@@ -166,7 +166,7 @@ def test_conversions_that_need_the_convert_extra_say_so(tmp_path, monkeypatch):
 SERVE_AND_CHAT = """
 import sys
 import dashinfer_server.service, dashinfer_server.engine, dashinfer_server.__main__, dashinfer_server.startup_log
-import dashinfer_client.chat, dashinfer_client.tokenizer
+import dashinfer_server.cli.chat, dashinfer_client.tokenizer
 from dashinfer_client.model import DashInferModel
 tok = DashInferModel(sys.argv[1], sys.argv[2]).get_tokenizer()
 ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)

@@ -1,0 +1,193 @@
+"""`dashinfer chat [MODEL] [PROMPT]`: one answer to PROMPT, or a multi-turn chat without one.
+
+The model is served here (--tp 1: in this process; --tp N: N ranks), or reached where it already
+runs: --address (a gRPC rank group, e.g. the systemd service) or --url (a `dashinfer serve`).
+The answer streams to stdout; a one-line summary (time to first token, speeds) goes to stderr.
+With a single word, it is MODEL when it names one (an existing path or the default model's name),
+else PROMPT.
+"""
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+from .common import CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks, resolve
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("chat", help="chat with a model (served here, or at --address / --url)",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", help="a running gRPC rank group (unix:///path.sock or HOST:PORT)")
+    where.add_argument("--url", help="a running dashinfer serve (http://HOST:PORT)")
+    add_engine_options(p)
+    add_model_options(p)
+    p.add_argument("--model-name", default=None, help="with --address / --url: which served model")
+    p.add_argument("--api-key", default=os.environ.get("DASHINFER_API_KEY"), help="with --url")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    model, prompt = _split(args.words, remote=bool(args.address or args.url))
+    options = {"max_tokens": args.max_new_tokens, "temperature": args.temperature}
+    if args.seed is not None:
+        options["seed"] = args.seed
+    if args.url:
+        ask = _HttpChat(args.url, args.api_key, args.model_name, options)
+        close = None
+    else:
+        served = _open(model, args)
+        ask, close = _EngineChat(served, options), served.close
+    try:
+        if prompt is not None:
+            ask([{"role": "user", "content": prompt}])
+            return 0
+        _interactive(ask)
+        return 0
+    finally:
+        if close:
+            close()
+
+
+def _split(words, remote):
+    if len(words) > 2:
+        raise CliError("expected at most MODEL and PROMPT (quote the prompt)", 2)
+    if len(words) == 2:
+        return words
+    if len(words) == 1 and not remote and (os.path.exists(words[0]) or words[0] in DEFAULT_NAMES):
+        return words[0], None
+    return None, words[0] if words else None
+
+
+def _open(model, args):
+    from dashinfer_server.http.served import ServedModel
+    if args.address:
+        import dashinfer_client as allspark
+        from dashinfer_client.client_engine import Unavailable
+        try:
+            engine = allspark.ClientEngine(args.address, startup_timeout=10)
+            return ServedModel.attach(engine, args.model_name)
+        except (Unavailable, RuntimeError) as e:
+            raise CliError(str(e).splitlines()[0]) from None
+    check_ranks(args.tp)
+    model_dir, prefix = resolve(model, args.dtype, args.quant)
+    served = None
+    try:
+        served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
+        served.load()
+    except (RuntimeError, ValueError) as e:  # ValueError: an option or a limit the engine refuses
+        if served is not None:
+            served.close()
+        raise CliError(str(e).splitlines()[0], CONFIG_ERROR if isinstance(e, ValueError) else 1) from None
+    return served
+
+
+def _interactive(ask) -> None:
+    """Turns until EOF (Ctrl-D); the conversation so far goes with each question."""
+    messages = []
+    while True:
+        try:
+            question = input("> ")
+        except EOFError:
+            print()
+            return
+        if not question.strip():
+            continue
+        messages.append({"role": "user", "content": question})
+        messages.append({"role": "assistant", "content": ask(messages)})
+
+
+class _EngineChat:
+    """Answers from a ServedModel (this process's Engine, or a ClientEngine's ranks)."""
+
+    def __init__(self, served, options):
+        self.served, self.options = served, options
+
+    def __call__(self, messages) -> str:
+        from dashinfer_client.detokenize import IncrementalDecoder
+        from dashinfer_client.types import GenerateRequestStatus
+        from dashinfer_server.http.errors import ApiError
+        from dashinfer_server.http.protocol import parse_chat
+        served = self.served
+        try:
+            handle, queue = served.start(parse_chat(dict(self.options, model=served.name, messages=messages), served))
+        except ApiError as e:
+            raise CliError(e.message) from None
+        decoder, text = IncrementalDecoder(served.tokenizer), []
+        try:
+            while (elements := queue.Get()) is not None:
+                text.append(decoder.push(elements.ids_from_generate))
+                sys.stdout.write(text[-1])
+                sys.stdout.flush()
+            text.append(decoder.finish())
+            sys.stdout.write(text[-1])
+        finally:
+            served.finish(handle, queue)
+        print(flush=True)
+        if queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
+            raise CliError(f"generation interrupted: {queue.error}")
+        print(summary(queue.RequestStatInfo()), file=sys.stderr)
+        return "".join(text)
+
+
+def summary(stats) -> str:
+    prompt, cached, new = stats["context_token_length"], stats["context_cached_length"], \
+        stats["generated_token_length"]
+    return (f"[{new} tokens; time to first token {stats['time_to_first_token']:.0f} ms "
+            f"({prompt} prompt tokens{f', {cached} cached' if cached else ''}, "
+            f"{stats['context_tps']:.0f} tok/s); decode {stats['generate_tps']:.1f} tok/s]")
+
+
+class _HttpChat:
+    """Answers from a `dashinfer serve` (or any OpenAI-compatible server), streamed."""
+
+    def __init__(self, url, api_key, model, options):
+        self.url = url.rstrip("/")
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.model = model or self._only_model()
+        self.options = options
+
+    def _open(self, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers=self.headers)
+        try:
+            return urllib.request.urlopen(request, timeout=600)
+        except urllib.error.HTTPError as e:
+            try:
+                message = json.loads(e.read())["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = e.reason
+            raise CliError(f"{self.url}{path}: {e.code} {message}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise CliError(f"no server at {self.url}: {getattr(e, 'reason', e)}") from None
+
+    def _only_model(self) -> str:
+        with self._open("/v1/models") as r:
+            return json.loads(r.read())["data"][0]["id"]
+
+    def __call__(self, messages) -> str:
+        body = dict(self.options, model=self.model, messages=messages, stream=True,
+                    stream_options={"include_usage": True})
+        text = []
+        with self._open("/v1/chat/completions", body) as r:
+            for line in r:
+                line = line.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                if "error" in event:
+                    raise CliError(event["error"]["message"])
+                for choice in event.get("choices", []):
+                    piece = choice.get("delta", {}).get("content") or ""
+                    text.append(piece)
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        print(flush=True)
+        return "".join(text)

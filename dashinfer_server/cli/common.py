@@ -1,0 +1,53 @@
+"""What the subcommands share: the one-line error, the model argument, the rank count check."""
+CONFIG_ERROR = 78  # EX_CONFIG: a supervisor must not restart a service that cannot start
+
+
+DEFAULT_NAMES = ("default", "SmolLM2-135M-Instruct")  # MODEL left out means the default model too
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, the command exits with `code`."""
+
+    def __init__(self, message, code=1):
+        super().__init__(message)
+        self.code = code
+
+
+def add_model_options(p) -> None:
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
+                   help="weights dtype of a converted model (default bfloat16; a serialized model: what it holds)")
+    p.add_argument("--quant", default=None, choices=("int8", "uint4"),
+                   help="weight-only quantization of the linear layers when converting")
+
+
+def add_engine_options(p) -> None:
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks, one per NUMA node (1: in this process; default 1)")
+    p.add_argument("--threads", type=int, default=0, help="compute threads per rank (default: its node's cores)")
+
+
+def resolve(model, dtype, quant):
+    """(model_dir, prefix) of the serialized model for MODEL (converted once and cached)."""
+    from dashinfer_client.errors import ModelSerializerException
+    from dashinfer_client.model_cache import resolve_model
+    try:
+        return resolve_model(model if model not in DEFAULT_NAMES else None, dtype, quant, progress=True)
+    except (ModelSerializerException, ValueError, OSError) as e:
+        raise CliError(str(e), CONFIG_ERROR) from None
+
+
+def check_ranks(tp) -> None:
+    """--tp within what this machine's NUMA nodes (or the DASHINFER_NUMA_NODES override) offer."""
+    from dashinfer_server import topology
+    if tp < 1:
+        raise CliError(f"--tp {tp}: needs at least 1 rank", CONFIG_ERROR)
+    if tp == 1:
+        return
+    try:
+        nodes = topology.numa_nodes()
+    except topology.PlacementError as e:
+        raise CliError(str(e), CONFIG_ERROR) from None
+    if tp > len(nodes):
+        raise CliError(f"--tp {tp}: this machine has {len(nodes)} NUMA node(s), one rank each "
+                       f"(DASHINFER_NUMA_NODES simulates more)", CONFIG_ERROR)
+

@@ -1,0 +1,136 @@
+"""`dashinfer serve MODEL`: the OpenAI-compatible HTTP API over one model.
+
+The socket is listening (and /health answers 503) while the model loads; READY=1 goes to systemd
+once the model serves. SIGTERM / Ctrl-C: STOPPING=1, new requests get 503, running ones get the
+grace period to finish, then the model and its ranks are stopped.
+"""
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+from .common import CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, resolve
+
+log = logging.getLogger("dashinfer_server.http")
+KV_CACHE_MODES = {"default": "AsCacheDefault", "int8": "AsCacheQuantI8", "uint4": "AsCacheQuantU4"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("model", nargs="?", default=None,
+                   help="a Hugging Face directory, a GGUF file, a serialized model directory, or the "
+                        "default model's name (default: SmolLM2-135M-Instruct)")
+    add_engine_options(p)
+    add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--kv-cache", default="default", choices=tuple(KV_CACHE_MODES), help="KV cache storage")
+    p.add_argument("--max-batch", type=int, default=32, help="requests running at once")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest request, prompt + answer, in tokens (default: min(context, 2048))")
+    p.add_argument("--api-key", default=os.environ.get("DASHINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default $DASHINFER_API_KEY)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds running requests get to finish at shutdown")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    check_ranks(args.tp)
+    model_dir, prefix = resolve(args.model, args.dtype, args.quant)
+    name = args.served_model_name or _default_name(args.model, prefix)
+    from dashinfer_server.http.served import ServedModel
+    try:
+        served = ServedModel(model_dir, prefix, name, tp=args.tp, threads=args.threads,
+                             max_batch=args.max_batch, max_length=args.max_model_len,
+                             kv_cache_mode=KV_CACHE_MODES[args.kv_cache])
+    except ValueError as e:  # a runtime option the config refuses
+        raise CliError(str(e), CONFIG_ERROR) from None
+    sock = _listen(args.host, args.port)
+    import uvicorn
+
+    from dashinfer_server.http.app import create_app
+    app = create_app(served, api_key=args.api_key)
+    config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=args.log_level == "DEBUG",
+                            timeout_graceful_shutdown=args.grace_period, log_config=None)
+    server = _server(config, served)
+    host, port = sock.getsockname()[:2]
+    log.info("listening on http://%s:%d (model %r loading)", host, port, name)
+    loader = threading.Thread(target=_load, args=(served, server), name="dashinfer-load", daemon=True)
+    loader.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        loader.join()
+        served.close()
+    if server.load_error:
+        raise CliError(f"cannot serve {name!r}: {server.load_error}", server.load_error_code)
+    if server.interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def _server(config, served):
+    """uvicorn's server, whose shutdown signals drain the model first and tell systemd."""
+    import uvicorn
+
+    from dashinfer_server.systemd import notify
+
+    class Server(uvicorn.Server):
+        load_error = ""
+        load_error_code = 0
+        interrupted = False
+
+        def handle_exit(self, sig, frame):  # uvicorn's, without raising the signal again at the end
+            if not self.should_exit:
+                log.info("shutting down: draining (grace period %.0f s)", config.timeout_graceful_shutdown)
+                served.drain()
+                notify("STOPPING=1")
+                self.interrupted = sig == signal.SIGINT
+                self.should_exit = True
+            elif sig == signal.SIGINT:
+                self.force_exit = True
+    return Server(config)
+
+
+def _load(served, server) -> None:
+    from dashinfer_server.systemd import notify
+    try:
+        served.load()
+    except Exception as e:  # the model cannot serve: say why and stop
+        log.error("cannot serve model %r: %s", served.name, e)
+        served.state, served.why = "failed", str(e)
+        server.load_error = str(e).splitlines()[0]
+        server.load_error_code = CONFIG_ERROR if isinstance(e, ValueError) else 1
+        server.should_exit = True
+        return
+    if server.should_exit:
+        return
+    notify("READY=1")
+    notify(f"STATUS=serving {served.name}")
+
+
+def _listen(host, port) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port}: {e.strerror}", CONFIG_ERROR) from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _default_name(model, prefix) -> str:
+    if model is None:
+        return "default"
+    return os.path.basename(os.path.normpath(model)) or prefix

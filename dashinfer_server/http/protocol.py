@@ -1,0 +1,148 @@
+"""OpenAI request bodies -> what the engine takes: the prompt's token ids and a generation config.
+
+Only the shape of a body is checked here (what is a string, a list, a message); every value the
+engine knows about is passed on as it came, so the engine refuses it with its own AsStatus and
+message (errors.STATUS_TO_HTTP turns that into the HTTP answer). OpenAI options the engine has no
+key for are refused here unless they are at their neutral value: none is silently ignored.
+"""
+from dataclasses import dataclass, field
+
+from .errors import bad_request
+
+# OpenAI name -> the engine's (ASGenerationConfigBuilder) name, passed through unchanged.
+_SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                 "repetition_penalty": "repetition_penalty", "n": "num_return_sequences",
+                 "response_format": "response_format"}
+# OpenAI options with no counterpart here: accepted only when absent or neutral.
+_UNSUPPORTED = {"tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
+                "logit_bias": None, "suffix": None, "echo": False, "best_of": 1,
+                "parallel_tool_calls": None}
+# OpenAI's defaults where the engine's differ (DashInfer samples with top_k 50 by default).
+_OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+@dataclass
+class Job:
+    """One parsed request: what to run and how to answer."""
+    kind: str                 # "chat" or "text"
+    model: str
+    prompt_ids: list
+    generation: dict          # keys of ASGenerationConfigBuilder.update, checked by the engine
+    max_tokens: int = None    # None: up to the model's length limit
+    stop: list = field(default_factory=list)   # stop strings, cut from the answer
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int = None      # None: no logprobs; else the top alternatives per token
+
+
+def parse_chat(body: dict, served) -> Job:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
+    turns = [_message(i, m) for i, m in enumerate(messages)]
+    ids = served.chat_prompt_ids(turns)
+    logprobs = _count(body, "top_logprobs", 0) if _flag(body, "logprobs") else None
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    job = _job("chat", body, served, ids, max_tokens, logprobs)
+    if logprobs is None and body.get("top_logprobs") is not None:
+        job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
+    return job
+
+
+def parse_completion(body: dict, served) -> Job:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        ids = served.text_prompt_ids(prompt)
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = prompt  # token ids: the engine checks them against the vocabulary
+    elif isinstance(prompt, list):
+        raise bad_request("'prompt' must be a string or a list of token ids; a batch of several "
+                          "prompts is not supported: send one request per prompt", "prompt")
+    else:
+        raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        logprobs = _count(body, "logprobs", 0)
+    return _job("text", body, served, ids, body.get("max_tokens"), logprobs)
+
+
+def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string (GET /v1/models lists them)", "model")
+    for key, neutral in _UNSUPPORTED.items():
+        if body.get(key) not in (None, neutral, {}, []):
+            raise bad_request(f"'{key}' is not supported by this server", key)
+    generation = dict(_OPENAI_DEFAULTS)
+    for key, engine_key in _SAME_MEANING.items():
+        if body.get(key) is not None:
+            generation[engine_key] = body[key]
+    if generation["temperature"] == 0:  # OpenAI's greedy
+        generation["do_sample"] = False
+    # Token counts after the prompt -> the engine's lengths, which count the prompt too.
+    if max_tokens is not None:
+        generation["max_length"] = len(ids) + _int(max_tokens, "max_tokens")  # the engine checks it
+    else:
+        generation["max_length"] = served.max_length
+    if body.get("min_tokens") is not None:
+        generation["min_length"] = len(ids) + _int(body["min_tokens"], "min_tokens")
+    if logprobs is not None:
+        generation.update(logprobs=True, top_logprobs=logprobs)
+    stop = _stop(body.get("stop"))
+    if stop:
+        generation["stop_words_ids"] = [served.text_ids(s) for s in stop]
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    return Job(kind, model, list(ids), generation, max_tokens, stop, _flag(body, "stream"),
+               bool(options.get("include_usage")), logprobs)
+
+
+def _message(i, m) -> dict:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise bad_request(f"messages[{i}] must be an object with a 'role' string", "messages")
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
+    return {"role": m["role"], "content": content}
+
+
+def _stop(stop) -> list:
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    return stop
+
+
+def _flag(body, key) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be true or false", key)
+    return value
+
+
+def _count(body, key, default) -> int:
+    value = body.get(key)
+    return default if value is None else _int(value, key)  # its range is the engine's to check
+
+
+def _int(value, key) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{key}' must be an integer", key)
+    return value

@@ -1,0 +1,74 @@
+"""OpenAI's response bodies: whole answers, stream chunks and their logprobs, for chat
+(chat.completion) and text (text_completion) requests."""
+import json
+import time
+import uuid
+
+
+class Answer:
+    """The bodies of one request's answer, sharing its id and creation time."""
+
+    def __init__(self, job, token_text):
+        self.job, self.token_text = job, token_text
+        chat = job.kind == "chat"
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+        self.offset = 0  # characters of text so far (text completions' text_offset)
+
+    def _head(self, obj) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
+
+    def whole(self, pieces, usage) -> dict:
+        text = "".join(p.text for p in pieces)
+        tokens = [t for p in pieces for t in p.tokens]
+        choice = {"index": 0, "logprobs": self.logprobs(tokens), "finish_reason": pieces[-1].finish_reason}
+        if self.job.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return dict(self._head(self.object), choices=[choice], usage=usage.to_dict())
+
+    def chunk(self, piece=None, first=False, usage=None) -> str:
+        """One SSE event: a piece of the answer (the first announces the role), or the usage."""
+        body = self._head(self.object + ".chunk" if self.job.kind == "chat" else self.object)
+        if usage is not None:
+            body.update(choices=[], usage=usage.to_dict())
+            return sse(body)
+        choice = {"index": 0, "logprobs": self.logprobs(piece.tokens) if piece.tokens else None,
+                  "finish_reason": piece.finish_reason}
+        if self.job.kind == "chat":
+            choice["delta"] = {"role": "assistant", "content": piece.text} if first else \
+                ({"content": piece.text} if piece.text or not piece.finish_reason else {})
+        else:
+            choice["text"] = piece.text
+        body["choices"] = [choice]
+        if self.job.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def logprobs(self, tokens):
+        if self.job.logprobs is None:
+            return None
+        if self.job.kind == "chat":
+            return {"content": [dict(self._entry(i, lp), top_logprobs=[self._entry(j, q) for j, q in top])
+                                for i, lp, top in tokens]}
+        texts = [self.token_text(i) for i, _, _ in tokens]
+        offsets = []
+        for t in texts:
+            offsets.append(self.offset)
+            self.offset += len(t)
+        return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in tokens],
+                "top_logprobs": [{self.token_text(j): q for j, q in top} for _, _, top in tokens],
+                "text_offset": offsets}
+
+    def _entry(self, token_id, logprob) -> dict:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def sse(body) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"

@@ -1,0 +1,148 @@
+"""The `dashinfer` command line: expected failures are one line and a non-zero exit; chat answers
+as the in-process Engine does, served here, at a launched gRPC group (--address) or at a
+`dashinfer serve` (--url); serving imports no torch."""
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from test_http_fixtures import TWO_NODES, Reference, Server, cli_env, free_port, wait_for
+from test_http_fixtures import tiny_model  # noqa: F401 (fixture)
+
+HELLO = "Hello there"
+
+
+def dashinfer(*args, env=None, input=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dashinfer", *args], capture_output=True, text=True,
+                          env=cli_env(**(env or {})), input=input, timeout=timeout)
+
+
+def one_line_error(done, code, *words):
+    assert done.returncode == code, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_model):  # noqa: F811
+    r = Reference(tiny_model)
+    yield r
+    r.close()
+
+
+def answer(ref, messages, max_tokens=8) -> str:
+    return ref.text(ref.generate(ref.chat_ids(messages), max_tokens)[0])
+
+
+def test_help_lists_the_subcommands():
+    done = dashinfer("--help")
+    assert done.returncode == 0 and all(c in done.stdout for c in ("serve", "chat", "convert", "launch"))
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (("serve", "/no/such/model"), 78, ["does not exist"]),
+    (("serve", "--tp", "8", "/no/such/model"), 78, ["--tp 8", "NUMA node"]),
+    (("chat", "/no/such/model", "hi"), 78, ["does not exist"]),
+    (("convert", "/no/such/dir", "/tmp/out"), 78, ["does not exist"]),
+], ids=["serve-missing-model", "serve-too-many-ranks", "chat-missing-model", "convert-missing-source"])
+def test_expected_failures_are_one_line(args, code, words):
+    one_line_error(dashinfer(*args, env=TWO_NODES), code, *words)
+
+
+def test_a_model_the_engine_refuses_exits_78_with_its_reason(tiny_model):  # noqa: F811
+    done = dashinfer("serve", tiny_model, "--port", str(free_port()), "--max-model-len", "999999")
+    assert done.returncode == 78 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("dashinfer serve: cannot serve") and "999999" in last and "context" in last, last
+    one_line_error(dashinfer("chat", tiny_model, "hi", "--tp", "1", "--threads", "-3"), 78, "thread_num")
+
+
+def test_no_server_there_is_one_line():
+    one_line_error(dashinfer("chat", "--url", f"http://127.0.0.1:{free_port()}", "hi"), 1, "no server at")
+    one_line_error(dashinfer("chat", "--address", f"unix:///tmp/dashinfer-none-{os.getpid()}.sock", "hi"), 1,
+                   "no dashinfer server answered")
+
+
+def test_chat_in_process_one_answer_and_multi_turn(tiny_model, ref):  # noqa: F811
+    done = dashinfer("chat", tiny_model, HELLO, "--max-new-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"
+    assert "time to first token" in done.stderr
+    done = dashinfer("chat", tiny_model, "--max-new-tokens", "8", input=f"{HELLO}\nAnd then?\n")
+    assert done.returncode == 0, done.stderr
+    first = answer(ref, [{"role": "user", "content": HELLO}])
+    second = answer(ref, [{"role": "user", "content": HELLO}, {"role": "assistant", "content": first},
+                          {"role": "user", "content": "And then?"}])
+    assert done.stdout == f"> {first}\n> {second}\n> \n"
+
+
+def test_chat_at_a_launched_group(tiny_model, ref, tmp_path):  # noqa: F811
+    address = f"unix://{tmp_path}/group.sock"
+    group = subprocess.Popen([sys.executable, "-m", "dashinfer", "launch", "--nodes", "2", "--address", address,
+                              "--model-dir", tiny_model, "--model-prefix", "tiny", "--model-name", "tiny"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=cli_env(**TWO_NODES),
+                             text=True, start_new_session=True)
+    try:
+        for line in group.stdout:
+            if "ready on" in line:
+                break
+        else:
+            pytest.fail("the group did not start")
+        done = dashinfer("chat", "--address", address, HELLO, "--max-new-tokens", "8")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"
+    finally:
+        os.killpg(group.pid, signal.SIGTERM)
+        group.wait(60)
+
+
+def test_chat_at_a_server_and_serving_imports_no_torch(tiny_model, ref, tmp_path):  # noqa: F811
+    server = Server(tiny_model, str(tmp_path / "serve.log"), tp=1, python_flags=["-X", "importtime"])
+    try:
+        server.wait_serving()
+        done = dashinfer("chat", "--url", server.url, HELLO, "--max-new-tokens", "8")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"
+    finally:
+        assert server.stop() == 0
+    imported = re.findall(r"import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", server.output())
+    assert "dashinfer_server.http.app" in imported and "dashinfer_server.runner" in imported  # it served
+    assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers")]
+
+
+def test_ctrl_c_while_serving_is_one_line(tiny_model, tmp_path):  # noqa: F811
+    server = Server(tiny_model, str(tmp_path / "serve.log"), tp=1)
+    assert wait_for(lambda: "listening on" in server.output(), 60), server.output()
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(60) == 130
+    server.stop()
+    out = server.output()
+    assert "Traceback" not in out and out.strip().splitlines()[-1] == "dashinfer serve: interrupted"
+
+
+def test_convert_then_serve_the_output(tmp_path, ref):
+    from helpers import build_tiny_model
+    hf = build_tiny_model(str(tmp_path / "hf"))
+    done = dashinfer("convert", hf, str(tmp_path / "out"), "--dtype", "float32", "--name", "mine")
+    assert done.returncode == 0, done.stderr
+    assert all(os.path.exists(tmp_path / "out" / f"mine{ext}") for ext in (".asgraph", ".asparam", ".tokenizer"))
+    done = dashinfer("chat", str(tmp_path / "out"), HELLO, "--max-new-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"  # the same random model
+
+
+def test_ctrl_c_in_a_chat_is_one_line(tiny_model):  # noqa: F811
+    chat = subprocess.Popen([sys.executable, "-m", "dashinfer", "chat", tiny_model], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    try:
+        assert chat.stdout.read(2) == b"> "  # the model serves and waits for a question
+        chat.send_signal(signal.SIGINT)
+        assert chat.wait(60) == 130
+        assert chat.stderr.read().decode().strip().splitlines() == ["dashinfer chat: interrupted"]
+    finally:
+        chat.kill()
+        chat.wait()

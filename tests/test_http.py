@@ -1,0 +1,296 @@
+"""`dashinfer serve --tp 2` (two ranks on simulated NUMA nodes) through the official openai client
+and raw HTTP: answers equal the in-process Engine's, the SSE bytes follow OpenAI's format, errors
+have OpenAI's shape and status, /metrics counts what was served, /health follows the rank group.
+"""
+import json
+import os
+import signal
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_http_fixtures import API_KEY, MAX_MODEL_LEN, Reference, Server, http_status, wait_for
+from test_http_fixtures import tiny_model  # noqa: F401 (fixture)
+
+QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):  # noqa: F811
+    s = Server(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
+    try:
+        s.wait_serving()
+        yield s
+    finally:
+        code = s.stop()
+    assert code == 0, s.output()  # SIGTERM: drained and exited cleanly
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_model):  # noqa: F811
+    r = Reference(tiny_model)
+    yield r
+    r.close()
+
+
+def test_health_is_503_while_loading_then_200(server):
+    assert server.health_seen[0] == 503 and server.health_seen[-1] == 200, server.health_seen
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_chat_equals_the_engine(client, ref):
+    answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=24, temperature=0)
+    ids, _, _, reason = ref.generate(ref.chat_ids(QUESTION), 24)
+    assert answer.choices[0].message.content == ref.text(ids)
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].finish_reason == ("length" if reason == "length" else "stop")
+    assert answer.usage.prompt_tokens == len(ref.chat_ids(QUESTION))
+    assert answer.usage.completion_tokens == len(ids)
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + len(ids)
+
+
+def test_text_completion_of_token_ids_and_max_completion_tokens(client, ref):
+    prompt = [5, 17, 101, 33, 7, 250, 64]
+    answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+    ids, _, _, _ = ref.generate(prompt, 16)
+    assert answer.choices[0].text == ref.text(ids) and answer.usage.completion_tokens == len(ids)
+    chat = client.chat.completions.create(model="tiny", messages=QUESTION, max_completion_tokens=5, temperature=0)
+    assert chat.usage.completion_tokens <= 5
+
+
+def test_streamed_chat_equals_the_whole_answer(client):
+    whole = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_logprobs_equal_the_engine(client, ref):
+    answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=12, temperature=0,
+                                            logprobs=True, top_logprobs=3)
+    ids, lps, tops, _ = ref.generate(ref.chat_ids(QUESTION), 12, logprobs=True, top_logprobs=3)
+    content = answer.choices[0].logprobs.content
+    assert len(content) == len(ids)
+    for entry, i, lp, top in zip(content, ids, lps, tops):
+        assert entry.token == ref.tokenizer.decode([i]) and entry.bytes == list(entry.token.encode())
+        assert entry.logprob == pytest.approx(lp, abs=1e-4)  # two ranks sum in another order
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([p for _, p in top], abs=1e-4)
+    text = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0, logprobs=2)
+    lp = text.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == text.usage.completion_tokens
+    assert "".join(lp.tokens).startswith(text.choices[0].text.rstrip("\ufffd")[:1])
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
+
+
+def test_stop_strings_end_the_answer_before_them(client, ref):
+    ids, _, _, _ = ref.generate(ref.chat_ids(QUESTION), 24)
+    full = ref.text(ids)
+    stop = next(ch for ch in full[3:] if ch.strip() and ch != "\ufffd")
+    for stream in (False, True):
+        kw = dict(model="tiny", messages=QUESTION, max_tokens=24, temperature=0, stop=[stop, "never-there"])
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            answer = client.chat.completions.create(**kw)
+            text, reason = answer.choices[0].message.content, answer.choices[0].finish_reason
+        assert text == full[:full.index(stop)] and reason == "stop"
+
+
+def test_a_seed_reproduces_a_sampled_answer(client):
+    def sample(seed):
+        return client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=24, temperature=1.0,
+                                              seed=seed).choices[0].message.content
+    first = sample(1234)
+    assert sample(1234) == first
+    assert sample(4321) != first  # 24 tokens sampled from a random model: equal by chance ~never
+
+
+def _raw_events(server, body):
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(r.iter_raw())
+    return raw
+
+
+def test_sse_bytes_follow_openai_format(server):
+    raw = _raw_events(server, {"model": "tiny", "messages": QUESTION, "max_tokens": 8, "temperature": 0,
+                               "stream": True, "stream_options": {"include_usage": True}})
+    assert raw.endswith(b"data: [DONE]\n\n")
+    events = raw.decode().split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    bodies = []
+    for event in events[:-2]:
+        assert event.startswith("data: ") and "\n" not in event, event
+        bodies.append(json.loads(event[len("data: "):]))
+    assert all(b["object"] == "chat.completion.chunk" and b["model"] == "tiny" for b in bodies)
+    assert bodies[0]["choices"][0]["delta"]["role"] == "assistant"
+    reasons = [b["choices"][0]["finish_reason"] for b in bodies if b["choices"]]
+    assert reasons[-1] in ("stop", "length") and all(r is None for r in reasons[:-1])
+    assert bodies[-1]["choices"] == [] and bodies[-1]["usage"]["total_tokens"] > 0
+    assert all(b["usage"] is None for b in bodies[:-1])
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "nope", "messages": QUESTION}, 404, ["'nope'", "tiny"]),
+    ({"model": "tiny", "messages": QUESTION, "n": 2}, 400, ["num_return_sequences"]),
+    ({"model": "tiny", "messages": QUESTION, "temperature": -1}, 400, ["temperature"]),
+    ({"model": "tiny", "messages": QUESTION, "top_logprobs": 3}, 400, ["logprobs"]),
+    ({"model": "tiny", "messages": QUESTION, "logprobs": True, "top_logprobs": 30}, 400, ["top_logprobs"]),
+    ({"model": "tiny", "messages": QUESTION, "frequency_penalty": 0.5}, 400, ["frequency_penalty"]),
+    ({"model": "tiny", "messages": "hi"}, 400, ["messages"]),
+    ({"model": "tiny", "messages": QUESTION, "tools": [{"type": "function"}]}, 400, ["tools"]),
+    ({"model": "tiny", "messages": QUESTION, "max_tokens": MAX_MODEL_LEN}, 400, [str(MAX_MODEL_LEN)]),
+], ids=["unknown-model", "n", "temperature", "top_logprobs-alone", "top_logprobs-over", "frequency",
+        "messages", "tools", "max_tokens"])
+def test_errors_have_openai_shape_and_status(server, body, status, words):
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=120)
+    error = r.json()["error"]
+    assert r.status_code == status and set(error) == {"message", "type", "param", "code"}, r.text
+    assert all(w in error["message"] for w in words), error
+
+
+def test_a_prompt_over_the_context_names_both_lengths(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt=[7] * (MAX_MODEL_LEN + 10), max_tokens=4)
+    assert str(MAX_MODEL_LEN + 10) in str(e.value) and str(MAX_MODEL_LEN) in str(e.value)
+
+
+def test_api_key_is_checked_on_every_v1_route(server):
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
+    assert httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "a"}, timeout=120).status_code == 401
+    assert http_status(server.url + "/health") == 200 and http_status(server.url + "/metrics") == 200
+
+
+def _metrics(server) -> dict:
+    """{(name, labels without model_name): value} of every sample."""
+    text = httpx.get(server.url + "/metrics", timeout=120).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def test_metrics_count_what_was_served(server, client):
+    before = _metrics(server)
+    answers = [client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4 + k, temperature=0)
+               for k in range(3)]
+    after = _metrics(server)
+
+    def grew(name, labels=()):
+        return after[(name, labels)] - before.get((name, labels), 0)
+    assert grew("dashinfer_generation_tokens_total") == sum(a.usage.completion_tokens for a in answers)
+    assert grew("dashinfer_prompt_tokens_total") == sum(a.usage.prompt_tokens for a in answers)
+    assert grew("dashinfer_time_to_first_token_seconds_count") == 3
+    assert grew("dashinfer_request_latency_seconds_count") == 3
+    assert grew("dashinfer_inter_token_latency_seconds_count") == sum(a.usage.completion_tokens - 1 for a in answers)
+    reasons = [a.choices[0].finish_reason for a in answers]
+    for reason in set(reasons):
+        assert grew("dashinfer_request_success_total", (("finish_reason", reason),)) == reasons.count(reason)
+    assert after[("dashinfer_requests_running", ())] == 0 and after[("dashinfer_requests_waiting", ())] == 0
+    total = after[("dashinfer_kv_cache_blocks_total", ())]
+    assert total > 0 and after[("dashinfer_kv_cache_blocks_used", ())] <= total
+    assert after[("dashinfer_rank_group_restarts_total", ())] == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_request(server):
+    long_answer = MAX_MODEL_LEN - 64  # min_tokens keeps eos out: it would run to the end
+    body = {"model": "tiny", "messages": QUESTION, "max_tokens": long_answer, "min_tokens": long_answer,
+            "stream": True}
+    done_before = len(server.finished_lines())
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert next(lines) == "" and next(lines).startswith("data: ")
+    # the connection is closed: the server stops the request and releases it
+    assert wait_for(lambda: len(server.finished_lines()) > done_before, 60), server.output()[-3000:]
+    generated, reason = server.finished_lines()[done_before]
+    assert reason == "stopped" and generated < long_answer
+    assert wait_for(lambda: _metrics(server)[("dashinfer_requests_running", ())] == 0, 30)
+    assert _metrics(server)[("dashinfer_kv_cache_blocks_used", ())] == 0
+
+
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_request(server):
+    long_answer = MAX_MODEL_LEN - 64
+    body = {"model": "tiny", "messages": QUESTION, "max_tokens": long_answer, "min_tokens": long_answer}
+    done_before = len(server.finished_lines())
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5,
+                   headers={"Authorization": f"Bearer {API_KEY}"})
+    assert wait_for(lambda: len(server.finished_lines()) > done_before, 60), server.output()[-3000:]
+    generated, reason = server.finished_lines()[done_before]
+    assert reason == "stopped" and generated < long_answer
+
+
+def _rank_pids(server_pid, rank):
+    """Pids of the processes descending from server_pid that run MPI rank `rank` of dashinfer_server."""
+    children = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                with open(f"/proc/{stat}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(stat))
+    found, todo = [], [server_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            try:
+                with open(f"/proc/{child}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in env and b"dashinfer_server\0" in cmd:
+                found.append(child)
+    return found
+
+
+def test_health_after_a_rank_is_killed(server, client):
+    """Last in this module: the group restarts under the server."""
+    assert http_status(server.url + "/health") == 200
+    long_answer = MAX_MODEL_LEN - 64
+    body = {"model": "tiny", "messages": QUESTION, "max_tokens": long_answer, "min_tokens": long_answer,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: {")
+        (rank1,) = _rank_pids(server.proc.pid, 1)
+        os.kill(rank1, signal.SIGKILL)
+        events = [line for line in lines if line]
+    # the stream in flight ends with an error event, then [DONE]
+    assert events[-1] == "data: [DONE]" and "error" in json.loads(events[-2][len("data: "):]), events[-3:]
+    assert wait_for(lambda: http_status(server.url + "/health") == 503, 30), "a dead rank left /health at 200"
+    assert wait_for(lambda: http_status(server.url + "/health") == 200, 120), server.output()[-3000:]
+    assert _metrics(server)[("dashinfer_rank_group_restarts_total", ())] == 1
+    answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4, temperature=0)
+    assert answer.usage.completion_tokens > 0
