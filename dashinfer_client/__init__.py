@@ -6,11 +6,13 @@ are imported the first time one of their names is used.
 """
 import importlib
 
+from .as_model_config import AsModelConfig
 from .config import (ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig,
                      AsModelRuntimeConfigBuilder)
 from .prompt import PromptTemplate
-from .types import (AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus, RequestStatInfo,
-                    ResultQueue, RoPEScaleMethod, TargetDevice)
+from .types import (AsCacheMode, AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy, AsStatus,
+                    GeneratedElements, GenerateRequestStatus, MultiMediaInfo, RequestStatInfo, ResultQueue,
+                    RoPEScaleMethod, TargetDevice, VocabType)
 
 # name -> module that defines it, imported on first use.
 _LAZY = {
@@ -22,10 +24,11 @@ _LAZY = {
     "ModelSerializerException": "dashinfer_client.errors",
 }
 
-__all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelRuntimeConfig",
-           "AsModelRuntimeConfigBuilder", "PromptTemplate", "AsCacheMode", "AsStatus",
-           "GeneratedElements", "GenerateRequestStatus", "RequestStatInfo", "ResultQueue",
-           "RoPEScaleMethod", "TargetDevice", *_LAZY]
+__all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelConfig", "AsModelRuntimeConfig",
+           "AsModelRuntimeConfigBuilder", "PromptTemplate", "AsCacheMode", "AsEvictionStrategy",
+           "AsMHAPrefill", "AsSchedulingStrategy", "AsStatus", "GeneratedElements", "GenerateRequestStatus",
+           "MultiMediaInfo", "RequestStatInfo", "ResultQueue", "RoPEScaleMethod", "TargetDevice",
+           "VocabType", *_LAZY]
 
 
 def __getattr__(name):

@@ -103,7 +103,8 @@ def ensure_default_model(dtype="bfloat16", quant=None, cache_dir=None, progress=
     with _lock(root):
         if not _complete(model_dir, prefix):
             loader = GGUFModel(gguf_path, prefix, user_set_data_type=dtype, progress=progress)
-            quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant}
+            quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant,
+                                                       "group_size": 64}  # our measured default, said explicitly
             loader.load_model().read_model_config().serialize_to_path(
                 None, model_dir, enable_quant=quant is not None, weight_only_quant=True,
                 customized_quant_config=quant_config)

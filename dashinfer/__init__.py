@@ -1,0 +1,1 @@
+"""dashinfer: DashInfer's package name, served by dashinfer-py (see dashinfer.allspark)."""

@@ -1,0 +1,66 @@
+"""Value checks shared by the config builders: each returns the normalized value or raises a
+ValueError that names the key and says what it accepts."""
+import math
+import numbers
+
+
+def check_int(key, v, lo=None, hi=None):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"{key} must be an int, got {type(v).__name__} {v!r}")
+    v = int(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{key} must be {allowed}, got {v}")
+    return v
+
+
+def check_float(key, v, ok=lambda x: True, allowed="finite"):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{key} must be a number, got {type(v).__name__} {v!r}")
+    v = float(v)
+    if not math.isfinite(v) or not ok(v):
+        raise ValueError(f"{key} must be {allowed}, got {v}")
+    return v
+
+
+def check_bool(key, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{key} must be True or False, got {type(v).__name__} {v!r}")
+    return v
+
+
+def check_str(key, v):
+    if not isinstance(v, str):
+        raise ValueError(f"{key} must be a string, got {type(v).__name__} {v!r}")
+    return v
+
+
+def check_ids(key, v):
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise ValueError(f"{key} must be a list of token ids, got {v!r}")
+    return [check_int(f"{key}[{i}]", x, 0) for i, x in enumerate(v)]
+
+
+def check_enum(key, enum_cls, v):
+    """A member of enum_cls, from itself, its name (any case) or its value."""
+    if isinstance(v, enum_cls):
+        return v
+    if isinstance(v, str):
+        by_name = {m.name.lower(): m for m in enum_cls}
+        if v.lower() in by_name:
+            return by_name[v.lower()]
+    elif isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        for m in enum_cls:
+            if m.value == v:
+                return m
+    names = ", ".join(m.name for m in enum_cls)
+    raise ValueError(f"unknown {key} {v!r}; expected one of {names}")
+
+
+def check_keys(what, d, known):
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} needs a dict, got {type(d).__name__}")
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ValueError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                         f"known keys: {', '.join(known)}")
