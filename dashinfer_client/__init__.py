@@ -10,9 +10,9 @@ from .as_model_config import AsModelConfig
 from .config import (ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig,
                      AsModelRuntimeConfigBuilder)
 from .prompt import PromptTemplate
-from .types import (AsCacheMode, AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy, AsStatus,
-                    GeneratedElements, GenerateRequestStatus, MultiMediaInfo, RequestStatInfo, ResultQueue,
-                    RoPEScaleMethod, TargetDevice, VocabType)
+from .options import AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy, MultiMediaInfo, VocabType
+from .types import (AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus, RequestStatInfo,
+                    ResultQueue, RoPEScaleMethod, TargetDevice)
 
 # name -> module that defines it, imported on first use.
 _LAZY = {

@@ -9,7 +9,8 @@ Nothing is checked while it is filled, as in DashInfer; build() turns it into th
 AsModelRuntimeConfig the engines install (so engine.install_model(cfg) takes it as a builder), and
 a value this runtime cannot honour is refused there with the reason.
 """
-from .types import AsCacheMode, AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy
+from .options import AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy
+from .types import AsCacheMode
 
 # DashInfer's matmul_precision values. On this runtime precision follows the serialized model's
 # dtype (weights bf16/fp32/int8, activations and accumulation fp32), so every level is honoured.

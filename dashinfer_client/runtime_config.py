@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field, fields
 
 from .as_model_config import AsModelConfig  # noqa: F401 (DashInfer's runtime_config has it)
-from .types import (AsCacheMode, AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy,
-                    TargetDevice)
+from .options import AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy
+from .types import AsCacheMode, TargetDevice
 from .values import check_bool, check_enum, check_ids, check_int, check_keys, check_str
 
 _SPAN_SIZES = (16, 32, 64, 128)

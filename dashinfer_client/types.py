@@ -17,7 +17,7 @@ class TargetDevice(enum.Enum):
     CPU_NUMA = "CPU_NUMA"
 
 
-class _PrintedEnum(enum.IntEnum):
+class PrintedEnum(enum.IntEnum):
     """An IntEnum that prints as DashInfer's (pybind11) enums do: str() and f-strings give
     "GenerateRequestStatus.Generating", not the number; comparisons and int() stay numeric."""
 
@@ -28,14 +28,14 @@ class _PrintedEnum(enum.IntEnum):
         return format(str(self), spec)
 
 
-class AsCacheMode(_PrintedEnum):
+class AsCacheMode(PrintedEnum):
     """KV cache storage: bf16, int8 or uint4 per-token quantized."""
     AsCacheDefault = 0
     AsCacheQuantI8 = 1
     AsCacheQuantU4 = 2
 
 
-class AsStatus(_PrintedEnum):
+class AsStatus(PrintedEnum):
     """Status codes every API call returns (DashInfer's values)."""
     ALLSPARK_SUCCESS = 0
     ALLSPARK_UNKNOWN_ERROR = 1        # anything no other code describes
@@ -62,7 +62,7 @@ class AsStatus(_PrintedEnum):
     ALLSPARK_ALLSPARK_INVALID_CALL_ERROR = 8
 
 
-class GenerateRequestStatus(_PrintedEnum):
+class GenerateRequestStatus(PrintedEnum):
     """Life of a request: Init -> ContextFinished -> Generating -> GenerateFinished or
     GenerateInterrupted (or InternalError). The last three are final."""
     Init = 0
@@ -85,55 +85,6 @@ class RoPEScaleMethod(enum.Enum):
     YaRN = 3
     NTK = 4
     LLAMA3 = 5
-
-
-class AsMHAPrefill(_PrintedEnum):
-    """DashInfer's prefill attention kernels; on CPU there is one (AsPrefillDefault)."""
-    AsPrefillDefault = 0
-    AsPrefillFlashV2 = 10
-    AsPrefillXformer = 11
-
-
-class AsEvictionStrategy(_PrintedEnum):
-    """DashInfer's choice of request to evict when its GPU KV cache is full. Here a request that
-    cannot get KV blocks waits or is interrupted; nothing is evicted, so only the default exists
-    in practice."""
-    MaxLength = 0
-    Random = 1
-
-
-class AsSchedulingStrategy(_PrintedEnum):
-    """DashInfer's scheduling policy. This runtime batches prefill chunks with every decode in the
-    same step, which is neither policy exactly; the names exist for code that sets them."""
-    ContextPriority = 0
-    Balance = 1
-
-
-class VocabType(_PrintedEnum):
-    """The tokenizer algorithm DashInfer's JSON mode was told about (vocab_type)."""
-    VOCAB_TYPE_WPM = 0  # WordPiece
-    VOCAB_TYPE_SPM = 1  # SentencePiece
-    VOCAB_TYPE_UGM = 2  # Unigram
-    VOCAB_TYPE_BPE = 3  # byte-pair encoding
-
-
-class MultiMediaInfo:
-    """DashInfer's multimedia attachment of a request (images for vision-language models).
-
-    It can be built and filled as in DashInfer, but every model this runtime serves is text-only:
-    a generation config carrying one (mm_info) is refused by the engine."""
-
-    def __init__(self):
-        self.multimedia_type = 0
-        self.contents = {}  # key -> list of tensors (DLPack capsules or arrays), as given
-
-    def set_multimedia_type(self, multimedia_type: int):
-        self.multimedia_type = int(multimedia_type)
-        return AsStatus.ALLSPARK_SUCCESS
-
-    def add_multimedia_content(self, key: str, tensors):
-        self.contents.setdefault(str(key), []).extend(tensors)
-        return AsStatus.ALLSPARK_SUCCESS
 
 
 @dataclass

@@ -76,8 +76,9 @@ class ModelHandle:
         if eos:
             defaults["eos_token_id"] = list(eos)
         builder = ASGenerationConfigBuilder(defaults)
-        if runtimeConfig is not None:
-            builder.update({"max_length": min(self.get_model_context_length(), runtimeConfig.engine_max_length)})
+        if runtimeConfig is not None:  # a built config, or an AsModelConfig (0 there means the default)
+            built = runtimeConfig.build() if hasattr(runtimeConfig, "build") else runtimeConfig
+            builder.update({"max_length": min(self.get_model_context_length(), built.engine_max_length)})
         return builder
 
     def _default_engine_model_name(self):
