@@ -18,12 +18,13 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 class AsModelConfig:
-    """DashInfer's AsModelConfig; keyword names and order are DashInfer's. engine_max_length and
-    engine_max_batch 0 mean this runtime's defaults (2048 and 32). compute_unit: "CPU:0" or
-    "CPU:0,1" (a tensor-parallel rank per NUMA node)."""
+    """DashInfer's AsModelConfig; keyword names and order are DashInfer's, defaults those of its
+    default constructor (engine_max_length 2048, engine_max_batch 32; 0, its keyword constructor's
+    default, also means these). compute_unit: "CPU:0" or "CPU:0,1" (a tensor-parallel rank per NUMA
+    node)."""
 
     def __init__(self, model_name="", model_path="", weights_path="", compute_unit="CPU:0",
-                 engine_max_length=0, engine_max_batch=0, engine_max_prefill_length=0,
+                 engine_max_length=2048, engine_max_batch=32, engine_max_prefill_length=0,
                  swap_threshold=-1, text_graph=False, num_threads=0, matmul_precision="highest",
                  lora_names=None, cache_span_size=32, cache_span_num_init=0, cache_span_num_grow=0,
                  enable_prefix_cache=True, prefix_cache_ttl=300,
@@ -95,7 +96,7 @@ class AsModelConfig:
             raise ValueError(f"prefill_mode={self.prefill_mode!r}: the flash/xformers kernels are CUDA "
                              f"ones; only AsPrefillDefault")
 
-    def __repr__(self):
+    def __repr__(self):  # str() too: equal configs print alike, as DashInfer's tests compare them
         items = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"AsModelConfig({items})"
 

@@ -119,6 +119,20 @@ class AsModelRuntimeConfig:
     eviction_strategy = property(lambda self: AsEvictionStrategy.MaxLength)
     scheduling_strategy = property(lambda self: AsSchedulingStrategy.ContextPriority)
 
+    def as_model_config(self) -> AsModelConfig:
+        """The same settings as DashInfer's AsModelConfig struct (no model files set: empty paths)."""
+        has_files = bool(self.model_dir or self.model_prefix)
+        return AsModelConfig(
+            self.model_name, self.model_path if has_files else "", self.weights_path if has_files else "",
+            self.compute_unit, self.max_length, self.max_batch, self.max_prefill_length,
+            num_threads=self.thread_num, cache_span_size=self.kv_cache_span_size,
+            enable_prefix_cache=self.prefill_cache, prefix_cache_ttl=self.prefix_cache_ttl,
+            cache_mode=self.kv_cache_mode, lora_max_rank=self.lora_max_rank, lora_max_num=self.lora_max_num)
+
+    def __str__(self):
+        """Printed as DashInfer prints the AsModelConfig its builder returns."""
+        return str(self.as_model_config())
+
     def to_dict(self) -> dict:
         """Plain JSON types: enums by name."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}

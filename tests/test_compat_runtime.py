@@ -23,6 +23,22 @@ def test_built_config_reads_under_as_model_config_names():
     assert runtime().build().compute_unit == "CPU:0"
 
 
+def test_from_dict_prints_as_the_expected_as_model_config():
+    """Upstream's rc2 tests/python/gpu/test_runtime_config.py, with CUDA:0,1 -> CPU:0,1."""
+    expected = AsModelConfig()
+    expected.model_name = "test_model"
+    expected.compute_unit = "CPU:0,1"
+    expected.engine_max_length = 100
+    expected.engine_max_batch = 32
+    expected.num_threads = 2
+    built = AsModelRuntimeConfigBuilder().from_dict({
+        "model_name": "test_model",
+        "compute_unit": {"device_type": "cpu_numa", "device_ids": [0, 1], "compute_thread_in_device": 2},
+        "engine_max_length": 100, "engine_max_batch": 32}).build()
+    assert str(expected) == str(built)
+    assert str(expected) != str(AsModelRuntimeConfigBuilder().model_name("test_model").build())
+
+
 def test_compute_unit_strings():
     assert AsModelRuntimeConfigBuilder.parse_device_type("CPU:0,1") == ("CPU", [0, 1])
     assert AsModelRuntimeConfigBuilder.parse_device_type("CPU_NUMA:2") == ("CPU_NUMA", [2])
