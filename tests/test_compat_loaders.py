@@ -11,6 +11,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import (AsModelConfig, AsStatus, HuggingFaceModel, DashInferModel, ModelSerializerException,
                               TargetDevice)
+from tests.engine_fixtures import *  # noqa: F401,F403 (fixtures: api_engine)
 from tests.engine_fixtures import collect, greedy
 from tests.helpers import build_tiny_model
 
@@ -164,3 +165,21 @@ def test_engine_installs_as_model_config_and_expires_prefixes(checkpoints, tmp_p
         assert cached == {0} and late == first
     finally:
         engine.release_model("ttl")
+
+
+def test_both_engines_install_an_as_model_config(api_engine):
+    """The v1 keyword form, installed through install_model on Engine and ClientEngine alike."""
+    engine, _, loader = api_engine
+    rt = loader.create_reference_runtime_config_builder().build()
+    cfg = AsModelConfig(model_name="v1-style", model_path=rt.model_path, weights_path=rt.weights_path,
+                        compute_unit="CPU:0", engine_max_length=64, engine_max_batch=2, num_threads=1,
+                        matmul_precision="medium")
+    assert engine.install_model(cfg) == AsStatus.ALLSPARK_SUCCESS
+    assert engine.start_model("v1-style") == AsStatus.ALLSPARK_SUCCESS
+    try:
+        prompt = [7, 8, 9, 10]
+        ids, _ = run_prompt(engine, "v1-style", prompt)
+        reference, _ = run_prompt(engine, api_engine[1], prompt)
+        assert len(ids) == 4 and ids == reference  # the same model under another config
+    finally:
+        engine.release_model("v1-style")
