@@ -128,6 +128,13 @@ def test_dashinfer_model_default_name_and_diconfig(checkpoints, tmp_path):
     gen = di.create_reference_generation_config_builder(runtimeConfig=cfg).build()
     assert (gen["top_k"], gen["eos_token_id"], gen["max_length"]) == (7, [5], 96)
 
+    exporter = HuggingFaceModel(checkpoints["float32"], "model", progress=False)
+    exporter.export_model_diconfig(str(tmp_path / "exported.yaml"))  # read back as a DIConfig
+    back = DashInferModel(str(tmp_path), config_file_path=str(tmp_path / "exported.yaml"))
+    cfg = back.create_reference_runtime_config_builder().build()
+    assert (cfg.model_name, cfg.compute_unit, cfg.engine_max_batch) == ("model", "CPU:0", 32)
+    assert cfg.engine_max_length == min(2048, back.get_model_context_length())
+
     (tmp_path / "dimodel_config.yaml").write_text(DICONFIG)  # found beside the model when not given
     assert DashInferModel(str(tmp_path)).create_reference_runtime_config_builder().build().model_name == "di_model"
     with pytest.raises(ModelSerializerException, match="cuda_mem"):

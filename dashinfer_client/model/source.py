@@ -175,7 +175,9 @@ class SourceModel(ModelHandle):
         return self
 
     def export_model_diconfig(self, output_path):
-        """Write the conversion settings (source, dtype, quantization, result location, config) as YAML."""
+        """Write the conversion settings (source, dtype, quantization, result location, config) as YAML,
+        with DashInfer's DIConfig runtime_config and generation_config sections, which
+        DashInferModel(dir, name, config_file_path=output_path) reads back as its defaults."""
         import yaml
         self.read_model_config()
         q = self.quant_settings
@@ -188,6 +190,10 @@ class SourceModel(ModelHandle):
             "serialized": None if not self.model_output_dir else {"model_dir": self.model_output_dir,
                                                                   "prefix": self.serialize_model_name},
             "generation_config": dict(self.generation_config),
+            "runtime_config": {"model_name": self.safe_model_name,
+                               "compute_unit": {"device_type": "CPU", "device_ids": [0], "compute_thread_in_device": 0},
+                               "engine_max_length": min(2048, self.config.max_position_embeddings),
+                               "engine_max_batch": 32, "kv_cache_mode": "AsCacheDefault", "enable_prefix_cache": True},
         }
         folder = os.path.dirname(os.path.abspath(output_path))
         os.makedirs(folder, exist_ok=True)
