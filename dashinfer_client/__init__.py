@@ -7,9 +7,11 @@ are imported the first time one of their names is used.
 import importlib
 
 from .api import ModelState
+from .as_model_config import AsModelConfig
 from .config import (ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig,
                      AsModelRuntimeConfigBuilder)
 from .prompt import PromptTemplate
+from .options import AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy, MultiMediaInfo, VocabType
 from .types import (AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus, RequestStatInfo,
                     ResultQueue, RoPEScaleMethod, TargetDevice)
 
@@ -27,10 +29,11 @@ _LAZY = {
         "CpuEngineConfig", "ChatTemplateConfig", "Response")},
 }
 
-__all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelRuntimeConfig",
-           "AsModelRuntimeConfigBuilder", "ModelState", "PromptTemplate", "AsCacheMode", "AsStatus",
-           "GeneratedElements", "GenerateRequestStatus", "RequestStatInfo", "ResultQueue",
-           "RoPEScaleMethod", "TargetDevice", *_LAZY]
+__all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelConfig", "AsModelRuntimeConfig",
+           "AsModelRuntimeConfigBuilder", "ModelState", "PromptTemplate", "AsCacheMode", "AsEvictionStrategy",
+           "AsMHAPrefill", "AsSchedulingStrategy", "AsStatus", "GeneratedElements", "GenerateRequestStatus",
+           "MultiMediaInfo", "RequestStatInfo", "ResultQueue", "RoPEScaleMethod", "TargetDevice",
+           "VocabType", *_LAZY]
 
 
 def __getattr__(name):

@@ -66,7 +66,9 @@ def convert_once(make_loader, root, model_dir, prefix, quant):
     with cache_lock(root):
         if not is_converted(model_dir, prefix):
             loader = make_loader()
-            quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant}
+            # group 64: our measured default (DashInfer's API defaults to per-channel)
+            quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant,
+                                                       "group_size": 64}
             loader.load_model().read_model_config().serialize_to_path(
                 None, model_dir, enable_quant=quant is not None, weight_only_quant=True,
                 customized_quant_config=quant_config)

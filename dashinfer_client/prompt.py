@@ -8,7 +8,11 @@ class PromptTemplate:
     @staticmethod
     def apply_chatml_template(text, system_prompt: str = DEFAULT_SYSTEM_PROMPT):
         """One user turn in ChatML (Qwen's format), ending where the assistant's answer begins.
-        text: a string, or a list of strings for a list of prompts."""
+        text: a string, or a list of strings for a list of prompts.
+
+        The text is DashInfer's to the character, so the same example gives the same prompt ids:
+        its template ends "<|im_start|>assistant " with a space and no newline (its jinja source
+        has " \n" there, and jinja drops a template's final newline)."""
         if isinstance(text, (list, tuple)):
             return [PromptTemplate.apply_chatml_template(t, system_prompt) for t in text]
         if not isinstance(text, str):
@@ -16,7 +20,7 @@ class PromptTemplate:
                             f"got {type(text).__name__}")
         return (f"<|im_start|>system\n{system_prompt}<|im_end|>\n"
                 f"<|im_start|>user\n{text}<|im_end|>\n"
-                f"<|im_start|>assistant\n")
+                f"<|im_start|>assistant ")
 
     @staticmethod
     def apply_chat_template(tokenizer, text, system_prompt: str = None):

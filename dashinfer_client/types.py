@@ -17,14 +17,25 @@ class TargetDevice(enum.Enum):
     CPU_NUMA = "CPU_NUMA"
 
 
-class AsCacheMode(enum.IntEnum):
+class PrintedEnum(enum.IntEnum):
+    """An IntEnum that prints as DashInfer's (pybind11) enums do: str() and f-strings give
+    "GenerateRequestStatus.Generating", not the number; comparisons and int() stay numeric."""
+
+    def __str__(self):
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+
+class AsCacheMode(PrintedEnum):
     """KV cache storage: bf16, int8 or uint4 per-token quantized."""
     AsCacheDefault = 0
     AsCacheQuantI8 = 1
     AsCacheQuantU4 = 2
 
 
-class AsStatus(enum.IntEnum):
+class AsStatus(PrintedEnum):
     """Status codes every API call returns (DashInfer's values)."""
     ALLSPARK_SUCCESS = 0
     ALLSPARK_UNKNOWN_ERROR = 1        # anything no other code describes
@@ -41,10 +52,17 @@ class AsStatus(enum.IntEnum):
     ALLSPARK_LORA_NOT_LOADED = 13     # the requested LoRA adapter is not loaded
     ALLSPARK_CHUNK_PREFILL = 14       # a long prompt is being prefilled in chunks
     ALLSPARK_DEPRECATED = 20          # a deprecated API was called
+    ALLSPARK_LORA_NUM_EXCEED_LIMIT_ERROR = 21   # DashInfer's LoRA codes: this runtime loads no
+    ALLSPARK_LORA_RANK_EXCEED_LIMIT_ERROR = 22  # LoRA adapters, so only ALLSPARK_LORA_NOT_LOADED
+    ALLSPARK_LORA_NOT_FOUND = 23                # (a request naming one) is ever returned; the
+    ALLSPARK_LORA_ALREADY_LOADED = 24           # others exist so that code comparing against
+    ALLSPARK_LORA_IN_USE = 25                   # them runs
     ALLSPARK_STREAMING = 200          # results are being streamed
+    # DashInfer's Python binding spells code 8 this way too; both names are the same member.
+    ALLSPARK_ALLSPARK_INVALID_CALL_ERROR = 8
 
 
-class GenerateRequestStatus(enum.IntEnum):
+class GenerateRequestStatus(PrintedEnum):
     """Life of a request: Init -> ContextFinished -> Generating -> GenerateFinished or
     GenerateInterrupted (or InternalError). The last three are final."""
     Init = 0

@@ -5,9 +5,11 @@ Pure policy, no tensors: the KV arrays live in kv_cache.py and are indexed by bl
 A block is in one of three states:
   used        ref_count > 0, owned by one or more sequences
   cached      ref_count == 0 but its tokens are remembered (hash set): reusable as a prefix,
-              evicted least-recently-freed first when fresh blocks run out
+              evicted least-recently-freed first when fresh blocks run out, and forgotten once
+              no sequence has used it for prefix_cache_ttl seconds (DashInfer's prefix cache TTL)
   free        ref_count == 0, no hash
 """
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -33,15 +35,20 @@ def chain_hash(parent: int | None, tokens: tuple) -> int:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, prefix_cache: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: bool = True,
+                 prefix_cache_ttl: float | None = None, clock=time.monotonic):
+        """prefix_cache_ttl: seconds an unused cached block stays reusable (None: until evicted).
+        clock: seconds, monotonic (tests pass a fake one)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"BlockPool needs num_blocks >= 1 and block_size >= 1, "
                              f"got {num_blocks} and {block_size}")
         self.block_size = block_size
         self.prefix_cache = prefix_cache
+        self.prefix_cache_ttl = prefix_cache_ttl
+        self.clock = clock
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
-        self.cached = OrderedDict()  # block id -> None, oldest first: the eviction order
+        self.cached = OrderedDict()  # block id -> when it was freed, oldest first: the eviction order
         self.by_hash = {}  # chain hash -> block id, for full blocks with known tokens
 
     @property
@@ -97,12 +104,13 @@ class BlockPool:
 
     def free(self, table: BlockTable) -> None:
         """Release a sequence's blocks; the deepest blocks become the first to be evicted."""
+        now = self.clock()
         for block_id in reversed(table.blocks):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.hash is not None:
-                    self.cached[block_id] = None
+                    self.cached[block_id] = now
                 else:
                     self.free_ids.append(block_id)
         table.blocks = []
@@ -114,9 +122,23 @@ class BlockPool:
             self.free_ids.append(block_id)
         self.cached.clear()
 
+    def expire(self) -> None:
+        """Forget the cached blocks no sequence has used for prefix_cache_ttl seconds."""
+        if self.prefix_cache_ttl is None:
+            return
+        deadline = self.clock() - self.prefix_cache_ttl
+        while self.cached:
+            block_id, freed_at = next(iter(self.cached.items()))
+            if freed_at > deadline:
+                break
+            del self.cached[block_id]
+            self._forget(self.blocks[block_id])
+            self.free_ids.append(block_id)
+
     def _matching_blocks(self, tokens) -> list:
         if not self.prefix_cache:
             return []
+        self.expire()
         bs, found, parent = self.block_size, [], None
         for start in range(0, len(tokens) - 1 - bs + 1, bs):
             chunk = tuple(tokens[start:start + bs])

@@ -82,7 +82,8 @@ class ModelLoop:
         if self.model is not None:
             return
         self.model = build_decoder(self._files, self.cfg, self._group)
-        self.pool = BlockPool(self.model.kv.num_blocks, self.cfg.kv_cache_span_size, self.cfg.prefill_cache)
+        self.pool = BlockPool(self.model.kv.num_blocks, self.cfg.kv_cache_span_size, self.cfg.prefill_cache,
+                              self.cfg.prefix_cache_ttl)
         self.scheduler = Scheduler(self.pool, self.cfg.max_batch, self.max_step_tokens)
 
     @property

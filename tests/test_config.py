@@ -16,7 +16,7 @@ def runtime():
 
 def test_runtime_defaults_are_dashinfers():
     cfg = runtime().build()
-    assert (cfg.compute_unit, cfg.device_ids, cfg.thread_num) == (TargetDevice.CPU, [0], 0)
+    assert (cfg.device_type, cfg.device_ids, cfg.thread_num) == (TargetDevice.CPU, [0], 0)
     assert (cfg.max_batch, cfg.max_length, cfg.max_prefill_length) == (32, 2048, 0)
     assert cfg.prefill_cache is True
     assert cfg.kv_cache_mode == AsCacheMode.AsCacheDefault
@@ -32,7 +32,7 @@ def test_runtime_every_option():
     assert (cfg.model_dir, cfg.model_prefix) == ("/models", "qwen_q8")
     assert cfg.model_path == "/models/qwen_q8.asgraph"
     assert cfg.weights_path == "/models/qwen_q8.asparam"
-    assert (cfg.compute_unit, cfg.device_ids, cfg.thread_num) == (TargetDevice.CPU_NUMA, [0, 1], 6)
+    assert (cfg.device_type, cfg.device_ids, cfg.thread_num) == (TargetDevice.CPU_NUMA, [0, 1], 6)
     assert (cfg.max_length, cfg.max_batch, cfg.max_prefill_length) == (4096, 8, 512)
     assert cfg.prefill_cache is False
     assert cfg.kv_cache_mode == AsCacheMode.AsCacheQuantU4
@@ -43,7 +43,7 @@ def test_runtime_thread_num_and_compute_unit_forms():
     b = runtime().thread_num(3)
     assert b.build().thread_num == 3
     assert b.compute_unit("cpu").build().thread_num == 3  # not reset when no thread count is given
-    assert b.compute_unit("CPU_NUMA", [1]).build().compute_unit == TargetDevice.CPU_NUMA
+    assert b.compute_unit("CPU_NUMA", [1]).build().device_type == TargetDevice.CPU_NUMA
     # a single-process CPU model has no device choice: the ids are ignored, as in DashInfer
     assert runtime().compute_unit(TargetDevice.CPU, [3, 4]).build().device_ids == [0]
     assert runtime().compute_unit(TargetDevice.CPU_NUMA).build().device_ids == [0]
@@ -72,7 +72,7 @@ def test_runtime_to_dict_from_dict_round_trip():
     cfg = (runtime().model_dir("/x", "y").compute_unit(TargetDevice.CPU_NUMA, [0, 2], 4)
            .kv_cache_mode(AsCacheMode.AsCacheQuantI8).kv_cache_span_size(16).build())
     d = cfg.to_dict()
-    assert d["compute_unit"] == "CPU_NUMA" and d["kv_cache_mode"] == "AsCacheQuantI8"
+    assert d["device_type"] == "CPU_NUMA" and d["kv_cache_mode"] == "AsCacheQuantI8"
     assert json.loads(json.dumps(d)) == d  # plain JSON types for the wire
     assert AsModelRuntimeConfig.from_dict(d) == cfg
     assert AsModelRuntimeConfigBuilder().from_dict(d).build() == cfg
@@ -86,7 +86,7 @@ def test_runtime_from_dashinfer_diconfig_dict():
     cfg = AsModelRuntimeConfigBuilder().from_dict(di).build()
     assert (cfg.model_name, cfg.max_length, cfg.max_batch, cfg.max_prefill_length) == ("qwen", 1024, 4, 256)
     assert cfg.prefill_cache is False and cfg.kv_cache_mode == AsCacheMode.AsCacheQuantU4
-    assert (cfg.kv_cache_span_size, cfg.compute_unit, cfg.device_ids, cfg.thread_num) == \
+    assert (cfg.kv_cache_span_size, cfg.device_type, cfg.device_ids, cfg.thread_num) == \
         (128, TargetDevice.CPU_NUMA, [0, 1], 2)
 
 

@@ -35,6 +35,8 @@ def test_as_status_has_dashinfers_codes():
         "ALLSPARK_EXCEED_LIMIT_ERROR": 7, "ALLSPARK_INVALID_CALL_ERROR": 8, "ALLSPARK_EMPTY_REQUEST": 9,
         "ALLSPARK_ILLEGAL_REQUEST_ID": 10, "ALLSPARK_CACHE_MEMORY_OUT": 11, "ALLSPARK_REQUEST_DENIED": 12,
         "ALLSPARK_LORA_NOT_LOADED": 13, "ALLSPARK_CHUNK_PREFILL": 14, "ALLSPARK_DEPRECATED": 20,
+        "ALLSPARK_LORA_NUM_EXCEED_LIMIT_ERROR": 21, "ALLSPARK_LORA_RANK_EXCEED_LIMIT_ERROR": 22,
+        "ALLSPARK_LORA_NOT_FOUND": 23, "ALLSPARK_LORA_ALREADY_LOADED": 24, "ALLSPARK_LORA_IN_USE": 25,
         "ALLSPARK_STREAMING": 200}
 
 
@@ -375,7 +377,7 @@ def test_finish_reason_is_empty_while_running_then_kept_from_the_first_final_sta
 
 def test_chatml_template():
     expected = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant ")
     assert PromptTemplate.apply_chatml_template("What is the capital of France?") == expected
     assert PromptTemplate.apply_chatml_template(["a", "b"])[1].startswith("<|im_start|>system\n")
     assert "<|im_start|>system\nBe brief.<|im_end|>" in PromptTemplate.apply_chatml_template("x", "Be brief.")

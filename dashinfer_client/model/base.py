@@ -61,24 +61,31 @@ class ModelHandle:
         self._need_config()
         return self.config.max_position_embeddings
 
-    def create_reference_runtime_config_builder(self, model_name, device_type, device_list, max_batch,
-                                                max_context_length=-1):
-        """An AsModelRuntimeConfigBuilder pointing at the serialized model; max_length = the context length
-        (or max_context_length when given), to adjust before build()."""
-        from ..config import AsModelRuntimeConfigBuilder
+    def create_reference_runtime_config_builder(self, engine_model_name=None, device_type=None, device_ids=None,
+                                                max_batch=None, max_context_length=-1):
+        """An AsModelRuntimeConfigBuilder pointing at the serialized model, to adjust before build().
+        DashInfer's arguments: engine_model_name (default: the model's name), device_type (TargetDevice
+        or its name, default CPU), device_ids (NUMA nodes for CPU_NUMA), max_batch (default 32) and
+        max_context_length (-1: the model's context length)."""
+        from ..runtime_config import AsModelRuntimeConfigBuilder
         model_dir, prefix = self._serialized_location()
-        if max_context_length == -1:
-            max_context_length = self.get_model_context_length()
-        return (AsModelRuntimeConfigBuilder()
-                .model_name(model_name)
-                .model_dir(model_dir, prefix)
-                .compute_unit(device_type, device_list)
-                .max_length(max_context_length)
-                .max_batch(max_batch))
+        builder = (AsModelRuntimeConfigBuilder().model_name(self._default_engine_model_name())
+                   .model_dir(model_dir, prefix).max_length(self.get_model_context_length())
+                   .update_from_dict(self._reference_runtime_fields()))
+        if engine_model_name:
+            builder.model_name(engine_model_name)
+        if device_type is not None or device_ids is not None:
+            builder.compute_unit(device_type or "CPU", device_ids)
+        if max_batch is not None:
+            builder.max_batch(max_batch)
+        if max_context_length != -1:
+            builder.max_length(max_context_length)
+        return builder
 
-    def create_reference_generation_config_builder(self, runtime_cfg=None):
+    def create_reference_generation_config_builder(self, runtimeConfig=None):
         """An ASGenerationConfigBuilder with the model's generation_config.json defaults (eos ids included);
-        with a runtime config, max_length = min(model context length, runtime max_length)."""
+        with a runtime config (DashInfer's keyword: runtimeConfig), max_length = min(model context length,
+        runtime max_length)."""
         from ..config import ASGenerationConfigBuilder
         self._need_config()
         defaults = dict(self.generation_config)
@@ -87,9 +94,17 @@ class ModelHandle:
         if eos:
             defaults["eos_token_id"] = list(eos)
         builder = ASGenerationConfigBuilder(defaults)
-        if runtime_cfg is not None:
-            builder.update({"max_length": min(self.get_model_context_length(), runtime_cfg.max_length)})
+        if runtimeConfig is not None:  # a built config, or an AsModelConfig (0 there means the default)
+            built = runtimeConfig.build() if hasattr(runtimeConfig, "build") else runtimeConfig
+            builder.update({"max_length": min(self.get_model_context_length(), built.engine_max_length)})
         return builder
+
+    def _default_engine_model_name(self):
+        return self._serialized_location()[1]
+
+    def _reference_runtime_fields(self):
+        """Runtime settings the model brings along (a DashInferModel's DIConfig runtime_config)."""
+        return {}
 
     def _need_config(self):
         if self.config is None:

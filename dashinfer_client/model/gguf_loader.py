@@ -49,7 +49,9 @@ class GGUFModel(SourceModel):
 
     def __init__(self, gguf_path, model_name, user_set_data_type="bfloat16", in_memory_serialize=False,
                  trust_remote_code=False, progress=None):
-        super().__init__(gguf_path, model_name, user_set_data_type, in_memory_serialize, trust_remote_code, progress)
+        super().__init__(gguf_path, model_name, in_memory_serialize=in_memory_serialize,
+                         user_set_data_type=user_set_data_type, trust_remote_code=trust_remote_code,
+                         progress=progress)
         self._reader = None
 
     def _open_reader(self):
@@ -112,7 +114,9 @@ class GGUFModel(SourceModel):
         self._gguf_arch = gguf_arch
         return ARCHITECTURES[gguf_arch], config, generation
 
-    def _open_weights(self):
+    def _open_weights(self, load_format):
+        if load_format != "auto":
+            raise ModelSerializerException(f"load_format={load_format!r}: a GGUF file is neither; use 'auto'")
         return GGUFWeights(self._open_reader(), self.config, self._gguf_arch, self.model_path)
 
     def free_model(self):

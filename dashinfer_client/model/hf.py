@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ModelSerializerException
 from .arch import normalize_hf_config
 from .safetensors_io import SafetensorsFile, ShardedSafetensors
-from .serialized import weight_shapes
+from .serialized import DTYPES, weight_shapes
 from .source import SourceModel
 
 FLOAT_CODES = ("F32", "F16", "BF16")
@@ -28,8 +28,9 @@ VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # withou
 
 
 class HuggingFaceModel(SourceModel):
-    """HuggingFaceModel(model_path, model_name, user_set_data_type="bfloat16"|"float16"|"float32",
-    in_memory_serialize=False, trust_remote_code=False): DashInfer's loader for a local HF model dir."""
+    """HuggingFaceModel(model_path, model_name, in_memory_serialize=False, user_set_data_type=None,
+    trust_remote_code=False): DashInfer's loader for a local HF model dir, in its argument order.
+    user_set_data_type "bfloat16" | "float16" | "float32"; None keeps config.json's torch_dtype."""
     source_format = "huggingface"
 
     def _read_config(self):
@@ -49,8 +50,13 @@ class HuggingFaceModel(SourceModel):
         generation["eos_token_id"] = list(config.eos_token_id)
         return arch, config, generation
 
-    def _open_weights(self):
-        weights = HFWeights(self.model_path)
+    def _checkpoint_dtype(self):
+        hf = _read_json(os.path.join(self.model_path, "config.json"), what="config.json")
+        name = hf.get("torch_dtype") or hf.get("dtype")  # transformers 4.x / 5.x spelling
+        return name if name in DTYPES else super()._checkpoint_dtype()
+
+    def _open_weights(self, load_format):
+        weights = HFWeights(self.model_path, load_format)
         expected = weight_shapes(self.config)
         tied_head = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         unexpected = [n for n in weights.keys() if n not in expected and n not in tied_head and not _IGNORED.search(n)]
@@ -92,24 +98,29 @@ def _read_json(path, what):
 class HFWeights:
     """The tensors of a checkpoint directory by name, whatever the file layout."""
 
-    def __init__(self, model_path):
+    def __init__(self, model_path, load_format="auto"):
+        """load_format: "auto" (safetensors when present, else the PyTorch files), "safetensors" or
+        "pt" (only that layout; its absence is an error)."""
         self.model_path = model_path
         st_index = os.path.join(model_path, "model.safetensors.index.json")
         st_single = os.path.join(model_path, "model.safetensors")
         bin_index = os.path.join(model_path, "pytorch_model.bin.index.json")
         bin_single = os.path.join(model_path, "pytorch_model.bin")
-        if os.path.exists(st_index):
+        use_st, use_pt = load_format in ("auto", "safetensors"), load_format in ("auto", "pt")
+        if use_st and os.path.exists(st_index):
             self._st = ShardedSafetensors(st_index)
-        elif os.path.exists(st_single):
+        elif use_st and os.path.exists(st_single):
             self._st = SafetensorsFile(st_single)
-        elif os.path.exists(bin_index) or os.path.exists(bin_single):
+        elif use_pt and (os.path.exists(bin_index) or os.path.exists(bin_single)):
             self._st = None
             self._bin = _load_bin(bin_index, bin_single)
         else:
             found = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*.safetensors")))
+            expected = (["model.safetensors", "model.safetensors.index.json"] if use_st else []) + \
+                       (["pytorch_model.bin", "pytorch_model.bin.index.json"] if use_pt else [])
             raise ModelSerializerException(
-                f"no weights in {model_path}: expected model.safetensors, model.safetensors.index.json, "
-                f"pytorch_model.bin or pytorch_model.bin.index.json" + (f" (found {found})" if found else ""))
+                f"no weights in {model_path} for load_format={load_format!r}: expected "
+                f"{' or '.join(expected)}" + (f" (found {found})" if found else ""))
 
     def keys(self):
         return self._st.keys() if self._st is not None else list(self._bin)

@@ -15,7 +15,8 @@ from ..errors import ModelSerializerException
 
 BITS = {"int8": 8, "uint4": 4}
 LINEAR_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_DEFAULT_GROUP = 64
+_DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default model)
+PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names none
 _CHUNK_ELEMENTS = 1 << 22
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 
@@ -28,7 +29,10 @@ class InstantQuantSettings:
 
     @classmethod
     def from_config(cls, config):
-        """From a DashInfer-style customized_quant_config dict; anything this runtime can't honour is refused."""
+        """From a DashInfer-style customized_quant_config dict; anything this runtime can't honour is refused.
+        Without group_size the weights are quantized per channel (group_size -1), as DashInfer does.
+        None (weight_only_quant=True and no dict, which DashInfer would refuse) gives this runtime's own
+        choice: int8 in groups of 64, the measured accuracy/speed balance on the default model."""
         if config is None:
             return cls()
         unknown = set(config) - _KNOWN_KEYS
@@ -47,7 +51,7 @@ class InstantQuantSettings:
         if fmt not in BITS:
             raise ModelSerializerException(
                 f"customized_quant_config: weight_format {fmt!r} is not supported (use {' or '.join(BITS)})")
-        group = config.get("group_size", _DEFAULT_GROUP)
+        group = config.get("group_size", PER_CHANNEL)
         if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or group > 0):
             raise ModelSerializerException(
                 f"customized_quant_config: group_size must be a positive integer or -1 (per channel), got {group!r}")

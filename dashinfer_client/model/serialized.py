@@ -191,14 +191,23 @@ def _remove(path):
         os.remove(path)
 
 
+DI_CONFIG_NAME = "dimodel_config.yaml"  # DashInfer's DIConfig file beside a model
+
+
 class DashInferModel(ModelHandle):
-    """A serialized model loaded without its original checkpoint: DashInferModel(model_dir, prefix).
+    """A serialized model loaded without its original checkpoint, in DashInfer's argument order:
+    DashInferModel(model_dir, prefix="model", config_file_path=None, config_content=None).
 
     Checks on load: both files present, valid JSON of this format, every tensor the config needs in
     the .asparam with the dtype and shape the config implies, and the .asparam not truncated.
+    A DIConfig YAML (config_content, else config_file_path, else {model_dir}/dimodel_config.yaml
+    when present) supplies the defaults of create_reference_runtime_config_builder() (its
+    runtime_config section) and of create_reference_generation_config_builder() (its
+    generation_config section); without one they come from the .asgraph. Its model section is not
+    read: the .asgraph describes the model.
     """
 
-    def __init__(self, model_dir, prefix):
+    def __init__(self, model_dir, prefix="model", config_file_path=None, config_content=None):
         super().__init__()
         self.model_dir = str(model_dir)
         self.prefix = prefix
@@ -230,6 +239,11 @@ class DashInferModel(ModelHandle):
         self.generation_config = graph.get("generation_config") or {}
         self._params = SafetensorsFile(ppath)
         self._check_tensors(gpath, ppath)
+        self.di_config = _read_di_config(self.model_dir, config_file_path, config_content)
+        self.generation_config = self.di_config.get("generation_config") or self.generation_config
+
+    def _reference_runtime_fields(self):
+        return self.di_config.get("runtime_config") or {}
 
     def _check_tensors(self, gpath, ppath):
         try:
@@ -285,3 +299,34 @@ class DashInferModel(ModelHandle):
 
     def free_model(self):
         return self
+
+
+def _read_di_config(model_dir, path, content):
+    """The DIConfig dict (content wins over path; {} when neither is given nor beside the model),
+    with its runtime_config section checked now so a bad one fails here and not at install."""
+    import yaml
+    from ..runtime_config import AsModelRuntimeConfigBuilder
+    where = "config_content"
+    if content is None:
+        where = path or os.path.join(model_dir, DI_CONFIG_NAME)
+        if path is None and not os.path.exists(where):
+            return {}
+        try:
+            with open(where) as f:
+                content = f.read()
+        except OSError as e:
+            raise ModelSerializerException(f"cannot read the DIConfig {where}: {e}") from None
+    try:
+        doc = yaml.safe_load(content)
+    except yaml.YAMLError as e:
+        raise ModelSerializerException(f"{where} is not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise ModelSerializerException(f"{where} is not a DIConfig (a YAML mapping)")
+    for section in ("runtime_config", "generation_config"):
+        if not isinstance(doc.get(section) or {}, dict):
+            raise ModelSerializerException(f"{where}: {section} must be a mapping")
+    try:
+        AsModelRuntimeConfigBuilder().update_from_dict(doc.get("runtime_config") or {})
+    except ValueError as e:
+        raise ModelSerializerException(f"runtime_config in {where}: {e}") from None
+    return doc

@@ -34,18 +34,17 @@ def quiet_by_env():
 class SourceModel(ModelHandle):
     source_format = "?"
 
-    def __init__(self, model_path, model_name, user_set_data_type="bfloat16", in_memory_serialize=False,
+    def __init__(self, model_path, model_name, in_memory_serialize=False, user_set_data_type=None,
                  trust_remote_code=False, progress=None):
+        """DashInfer's argument order. user_set_data_type: "bfloat16", "float16" or "float32"; None
+        keeps the checkpoint's own dtype (known once read_model_config() has run)."""
         super().__init__()
-        if user_set_data_type is None:
-            user_set_data_type = "bfloat16"
-        if user_set_data_type not in DTYPES:
-            raise ModelSerializerException(
-                f"user_set_data_type {user_set_data_type!r} is not supported: use one of {', '.join(DTYPES)}")
         self.model_path = str(model_path)
         self.model_name = model_name
         self.safe_model_name = str(model_name).replace("/", "_")
-        self.data_type = user_set_data_type
+        self.user_set_data_type = None if user_set_data_type is None else _dtype(
+            "user_set_data_type", user_set_data_type)
+        self.data_type = self.user_set_data_type
         self.in_memory_serialize = in_memory_serialize
         self.trust_remote_code = trust_remote_code
         self.progress = progress
@@ -62,30 +61,42 @@ class SourceModel(ModelHandle):
         """-> (architecture, ModelConfig, generation_config dict)."""
         raise NotImplementedError
 
-    def _open_weights(self):
-        """-> object with names() and fetch(hf_name) -> (array, 'F32'|'F16'|'BF16')."""
+    def _open_weights(self, load_format):
+        """-> object with names() and fetch(hf_name) -> (array, 'F32'|'F16'|'BF16'); load_format is
+        "auto", "safetensors" or "pt" (refuse the ones the source format is not)."""
         raise NotImplementedError
 
     def _save_tokenizer(self, out_dir):
         """Write tokenizer files into out_dir; False when the source has none."""
         raise NotImplementedError
 
+    def _checkpoint_dtype(self):
+        """The dtype the checkpoint says its weights are in (one of DTYPES); DashInfer's fallback."""
+        return "bfloat16"
+
     # -- fluent steps ------------------------------------------------------------------------------
     def read_model_config(self):
         """Read and check the model's hyper-parameters (once)."""
         if self.config is None:
             self.architecture, self.config, self.generation_config = self._read_config()
+        if self.data_type is None:
+            self.data_type = self._checkpoint_dtype()
         return self
 
-    def load_model(self, direct_load=False, load_format="auto", **unsupported):
+    def load_model(self, override_data_type=None, direct_load=False, load_format="auto", **unsupported):
         """Open the checkpoint (mapped, read lazily) and check that it holds every tensor the config needs.
-        DashInfer's direct_load is accepted (weights are always read directly, never through transformers)."""
+        override_data_type: the serialized dtype, replacing user_set_data_type. direct_load is accepted
+        (weights are always read directly, never through transformers). load_format: "auto" (or None),
+        "safetensors" or "pt" (the PyTorch pickle files), which must then be present."""
         _refuse_unsupported(unsupported)
-        if load_format != "auto":
-            raise ModelSerializerException(f"load_format={load_format!r} is not supported: the format is detected ('auto')")
+        if load_format not in LOAD_FORMATS:
+            raise ModelSerializerException(
+                f"load_format={load_format!r} is not one of {', '.join(map(repr, LOAD_FORMATS))}")
+        if override_data_type is not None:
+            self.data_type = _dtype("override_data_type", override_data_type)
         self.read_model_config()
         if self.weights is None:
-            weights = self._open_weights()
+            weights = self._open_weights(load_format or "auto")
             shapes = weight_shapes(self.config)
             missing = [n for n in shapes if n not in weights]
             if missing:
@@ -101,11 +112,14 @@ class SourceModel(ModelHandle):
         return self
 
     def serialize_to_path(self, engine=None, model_output_dir="", enable_quant=False, weight_only_quant=False,
-                          skip_if_exists=False, customized_quant_config=None, progress=None, **unsupported):
-        """Convert into {model_output_dir}/{name}.asgraph/.asparam/.tokenizer. engine is accepted for DashInfer
-        compatibility (conversion needs no engine). enable_quant applies InstantQuant (customized_quant_config:
-        {"quant_method": "instant_quant", "weight_format": "int8"|"uint4", "group_size": 64|-1, ...})."""
-        _refuse_unsupported(unsupported)
+                          skip_if_exists=False, multinode_mode=True, customized_quant_config=None, lora_cfg=None,
+                          progress=None, **unsupported):
+        """Convert into {model_output_dir}/{name}.asgraph/.asparam/.tokenizer (DashInfer's argument order).
+        engine is accepted for DashInfer compatibility (conversion needs no engine). enable_quant applies
+        InstantQuant (customized_quant_config: {"quant_method": "instant_quant", "weight_format": "int8"|"uint4",
+        "group_size": -1 (per channel, the default) or a group of input channels}). multinode_mode either
+        way writes the same files: they are unsharded, and each rank slices its own shard at load."""
+        _refuse_unsupported(dict(unsupported, lora_cfg=lora_cfg))
         if not model_output_dir:
             raise ModelSerializerException("serialize_to_path needs a model_output_dir")
         self.quant_settings = self._quant_settings(enable_quant, weight_only_quant, customized_quant_config)
@@ -119,10 +133,11 @@ class SourceModel(ModelHandle):
 
     serialize_to_file = serialize_to_path
 
-    def serialize_to_memory(self, engine=None, enable_quant=False, weight_only_quant=False,
-                            customized_quant_config=None, progress=None, **unsupported):
-        """Convert into a temporary directory, removed by free_memory_serialize_file() or at process exit."""
-        _refuse_unsupported(unsupported)
+    def serialize_to_memory(self, engine=None, enable_quant=False, weight_only_quant=False, multinode_mode=True,
+                            customized_quant_config=None, lora_cfg=None, progress=None, **unsupported):
+        """Convert into a temporary directory, removed by free_memory_serialize_file() or at process exit.
+        Arguments as serialize_to_path (DashInfer's order)."""
+        _refuse_unsupported(dict(unsupported, lora_cfg=lora_cfg))
         if not self.in_memory_serialize:
             raise ModelSerializerException(
                 "serialize_to_memory needs HuggingFaceModel(..., in_memory_serialize=True); "
@@ -139,7 +154,8 @@ class SourceModel(ModelHandle):
                   customized_quant_config=None, **kwargs):
         """serialize_to_memory or serialize_to_path, as in_memory_serialize says."""
         if self.in_memory_serialize:
-            return self.serialize_to_memory(engine, enable_quant, weight_only_quant, customized_quant_config, **kwargs)
+            return self.serialize_to_memory(engine, enable_quant, weight_only_quant,
+                                            customized_quant_config=customized_quant_config, **kwargs)
         return self.serialize_to_path(engine, model_output_dir, enable_quant, weight_only_quant,
                                       customized_quant_config=customized_quant_config, **kwargs)
 
@@ -159,7 +175,9 @@ class SourceModel(ModelHandle):
         return self
 
     def export_model_diconfig(self, output_path):
-        """Write the conversion settings (source, dtype, quantization, result location, config) as YAML."""
+        """Write the conversion settings (source, dtype, quantization, result location, config) as YAML,
+        with DashInfer's DIConfig runtime_config and generation_config sections, which
+        DashInferModel(dir, name, config_file_path=output_path) reads back as its defaults."""
         import yaml
         self.read_model_config()
         q = self.quant_settings
@@ -172,6 +190,10 @@ class SourceModel(ModelHandle):
             "serialized": None if not self.model_output_dir else {"model_dir": self.model_output_dir,
                                                                   "prefix": self.serialize_model_name},
             "generation_config": dict(self.generation_config),
+            "runtime_config": {"model_name": self.safe_model_name,
+                               "compute_unit": {"device_type": "CPU", "device_ids": [0], "compute_thread_in_device": 0},
+                               "engine_max_length": min(2048, self.config.max_position_embeddings),
+                               "engine_max_batch": 32, "kv_cache_mode": "AsCacheDefault", "enable_prefix_cache": True},
         }
         folder = os.path.dirname(os.path.abspath(output_path))
         os.makedirs(folder, exist_ok=True)
@@ -197,6 +219,7 @@ class SourceModel(ModelHandle):
         return InstantQuantSettings.from_config(customized_quant_config)
 
     def _already_serialized(self, out_dir):
+        self.read_model_config()  # resolves the checkpoint's dtype when none was set
         try:
             existing = DashInferModel(out_dir, self.safe_model_name)
         except ModelSerializerException:
@@ -235,9 +258,20 @@ class SourceModel(ModelHandle):
             print(line, file=sys.stderr)
 
 
+LOAD_FORMATS = (None, "auto", "safetensors", "pt")
+
+
+def _dtype(key, value):
+    if value not in DTYPES:
+        raise ModelSerializerException(f"{key} {value!r} is not supported: use one of {', '.join(DTYPES)}")
+    return value
+
+
 def _refuse_unsupported(kwargs):
-    """DashInfer's GPU-only serialization options; refused by name rather than silently ignored."""
-    harmless = {k for k, v in kwargs.items() if (k == "multinode_mode" and v) or (k == "lora_cfg" and v is None)}
-    rest = sorted(set(kwargs) - harmless)
+    """Options this runtime cannot honour, refused by name rather than silently ignored: LoRA
+    (lora_cfg, no adapters are loaded here) and anything DashInfer forwarded to transformers."""
+    rest = sorted(k for k, v in kwargs.items() if not (k == "lora_cfg" and v is None))
     if rest:
-        raise ModelSerializerException(f"serialization option(s) not supported by this runtime: {', '.join(rest)}")
+        raise ModelSerializerException(
+            f"serialization option(s) not supported by this runtime: {', '.join(rest)}"
+            + (" (LoRA adapters are not supported)" if "lora_cfg" in rest else ""))

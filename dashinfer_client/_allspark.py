@@ -1,0 +1,8 @@
+"""DashInfer's `allspark._allspark` (its C++ binding module): the same names, here in Python."""
+from .as_model_config import AsModelConfig
+from .options import AsEvictionStrategy, AsMHAPrefill, AsSchedulingStrategy, MultiMediaInfo, VocabType
+from .types import AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus, ResultQueue
+
+__all__ = ["AsModelConfig", "AsCacheMode", "AsEvictionStrategy", "AsMHAPrefill", "AsSchedulingStrategy",
+           "AsStatus", "GeneratedElements", "GenerateRequestStatus", "MultiMediaInfo", "ResultQueue",
+           "VocabType"]

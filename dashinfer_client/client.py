@@ -1,0 +1,4 @@
+"""DashInfer's `allspark.client` module name."""
+from .client_engine import ClientEngine
+
+__all__ = ["ClientEngine"]

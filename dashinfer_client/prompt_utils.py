@@ -1,0 +1,4 @@
+"""DashInfer's `allspark.prompt_utils` module name."""
+from .prompt import PromptTemplate
+
+__all__ = ["PromptTemplate"]
