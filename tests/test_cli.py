@@ -110,7 +110,7 @@ def test_chat_at_a_server_and_serving_imports_no_torch(tiny_model, ref, tmp_path
     finally:
         assert server.stop() == 0
     imported = re.findall(r"import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", server.output())
-    assert "dashinfer_server.http.app" in imported and "dashinfer_server.runner" in imported  # it served
+    assert "dashinfer_server.http.app" in imported and "dashinfer_server.model_loop" in imported  # it served
     assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers")]
 
 

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import dashinfer_client as allspark
 from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
-from dashinfer_server.service import serve
+from dashinfer_server.grpc_server import serve
 from tests.engine_fixtures import API_CONTEXT, serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
 
 pb, pb_grpc = load()
