@@ -16,7 +16,7 @@ import threading
 
 from . import kernels as K
 from .engine import Engine
-from .parallel import init_group
+from .group import init_group
 from .service import release_models, serve
 from .worker import run_worker
 

@@ -28,7 +28,7 @@ import numpy as np
 from dashinfer_client.config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
 from dashinfer_client.types import AsStatus, ResultQueue
 
-from .parallel import LocalGroup
+from .group import LocalGroup
 from .runner import ModelRunner
 from .sequence import Sequence
 

@@ -18,7 +18,7 @@ from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 from . import kernels as K
 from .cpu_share import CpuShare
 from .kv_cache import KVCache
-from .parallel import LocalGroup
+from .group import LocalGroup
 from .shard import Shard
 from .plan import StepPlan
 from .weights import WeightLoader, drop_mapped_pages
