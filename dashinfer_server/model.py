@@ -17,10 +17,10 @@ from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 
 from . import kernels as K
 from .cpu_share import CpuShare
-from .kv_cache import KVCache
 from .group import LocalGroup
-from .shard import Shard
+from .kv_cache import KVCache
 from .plan import StepPlan
+from .shard import Shard
 from .weights import WeightLoader, drop_mapped_pages
 
 # The embedding table is read in place from the model file's mapping: the rows a step looks up
