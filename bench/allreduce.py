@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
-from dashinfer_server.parallel import init_group  # noqa: E402
+from dashinfer_server.group import init_group  # noqa: E402
 
 SIZES = (576, 4096, 65536, 576 * 512)
 RUNS = 10

@@ -14,11 +14,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE = os.path.join(ROOT, "bench", "engine.py")
+sys.path.insert(0, ROOT)
+
+from bench.engine import run_child  # noqa: E402
 
 
 def figure(result: dict) -> float:
@@ -29,10 +31,7 @@ def start_once(workload: str, args, env) -> dict:
     cmd = [sys.executable, ENGINE, "--child", workload, "--threads", str(args.threads)]
     if args.quant:
         cmd += ["--quant", args.quant]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{workload} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(cmd, env, workload)
 
 
 def main():

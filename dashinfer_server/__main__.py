@@ -23,7 +23,7 @@ from . import kernels as K
 from . import logs, systemd
 from .engine import Engine
 from .grpc_server import serve
-from .parallel import init_group
+from .group import init_group
 from .systemd import EX_CONFIG
 from .topology import PlacementError
 from .worker import run_worker

@@ -57,7 +57,11 @@ class CpuShare:
         current = K.num_threads()
         if current != self.chosen:  # someone else set the count (apply_thread_num): the new cap
             self.configured = self.chosen = current
-        sample = (now, busy_seconds(self.cpus), time.process_time())
+        try:
+            sample = (now, busy_seconds(self.cpus), time.process_time())
+        except (OSError, ValueError):  # no /proc/stat as Linux writes it: keep the count
+            self.enabled = False
+            return
         if self.last is not None:
             wall, busy, own = (a - b for a, b in zip(sample, self.last))
             others = max(0.0, (busy - own) / wall)

@@ -28,7 +28,7 @@ from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 
 from .model_loop import ModelLoop
-from .parallel import LocalGroup
+from .group import LocalGroup
 from .request import ModelLimits, RequestError, new_request
 
 log = logging.getLogger("dashinfer_server")

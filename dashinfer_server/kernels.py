@@ -2,7 +2,7 @@
 
 The load-order rule: libgomp reads its settings (OMP_NUM_THREADS, the wait policy below) once,
 when it is loaded with the extension, so a server rank first binds itself to its NUMA node
-(parallel.init_group -> topology) and only then calls load(); the in-process Engine loads in its
+(group.init_group -> topology) and only then calls load(); the in-process Engine loads in its
 LocalGroup. Importing this module loads nothing: import it anywhere, and its kernels
 (K.linear, K.attention, ...) exist once load() has run; using one before is a KernelsNotLoaded
 error that says so.

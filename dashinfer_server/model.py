@@ -19,10 +19,10 @@ from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 
 from . import kernels as K
 from .cpu_share import CpuShare
+from .group import LocalGroup
 from .kv_cache import KVCache
-from .parallel import LocalGroup
-from .shard import Shard
 from .plan import StepPlan
+from .shard import Shard
 from .weights import WeightLoader, drop_mapped_pages
 from .kv_cache import bytes_per_block
 

@@ -17,7 +17,7 @@ import os
 from . import kernels as K
 from . import topology
 from .kv_cache import bytes_per_block
-from .runner import kv_format, num_kv_blocks
+from .model import kv_format, num_kv_blocks
 
 log = logging.getLogger("dashinfer_server.startup")
 MIB = 2**20

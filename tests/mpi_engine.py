@@ -20,7 +20,7 @@ from dashinfer_client import ASGenerationConfigBuilder, AsModelRuntimeConfigBuil
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 from dashinfer_server.engine import Engine
-from dashinfer_server.parallel import init_group
+from dashinfer_server.group import init_group
 from dashinfer_server.worker import run_worker
 
 logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(message)s")

@@ -95,3 +95,13 @@ def test_adaptive_threads_off_keeps_the_count(monkeypatch, two_threads):
     host.run(0.3, 1.0, 1.0)
     share.adapt()
     assert K.num_threads() == 2
+
+
+def test_without_proc_stat_the_count_stays(monkeypatch, two_threads):
+    def unreadable(cpus):
+        raise FileNotFoundError("/proc/stat")
+    monkeypatch.setattr(cpu_share, "busy_seconds", unreadable)
+    share = cpu_share.CpuShare()
+    share.adapt()
+    share.adapt()
+    assert not share.enabled and K.num_threads() == 2

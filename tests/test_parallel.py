@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from dashinfer_server.parallel import LocalGroup
+from dashinfer_server.group import LocalGroup
 from dashinfer_server.shard import Shard, split_range
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,7 +91,7 @@ def test_local_group_is_the_identity():
 
 
 def test_single_process_never_loads_mpi():
-    code = ("import sys; from dashinfer_server.parallel import init_group; g = init_group(); "
+    code = ("import sys; from dashinfer_server.group import init_group; g = init_group(); "
             "print(type(g).__name__, 'mpi4py' in sys.modules)")
     env = {k: v for k, v in group_env().items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
