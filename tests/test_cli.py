@@ -136,8 +136,10 @@ def test_convert_then_serve_the_output(tmp_path, ref):
 
 
 def test_ctrl_c_in_a_chat_is_one_line(tiny_model):  # noqa: F811
+    # SIGINT as a terminal delivers it (a test run may have left it ignored, which a child inherits)
     chat = subprocess.Popen([sys.executable, "-m", "dashinfer", "chat", tiny_model], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert chat.stdout.read(2) == b"> "  # the model serves and waits for a question
         chat.send_signal(signal.SIGINT)

@@ -8,6 +8,7 @@ else PROMPT.
 """
 import json
 import os
+import select
 import sys
 import urllib.error
 import urllib.request
@@ -89,17 +90,40 @@ def _open(model, args):
 
 def _interactive(ask) -> None:
     """Turns until EOF (Ctrl-D); the conversation so far goes with each question."""
-    messages = []
+    messages, lines = [], _Lines(sys.stdin.fileno())
     while True:
-        try:
-            question = input("> ")
-        except EOFError:
+        sys.stdout.write("> ")
+        sys.stdout.flush()
+        question = lines.next()
+        if question is None:
             print()
             return
         if not question.strip():
             continue
         messages.append({"role": "user", "content": question})
         messages.append({"role": "assistant", "content": ask(messages)})
+
+
+class _Lines:
+    """Lines of a file descriptor, read so that Ctrl-C always interrupts the wait: the kernel may
+    hand SIGINT to any thread (an engine's), and a main thread blocked in read() would not see it
+    until the next line; this one returns to Python every 0.2 s."""
+
+    def __init__(self, fd):
+        self.fd, self.held = fd, b""
+
+    def next(self):
+        """The next line without its newline, or None at the end of the input."""
+        while b"\n" not in self.held:
+            if not select.select([self.fd], [], [], 0.2)[0]:
+                continue
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                line, self.held = self.held, b""
+                return line.decode(errors="replace") if line else None
+            self.held += chunk
+        line, _, self.held = self.held.partition(b"\n")
+        return line.decode(errors="replace")
 
 
 class _EngineChat:
