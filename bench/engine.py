@@ -20,7 +20,7 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
                      mean of bw_gbs measured just before and just after the run)
 
     python bench/engine.py --profile [--quant int8] [--threads N] [--by-op]
-times every kernel call and runner stage of 100 decode1 steps instead (ms per step); the layers
+times every kernel call and model-loop stage of 100 decode1 steps instead (ms per step); the layers
 are one native call (kernel decoder_run) unless --by-op runs them op by op from Python.
 """
 import argparse
@@ -95,14 +95,14 @@ def run_workload(name, dtype, quant, threads, max_prefill, ranks):
 
 
 def profile_decode(dtype, quant, threads, by_op, steps=100):
-    """Where a decode1 step goes: the ModelRunner stepped in this thread (no scheduler thread),
-    every kernel call and every runner stage timed -> ms per step."""
+    """Where a decode1 step goes: the ModelLoop stepped in this thread (no loop thread), every
+    kernel call and every loop stage timed -> ms per step."""
     import collections
 
     import numpy as np
 
     import dashinfer_server.model as model_module
-    import dashinfer_server.runner as runner_module
+    import dashinfer_server.model_loop as loop_module
     from dashinfer_client import ASGenerationConfigBuilder, default_model
     from dashinfer_client.model import DashInferModel
     from dashinfer_server import kernels as K
@@ -112,10 +112,10 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
            .thread_num(threads).build())
     K.set_num_threads(threads)
-    runner = runner_module.ModelRunner(model, cfg)
-    runner.load()
-    runner.model.fused = not by_op
-    runner._warm_up()
+    loop = loop_module.ModelLoop(model, cfg)
+    loop.load()
+    loop.model.fused = not by_op
+    loop._warm_up()
     spent = collections.defaultdict(float)
 
     def timed(label, fn):
@@ -134,32 +134,32 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, 32).tolist()
     gen = ASGenerationConfigBuilder(seed=0).update(
         {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4})
-    limits = ModelLimits(model.config.vocab_size, cfg.max_length, runner.block_capacity)
-    runner.scheduler.add(new_request(prompt, gen, limits))
-    runner.step()  # the prompt
-    runner.step()  # a first decode, untimed
+    limits = ModelLimits(model.config.vocab_size, cfg.max_length, loop.block_capacity)
+    loop.scheduler.add(new_request(prompt, gen, limits))
+    loop.step()  # the prompt
+    loop.step()  # a first decode, untimed
     model_module.K = TimedKernels()
-    runner_module.build_plan = timed("runner build_plan", runner_module.build_plan)
-    runner.scheduler.schedule = timed("runner schedule", runner.scheduler.schedule)
-    runner.sampler.sample = timed("runner sample", runner.sampler.sample)
-    runner._postprocess = timed("runner postprocess", runner._postprocess)
-    forward = runner.model.forward
-    runner.model.forward = timed("forward", forward)
+    loop_module.build_plan = timed("loop build_plan", loop_module.build_plan)
+    loop.scheduler.schedule = timed("loop schedule", loop.scheduler.schedule)
+    loop.sampler.sample = timed("loop sample", loop.sampler.sample)
+    loop._postprocess = timed("loop postprocess", loop._postprocess)
+    forward = loop.model.forward
+    loop.model.forward = timed("forward", forward)
     t = time.perf_counter()
     for _ in range(steps):
-        runner.step()
+        loop.step()
     step = (time.perf_counter() - t) / steps
     model_module.K = K
     per_step = {k: v / steps * 1e3 for k, v in spent.items()}
     kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
-    runner_parts = sum(v for k, v in per_step.items() if k.startswith("runner "))
+    loop_parts = sum(v for k, v in per_step.items() if k.startswith("loop "))
     return {
         "profile": "decode1", "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
         "step_ms": round(step * 1e3, 3),
         "kernels_ms": round(kernels, 3),
         "forward_python_ms": round(per_step["forward"] - kernels, 3),
-        "runner_python_ms": round(runner_parts, 3),
-        "step_rest_ms": round(step * 1e3 - per_step["forward"] - runner_parts, 3),
+        "loop_python_ms": round(loop_parts, 3),
+        "step_rest_ms": round(step * 1e3 - per_step["forward"] - loop_parts, 3),
         "detail_ms": {k: round(v, 3) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])
                       if k != "forward"},
     }
@@ -220,7 +220,7 @@ def main():
                              "in-process Engine); without DASHINFER_NUMA_NODES the cpus are split "
                              "evenly into that many simulated nodes, --threads is then per rank")
     parser.add_argument("--profile", action="store_true",
-                        help="instead: time every kernel and runner stage of decode1 steps")
+                        help="instead: time every kernel and model-loop stage of decode1 steps")
     parser.add_argument("--by-op", action="store_true",
                         help="with --profile: run the layers op by op (each kernel timed on its own)")
     parser.add_argument("--child", help=argparse.SUPPRESS)

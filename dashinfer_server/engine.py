@@ -1,4 +1,4 @@
-"""The in-process Engine: DashInfer's API over ModelRunner (one scheduler thread per model).
+"""The in-process Engine: DashInfer's API over ModelLoop (one main-loop thread per model).
 
 Every call returns an AsStatus (and logs why when it is an error); nothing a caller passes
 raises from deep inside or stops the other requests. Calls that wait (stop_request,
@@ -103,8 +103,8 @@ class Engine:
             m = self._model(model_name, (ModelState.Initial, ModelState.Stopped))
             self._group.command("start_model", {"model_name": model_name})
             if m.runner is None:
-                from .runner import ModelRunner
-                m.runner = ModelRunner(m.model, m.cfg, self._group)
+                from .model_loop import ModelLoop
+                m.runner = ModelLoop(m.model, m.cfg, self._group)
             m.runner.start()
             m.state = ModelState.Running
         return self._call("start_model", start)

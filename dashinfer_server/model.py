@@ -9,7 +9,9 @@ The layers run in one native call (K.decoder_run) when the group's allreduce is 
 (one rank, or shared memory); else op by op from Python (_layers), the same kernels in the
 same order, with MPI's allreduce between them.
 """
+import logging
 import math
+import os
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from .kv_cache import KVCache
 from .parallel import LocalGroup, Shard
 from .plan import StepPlan
 from .weights import WeightLoader, drop_mapped_pages
+from .kv_cache import bytes_per_block
 
 # The embedding table is read in place from the model file's mapping: the rows a step looks up
 # stay resident. After a step of at least this many tokens they are dropped again (~0.5 ms),
@@ -143,3 +146,57 @@ class DecoderModel:
             K.silu_mul(gate_up, act)
             linear(act, layer.down, None, o)
             allreduce_(o)
+
+
+# ---- sizing: a runtime config -> this rank's decoder (rank 0's model loop and the workers) ----
+
+log = logging.getLogger("dashinfer_server")
+
+
+def kv_format(cfg, model) -> str:
+    """The KV cache format of AsCacheMode cfg.kv_cache_mode for this model: the default keeps
+    an fp32 model's K/V in fp32 (so its logits match the reference), any other model's in bf16."""
+    mode = int(cfg.kv_cache_mode)
+    if mode == 0:
+        return "fp32" if model.dtype == "float32" else "bf16"
+    return {1: "int8", 2: "uint4"}[mode]
+
+
+# Tokens per step when max_prefill_length is 0: a step this long keeps the linear kernels at
+# full speed while running decodes wait at most one such step for their next token.
+DEFAULT_STEP_TOKENS = 512
+
+
+def max_step_tokens(cfg) -> int:
+    """Tokens one step computes at most (a prefill chunk plus the decodes beside it)."""
+    return max(cfg.max_prefill_length or DEFAULT_STEP_TOKENS, cfg.max_batch + 1)
+
+
+def num_kv_blocks(cfg, model, block_size) -> int:
+    """KV blocks of the pool: the memory budget, or max_batch requests of max_length."""
+    mc = model.config
+    if cfg.kv_cache_memory_mb:
+        per_block = bytes_per_block(kv_format(cfg, model), mc.num_hidden_layers,
+                                    mc.num_key_value_heads, block_size, mc.head_dim)
+        return max(1, cfg.kv_cache_memory_mb * 2**20 // per_block)
+    return cfg.max_batch * -(-cfg.max_length // block_size)
+
+
+def apply_thread_num(cfg) -> None:
+    """Run the kernels on cfg.thread_num threads, at most one per cpu this process may use: a
+    server rank is pinned to its NUMA node's cores, and more threads than cores only take turns."""
+    if cfg.thread_num:
+        cpus = len(os.sched_getaffinity(0))
+        if cfg.thread_num > cpus:
+            log.warning("thread_num %d exceeds the %d cpu(s) of this process: using %d",
+                        cfg.thread_num, cpus, cpus)
+        K.set_num_threads(min(cfg.thread_num, cpus))
+
+
+def build_decoder(model, cfg, group=None) -> DecoderModel:
+    """This rank's DecoderModel for the runtime config cfg. Rank 0's model loop and every worker
+    build theirs here, so workspaces and KV caches agree with the plans rank 0 broadcasts."""
+    block_size = cfg.kv_cache_span_size
+    return DecoderModel(model, kv_format(cfg, model),
+                        num_kv_blocks(cfg, model, block_size), block_size,
+                        max_step_tokens(cfg), cfg.max_batch, group)

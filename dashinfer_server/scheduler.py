@@ -4,14 +4,17 @@ Every step runs one token for each decoding sequence, then fills a token budget 
 chunks: first of sequences already admitted, then of waiting ones, admitted first come first
 served while max_batch and the KV pool allow. When the pool cannot give a decoding sequence
 its next block, the most recently admitted sequence is interrupted and its blocks freed.
-Pure policy: no tensors, no threads.
+Pure policy: no tensors, no threads. Its decisions are logged at DEBUG.
 """
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
 
 from .block_pool import BlockPool
 from .sequence import Phase, Sequence
+
+log = logging.getLogger("dashinfer_server")
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Scheduler:
                 continue
             while not self.pool.grow(seq.table, len(seq.tokens)):
                 victim = self.running[-1]
+                log.debug("interrupt request %d (admitted last): request %d needs a KV block and "
+                          "none is free", victim.handle, seq.handle)
                 self.finish(victim)
                 interrupted.append(victim)
                 if victim is seq:
@@ -79,6 +84,9 @@ class Scheduler:
             seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
             seq.admitted = time.perf_counter()
             self.running.append(seq)
+            log.debug("admit request %d: %d prompt tokens (%d cached), %d running, %d waiting, "
+                      "%d KV blocks free", seq.handle, len(seq.tokens), table.cached_len,
+                      len(self.running), len(self.waiting), self.pool.num_available)
             prefills.append(self._chunk(seq, budget))
             budget -= prefills[-1].count
         return decodes + prefills, interrupted

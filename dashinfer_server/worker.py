@@ -33,7 +33,7 @@ class Worker:
         self.models[cfg.model_name] = _Model(cfg, DashInferModel(cfg.model_dir, cfg.model_prefix))
 
     def start_model(self, payload: dict) -> None:
-        from .runner import apply_thread_num, build_decoder
+        from .model import apply_thread_num, build_decoder
         m = self._model(payload)
         apply_thread_num(m.cfg)
         if m.decoder is None:

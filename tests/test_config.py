@@ -270,7 +270,8 @@ def test_generation_neutral_dashinfer_keys_accepted():
 
 GEN_ERRORS = [
     ("top_p", 0), ("top_p", 1.5), ("top_p", -0.1), ("top_p", math.nan), ("top_p", "0.9"),
-    ("temperature", -0.1), ("temperature", math.inf), ("temperature", None),
+    ("temperature", -0.1), ("temperature", math.inf), ("temperature", None), ("temperature", "hot"),
+    ("temperature", math.nan), ("max_length", True), ("seed", 0.5), ("eos_token_id", [1, "x"]),
     ("top_k", -1), ("top_k", 2.5), ("top_k", "5"), ("top_k", True),
     ("max_length", 0), ("max_length", 1.0), ("min_length", -1),
     ("top_logprobs", 11), ("top_logprobs", -1),

@@ -245,9 +245,11 @@ def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, 
 
 # ---- stop, release, sync ---------------------------------------------------------------------
 
-def test_stop_request(api_engine):
+def test_stop_request(api_engine, caplog):
     """A request stopped after 3 tokens ends at once with what it had, equal to the start of its
-    alone ids; other requests go on. It may run 4000 tokens, so the stop always comes first."""
+    alone ids; other requests go on. It may run 4000 tokens, so the stop always comes first.
+    The engine logs its end (a ClientEngine relays its server's log lines)."""
+    caplog.set_level(logging.INFO)
     engine, _, loader = api_engine
     long = install(api_engine, "tiny-long", max_length=4096)
     prompt = prompt_of(12, 6)
@@ -261,6 +263,8 @@ def test_stop_request(api_engine):
             assert engine.stop_request(long, handle) == OK
             assert queue.GenerateStatus() == Finished  # stop_request returns once it has ended
             assert queue.RequestStatInfo().finish_reason == "stopped"
+            assert logged(caplog, "stopped: prompt 12 tokens (0 cached), generated", "TTFT",
+                          level=logging.INFO)
             rest, _ = collect(queue)
             got += rest
             assert 3 <= len(got) == queue.GeneratedLength() < 4096 - len(prompt)

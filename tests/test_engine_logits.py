@@ -1,6 +1,6 @@
 """Logits of the engine's forward equal transformers' on tiny random LLaMA and Qwen2 models.
 
-The engine's own pieces run one step at a time, exactly as the scheduler thread runs them
+The engine's own pieces run one step at a time, exactly as the model loop's thread runs them
 (Scheduler.schedule -> build_plan -> DecoderModel.forward -> Scheduler.advance), without its
 thread and sampler: every step's logits rows are kept, and the next token is transformers'
 greedy choice (teacher forcing), so the two runs see the same tokens. The prompt is prefilled
@@ -13,8 +13,8 @@ import pytest
 from dashinfer_client import AsCacheMode, AsModelRuntimeConfigBuilder
 from dashinfer_client.model import DashInferModel
 from dashinfer_server.model import KV_ARRAYS
+from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.plan import build_plan
-from dashinfer_server.runner import ModelRunner
 from dashinfer_server.sequence import Sequence
 from tests.engine_fixtures import DEFAULT_KV_FORMAT, cache_rounding
 from tests.engine_fixtures import serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
@@ -49,17 +49,17 @@ def reference(hf_model, prompt, fmt):
     return out[0, len(prompt):].tolist(), plain[rows], rounded[rows]
 
 
-def engine_logits(runner, prompt, forced):
-    """Run `prompt` through the runner's scheduler and model, feeding `forced` as the generated
+def engine_logits(loop, prompt, forced):
+    """Run `prompt` through the loop's scheduler and model, feeding `forced` as the generated
     tokens -> (logits rows [len(forced) + 1, V], the sequence)."""
     seq = Sequence(list(prompt), len(prompt) + len(forced) + 1)
-    runner.scheduler.add(seq)
+    loop.scheduler.add(seq)
     rows = []
     while len(rows) <= len(forced):
-        chunks, interrupted = runner.scheduler.schedule()
+        chunks, interrupted = loop.scheduler.schedule()
         assert not interrupted and chunks
-        logits = runner.model.forward(build_plan(chunks, runner.pool.block_size))
-        runner.scheduler.advance(chunks)
+        logits = loop.model.forward(build_plan(chunks, loop.pool.block_size))
+        loop.scheduler.advance(chunks)
         sampled = [c.seq for c in chunks if c.sample]
         if not sampled:
             continue  # a prompt chunk that is not the last one
@@ -67,7 +67,7 @@ def engine_logits(runner, prompt, forced):
         rows.append(logits[0].copy())
         if len(rows) <= len(forced):
             seq.tokens.append(forced[len(rows) - 1])
-    runner.scheduler.finish(seq)
+    loop.scheduler.finish(seq)
     return np.array(rows), seq
 
 
@@ -79,13 +79,13 @@ def arch_models(request, serialized_tiny):  # noqa: F811
     return request.param, DashInferModel(loader.model_output_dir, loader.serialize_model_name), hf
 
 
-def make_runner(model, kv_mode):
+def make_loop(model, kv_mode):
     cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
            .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
            .kv_cache_mode(kv_mode).build())
-    runner = ModelRunner(model, cfg)
-    runner.load()
-    return runner
+    loop = ModelLoop(model, cfg)
+    loop.load()
+    return loop
 
 
 @pytest.mark.parametrize("kv_mode", list(KV_FORMATS), ids=lambda m: m.name)
@@ -97,10 +97,10 @@ def test_logits_match_transformers(arch_models, kv_mode):
     first = [int(t) for t in rng.integers(3, vocab, 45)]
     # shares 40 tokens (two and a half blocks) with the first prompt, then goes its own way
     second = first[:40] + [int(t) for t in rng.integers(3, vocab, 9)]
-    runner = make_runner(model, kv_mode)
+    loop = make_loop(model, kv_mode)
     for i, prompt in enumerate((first, second)):
         forced, plain, rounded = reference(hf, prompt, fmt)
-        got, seq = engine_logits(runner, prompt, forced)
+        got, seq = engine_logits(loop, prompt, forced)
         assert seq.table.cached_len == (0 if i == 0 else 32), "the second prompt reuses 2 blocks"
         where = f"{arch} {kv_mode.name} prompt {i}"
         err = np.abs(got - rounded).max(axis=1)
@@ -114,12 +114,12 @@ def test_prefix_cache_off_recomputes(arch_models):
     cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
            .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
            .prefill_cache(False).build())
-    runner = ModelRunner(model, cfg)
-    runner.load()
+    loop = ModelLoop(model, cfg)
+    loop.load()
     prompt = list(range(3, 48))
     forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
     for _ in range(2):
-        got, seq = engine_logits(runner, prompt, forced)
+        got, seq = engine_logits(loop, prompt, forced)
         assert seq.table.cached_len == 0
         assert np.abs(got - rounded).max() < SIMULATED_TOLERANCE
 
@@ -127,13 +127,13 @@ def test_prefix_cache_off_recomputes(arch_models):
 def test_a_wrong_weight_is_caught(arch_models):
     """The comparison can fail: one slightly scaled norm weight moves the logits far beyond it."""
     arch, model, hf = arch_models
-    runner = make_runner(model, AsCacheMode.AsCacheDefault)
+    loop = make_loop(model, AsCacheMode.AsCacheDefault)
     prompt = list(range(3, 30))
     forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
-    layer = runner.model.weights.layers[1]
+    layer = loop.model.weights.layers[1]
     layer.post_norm = layer.post_norm * np.float32(1.01)
-    runner.model.bind_native()
-    got, _ = engine_logits(runner, prompt, forced)
+    loop.model.bind_native()
+    got, _ = engine_logits(loop, prompt, forced)
     assert np.abs(got - rounded).max() > 10 * SIMULATED_TOLERANCE
 
 
@@ -142,28 +142,28 @@ def test_native_decoder_gives_the_op_by_op_forwards_logits(arch_models, kv_mode)
     """K.decoder_run (every layer in one call) against the same kernels called op by op from
     Python, bit for bit, over mixed steps: chunked prompts of three requests beside decodes."""
     arch, model, hf = arch_models
-    runner = make_runner(model, kv_mode)
-    decoder = runner.model
+    loop = make_loop(model, kv_mode)
+    decoder = loop.model
     rng = np.random.default_rng(11)
     seqs = [Sequence([int(t) for t in rng.integers(3, model.config.vocab_size, n)], n + 8)
             for n in (20, 37, 5)]
     for seq in seqs:
-        runner.scheduler.add(seq)
+        loop.scheduler.add(seq)
     steps = 0
-    while runner.scheduler.running or runner.scheduler.waiting:
-        chunks, interrupted = runner.scheduler.schedule()
+    while loop.scheduler.running or loop.scheduler.waiting:
+        chunks, interrupted = loop.scheduler.schedule()
         assert not interrupted
-        plan = build_plan(chunks, runner.pool.block_size)
+        plan = build_plan(chunks, loop.pool.block_size)
         decoder.fused = True
         fused = decoder.forward(plan).copy()
         decoder.fused = False  # writes the same K/V into the same slots again
         by_op = decoder.forward(plan).copy()
         assert np.array_equal(fused, by_op), f"{arch} {kv_mode.name} step {steps}"
-        runner.scheduler.advance(chunks)
+        loop.scheduler.advance(chunks)
         for row, chunk in enumerate(c for c in chunks if c.sample):
             chunk.seq.tokens.append(int(np.argmax(fused[row])))
             if len(chunk.seq.tokens) >= chunk.seq.max_length:
-                runner.scheduler.finish(chunk.seq)
+                loop.scheduler.finish(chunk.seq)
         steps += 1
     assert steps > 8
 
@@ -171,7 +171,7 @@ def test_native_decoder_gives_the_op_by_op_forwards_logits(arch_models, kv_mode)
 def test_native_decoder_refuses_a_bad_plan(arch_models):
     from dashinfer_server import kernels as K
     arch, model, hf = arch_models
-    decoder = make_runner(model, AsCacheMode.AsCacheDefault).model
+    decoder = make_loop(model, AsCacheMode.AsCacheDefault).model
     i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
     good = dict(positions=i32(0, 1), slots=i32(0, 1), block_tables=i32([[0]]).reshape(1, 1),
                 q_offsets=i32(0, 2), context_lens=i32(2))

@@ -1,3 +1,5 @@
+import logging
+
 from dashinfer_server.block_pool import BlockPool
 from dashinfer_server.scheduler import Scheduler
 from dashinfer_server.sequence import Phase, Sequence
@@ -61,7 +63,8 @@ def test_head_of_queue_is_not_overtaken_when_the_pool_is_short():
     assert list(sched.waiting) == [big, small]
 
 
-def test_pool_exhaustion_interrupts_the_latest_admitted():
+def test_pool_exhaustion_interrupts_the_latest_admitted(caplog):
+    caplog.set_level(logging.DEBUG, logger="dashinfer_server")
     sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
     first, second = Sequence(list(range(7)), 64), Sequence(list(range(8)), 64)
     sched.add(first)
@@ -71,6 +74,9 @@ def test_pool_exhaustion_interrupts_the_latest_admitted():
     assert interrupted == [second] and second.phase == Phase.DONE
     assert [c.seq for c in chunks] == [first]
     assert sched.pool.num_available == 2  # the victim's blocks, freed
+    assert caplog.records[-1].getMessage() == (
+        f"interrupt request {second.handle} (admitted last): request {second.handle} needs a KV "
+        "block and none is free")
 
 
 def test_prefix_cache_skips_computed_tokens():

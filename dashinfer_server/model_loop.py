@@ -1,21 +1,23 @@
-"""One running model: the scheduler thread that turns requests into steps and steps into tokens.
+"""The engine's main loop for one model: the thread that turns requests into steps and steps
+into tokens, on rank 0 (the other ranks only run the steps it broadcasts: worker.py).
 
-    schedule -> plan -> forward -> sample -> deliver -> retire finished
+    schedule -> plan -> forward (all ranks) -> sample -> postprocess (deliver, retire finished)
 
 User threads only hand requests and stops over (under the condition's lock); the thread owns
 every sequence, the block pool and the model from then on.
+
+Logs (logger "dashinfer_server"): one INFO line per request that ran, when it ends (prompt and
+generated tokens, time to first token, decode speed, finish reason); while there is work, an INFO
+line of throughput every THROUGHPUT_LOG_S; at DEBUG, the scheduler's admissions and interruptions.
 """
 import logging
-import os
 import threading
 import time
 
 from dashinfer_client.types import FinishReason, GenerateRequestStatus
 
-from . import kernels as K
 from .block_pool import BlockPool, BlockTable
-from .kv_cache import bytes_per_block
-from .model import DecoderModel
+from .model import apply_thread_num, build_decoder, max_step_tokens
 from .plan import build_plan
 from .sampler import Sampler
 from .scheduler import Chunk, Scheduler
@@ -24,57 +26,39 @@ from .stopping import check_stop
 
 log = logging.getLogger("dashinfer_server")
 
-
-def kv_format(cfg, model) -> str:
-    """The KV cache format of AsCacheMode cfg.kv_cache_mode for this model: the default keeps
-    an fp32 model's K/V in fp32 (so its logits match the reference), any other model's in bf16."""
-    mode = int(cfg.kv_cache_mode)
-    if mode == 0:
-        return "fp32" if model.dtype == "float32" else "bf16"
-    return {1: "int8", 2: "uint4"}[mode]
+THROUGHPUT_LOG_S = 10.0  # seconds between throughput lines while busy
 
 
-# Tokens per step when max_prefill_length is 0: a step this long keeps the linear kernels at
-# full speed while running decodes wait at most one such step for their next token.
-DEFAULT_STEP_TOKENS = 512
+class Throughput:
+    """Prompt and generated tokens computed since the last throughput line."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self) -> None:
+        """Start a new window (after a report, or when the loop goes idle: idle time is not
+        averaged into the next line)."""
+        self.since = time.monotonic()
+        self.prompt = self.generated = 0
+
+    def count(self, chunks) -> None:
+        """Before the step's postprocess (a decoding sequence's chunk is its newest token)."""
+        for c in chunks:
+            if c.seq.phase == Phase.DECODE:
+                self.generated += 1
+            else:
+                self.prompt += c.count
+                self.generated += c.sample
+
+    def report(self, running: int, waiting: int) -> None:
+        elapsed = time.monotonic() - self.since
+        if elapsed >= THROUGHPUT_LOG_S:
+            log.info("throughput: prefill %.1f tok/s, decode %.1f tok/s; %d running, %d waiting",
+                     self.prompt / elapsed, self.generated / elapsed, running, waiting)
+            self.restart()
 
 
-def max_step_tokens(cfg) -> int:
-    """Tokens one step computes at most (a prefill chunk plus the decodes beside it)."""
-    return max(cfg.max_prefill_length or DEFAULT_STEP_TOKENS, cfg.max_batch + 1)
-
-
-def num_kv_blocks(cfg, model, block_size) -> int:
-    """KV blocks of the pool: the memory budget, or max_batch requests of max_length."""
-    mc = model.config
-    if cfg.kv_cache_memory_mb:
-        per_block = bytes_per_block(kv_format(cfg, model), mc.num_hidden_layers,
-                                    mc.num_key_value_heads, block_size, mc.head_dim)
-        return max(1, cfg.kv_cache_memory_mb * 2**20 // per_block)
-    return cfg.max_batch * -(-cfg.max_length // block_size)
-
-
-def apply_thread_num(cfg) -> None:
-    """Run the kernels on cfg.thread_num threads, at most one per cpu this process may use: a
-    server rank is pinned to its NUMA node's cores, and more threads than cores only take turns."""
-    if cfg.thread_num:
-        cpus = len(os.sched_getaffinity(0))
-        if cfg.thread_num > cpus:
-            log.warning("thread_num %d exceeds the %d cpu(s) of this process: using %d",
-                        cfg.thread_num, cpus, cpus)
-        K.set_num_threads(min(cfg.thread_num, cpus))
-
-
-def build_decoder(model, cfg, group=None) -> DecoderModel:
-    """This rank's DecoderModel for the runtime config cfg. Rank 0's runner and every worker
-    build theirs here, so workspaces and KV caches agree with the plans rank 0 broadcasts."""
-    block_size = cfg.kv_cache_span_size
-    return DecoderModel(model, kv_format(cfg, model),
-                        num_kv_blocks(cfg, model, block_size), block_size,
-                        max_step_tokens(cfg), cfg.max_batch, group)
-
-
-class ModelRunner:
+class ModelLoop:
     def __init__(self, model, cfg, group=None):
         """model: a DashInferModel; cfg: the AsModelRuntimeConfig. The decoder is built by
         load(), in the thread that will run the steps."""
@@ -88,6 +72,7 @@ class ModelRunner:
         self._thread = None
         self._ready = threading.Event()
         self._start_error = None
+        self.throughput = Throughput()
 
     def load(self) -> None:
         """Build the decoder (weights packed, KV cache, workspaces), its block pool and its
@@ -172,6 +157,8 @@ class ModelRunner:
         self._ready.set()
         while True:
             with self._cond:
+                if not self.scheduler.has_work():
+                    self.throughput.restart()
                 self._cond.wait_for(lambda: not self._running or self._incoming or self._stops
                                     or self.scheduler.has_work())
                 if not self._running:
@@ -203,11 +190,13 @@ class ModelRunner:
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
         self._postprocess(chunks, sampled, result)
+        self.throughput.report(len(self.scheduler.running), len(self.scheduler.waiting))
 
     def _postprocess(self, chunks, sampled, result) -> None:
         """Every update a step makes, in one place: the computed tokens (the scheduler's
         bookkeeping), then for each sampled request its new token, its delivery, and whether it
         has finished."""
+        self.throughput.count(chunks)
         self.scheduler.advance(chunks)
         for row, seq in enumerate(sampled):
             token = int(result.ids[row])
@@ -237,7 +226,12 @@ class ModelRunner:
     def _retire(self, seq: Sequence, status, error=None, reason=FinishReason.INTERRUPTED) -> None:
         if seq.phase != Phase.DONE:
             self.scheduler.finish(seq)
-        seq.queue.set_status(status, error, reason)
+        if seq.queue.set_status(status, error, reason):
+            info = seq.queue.RequestStatInfo()
+            log.info("request %d %s: prompt %d tokens (%d cached), generated %d, TTFT %.1f ms, "
+                     "decode %.1f tok/s", seq.handle, info.finish_reason, info.context_token_length,
+                     info.context_cached_length, info.generated_token_length,
+                     info.time_to_first_token, info.generate_tps)
 
     def _warm_up(self) -> None:
         """Run the two extreme steps before any request comes: the largest one (max_step_tokens
