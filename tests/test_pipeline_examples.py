@@ -22,7 +22,8 @@ def model(serialized_tiny):
 
 @pytest.fixture
 def two_nodes(monkeypatch):
-    """Two simulated NUMA nodes (cpu 0, cpu 1); afterwards no socket or shared memory is left."""
+    """Two simulated NUMA nodes (cpu 0, cpu 1); afterwards no rank runs and no socket or shared
+    memory of ours is left (mpich's own /dev/shm files cannot be told apart from other jobs')."""
     monkeypatch.setenv("DASHINFER_NUMA_NODES", "0:0;1:1")
     pipes = []
     before = _our_files()
@@ -30,11 +31,25 @@ def two_nodes(monkeypatch):
     for p in pipes:
         p.close()
     assert _our_files() <= before, "the ranks left files behind"
+    assert not _children(), "a rank group is still running"
 
 
 def _our_files():
-    return set(glob.glob(f"/tmp/dashinfer-{os.getuid()}-{os.getpid()}-*") + glob.glob("/dev/shm/*dashinfer*")
-               + glob.glob("/dev/shm/mpich_sh*"))
+    return set(glob.glob(f"/tmp/dashinfer-{os.getuid()}-{os.getpid()}-*") + glob.glob("/dev/shm/*dashinfer*"))
+
+
+def _children():
+    """Live (not zombie) processes whose parent is this one."""
+    out = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            out.append(stat)
+    return out
 
 
 def _check_batch(response, capsys, n_max=None):
