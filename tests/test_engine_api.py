@@ -217,10 +217,11 @@ def test_prefix_cache_reuse(api_engine):
 def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, caplog):
     engine, name, loader = api_engine
     prompts = [prompt_of(10, 200 + i) for i in range(16)]
-    # 16 x 400 tokens do not fit the 4096-token pool: the latest admitted must give way
+    # 16 x 2000 tokens do not fit the 4096-token pool: the latest admitted must give way. Each request
+    # is long enough that all 16 have started before the first could end (else none would be cut)
     started = []
     for prompt in prompts:
-        status, handle, queue = engine.start_request_ids(small_pool, loader, prompt, greedy(400))
+        status, handle, queue = engine.start_request_ids(small_pool, loader, prompt, greedy(2000))
         assert status == OK
         started.append((handle, queue))
     outs = [collect(queue)[0] for _, queue in started]
@@ -230,15 +231,15 @@ def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, 
     for (handle, queue), out in zip(started, outs):
         assert queue.GeneratedLength() == len(out)
         if queue.GenerateStatus() == Finished:
-            assert len(out) == 390 and queue.RequestStatInfo().finish_reason == "length"
+            assert len(out) == 1990 and queue.RequestStatInfo().finish_reason == "length"
         else:
-            assert 0 < len(out) < 390 and "KV cache" in queue.error
+            assert 0 < len(out) < 1990 and "KV cache" in queue.error
             assert queue.RequestStatInfo().finish_reason == "interrupted"
     assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
     # what an interrupted request delivered is what it generates alone, cut short
     handle, queue = started[-1]
-    ids, *_ = run(api_engine, prompts[-1], greedy(400), model=small_pool)
-    assert outs[-1] == ids[:len(outs[-1])] and len(ids) == 390
+    ids, *_ = run(api_engine, prompts[-1], greedy(2000), model=small_pool)
+    assert outs[-1] == ids[:len(outs[-1])] and len(ids) == 1990
     for handle, _ in started:
         assert engine.release_request(small_pool, handle) == OK
 
