@@ -101,7 +101,6 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
 
     import numpy as np
 
-    import dashinfer_server.model as model_module
     import dashinfer_server.runner as runner_module
     from dashinfer_client import ASGenerationConfigBuilder, ResultQueue, default_model
     from dashinfer_client.model import DashInferModel
@@ -140,8 +139,7 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     runner.scheduler.add(seq)
     runner.step()  # the prompt
     runner.step()  # a first decode, untimed
-    model_module.K = TimedKernels()
-    runner_module.build_plan = timed("runner build_plan", runner_module.build_plan)
+    runner.model.kernels = TimedKernels()
     runner.scheduler.schedule = timed("runner schedule", runner.scheduler.schedule)
     runner.scheduler.advance = timed("runner advance", runner.scheduler.advance)
     runner.sampler.sample = timed("runner sample", runner.sampler.sample)
@@ -152,7 +150,7 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     for _ in range(steps):
         runner.step()
     step = (time.perf_counter() - t) / steps
-    model_module.K = K
+    runner.model.kernels = K
     per_step = {k: v / steps * 1e3 for k, v in spent.items()}
     kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
     runner_parts = sum(v for k, v in per_step.items() if k.startswith("runner "))

@@ -1,6 +1,6 @@
 """Linear kernels against the machine's limits and against torch.
 
-    PYTHONPATH=. python bench/bench_linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
+    PYTHONPATH=. python bench/linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
 
 rows(limits) returns one dict per (shape, wtype): time, GB/s over the packed weight bytes
 (scales and zeros included; i8/u4 groups of 128 along K, 64 when K = 576), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
@@ -10,10 +10,10 @@ Decode shapes (M = 1, 16) cycle through copies of the weight 8x bigger than the 
 call streams its weights from DRAM, as in a real decode step.
 """
 import argparse
-import time
 
 import numpy as np
 
+from bench.timing import best_seconds
 from dashinfer_client.dtypes import to_bf16
 from dashinfer_server import kernels as K
 
@@ -54,23 +54,6 @@ def _copies(nbytes, cold):
     return max(2, min(256, -(-8 * LLC_BYTES // nbytes))) if cold else 1
 
 
-def _best_time(fn, copies, calls=200, budget=3.0):
-    """Best time of one call over `calls` calls (or `budget` seconds), cycling through `copies`
-    operands: the best is the run least disturbed by whatever else the machine is doing. One
-    untimed cycle first, so every timed call's operand was last touched a whole cycle ago."""
-    for i in range(copies):
-        fn(i)
-    best, start = float("inf"), time.perf_counter()
-    for c in range(max(calls, 2 * copies)):
-        t = time.perf_counter()
-        fn(c % copies)
-        t1 = time.perf_counter()
-        best = min(best, t1 - t)
-        if t1 - start > budget and c >= copies:
-            break
-    return best
-
-
 def _torch_time(wtype, m, k, n, cold):
     import torch
 
@@ -82,7 +65,7 @@ def _torch_time(wtype, m, k, n, cold):
     x = torch.randn(m, k).to(dt)
     lin = torch.nn.functional.linear
     with torch.no_grad():
-        return _best_time(lambda i: lin(x, ws[i]), copies)
+        return best_seconds(lambda i: lin(x, ws[i]), copies, batch=1)
 
 
 def _row(case, wtype, m, k, n, limits, rng, with_torch):
@@ -93,7 +76,7 @@ def _row(case, wtype, m, k, n, limits, rng, with_torch):
     packs = [packed0] + [_pack(wtype, n, k, rng) for _ in range(copies - 1)]
     x = rng.standard_normal((m, k), dtype=np.float32)
     out = np.empty((m, n), np.float32)
-    t = _best_time(lambda i: K.linear(x, packs[i], None, out), copies)
+    t = best_seconds(lambda i: K.linear(x, packs[i], None, out), copies, batch=1)
     flops = 2.0 * m * n * k
     peak = limits["fp32_gflops"] if wtype == "f32" else limits["bf16_gflops"]
     t_bw, t_flop = nbytes / (limits["bw_gbs"] * 1e9), flops / (peak * 1e9)

@@ -1,17 +1,17 @@
 """Sampler benchmark: microseconds per decode step (one Sampler.sample call over a batch).
 
-    PYTHONPATH=. python bench/bench_sampler.py [--vocab 49152] [--steps 100] [--repeats 3]
+    PYTHONPATH=. python bench/sampler.py [--vocab 49152] [--steps 100] [--repeats 3]
 
 Each request has a 512-token prompt and grows by one token a step. The logits are refreshed from
 a fixed random array before every call (sample penalizes them in place); that copy is timed apart
-and subtracted. Best of --repeats runs: other processes share the 2 cores.
+and subtracted. The fastest of --steps x --repeats steps (bench/timing.py).
 """
 import argparse
 import json
-import time
 
 import numpy as np
 
+from bench.timing import best_seconds
 from dashinfer_server.sampler import RequestSamplingState, Sampler, SamplingParams
 
 PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, no_repeat_ngram_size=3,
@@ -33,23 +33,14 @@ def step_us(config, batch, vocab, steps, repeats):
     logits = np.empty_like(source)
     params = SamplingParams(max_length=4096, seed=1, **config)
     sampler = Sampler()
-    best = copy_best = float("inf")
-    for _ in range(repeats):
-        states = [RequestSamplingState(params, rng.integers(0, vocab, 512).tolist())
-                  for _ in range(batch)]
-        for _ in range(3):  # warm-up
-            np.copyto(logits, source)
-            sampler.sample(logits, states)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            np.copyto(logits, source)
-        copy_best = min(copy_best, (time.perf_counter() - t0) / steps)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            np.copyto(logits, source)
-            sampler.sample(logits, states)
-        best = min(best, (time.perf_counter() - t0) / steps)
-    return (best - copy_best) * 1e6
+    states = [RequestSamplingState(params, rng.integers(0, vocab, 512).tolist()) for _ in range(batch)]
+
+    def step(i):
+        np.copyto(logits, source)
+        sampler.sample(logits, states)
+
+    copy = best_seconds(lambda i: np.copyto(logits, source), calls=steps * repeats, batch=1)
+    return (best_seconds(step, calls=steps * repeats, batch=1) - copy) * 1e6
 
 
 def main():
