@@ -23,7 +23,7 @@ THREADS = 2
 
 DECODE = [(576, 1536), (576, 49152), (4096, 4096)]  # (K, N)
 PREFILL = [(576, 1536), (4096, 4096)]
-WTYPES = ["bf16", "i8", "u4", "f32"]
+WTYPES = ["bf16", "i8", "i8q", "u4", "u4q", "f32"]
 
 
 def _group(k):
@@ -40,9 +40,9 @@ def _pack(wtype, n, k, rng):
     group = _group(k)
     g = k // group
     scales = np.full((n, g), 0.01, np.float32)
-    zeros = np.full((n, g), 128.0 if wtype == "i8" else 8.0, np.float32)
-    if wtype == "i8":
-        codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    zeros = np.full((n, g), 128.0 if wtype[:2] == "i8" else 8.0, np.float32)
+    if wtype[:2] == "i8":
+        codes = rng.integers(0, 256, (n, k), dtype=np.uint8)  # i8 and i8q: the same codes
     else:
         codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     return K.pack_linear(codes, wtype, group, scales, zeros)
@@ -81,7 +81,7 @@ def _row(case, wtype, m, k, n, limits, rng, with_torch):
     peak = limits["fp32_gflops"] if wtype == "f32" else limits["bf16_gflops"]
     t_bw, t_flop = nbytes / (limits["bw_gbs"] * 1e9), flops / (peak * 1e9)
     row = {
-        "case": case, "wtype": wtype, "group": _group(k) if wtype in ("i8", "u4") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
+        "case": case, "wtype": wtype, "group": _group(k) if wtype not in ("f32", "bf16") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
         "GB/s": nbytes / t / 1e9, "GFLOP/s": flops / t / 1e9,
         "bound": "bw" if t_bw >= t_flop else "flops", "roofline": max(t_bw, t_flop) / t,
     }

@@ -21,6 +21,25 @@ typedef struct {
 } dn_linear_kernels;
 
 extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx512;
+/* i8q/u4q (linear_q8.c, linear_q8_vnni.c) */
+extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_vnni;
+
+/* One i8q/u4q panel (the rest of dn_linear_pack, linear_q8.c). */
+void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
+                             int width, const void *w, const float *scales, const float *zeros);
+
+/* The activations of an i8q/u4q call, quantized (scratch shared by the team): xq [m][k] int8,
+ * xd [m][k/32] block scales, xg [m][k/group] per-group sums of xhat = xd * xq. */
+typedef struct {
+    int8_t *xq;
+    float *xd, *xg;
+} dn_q8_act;
+size_t dn_q8_act_bytes(const dn_linear_w *w, int64_t m);
+dn_q8_act dn_q8_act_at(const dn_linear_w *w, int64_t m, uint8_t *scratch);
+/* Rows [r0, r1) of x into a; `quantize_block` quantizes 32 floats, returns sum of the codes. */
+void dn_q8_quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int64_t r1, dn_q8_act a,
+                         int (*quantize_block)(const float *x, int8_t *q, float *d));
+int dn_q8_quantize_block(const float *x, int8_t *q, float *d);
 
 /* [*lo, *hi): thread t's contiguous share of n items. */
 static inline void dn_split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {
