@@ -36,10 +36,12 @@ typedef struct {
 } dn_q8_act;
 size_t dn_q8_act_bytes(const dn_linear_w *w, int64_t m);
 dn_q8_act dn_q8_act_at(const dn_linear_w *w, int64_t m, uint8_t *scratch);
-/* Rows [r0, r1) of x into a; `quantize_block` quantizes 32 floats, returns sum of the codes. */
-void dn_q8_quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int64_t r1, dn_q8_act a,
-                         int (*quantize_block)(const float *x, int8_t *q, float *d));
+typedef int (*dn_q8_quantizer)(const float *x, int8_t *q, float *d); /* 32 floats; sum of codes */
 int dn_q8_quantize_block(const float *x, int8_t *q, float *d);
+/* Called by every thread of the call's team: quantizes its share of the rows of x, waits for
+ * the others, returns the whole quantized activations. */
+dn_q8_act dn_q8_prepare(const dn_linear_call *c, int t, int nt, dn_q8_quantizer quantize_block);
+size_t dn_q8_scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads);
 
 /* [*lo, *hi): thread t's contiguous share of n items. */
 static inline void dn_split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {

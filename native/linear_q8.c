@@ -59,8 +59,8 @@ int dn_q8_quantize_block(const float *x, int8_t *q, float *d) {
     return sum;
 }
 
-void dn_q8_quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int64_t r1, dn_q8_act a,
-                         int (*quantize_block)(const float *x, int8_t *q, float *d)) {
+static void quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int64_t r1, dn_q8_act a,
+                          dn_q8_quantizer quantize_block) {
     int64_t k = w->k, nb = k / DN_Q8_BLOCK, per_group = w->group / DN_Q8_BLOCK, ng = k / w->group;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t g = 0; g < ng; g++) {
@@ -74,6 +74,17 @@ void dn_q8_quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int64
         }
 }
 
+dn_q8_act dn_q8_prepare(const dn_linear_call *c, int t, int nt, dn_q8_quantizer quantize_block) {
+    dn_q8_act a = dn_q8_act_at(c->w, c->m, c->scratch);
+    int64_t r0, r1;
+    dn_split(c->m, t, nt, &r0, &r1);
+    quantize_rows(c->w, c->x, r0, r1, a, quantize_block);
+#pragma omp barrier
+    return a;
+}
+
+size_t dn_q8_scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) { return dn_q8_act_bytes(w, m); }
+
 /* Code of column c, k-in-group kk, in a group's code block. */
 static int code_at(dn_wtype t, const uint8_t *codes, int width, int c, int64_t kk) {
     if (t == DN_W_I8Q) return codes[(kk / 4 * width + c) * 4 + kk % 4];
@@ -81,15 +92,10 @@ static int code_at(dn_wtype t, const uint8_t *codes, int width, int c, int64_t k
     return kk % 8 < 4 ? b & 15 : b >> 4;
 }
 
-static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) { return dn_q8_act_bytes(w, m); }
-
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
-    dn_q8_act a = dn_q8_act_at(w, c->m, c->scratch);
-    int64_t r0, r1, p0, p1, m0, m1;
-    dn_split(c->m, t, nt, &r0, &r1);
-    dn_q8_quantize_rows(w, c->x, r0, r1, a, dn_q8_quantize_block);
-#pragma omp barrier
+    dn_q8_act a = dn_q8_prepare(c, t, nt, dn_q8_quantize_block);
+    int64_t p0, p1, m0, m1;
     int64_t k = w->k, n = w->n, nb = k / DN_Q8_BLOCK, ng = k / w->group;
     dn_linear_part share = dn_linear_share(w, c->m, 1, t, nt);
     dn_linear_panels(&share, &p0, &p1);
@@ -119,4 +125,4 @@ static void run(const dn_linear_call *c, int t, int nt) {
     }
 }
 
-const dn_linear_kernels dn_linear_q8_portable = {scratch_bytes, run};
+const dn_linear_kernels dn_linear_q8_portable = {dn_q8_scratch_bytes, run};

@@ -49,9 +49,11 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
         for (int v = 0; v < nv; v++) s[v] = _mm512_loadu_ps(scale + 16 * v);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
-            __m512i dot[MR][4];
+            /* one row: two sums per column (even / odd steps), so no chain of 8 dependent vpdpbusd */
+            __m512i dot[MR][4], odd[4];
             for (int r = 0; r < mr; r++)
                 for (int v = 0; v < nv; v++) dot[r][v] = _mm512_setzero_si512();
+            for (int v = 0; v < nv; v++) odd[v] = _mm512_setzero_si512();
             if (u4) {
                 for (int j = 0; j < DN_Q8_BLOCK / 8; j++) {
                     const uint8_t *row = codes + (b * DN_Q8_BLOCK / 8 + j) * width * 4;
@@ -66,21 +68,28 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
                         __m512i x0 = _mm512_set1_epi32(quad(xr)), x1 = _mm512_set1_epi32(quad(xr + 4));
                         for (int v = 0; v < nv; v++) {
                             dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], lo[v], x0);
-                            dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], hi[v], x1);
+                            if (mr == 1) odd[v] = _mm512_dpbusd_epi32(odd[v], hi[v], x1);
+                            else dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], hi[v], x1);
                         }
                     }
                 }
             } else {
+#pragma GCC unroll 8
                 for (int j = 0; j < DN_Q8_BLOCK / 4; j++) {
                     const uint8_t *row = codes + (b * DN_Q8_BLOCK / 4 + j) * width * 4;
                     __m512i q[4];
                     for (int v = 0; v < nv; v++) q[v] = _mm512_loadu_si512(row + 64 * v);
                     for (int r = 0; r < mr; r++) {
                         __m512i xv = _mm512_set1_epi32(quad(a->xq + (row0 + r) * k + k0 + 4 * j));
-                        for (int v = 0; v < nv; v++) dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], q[v], xv);
+                        for (int v = 0; v < nv; v++) {
+                            if (mr == 1 && j % 2) odd[v] = _mm512_dpbusd_epi32(odd[v], q[v], xv);
+                            else dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], q[v], xv);
+                        }
                     }
                 }
             }
+            if (mr == 1)
+                for (int v = 0; v < nv; v++) dot[0][v] = _mm512_add_epi32(dot[0][v], odd[v]);
             for (int r = 0; r < mr; r++) {
                 __m512 d = _mm512_set1_ps(a->xd[(row0 + r) * nb + k0 / DN_Q8_BLOCK]);
                 for (int v = 0; v < nv; v++)
@@ -114,8 +123,6 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
     return _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
 }
 
-static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) { return dn_q8_act_bytes(w, m); }
-
 #define NV_TILES(MR_, U4)                                                                         \
     switch (nv) {                                                                                  \
     case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
@@ -126,11 +133,8 @@ static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) { ret
 
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
-    dn_q8_act a = dn_q8_act_at(w, c->m, c->scratch);
-    int64_t r0, r1, p0, p1, m0, m1;
-    dn_split(c->m, t, nt, &r0, &r1);
-    dn_q8_quantize_rows(w, c->x, r0, r1, a, quantize_block);
-#pragma omp barrier
+    dn_q8_act a = dn_q8_prepare(c, t, nt, quantize_block);
+    int64_t p0, p1, m0, m1;
     int u4 = w->wtype == DN_W_U4Q;
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
@@ -150,6 +154,6 @@ static void run(const dn_linear_call *c, int t, int nt) {
     }
 }
 
-const dn_linear_kernels dn_linear_q8_vnni = {scratch_bytes, run};
+const dn_linear_kernels dn_linear_q8_vnni = {dn_q8_scratch_bytes, run};
 
 #pragma GCC pop_options
