@@ -75,15 +75,14 @@ static void quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int6
 }
 
 dn_q8_act dn_q8_prepare(const dn_linear_call *c, int t, int nt, dn_q8_quantizer quantize_block) {
-    dn_q8_act a = dn_q8_act_at(c->w, c->m, c->scratch);
-    int64_t r0, r1;
-    dn_split(c->m, t, nt, &r0, &r1);
-    quantize_rows(c->w, c->x, r0, r1, a, quantize_block);
-#pragma omp barrier
+    dn_q8_act a = dn_q8_act_at(c->w, c->m, c->scratch + t * round64((int64_t)dn_q8_act_bytes(c->w, c->m)));
+    quantize_rows(c->w, c->x, 0, c->m, a, quantize_block);
     return a;
 }
 
-size_t dn_q8_scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) { return dn_q8_act_bytes(w, m); }
+size_t dn_q8_scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
+    return (size_t)nthreads * round64((int64_t)dn_q8_act_bytes(w, m));
+}
 
 /* Code of column c, k-in-group kk, in a group's code block. */
 static int code_at(dn_wtype t, const uint8_t *codes, int width, int c, int64_t kk) {
