@@ -78,7 +78,7 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
             dn_check_dim(&a, z, "zeros", 1, k / group))
             return dn_done(&a, NULL);
     } else if (s_obj != Py_None || z_obj != Py_None) {
-        return dn_fail(&a, PyExc_ValueError, "scales and zeros apply to quantized weights only, not %s", tname);
+        return dn_fail(&a, PyExc_ValueError, "scales and zeros apply to i8/u4 only (and i8q/u4q), not %s", tname);
     }
     int64_t bytes = dn_linear_packed_bytes(t, n, k, group);
     PyObject *out = aligned_bytes((Py_ssize_t)bytes);
