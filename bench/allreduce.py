@@ -10,12 +10,12 @@ itself to its node's cpus, as a server rank does. Prints, on rank 0, the best of
 import os
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import numpy as np  # noqa: E402
 
+from bench.timing import best_seconds  # noqa: E402
 from dashinfer_server.group import init_group  # noqa: E402
 
 SIZES = (576, 4096, 65536, 576 * 512)
@@ -23,14 +23,10 @@ RUNS = 10
 
 
 def per_call_us(g, reduce, x, reps):
-    best = float("inf")
-    for _ in range(RUNS):
-        g.comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            reduce(x)
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e6
+    """Best of RUNS runs of `reps` calls, the ranks lined up by a barrier before each run
+    (no time budget: every rank must make the same number of collective calls)."""
+    return best_seconds(lambda i: reduce(x), calls=RUNS, batch=reps, budget=float("inf"),
+                        sync=g.comm.Barrier) * 1e6
 
 
 def relaunch_under_mpi(ranks: int) -> int:

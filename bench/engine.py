@@ -1,6 +1,6 @@
-"""End-to-end engine workloads on the default model: one JSON line per workload.
+"""End-to-end engine workloads on a model: one JSON line per workload, each against its bound.
 
-    python bench/engine.py [--quant int8] [--workloads prefill512,decode1,batch8,serve32]
+    python bench/engine.py [--model PATH] [--quant int8 [--group-size -1]] [--workloads prefill512,decode1]
     python bench/engine.py --ranks 2 --threads 1    # through ClientEngine, 2 tensor-parallel ranks
 
 Workloads (token-level random prompts, greedy, eos ignored, every request submitted at once):
@@ -15,13 +15,17 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
     decode_tok_s     tokens after each request's first / (earliest first token -> last token)
     total_tok_s      new tokens / (submission -> last token)
     peak_rss_mb      the workload process's peak resident memory (VmHWM)
-    bw_fraction      decode1 only: decode_tok_s over the memory-bandwidth bound (bytes of packed
-                     weights read per token / streaming read bandwidth of bench/machine.py, the
-                     mean of bw_gbs measured just before and just after the run)
-
+and the bounds of bench/bounds.py, with bench/machine.py's limits (bf16 peak measured once,
+bw_gbs just before and just after each run, the mean used):
+    prefill_bound_tok_s, prefill_fraction    prefill512: the bf16 peak over flops per token
+    decode_bound_tok_s, decode_fraction      decode workloads: a step of as many rows as requests
+                                             (serve32: 32, its most) bound by bw or bf16 peak
     python bench/engine.py --neighbour [--workloads decode1,serve32]
 runs each workload quiet, then beside a busy-loop process (one core of two taken), and prints
 both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet).
+
+--model: default (SmolLM2-135M-Instruct), a Hugging Face directory, a .gguf file or a serialized
+DIR/PREFIX (bench/models.py); bench/make_model.py writes random-weight models of real shapes.
 
     python bench/engine.py --profile [--quant int8] [--threads N] [--by-op]
 times every kernel call and model-loop stage of 100 decode1 steps instead (ms per step); the layers
@@ -44,15 +48,16 @@ WORKLOADS = {
 }
 
 
-def run_workload(name, dtype, quant, threads, max_prefill, ranks):
+def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ranks):
     """In the child process: serve the workload, return its figures."""
     import numpy as np
 
     import dashinfer_client as allspark
-    from dashinfer_client import ASGenerationConfigBuilder, AsStatus, default_model
+    from bench import models
+    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
 
     requests = WORKLOADS[name]
-    loader = allspark.DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
+    loader = models.load(model, dtype, quant, group_size)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, loader.config.vocab_size, p).tolist() for p, _ in requests]
     engine = allspark.ClientEngine(nodes=ranks) if ranks else allspark.Engine()
@@ -98,21 +103,20 @@ def run_workload(name, dtype, quant, threads, max_prefill, ranks):
     }
 
 
-def profile_decode(dtype, quant, threads, by_op, steps=100):
+def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=100):
     """Where a decode1 step goes: the ModelLoop stepped in this thread (no loop thread), every
     kernel call and every loop stage timed -> ms per step."""
     import collections
 
     import numpy as np
 
-    import dashinfer_server.model as model_module
     import dashinfer_server.model_loop as loop_module
-    from dashinfer_client import ASGenerationConfigBuilder, default_model
-    from dashinfer_client.model import DashInferModel
+    from bench import models
+    from dashinfer_client import ASGenerationConfigBuilder
     from dashinfer_server import kernels as K
     from dashinfer_server.request import ModelLimits, new_request
 
-    model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
+    model = models.load(model_spec, dtype, quant, group_size)
     cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
            .thread_num(threads).build())
     K.load()
@@ -120,9 +124,8 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     loop = loop_module.ModelLoop(model, cfg)
     loop.load()
     loop.model.fused = not by_op
-    loop._warm_up()
+    loop.warm_up()
     spent = collections.defaultdict(float)
-
     def timed(label, fn):
         def call(*args, **kwargs):
             t = time.perf_counter()
@@ -139,22 +142,22 @@ def profile_decode(dtype, quant, threads, by_op, steps=100):
     prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, 32).tolist()
     gen = ASGenerationConfigBuilder(seed=0).update(
         {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4})
-    limits = ModelLimits(model.config.vocab_size, cfg.max_length, loop.block_capacity)
-    loop.scheduler.add(new_request(prompt, gen, limits))
+    loop.scheduler.add(new_request(prompt, gen, ModelLimits(model.config.vocab_size, cfg.max_length,
+                                                            loop.block_capacity)))
     loop.step()  # the prompt
     loop.step()  # a first decode, untimed
-    model_module.K = TimedKernels()
-    loop_module.build_plan = timed("loop build_plan", loop_module.build_plan)
+    loop.model.kernels = TimedKernels()
     loop.scheduler.schedule = timed("loop schedule", loop.scheduler.schedule)
+    loop.scheduler.advance = timed("loop advance", loop.scheduler.advance)
     loop.sampler.sample = timed("loop sample", loop.sampler.sample)
-    loop._postprocess = timed("loop postprocess", loop._postprocess)
+    loop.postprocess = timed("loop postprocess", loop.postprocess)
     forward = loop.model.forward
     loop.model.forward = timed("forward", forward)
     t = time.perf_counter()
     for _ in range(steps):
         loop.step()
     step = (time.perf_counter() - t) / steps
-    model_module.K = K
+    loop.model.kernels = K
     per_step = {k: v / steps * 1e3 for k, v in spent.items()}
     kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
     loop_parts = sum(v for k, v in per_step.items() if k.startswith("loop "))
@@ -196,23 +199,6 @@ def server_peak_rss_mb() -> float:
     return max(peaks) if peaks else None
 
 
-def weight_bytes_per_token(dtype, quant):
-    """Bytes of packed weights one decode step streams: every linear layer and lm_head."""
-    from dashinfer_client import default_model
-    from dashinfer_client.model import DashInferModel
-    from dashinfer_server import kernels
-    from dashinfer_server.shard import Shard
-    from dashinfer_server.weights import WeightLoader
-    kernels.load()
-    model = DashInferModel(*default_model.ensure_default_model(dtype, quant=quant, progress=False))
-    c = model.config
-    weights = WeightLoader(model, Shard(0, 1, c.num_attention_heads, c.num_key_value_heads,
-                                        c.intermediate_size, c.vocab_size)).load()
-    linears = [w for layer in weights.layers for w in (layer.q, layer.k, layer.v, layer.o, layer.gate_up,
-                                                        layer.down)]
-    return sum(len(w) for w in linears + [weights.lm_head])
-
-
 def run_child(cmd, env, name) -> dict:
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -222,10 +208,12 @@ def run_child(cmd, env, name) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="default", choices=["default"],
-                        help="the default model (SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default="default",
+                        help="default (SmolLM2-135M-Instruct), a Hugging Face dir, a .gguf or a serialized DIR/PREFIX")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quant", default=None, choices=["int8", "uint4"])
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="with --quant: InstantQuant group_size (-1: per channel; default 64)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=0, help="max_prefill_length (0: the engine's)")
@@ -243,33 +231,35 @@ def main():
     args = parser.parse_args()
     if args.profile:
         sys.path.insert(0, ROOT)
-        print(json.dumps(profile_decode(args.dtype, args.quant, args.threads, args.by_op)))
+        print(json.dumps(profile_decode(args.model, args.dtype, args.quant, args.group_size, args.threads,
+                                        args.by_op)))
         return
     if args.child:
-        print(json.dumps(run_workload(args.child, args.dtype, args.quant, args.threads, args.max_prefill,
-                                      args.ranks)))
+        print(json.dumps(run_workload(args.child, args.model, args.dtype, args.quant, args.group_size,
+                                      args.threads, args.max_prefill, args.ranks)))
         return
     names = args.workloads.split(",")
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    sys.path.insert(0, ROOT)
     if args.ranks and not env.get("DASHINFER_NUMA_NODES"):
-        sys.path.insert(0, ROOT)
         from dashinfer_server.topology import simulated_nodes
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
-    if "decode1" in names and not args.neighbour:
-        sys.path.insert(0, ROOT)
-        from bench.machine import read_bandwidth
-        per_token = weight_bytes_per_token(args.dtype, args.quant)
+    from bench import bounds, models
+    from bench.machine import peak_gflops, read_bandwidth
+    model = models.load(args.model, args.dtype, args.quant, args.group_size)  # converted once, here
+    per_token, flops = bounds.weight_bytes_per_token(model), bounds.flops_per_token(model.config)
+    threads = args.threads * max(1, args.ranks)
+    peak = peak_gflops(True, threads)
     for name in names:
-        if name == "decode1" and not args.neighbour:  # this host's bandwidth drifts: measure it right around the run
-            bw_before = read_bandwidth(args.threads * max(1, args.ranks))
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--dtype", args.dtype,
-               "--threads", str(args.threads), "--max-prefill", str(args.max_prefill),
+        bw_before = read_bandwidth(threads)  # this host's bandwidth drifts: measure it around the run
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--model", args.model,
+               "--dtype", args.dtype, "--threads", str(args.threads), "--max-prefill", str(args.max_prefill),
                "--ranks", str(args.ranks)]
-        if args.quant:
-            cmd += ["--quant", args.quant]
+        cmd += ["--quant", args.quant] if args.quant else []
+        cmd += ["--group-size", str(args.group_size)] if args.group_size else []
         result = run_child(cmd, env, name)
         if args.neighbour:
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -278,15 +268,21 @@ def main():
             finally:
                 busy.kill()
                 busy.wait()
-            result = {"workload": name, "quiet_total_tok_s": result["total_tok_s"],
-                      "neighbour_total_tok_s": beside["total_tok_s"],
-                      "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3)}
-        if name == "decode1" and not args.neighbour:
-            bw_after = read_bandwidth(args.threads * max(1, args.ranks))
-            bound = (bw_before + bw_after) / 2 * 1e9 / per_token
-            result.update(bw_gbs=[round(bw_before, 1), round(bw_after, 1)],
-                          weight_mb_per_token=round(per_token / 2**20, 1), bound_tok_s=round(bound, 1),
-                          bw_fraction=round(result["decode_tok_s"] / bound, 3))
+            print(json.dumps({"workload": name, "quiet_total_tok_s": result["total_tok_s"],
+                              "neighbour_total_tok_s": beside["total_tok_s"],
+                              "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3)}), flush=True)
+            continue
+        bw = (bw_before + read_bandwidth(threads)) / 2
+        result.update(model=os.path.basename(args.model.rstrip("/")), bw_gbs=round(bw, 1),
+                      bf16_gflops=round(peak), weight_mb_per_token=round(per_token / 2**20, 1))
+        if name == "prefill512":
+            bound = bounds.prefill_bound(flops, peak)
+            result.update(prefill_bound_tok_s=round(bound, 1),
+                          prefill_fraction=round(result["prefill_tok_s"] / bound, 3))
+        if result["decode_tok_s"]:
+            bound, kind = bounds.decode_bound(len(WORKLOADS[name]), per_token, flops, bw, peak)
+            result.update(decode_bound_tok_s=round(bound, 1), decode_bound=kind,
+                          decode_fraction=round(result["decode_tok_s"] / bound, 3))
         print(json.dumps(result), flush=True)
 
 

@@ -2,7 +2,7 @@
 
     python bench/kernels.py [--threads 2] [--only linear,attention,elementwise]
 
-Each family module (bench/bench_<family>.py) has rows(limits) -> list of dicts and prints its
+Each family module (bench/<family>.py) has rows(limits) -> list of dicts and prints its
 own table; this script measures the limits once, runs them all, and prints a JSON summary.
 """
 import argparse
@@ -11,9 +11,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from machine import limits as measure_limits  # noqa: E402
+from bench.machine import limits as measure_limits  # noqa: E402
 
 from dashinfer_server import kernels as K  # noqa: E402
 
@@ -34,7 +34,7 @@ def main():
     results = {"limits": limits}
     for family in args.only.split(","):
         print(f"\n== {family} ==")
-        results[family] = importlib.import_module(f"bench_{family}").rows(limits)
+        results[family] = importlib.import_module(f"bench.{family}").rows(limits)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,16 +1,13 @@
 """This machine's limits, measured: streaming read bandwidth and FMA / bf16-dot peak."""
-import numpy as np
-
 from dashinfer_server import kernels as K
 
 K.load()  # a bench runs where it was started: nothing to place first
 
 
-def read_bandwidth(threads: int, mbytes: int = 512, reps: int = 3) -> float:
-    """GB/s streaming a buffer far larger than the last-level cache."""
-    buf = np.ones(mbytes << 18, np.float32)
-    best = min(K.probe_read(buf, threads, reps) for _ in range(3))
-    return buf.nbytes * reps / best / 1e9
+def read_bandwidth(threads: int, mbytes: int = 512, passes: int = 20) -> float:
+    """GB/s of `threads` threads streaming a buffer far larger than the last-level cache: the
+    best of `passes` passes (native/probe.c)."""
+    return (mbytes << 20) / K.probe_read(mbytes, threads, passes) / 1e9
 
 
 def peak_gflops(bf16: bool, threads: int) -> float:

@@ -149,7 +149,7 @@ class ModelLoop:
     def _loop(self) -> None:
         try:
             self.load()
-            self._warm_up()  # here too: kernel scratch buffers belong to the thread that runs steps
+            self.warm_up()  # here too: kernel scratch buffers belong to the thread that runs steps
         except Exception as e:
             log.exception("loading or warm-up failed")
             self._start_error = e
@@ -190,10 +190,10 @@ class ModelLoop:
         logits = self._forward(build_plan(chunks, self.pool.block_size))
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
-        self._postprocess(chunks, sampled, result)
+        self.postprocess(chunks, sampled, result)
         self.throughput.report(len(self.scheduler.running), len(self.scheduler.waiting))
 
-    def _postprocess(self, chunks, sampled, result) -> None:
+    def postprocess(self, chunks, sampled, result) -> None:
         """Every update a step makes, in one place: the computed tokens (the scheduler's
         bookkeeping), then for each sampled request its new token, its delivery, and whether it
         has finished."""
@@ -234,7 +234,7 @@ class ModelLoop:
                      info.context_cached_length, info.generated_token_length,
                      info.time_to_first_token, info.generate_tps)
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """Run the two extreme steps before any request comes: the largest one (max_step_tokens
         tokens over max_batch sequences, each with a logits row) and a decode at the deepest
         position a request can reach (attention over a whole max_length context). Every

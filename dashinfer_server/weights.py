@@ -132,7 +132,8 @@ class WeightLoader:
             scales = np.concatenate([p[1] for p in pieces])
             zeros = np.concatenate([p[2] for p in pieces])
             k = w.shape[1] * (2 if self.wtype == "u4" else 1)
-            packed = K.pack_linear(w, self.wtype, k // scales.shape[1], scales, zeros)
+            group = k // scales.shape[1]
+            packed = K.pack_linear(w, quantized_wtype(self.wtype, group), group, scales, zeros)
         self.release_read()
         return self.arena.copy(packed)
 
@@ -172,6 +173,12 @@ class WeightLoader:
             final_norm=self.vector("model.norm.weight"),
             lm_head=self.linear((head, shard.vocab)),
         )
+
+
+def quantized_wtype(wtype: str, group: int) -> str:
+    """i8/u4 codes computed with int8 activations (i8q/u4q: ~2x/3x faster than bf16 at decode,
+    native/linear.h) where the CPU has VNNI and the group is whole blocks of 32; else exact."""
+    return wtype + "q" if K.linear_vnni() and group % 32 == 0 else wtype
 
 
 def drop_mapped_pages(t: np.ndarray) -> None:

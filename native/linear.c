@@ -7,7 +7,7 @@
 static const char magic[8] = {'D', 'N', 'L', 'I', 'N', 'E', 'A', 'R'};
 
 const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t group) {
-    if (t < DN_W_F32 || t > DN_W_U4) return "unknown weight type";
+    if (t < DN_W_F32 || t > DN_W_U4Q) return "unknown weight type";
     if (n < 1 || k < 1) return "N and K must be at least 1";
     if (n > ((int64_t)1 << 31) || k > ((int64_t)1 << 31)) return "N or K is too large";
     if (!dn_linear_quantized(t)) return group == 0 ? NULL : "group_size applies to i8/u4 only";
@@ -15,6 +15,8 @@ const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t grou
         return "group_size must be 32, 64, 128, 256 or K";
     if (k % group != 0) return "K must be a multiple of group_size";
     if (t == DN_W_U4 && k % 2 != 0) return "u4 needs an even K (two codes per byte)";
+    if (dn_linear_act_quantized(t) && group % DN_Q8_BLOCK != 0)
+        return "i8q/u4q need group_size (K when per channel) a multiple of 32";
     return NULL;
 }
 
@@ -57,6 +59,10 @@ static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t g
             for (int c = 0; c < width; c++)
                 d[(kk / 2 * width + c) * 2 + (kk & 1)] =
                     n0 + c < n && kk < k ? src[(n0 + c) * k + kk] : 0;
+        return;
+    }
+    if (dn_linear_act_quantized(t)) {
+        dn_linear_pack_q8_panel(dst, t, n, k, group, n0, width, w, scales, zeros);
         return;
     }
     int64_t ngroups = k / group, pairs = (group + 1) / 2;
@@ -121,7 +127,7 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
     if (memcmp(h.magic, magic, 8) != 0) return "not a packed linear weight (bad magic)";
     if (h.version != DN_LINEAR_VERSION) return "packed by another version of the linear kernels";
     if (h.nr != DN_LINEAR_NR) return "packed with another panel width";
-    if (h.wtype > DN_W_U4) return "corrupt header (unknown weight type)";
+    if (h.wtype > DN_W_U4Q) return "corrupt header (unknown weight type)";
     dn_wtype t = (dn_wtype)h.wtype;
     if (dn_linear_check_shape(t, h.n, h.k, h.group)) return "corrupt header (bad shape)";
     if (h.panel_bytes != panel_bytes(t, h.k, h.group, DN_LINEAR_NR) ||
@@ -142,7 +148,9 @@ static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear
 
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y) {
     if (m <= 0) return 0;
-    const dn_linear_kernels *kern = paths[dn_isa()];
+    const dn_linear_kernels *kern = dn_linear_act_quantized(w->wtype)
+                                        ? (dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable)
+                                        : paths[dn_isa()];
     int nt = dn_num_threads();
     /* Under ~100k multiply-adds a second thread costs more than it saves. */
     if ((double)m * w->n * w->k < 1e5) nt = 1;

@@ -10,17 +10,28 @@
  *   u4    per group: scale[w] float, zero[w] float, codes [G/2][w/16][16] bytes; byte j of a
  *         16-column chunk holds element j of (cols 0..7 x k pair) in its low nibble and of
  *         (cols 8..15 x k pair) in its high nibble, so one byte load feeds two 16-lane registers.
+ *   i8q   per group: scale[w] float, scale*zero[w] float, codes [G/4][w][4] uint8: quads of
+ *         consecutive k per column, the vpdpbusd operand order
+ *   u4q   per group: scale[w], scale*zero[w], codes [G/8][w][4] bytes: byte i of column c in
+ *         row j holds k = 8j + i in its low nibble and k = 8j + 4 + i in its high nibble
  * K is padded to even with zero weights (and zero activations). The layout does not depend on
- * the ISA: a buffer packed once runs on every path. */
+ * the ISA: a buffer packed once runs on every path.
+ *
+ * i8q and u4q compute with int8 activations (linear_q8.c): each row of x is quantized on the fly
+ * per block of 32 k, x ~ d * xq with d = max|x| / 127, and w . x is summed as
+ * sum_groups (scale * sum_blocks d * (q . xq) - scale*zero * sum xhat), the integer dot products
+ * on vpdpbusd where the CPU has AVX512-VNNI. The error against fp32 x is that of xhat = d * xq
+ * (at most d / 2 per element); i8/u4 stay exact, the path for CPUs without VNNI. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3 } dn_wtype;
+typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3, DN_W_I8Q = 4, DN_W_U4Q = 5 } dn_wtype;
 
 #define DN_LINEAR_NR 64          /* output columns per panel */
 #define DN_LINEAR_HEADER 64      /* header bytes; panels start 64-byte aligned after it */
 #define DN_LINEAR_VERSION 1
+#define DN_Q8_BLOCK 32           /* k per activation quantization block of i8q/u4q */
 
 typedef struct {
     char magic[8];        /* "DNLINEAR" */
@@ -44,7 +55,9 @@ typedef struct {
     const uint8_t *data;  /* first panel */
 } dn_linear_w;
 
-static inline int dn_linear_quantized(dn_wtype t) { return t == DN_W_I8 || t == DN_W_U4; }
+static inline int dn_linear_act_quantized(dn_wtype t) { return t == DN_W_I8Q || t == DN_W_U4Q; }
+static inline int dn_linear_quantized(dn_wtype t) { return t == DN_W_I8 || t == DN_W_U4 || dn_linear_act_quantized(t); }
+static inline int dn_linear_nibbles(dn_wtype t) { return t == DN_W_U4 || t == DN_W_U4Q; }
 
 /* Columns of panel p (a multiple of 16) and how many of them are real outputs. */
 static inline int dn_linear_width(const dn_linear_w *w, int64_t p) {
@@ -57,10 +70,10 @@ static inline int dn_linear_valid(const dn_linear_w *w, int64_t p) {
     return (int)(left < DN_LINEAR_NR ? left : DN_LINEAR_NR);
 }
 
-/* Bytes of one quantization group block of a panel `width` wide (i8/u4). */
+/* Bytes of one quantization group block of a panel `width` wide (i8/u4/i8q/u4q). */
 static inline int64_t dn_linear_group_bytes(dn_wtype t, int64_t group, int width) {
     int64_t pairs = (group + 1) / 2;
-    return 8 * (int64_t)width + pairs * 2 * width / (t == DN_W_U4 ? 2 : 1);
+    return 8 * (int64_t)width + pairs * 2 * width / (dn_linear_nibbles(t) ? 2 : 1);
 }
 
 /* Why (wtype, n, k, group) cannot be packed, or NULL when it can. */
@@ -70,7 +83,7 @@ const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t grou
 int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group);
 
 /* Pack into dst (64-byte aligned, dn_linear_packed_bytes long).
- * w: f32 float[n][k] | bf16 uint16[n][k] | i8 uint8[n][k] | u4 uint8[n][k/2] (low nibble = even k)
+ * w: f32 float[n][k] | bf16 uint16[n][k] | i8, i8q uint8[n][k] | u4, u4q uint8[n][k/2] (low nibble = even k)
  * scales, zeros: float[n][k/group] for i8/u4, else unused. */
 void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
                     const float *scales, const float *zeros);
@@ -82,3 +95,7 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);
  * Uses the ISA path dn_isa() and dn_num_threads() threads; safe to call from several threads.
  * Returns 0, or -1 when its scratch memory cannot be allocated. */
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y);
+
+/* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
+ * in portable C, slowly: pack i8/u4 instead. */
+int dn_linear_vnni(void);

@@ -21,6 +21,28 @@ typedef struct {
 } dn_linear_kernels;
 
 extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx512;
+/* i8q/u4q (linear_q8.c, linear_q8_vnni.c) */
+extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_vnni;
+
+/* One i8q/u4q panel (the rest of dn_linear_pack, linear_q8.c). */
+void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
+                             int width, const void *w, const float *scales, const float *zeros);
+
+/* The activations of an i8q/u4q call, quantized (scratch shared by the team): xq [m][k] int8,
+ * xd [m][k/32] block scales, xg [m][k/group] per-group sums of xhat = xd * xq. */
+typedef struct {
+    int8_t *xq;
+    float *xd, *xg;
+} dn_q8_act;
+size_t dn_q8_act_bytes(const dn_linear_w *w, int64_t m);
+dn_q8_act dn_q8_act_at(const dn_linear_w *w, int64_t m, uint8_t *scratch);
+typedef int (*dn_q8_quantizer)(const float *x, int8_t *q, float *d); /* 32 floats; sum of codes */
+int dn_q8_quantize_block(const float *x, int8_t *q, float *d);
+/* Called by every thread of the call's team: quantizes every row of x into the thread's own
+ * copy. Redundant work (~1% of a call), but no barrier: on a busy host a barrier waits for a
+ * descheduled thread, which cost a 135M uint4 decode step 1.2 s at load 15 (vs 0.12 s bf16). */
+dn_q8_act dn_q8_prepare(const dn_linear_call *c, int t, int nt, dn_q8_quantizer quantize_block);
+size_t dn_q8_scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads);
 
 /* [*lo, *hi): thread t's contiguous share of n items. */
 static inline void dn_split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi) {

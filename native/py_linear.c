@@ -2,7 +2,7 @@
 #include "linear.h"
 #include "pyarg.h"
 
-static const char *const wtype_names[] = {"f32", "bf16", "i8", "u4"};
+static const char *const wtype_names[] = {"f32", "bf16", "i8", "u4", "i8q", "u4q"};
 
 /* numpy.empty(shape, dtype): arrays users get back are plain numpy arrays. */
 static PyObject *np_empty(PyObject *shape, const char *dtype) {
@@ -39,12 +39,12 @@ static PyObject *aligned_bytes(Py_ssize_t bytes) {
 }
 
 static int parse_wtype(const char *fn, const char *name, dn_wtype *t) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         if (strcmp(name, wtype_names[i]) == 0) {
             *t = (dn_wtype)i;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "%s: unknown wtype '%s' (f32, bf16, i8 or u4)", fn, name);
+    PyErr_Format(PyExc_ValueError, "%s: unknown wtype '%s' (f32, bf16, i8, u4, i8q or u4q)", fn, name);
     return -1;
 }
 
@@ -59,10 +59,10 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
     dn_args a = {.fn = "pack_linear"};
     dn_wtype t;
     if (parse_wtype(a.fn, tname, &t) != 0) return NULL;
-    static const char fmts[] = {'f', 'H', 'B', 'B'};
+    static const char fmts[] = {'f', 'H', 'B', 'B', 'B', 'B'};
     Py_buffer *w = dn_take(&a, w_obj, "w", fmts[t], 2, 0);
     if (!w) return dn_done(&a, NULL);
-    int64_t n = w->shape[0], k = w->shape[1] * (t == DN_W_U4 ? 2 : 1);
+    int64_t n = w->shape[0], k = w->shape[1] * (dn_linear_nibbles(t) ? 2 : 1);
     int quant = dn_linear_quantized(t);
     if (quant && group == 0)
         return dn_fail(&a, PyExc_ValueError, "%s needs group_size (32, 64, 128, 256 or K)", tname);
@@ -78,7 +78,7 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
             dn_check_dim(&a, z, "zeros", 1, k / group))
             return dn_done(&a, NULL);
     } else if (s_obj != Py_None || z_obj != Py_None) {
-        return dn_fail(&a, PyExc_ValueError, "scales and zeros apply to i8/u4 only, not %s", tname);
+        return dn_fail(&a, PyExc_ValueError, "scales and zeros apply to i8/u4 only (and i8q/u4q), not %s", tname);
     }
     int64_t bytes = dn_linear_packed_bytes(t, n, k, group);
     PyObject *out = aligned_bytes((Py_ssize_t)bytes);
@@ -165,17 +165,23 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
     return dn_done(&a, out);
 }
 
+static PyObject *py_linear_vnni(PyObject *self, PyObject *unused) { return PyBool_FromLong(dn_linear_vnni()); }
+
 PyMethodDef dn_linear_methods[] = {
     {"pack_linear", (PyCFunction)(void (*)(void))py_pack_linear, METH_VARARGS | METH_KEYWORDS,
      "pack_linear(w, wtype, group_size=0, scales=None, zeros=None) -> packed uint8 array\n"
      "wtype 'f32' (w float32 [N,K]), 'bf16' (w uint16 bits [N,K]), 'i8' (w uint8 codes [N,K]),\n"
      "'u4' (w uint8 [N,K/2], low nibble = even k). i8/u4: scales, zeros float32 [N, K/group_size],\n"
-     "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K."},
+     "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
+     "codes, computed with x quantized to int8 per 32 k (see linear_vnni)."},
     {"unpack_linear", py_unpack_linear, METH_O,
      "unpack_linear(packed) -> (wtype, N, K, group_size) of a packed weight"},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
      "linear(x, packed, bias=None, out=None) -> out: out[M,N] = x[M,K] . W^T (+ bias), float32.\n"
      "Releases the GIL. On the avx512 path with M > 4, activations are rounded to bf16 for\n"
      "vdpbf16ps (and i8/u4 weights dequantized to bf16); M <= 4 and the other paths stay fp32."},
+    {"linear_vnni", py_linear_vnni, METH_NOARGS,
+     "linear_vnni() -> True when i8q/u4q weights run on AVX512-VNNI integer dot products here\n"
+     "(else they run in portable C: pack i8/u4, which stay exact and fast, instead)"},
     {NULL, NULL, 0, NULL},
 };

@@ -9,17 +9,19 @@ static int need_avx512(const char *fn) {
 }
 
 static PyObject *py_probe_read(PyObject *self, PyObject *args) {
-    PyObject *o;
-    int threads, reps;
-    if (!PyArg_ParseTuple(args, "Oii", &o, &threads, &reps) || need_avx512("probe_read")) return NULL;
-    dn_args a = {.fn = "probe_read"};
-    Py_buffer *buf = dn_take(&a, o, "buf", 'f', -1, 0);
-    if (!buf) return dn_done(&a, NULL);
+    long long mbytes;
+    int threads, passes;
+    if (!PyArg_ParseTuple(args, "Lii", &mbytes, &threads, &passes) || need_avx512("probe_read")) return NULL;
+    if (mbytes < 1 || threads < 1 || passes < 1) {
+        PyErr_SetString(PyExc_ValueError, "probe_read: mbytes, threads and passes must be at least 1");
+        return NULL;
+    }
     double dt;
     Py_BEGIN_ALLOW_THREADS
-    dt = dn_probe_read(buf->buf, (size_t)dn_numel(buf), threads, reps);
+    dt = dn_probe_read((size_t)mbytes << 20, threads, passes);
     Py_END_ALLOW_THREADS
-    return dn_done(&a, PyFloat_FromDouble(dt < 0 ? -dt : dt));
+    if (dt == -1) return PyErr_NoMemory();
+    return PyFloat_FromDouble(dt < 0 ? -dt : dt);
 }
 
 static PyObject *py_probe_peak(PyObject *self, PyObject *args) {
@@ -36,7 +38,7 @@ static PyObject *py_probe_peak(PyObject *self, PyObject *args) {
 
 PyMethodDef dn_probe_methods[] = {
     {"probe_read", py_probe_read, METH_VARARGS,
-     "probe_read(buf: float32 array, threads, reps) -> seconds to stream buf reps times"},
+     "probe_read(mbytes, threads, passes) -> best seconds of `threads` threads streaming mbytes MiB"},
     {"probe_peak", py_probe_peak, METH_VARARGS,
      "probe_peak(bf16: bool, iters, threads) -> flop/s of an FMA (or vdpbf16ps) loop"},
     {NULL, NULL, 0, NULL},

@@ -46,7 +46,8 @@ class InstantQuantSettings:
         if config.get("compute_method", "weight_only") != "weight_only":
             raise ModelSerializerException(
                 f"customized_quant_config: compute_method {config['compute_method']!r} is not supported on CPU "
-                "(only 'weight_only': weights dequantized on the fly, activations stay float)")
+                "(only 'weight_only': the weights stay quantized; on CPUs with AVX512-VNNI the activations are "
+                "quantized to int8 on the fly for the integer dot products, elsewhere they stay float)")
         fmt = config.get("weight_format", "int8")
         if fmt not in BITS:
             raise ModelSerializerException(

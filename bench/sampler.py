@@ -1,17 +1,17 @@
 """Sampler benchmark: microseconds per decode step (one Sampler.sample call over a batch).
 
-    PYTHONPATH=. python bench/bench_sampler.py [--vocab 49152] [--steps 100] [--repeats 3]
+    PYTHONPATH=. python bench/sampler.py [--vocab 49152] [--steps 100] [--repeats 3]
 
 Each request has a 512-token prompt and grows by one token a step. The logits are refreshed from
 a fixed random array before every call (sample penalizes them in place); that copy is timed apart
-and subtracted. Best of --repeats runs: other processes share the 2 cores.
+and subtracted. The fastest of --steps x --repeats steps (bench/timing.py).
 """
 import argparse
 import json
-import time
 
 import numpy as np
 
+from bench.timing import best_seconds
 from dashinfer_client.generation_config import check_generation
 from dashinfer_server.sampler import Sampler
 from dashinfer_server.sequence import Sequence
@@ -35,27 +35,16 @@ def step_us(config, batch, vocab, steps, repeats):
     logits = np.empty_like(source)
     params = check_generation({"max_length": 4096, "seed": 1, **config})
     sampler = Sampler()
-    best = copy_best = float("inf")
-    for _ in range(repeats):
-        seqs = [Sequence.start(rng.integers(0, vocab, 512).tolist(), params) for _ in range(batch)]
-        states = [seq.sampling for seq in seqs]
+    seqs = [Sequence.start(rng.integers(0, vocab, 512).tolist(), params) for _ in range(batch)]
+    states = [seq.sampling for seq in seqs]
 
-        def step():
-            for seq, token in zip(seqs, sampler.sample(logits, states).ids):
-                seq.append(int(token))  # what the engine does after sampling: penalties see it
-        for _ in range(3):  # warm-up
-            np.copyto(logits, source)
-            step()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            np.copyto(logits, source)
-        copy_best = min(copy_best, (time.perf_counter() - t0) / steps)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            np.copyto(logits, source)
-            step()
-        best = min(best, (time.perf_counter() - t0) / steps)
-    return (best - copy_best) * 1e6
+    def step(i):
+        np.copyto(logits, source)
+        for seq, token in zip(seqs, sampler.sample(logits, states).ids):
+            seq.append(int(token))  # what the engine does after sampling: penalties see it
+
+    copy = best_seconds(lambda i: np.copyto(logits, source), calls=steps * repeats, batch=1)
+    return (best_seconds(step, calls=steps * repeats, batch=1) - copy) * 1e6
 
 
 def main():

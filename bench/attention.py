@@ -1,7 +1,7 @@
 """Attention microbenchmark: decode against the memory bandwidth, prefill chunks in GFLOP/s,
 both against torch SDPA doing the same math with 2 threads.
 
-    PYTHONPATH=. python bench/bench_attention.py [--quick] [--block 32,64,128]
+    PYTHONPATH=. python bench/attention.py [--quick] [--block 32,64,128]
         [--shape smollm2,llama] [--batch 1,16] [--ctx 1024,4096] [--fmt fp32,bf16,int8,uint4]
         [--only decode|prefill] [--no-torch] [--small-pages] [--isa avx2] [--json FILE]
 
@@ -14,13 +14,12 @@ anonymous mmap with MADV_HUGEPAGE (--small-pages: 4 KiB pages, to see what huge 
 import argparse
 import mmap
 import os
-import sys
-import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would spin on our cores
 
 import numpy as np  # noqa: E402
 
+from bench.timing import best_seconds  # noqa: E402
 from dashinfer_server import kernels as K  # noqa: E402
 
 K.load()  # a bench runs where it was started: nothing to place first
@@ -84,21 +83,10 @@ def _cache(fmt, num_blocks, n_kv, bs, d, rng, huge):
     return kc, vc, extra
 
 
-def _best(fn, calls, repeats=3):
-    """Fastest single call over repeats x `calls` rotating calls (after warm-up). The machine is
-    shared and has 2 cores: a call during which another process ran is slower, never faster.
-    Starts with a pause: the other library's OpenMP threads spin for a while after its last
-    call, and would take the cores from this one's."""
-    time.sleep(0.3)
-    for i in range(2):
-        fn(i)
-    best = float("inf")
-    for _ in range(repeats):
-        for i in range(calls):
-            t0 = time.perf_counter()
-            fn(i)
-            best = min(best, time.perf_counter() - t0)
-    return best
+def _best(call, rotations):
+    """Fastest call over 3 cycles of `rotations` calls, after a pause: the other library's
+    OpenMP threads spin for a while after its last call, and would take the cores."""
+    return best_seconds(call, rotations, calls=3 * rotations, batch=1, pause=0.3)
 
 
 def _torch_time(q_len, ctx, batch, n_heads, n_kv, d, dtype, rotations, prefix_mask):
@@ -218,8 +206,7 @@ def _dtype(name):
 
 
 def _main():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from machine import read_bandwidth
+    from bench.machine import read_bandwidth
 
     def ints(s):
         return tuple(int(x) for x in s.split(","))

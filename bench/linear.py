@@ -1,6 +1,6 @@
 """Linear kernels against the machine's limits and against torch.
 
-    PYTHONPATH=. python bench/bench_linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
+    PYTHONPATH=. python bench/linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
 
 rows(limits) returns one dict per (shape, wtype): time, GB/s over the packed weight bytes
 (scales and zeros included; i8/u4 groups of 128 along K, 64 when K = 576), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
@@ -10,10 +10,10 @@ Decode shapes (M = 1, 16) cycle through copies of the weight 8x bigger than the 
 call streams its weights from DRAM, as in a real decode step.
 """
 import argparse
-import time
 
 import numpy as np
 
+from bench.timing import best_seconds
 from dashinfer_client.dtypes import to_bf16
 from dashinfer_server import kernels as K
 
@@ -25,7 +25,7 @@ THREADS = 2
 
 DECODE = [(576, 1536), (576, 49152), (4096, 4096)]  # (K, N)
 PREFILL = [(576, 1536), (4096, 4096)]
-WTYPES = ["bf16", "i8", "u4", "f32"]
+WTYPES = ["bf16", "i8", "i8q", "u4", "u4q", "f32"]
 
 
 def _group(k):
@@ -42,9 +42,9 @@ def _pack(wtype, n, k, rng):
     group = _group(k)
     g = k // group
     scales = np.full((n, g), 0.01, np.float32)
-    zeros = np.full((n, g), 128.0 if wtype == "i8" else 8.0, np.float32)
-    if wtype == "i8":
-        codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    zeros = np.full((n, g), 128.0 if wtype[:2] == "i8" else 8.0, np.float32)
+    if wtype[:2] == "i8":
+        codes = rng.integers(0, 256, (n, k), dtype=np.uint8)  # i8 and i8q: the same codes
     else:
         codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     return K.pack_linear(codes, wtype, group, scales, zeros)
@@ -54,23 +54,6 @@ def _copies(nbytes, cold):
     """How many weight copies make a cycle of 8x the LLC (AMD's L3 keeps part of a cycle only
     a little bigger than itself), or 1 when cache reuse is fine."""
     return max(2, min(256, -(-8 * LLC_BYTES // nbytes))) if cold else 1
-
-
-def _best_time(fn, copies, calls=200, budget=3.0):
-    """Best time of one call over `calls` calls (or `budget` seconds), cycling through `copies`
-    operands: the best is the run least disturbed by whatever else the machine is doing. One
-    untimed cycle first, so every timed call's operand was last touched a whole cycle ago."""
-    for i in range(copies):
-        fn(i)
-    best, start = float("inf"), time.perf_counter()
-    for c in range(max(calls, 2 * copies)):
-        t = time.perf_counter()
-        fn(c % copies)
-        t1 = time.perf_counter()
-        best = min(best, t1 - t)
-        if t1 - start > budget and c >= copies:
-            break
-    return best
 
 
 def _torch_time(wtype, m, k, n, cold):
@@ -84,7 +67,7 @@ def _torch_time(wtype, m, k, n, cold):
     x = torch.randn(m, k).to(dt)
     lin = torch.nn.functional.linear
     with torch.no_grad():
-        return _best_time(lambda i: lin(x, ws[i]), copies)
+        return best_seconds(lambda i: lin(x, ws[i]), copies, batch=1)
 
 
 def _row(case, wtype, m, k, n, limits, rng, with_torch):
@@ -95,12 +78,12 @@ def _row(case, wtype, m, k, n, limits, rng, with_torch):
     packs = [packed0] + [_pack(wtype, n, k, rng) for _ in range(copies - 1)]
     x = rng.standard_normal((m, k), dtype=np.float32)
     out = np.empty((m, n), np.float32)
-    t = _best_time(lambda i: K.linear(x, packs[i], None, out), copies)
+    t = best_seconds(lambda i: K.linear(x, packs[i], None, out), copies, batch=1)
     flops = 2.0 * m * n * k
     peak = limits["fp32_gflops"] if wtype == "f32" else limits["bf16_gflops"]
     t_bw, t_flop = nbytes / (limits["bw_gbs"] * 1e9), flops / (peak * 1e9)
     row = {
-        "case": case, "wtype": wtype, "group": _group(k) if wtype in ("i8", "u4") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
+        "case": case, "wtype": wtype, "group": _group(k) if wtype not in ("f32", "bf16") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
         "GB/s": nbytes / t / 1e9, "GFLOP/s": flops / t / 1e9,
         "bound": "bw" if t_bw >= t_flop else "flops", "roofline": max(t_bw, t_flop) / t,
     }

@@ -1,16 +1,16 @@
 """Elementwise kernels at decode (M=1) and prefill (M=512) shapes: time per call, GB/s moved,
 and the share of the machine's memory bandwidth; plus what a call costs Python at M=1.
 
-    PYTHONPATH=. python bench/bench_elementwise.py [--threads 2] [--bw-gbs 43]
+    PYTHONPATH=. python bench/elementwise.py [--threads 2] [--bw-gbs 43]
 
 Decode-sized operands sit in L1/L2, so their GB/s can exceed the DRAM figure: for them the
 time per call (mostly call overhead) is the number that matters.
 """
 import argparse
-import time
 
 import numpy as np
 
+from bench.timing import best_seconds
 from dashinfer_server import kernels as K
 
 K.load()  # a bench runs where it was started: nothing to place first
@@ -24,23 +24,9 @@ MODELS = {
 TOKENS = (("decode", 1), ("prefill", 512))
 
 
-def seconds_per_call(fn, window=2e-3, rounds=30) -> float:
-    """Best per-call time over `rounds` windows of ~`window` seconds each: the minimum filters
-    out the moments other processes take the cores."""
-    n, t0 = 1, time.perf_counter()
-    fn()
-    while time.perf_counter() - t0 < window / 4 and n < 1 << 20:
-        n *= 2
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
-    return best
+def seconds_per_call(fn) -> float:
+    """Best of 30 batches of ~0.5 ms of calls: decode-sized calls are too short to time alone."""
+    return best_seconds(lambda i: fn(), calls=30)
 
 
 def _cases(cfg: dict, M: int):

@@ -1,0 +1,93 @@
+"""Write a random-weight Hugging Face model of a real shape, for benchmarks at scale.
+
+    PYTHONPATH=. python bench/make_model.py qwen2-1.5b /tmp/qwen2-1.5b-random
+    PYTHONPATH=. python bench/make_model.py llama3-8b /tmp/llama3-8b-random   # memory, start-up
+
+transformers gives the config and, on the meta device (no memory), every tensor's name and
+shape; the weights are drawn one tensor at a time in bf16 (normal, std 0.02 as transformers
+initializes them; norms 1) and written in safetensors shards of ~1 GB, so resident memory stays
+near one shard whatever the model's size. No tokenizer: the benchmarks send token ids.
+"""
+import argparse
+import json
+import os
+
+SHAPES = {
+    # Qwen2-1.5B: 3.09 GB of bf16 weights, tied embeddings
+    "qwen2-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                       num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                       max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    # LLaMA-3-8B: 16 GB of bf16 weights
+    "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=8192, rope_theta=5e5, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False),
+}
+SHARD_BYTES = 1 << 30
+
+
+def write_random_model(shape: str, out_dir: str, seed: int = 0) -> str:
+    """Write the model of SHAPES[shape] into out_dir (created); returns out_dir."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(SHAPES[shape])
+    config = AutoConfig.for_model(spec.pop("model_type"), torch_dtype="bfloat16", bos_token_id=1,
+                                  eos_token_id=2, **spec)
+    with torch.device("meta"):
+        names = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight", None)
+    os.makedirs(out_dir, exist_ok=True)
+    config.save_pretrained(out_dir)
+    gen = torch.Generator().manual_seed(seed)
+    index, shard, shard_bytes, files = {}, {}, 0, []
+
+    def flush():
+        nonlocal shard, shard_bytes
+        if shard:
+            name = f"model-{len(files) + 1:05d}.safetensors"
+            save_file(shard, os.path.join(out_dir, name), metadata={"format": "pt"})
+            files.append(name)
+            index.update({n: name for n in shard})
+            shard, shard_bytes = {}, 0
+
+    for name, dims in names.items():
+        if len(dims) == 1:  # norms weigh 1, biases 0
+            t = torch.ones(dims) if name.endswith("norm.weight") else torch.zeros(dims)
+        else:  # drawn in fp32 blocks of rows: the fp32 temporary stays small
+            t = torch.empty(dims, dtype=torch.bfloat16)
+            rows = max(1, (64 << 20) // (4 * dims[1]))
+            for r in range(0, dims[0], rows):
+                t[r:r + rows] = torch.empty(min(rows, dims[0] - r), dims[1]).normal_(0.0, 0.02, generator=gen)
+        shard[name] = t.to(torch.bfloat16)
+        shard_bytes += shard[name].nbytes
+        if shard_bytes >= SHARD_BYTES:
+            flush()
+    flush()
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(2 * _numel(d) for d in names.values())},
+                   "weight_map": index}, f, indent=1)
+    return out_dir
+
+
+def _numel(dims):
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shape", choices=sorted(SHAPES))
+    parser.add_argument("out_dir")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(write_random_model(args.shape, args.out_dir, args.seed))
+
+
+if __name__ == "__main__":
+    main()

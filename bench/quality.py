@@ -1,0 +1,88 @@
+"""What quantized weights cost in quality: next-token negative log-likelihood of the default model
+(SmolLM2-135M-Instruct) on the text in bench/data/project_docs.txt (this project's README and
+design notes, ~3,900 tokens), bf16 weights against int8 and uint4, per group of 64 and per channel.
+
+    PYTHONPATH=. python bench/quality.py [--window 512] [--threads 2]
+
+The text is cut into windows of --window tokens, each a fresh context; every token after a
+window's first is predicted. One JSON line per setting: mean NLL (nats/token), perplexity, and
+the NLL's change against bf16 in % (targets: int8 within 0.5%, uint4 within 3%). Quantized
+settings run twice: `vnni`, the path a VNNI CPU takes (int8 activations, native/linear.h), and
+`exact` (DASHINFER_ISA=avx2: weights dequantized exactly, activations fp32), so the cost of
+the activation quantization shows apart from the weights'. Each run is its own process.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = os.path.join(ROOT, "bench", "data", "project_docs.txt")
+BLOCK = 64
+# (label, quant, group_size); None: InstantQuant's default group (64)
+SETTINGS = [("bf16", None, None), ("int8 g64", "int8", None), ("int8 per-channel", "int8", -1),
+            ("uint4 g64", "uint4", None), ("uint4 per-channel", "uint4", -1)]
+
+
+def nll(quant, group_size, window, threads) -> dict:
+    """In the child: mean next-token NLL over the text, with the model's forward run directly."""
+    import numpy as np
+
+    from bench import models
+    from dashinfer_server import kernels as K
+    from dashinfer_server.model import DecoderModel
+    from dashinfer_server.plan import StepPlan
+
+    K.set_num_threads(threads)
+    model = models.load("default", "bfloat16", quant, group_size)
+    with open(TEXT) as f:
+        ids = model.get_tokenizer()(f.read())["input_ids"]
+    decoder = DecoderModel(model, "fp32", window // BLOCK, BLOCK, window, window)
+    total, count = 0.0, 0
+    for start in range(0, len(ids) - 1, window):
+        chunk = np.asarray(ids[start:start + window], np.int32)
+        w = len(chunk)
+        if w < 2:
+            break
+        rows = np.arange(w, dtype=np.int32)
+        plan = StepPlan(chunk, rows, rows, np.array([0, w], np.int32), np.array([w], np.int32),
+                        np.arange(window // BLOCK, dtype=np.int32)[None, :], rows)
+        logits = decoder.forward(plan)[:w - 1].astype(np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        logz = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+        total += float((logz - logits[np.arange(w - 1), chunk[1:]]).sum())
+        count += w - 1
+    return {"tokens": count, "nll": total / count}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=int, default=512, help="tokens per window (a multiple of 64)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        quant = None if args.child[0] == "-" else args.child[0]
+        group = None if args.child[1] == "-" else int(args.child[1])
+        print(json.dumps(nll(quant, group, args.window, args.threads)))
+        return
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    base = None
+    for label, quant, group in SETTINGS:
+        for path in (["vnni", "exact"] if quant else ["bf16"]):
+            run_env = dict(env, DASHINFER_ISA="avx2") if path == "exact" else env
+            cmd = [sys.executable, os.path.abspath(__file__), "--window", str(args.window), "--threads",
+                   str(args.threads), "--child", quant or "-", "-" if group is None else str(group)]
+            out = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.exit(f"{label} ({path}) failed:\n{out.stderr[-3000:]}")
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            base = base or result["nll"]
+            print(json.dumps({"weights": label, "path": path, "tokens": result["tokens"],
+                              "nll": round(result["nll"], 4), "perplexity": round(2.718281828 ** result["nll"], 3),
+                              "vs_bf16_pct": round(100 * (result["nll"] / base - 1), 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+/* i8q/u4q linear on AVX512-VNNI (layout and math in linear.h): the activations quantized to
+ * int8 per 32 k, then per block one vpdpbusd per 4 k x 16 columns (u8 weight codes x s8
+ * activations, exact int32 sums), the block's int32 sums scaled once by scale * d into fp32,
+ * and the zero point subtracted once per group. A 64-column panel is streamed once per block of
+ * MR rows; int8 codes are half the bytes of bf16, uint4 a quarter, and the arithmetic stays far
+ * below the memory time, so a decode step runs at the speed of its bytes. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#include <immintrin.h>
+
+#include "linear_kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define MR 2 /* rows per tile: 2 x 4 int32 + 2 x 4 fp32 accumulators + 8 code registers */
+
+int dn_linear_vnni(void) {
+    static int vnni = -1;
+    if (vnni < 0) {
+        __builtin_cpu_init();
+        vnni = __builtin_cpu_supports("avx512vnni") != 0;
+    }
+    return vnni && dn_isa() == DN_ISA_AVX512;
+}
+
+INLINE __mmask16 col_mask(int valid, int v) {
+    int left = valid - 16 * v;
+    return left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+}
+
+INLINE int32_t quad(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* y[r][0..valid) = x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide. */
+INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int64_t group,
+                 int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy, const float *bias,
+                 int valid) {
+    const int64_t ng = k / group, nb = k / DN_Q8_BLOCK, gb = dn_linear_group_bytes(u4 ? DN_W_U4Q : DN_W_I8Q, group, width);
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 total[MR][4];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *blk = panel + g * gb, *codes = blk + 8 * width;
+        const float *scale = (const float *)blk, *sz = scale + width;
+        __m512 s[4];
+        for (int v = 0; v < nv; v++) s[v] = _mm512_loadu_ps(scale + 16 * v);
+        for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
+            const int64_t k0 = g * group + b * DN_Q8_BLOCK;
+            /* one row: two sums per column (even / odd steps), so no chain of 8 dependent vpdpbusd */
+            __m512i dot[MR][4], odd[4];
+            for (int r = 0; r < mr; r++)
+                for (int v = 0; v < nv; v++) dot[r][v] = _mm512_setzero_si512();
+            for (int v = 0; v < nv; v++) odd[v] = _mm512_setzero_si512();
+            if (u4) {
+                for (int j = 0; j < DN_Q8_BLOCK / 8; j++) {
+                    const uint8_t *row = codes + (b * DN_Q8_BLOCK / 8 + j) * width * 4;
+                    __m512i lo[4], hi[4];
+                    for (int v = 0; v < nv; v++) {
+                        __m512i raw = _mm512_loadu_si512(row + 64 * v);
+                        lo[v] = _mm512_and_si512(raw, low);
+                        hi[v] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+                    }
+                    for (int r = 0; r < mr; r++) {
+                        const int8_t *xr = a->xq + (row0 + r) * k + k0 + 8 * j;
+                        __m512i x0 = _mm512_set1_epi32(quad(xr)), x1 = _mm512_set1_epi32(quad(xr + 4));
+                        for (int v = 0; v < nv; v++) {
+                            dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], lo[v], x0);
+                            if (mr == 1) odd[v] = _mm512_dpbusd_epi32(odd[v], hi[v], x1);
+                            else dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], hi[v], x1);
+                        }
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int j = 0; j < DN_Q8_BLOCK / 4; j++) {
+                    const uint8_t *row = codes + (b * DN_Q8_BLOCK / 4 + j) * width * 4;
+                    __m512i q[4];
+                    for (int v = 0; v < nv; v++) q[v] = _mm512_loadu_si512(row + 64 * v);
+                    for (int r = 0; r < mr; r++) {
+                        __m512i xv = _mm512_set1_epi32(quad(a->xq + (row0 + r) * k + k0 + 4 * j));
+                        for (int v = 0; v < nv; v++) {
+                            if (mr == 1 && j % 2) odd[v] = _mm512_dpbusd_epi32(odd[v], q[v], xv);
+                            else dot[r][v] = _mm512_dpbusd_epi32(dot[r][v], q[v], xv);
+                        }
+                    }
+                }
+            }
+            if (mr == 1)
+                for (int v = 0; v < nv; v++) dot[0][v] = _mm512_add_epi32(dot[0][v], odd[v]);
+            for (int r = 0; r < mr; r++) {
+                __m512 d = _mm512_set1_ps(a->xd[(row0 + r) * nb + k0 / DN_Q8_BLOCK]);
+                for (int v = 0; v < nv; v++)
+                    total[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][v]), _mm512_mul_ps(s[v], d),
+                                                  total[r][v]);
+            }
+        }
+        for (int v = 0; v < nv; v++) {
+            __m512 z = _mm512_loadu_ps(sz + 16 * v);
+            for (int r = 0; r < mr; r++)
+                total[r][v] = _mm512_fnmadd_ps(z, _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
+        }
+    }
+    for (int v = 0; v < nv; v++) {
+        __mmask16 m = col_mask(valid, v);
+        __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
+        for (int r = 0; r < mr; r++)
+            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * v, m, _mm512_add_ps(total[r][v], bv));
+    }
+}
+
+/* 32 floats -> int8 codes and their scale, as dn_q8_quantize_block (rint, nearest even). */
+static int quantize_block(const float *x, int8_t *q, float *d) {
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
+    *d = amax / 127.0f;
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+}
+
+#define NV_TILES(MR_, U4)                                                                         \
+    switch (nv) {                                                                                  \
+    case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
+    case 2: tile(MR_, 2, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
+    case 3: tile(MR_, 3, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
+    default: tile(MR_, 4, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
+    }
+
+static void run(const dn_linear_call *c, int t, int nt) {
+    const dn_linear_w *w = c->w;
+    dn_q8_act a = dn_q8_prepare(c, t, nt, quantize_block);
+    int64_t p0, p1, m0, m1;
+    int u4 = w->wtype == DN_W_U4Q;
+    dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
+    dn_linear_panels(&share, &p0, &p1);
+    for (int64_t p = p0; p < p1; p++) {
+        dn_linear_rows(&share, p, &m0, &m1);
+        const uint8_t *panel = dn_linear_panel(w, p);
+        int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p), nv = width / 16;
+        int64_t col0 = p * DN_LINEAR_NR;
+        const float *bias = c->bias ? c->bias + col0 : NULL;
+        for (int64_t i = m0; i < m1; i += MR) {
+            if (m1 - i >= 2) {
+                if (u4) NV_TILES(2, 1) else NV_TILES(2, 0)
+            } else {
+                if (u4) NV_TILES(1, 1) else NV_TILES(1, 0)
+            }
+        }
+    }
+}
+
+const dn_linear_kernels dn_linear_q8_vnni = {dn_q8_scratch_bytes, run};
+
+#pragma GCC pop_options

@@ -1,0 +1,112 @@
+"""i8q / u4q linear weights (int8 activations, vpdpbusd where the CPU has AVX512-VNNI) against numpy.
+
+The kernels quantize each row of x per block of 32 k: d = max|x| / 127, xq = rint(x / d). Two
+references: (1) numpy doing the same quantization, xhat = d * xq, times the dequantized weights
+in float64: the kernels must agree to fp32 rounding of their sums; (2) the exact x: there the
+error is that of xhat, at most d / 2 per element, so |y - x.W^T| <= sum_k |w_k| d_k / 2.
+"""
+import numpy as np
+import pytest
+
+from dashinfer_client.model.quant import quantize, unpack_codes
+from dashinfer_server import kernels as K
+
+BLOCK = 32
+
+
+def pack(wtype, n, k, group, rng):
+    """-> (packed, codes [N,K], scales, zeros) of a random weight."""
+    fmt = "int8" if wtype == "i8q" else "uint4"
+    stored, scale, zero = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, group)
+    return K.pack_linear(stored, wtype, group, scale, zero), unpack_codes(stored, fmt), scale, zero
+
+
+def weight(q, scale, zero, group):
+    """The weight the kernels compute with: q * scale - (scale * zero rounded to fp32)."""
+    n, k = q.shape
+    s = np.repeat(scale, group, axis=1).astype(np.float64)
+    sz = np.repeat((scale * zero).astype(np.float32), group, axis=1).astype(np.float64)
+    return q.astype(np.float64) * s - sz
+
+
+def quantize_x(x):
+    """-> (xhat float64, d per element): the activations as the kernels see them."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // BLOCK, BLOCK)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    xq = np.rint(blocks * inv).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    xhat = (xq.astype(np.float64) * d).reshape(m, k)
+    return xhat, np.broadcast_to(d, blocks.shape).reshape(m, k).astype(np.float64)
+
+
+def check(y, x, q, scale, zero, group, bias):
+    w = weight(q, scale, zero, group)
+    xhat, d = quantize_x(x)
+    b = 0 if bias is None else bias.astype(np.float64)
+    same = xhat @ w.T + b
+    mag = np.abs(xhat) @ np.abs(w).T + np.abs(b)
+    err = np.abs(y - same)
+    assert np.all(err <= 2e-5 * mag + 1e-30), f"vs quantized-x reference: max excess {np.max(err - 2e-5 * mag)}"
+    exact = x.astype(np.float64) @ w.T + b
+    bound = (d / 2) @ np.abs(w).T + 2e-5 * mag
+    assert np.all(np.abs(y - exact) <= bound), "vs exact x: beyond the activation quantization bound"
+    if y.size >= 64:  # int8 activations: ~0.6% rms (d / sqrt(12) per element of unit x)
+        rms = np.sqrt(np.mean((y - exact) ** 2) / np.mean(exact**2))
+        assert rms < 0.02, f"relative rms error {rms}"
+
+
+# (M, N, K, group): per channel (group = K), several groups, K spanning many blocks, N not a
+# multiple of 16, M on both sides of the 2-row tile
+CASES = [(1, 1, 64, 32), (2, 40, 128, 64), (3, 200, 256, 128), (8, 64, 96, 96), (37, 130, 256, 256),
+         (1, 1000, 4224, 128), (5, 48, 512, 512), (1, 576, 1536, 64)]
+
+
+@pytest.mark.parametrize("wtype", ["i8q", "u4q"])
+def test_matches_reference(isa, wtype):
+    rng = np.random.default_rng(3)
+    for i, (m, n, k, group) in enumerate(CASES):
+        packed, q, scale, zero = pack(wtype, n, k, group, rng)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :BLOCK] = 0  # an all-zero block: d = 0
+        bias = rng.standard_normal(n).astype(np.float32) if i % 2 else None
+        check(K.linear(x, packed, bias), x, q, scale, zero, group, bias)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_agree(isa, threads):
+    rng = np.random.default_rng(4)
+    before = K.num_threads()
+    K.set_num_threads(threads)
+    try:
+        for wtype in ("i8q", "u4q"):
+            packed, q, scale, zero = pack(wtype, 576, 256, 64, rng)
+            for m in (1, 3, 8, 37):
+                x = rng.standard_normal((m, 256)).astype(np.float32)
+                check(K.linear(x, packed), x, q, scale, zero, 64, None)
+    finally:
+        K.set_num_threads(before)
+
+
+def test_paths_agree_on_the_same_buffer():
+    """The VNNI kernel and the portable one compute the same sums (to fp32 rounding)."""
+    rng = np.random.default_rng(5)
+    packed, *_ = pack("u4q", 100, 256, 64, rng)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    best = K.isa()
+    y = K.linear(x, packed)
+    try:
+        K.set_isa("portable")
+        y_portable = K.linear(x, packed)
+    finally:
+        K.set_isa(best)
+    np.testing.assert_allclose(y, y_portable, rtol=1e-4, atol=1e-4)
+
+
+def test_refuses_groups_that_are_not_whole_blocks():
+    q = np.zeros((4, 48), np.uint8)
+    ones = np.ones((4, 1), np.float32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        K.pack_linear(q, "i8q", 48, ones, ones)
+    assert K.unpack_linear(K.pack_linear(np.zeros((4, 32), np.uint8), "u4q", 64, ones, ones))[0] == "u4q"
