@@ -8,6 +8,7 @@ after that, then the models are stopped and the service closes.
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from concurrent import futures
@@ -28,8 +29,11 @@ DEFAULT_MAX_WORKERS = 512
 
 
 def _claim_unix_socket(path: str) -> None:
-    """Make `path` bindable: refuse if a live server listens there, remove a stale socket file."""
-    if os.path.exists(path):
+    """Make `path` bindable: refuse if a live server listens there or if it is not a socket (a
+    refused connect does not tell a stale socket from a regular file), remove a stale socket."""
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise RuntimeError(f"cannot use {path}: it exists and is not a socket; choose another --address")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(1.0)
         try:

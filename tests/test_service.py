@@ -100,6 +100,15 @@ def test_socket_of_a_live_server_is_not_taken_but_a_stale_one_is(tmp_path):
     second.stop()
 
 
+def test_a_file_that_is_not_a_socket_is_never_deleted(tmp_path):
+    """A refused connect on a regular file is not a stale socket: the server refuses the address."""
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    with pytest.raises(RuntimeError, match="not a socket"):
+        Server(Engine(), f"unix:{precious}").start()
+    assert precious.read_text() == "keep me"
+
+
 def test_stream_carries_start_tokens_status_and_stats(stub):
     events = list(_start(stub, 40))
     first, last = events[0], events[-1]
