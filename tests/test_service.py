@@ -132,11 +132,16 @@ def test_stream_carries_start_tokens_status_and_stats(stub):
     assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=first.handle)).status == 0
 
 
+DEEP_JSON = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError on it
+
+
 @pytest.mark.parametrize("fields, status, words", [
     ({"generation_config_json": "{not json"}, AsStatus.ALLSPARK_PARAM_ERROR, "start_request"),
     ({"input_shape": [3]}, AsStatus.ALLSPARK_PARAM_ERROR, "do not fill the shape"),
     ({"model_name": "nope"}, AsStatus.ALLSPARK_PARAM_ERROR, "unknown model 'nope'"),
     ({"input_ids": [], "input_shape": [0]}, AsStatus.ALLSPARK_EMPTY_REQUEST, "empty"),
+    ({"generation_config_json": DEEP_JSON}, AsStatus.ALLSPARK_PARAM_ERROR, "nested too deeply"),
+    ({"input_ids_json": DEEP_JSON}, AsStatus.ALLSPARK_PARAM_ERROR, "nested too deeply"),
 ])
 def test_refused_start_is_one_event_with_status_and_reason(stub, fields, status, words):
     events = list(_start(stub, **fields))
@@ -145,7 +150,7 @@ def test_refused_start_is_one_event_with_status_and_reason(stub, fields, status,
 
 
 def test_bad_runtime_config_is_a_param_error(stub):
-    for text in ("[]", "{nope", json.dumps({"model_name": "x", "max_batch": 0})):
+    for text in ("[]", "{nope", DEEP_JSON, json.dumps({"model_name": "x", "max_batch": 0})):
         reply = stub.InstallModel(pb.InstallModelRequest(runtime_config_json=text))
         assert reply.status == AsStatus.ALLSPARK_PARAM_ERROR and "bad runtime config" in reply.message
 
