@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dashinfer_client.api import ModelState
-from dashinfer_client.proto.wire import KEEPALIVE_MS, default_address, pb, pb_grpc, unix_socket_path
+from dashinfer_client.proto.wire import KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, default_address, pb, pb_grpc, unix_socket_path
 from dashinfer_client.types import GenerateRequestStatus
 
 from .service import DashInferService
@@ -62,7 +62,7 @@ class Server:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
                                    options=[("grpc.so_reuseport", 0),  # a client's keepalive pings:
                                             ("grpc.http2.min_ping_interval_without_data_ms",
-                                             KEEPALIVE_MS // 2)])
+                                             KEEPALIVE_MS // 2), *MESSAGE_SIZE_OPTIONS])
         pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
         # grpc.health.v1 for probes and load balancers: SERVING once started, NOT_SERVING from the drain on
         self.health = health.HealthServicer()

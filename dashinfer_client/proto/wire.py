@@ -28,6 +28,12 @@ _COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
 # server must accept pings that often, or it ends the connection ("too many pings").
 KEEPALIVE_MS = 30000
 
+# The largest message either end sends or accepts (gRPC's own receive limit is 4 MiB): a prompt of
+# millions of ids fits; a client refuses a larger request before sending it.
+MAX_MESSAGE_BYTES = 64 * 2**20
+MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
 # ---- addresses -------------------------------------------------------------------------------------
 
 
