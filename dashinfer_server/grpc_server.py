@@ -51,6 +51,15 @@ def _claim_unix_socket(path: str) -> None:
         os.makedirs(folder, exist_ok=True)
 
 
+def remove_socket(path) -> None:
+    """Remove the unix socket at `path` (None: a TCP address), if it is there still."""
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 class Server:
     """The gRPC server of rank 0 around one Engine (see serve)."""
 
@@ -127,11 +136,7 @@ class Server:
         return self._stopped.wait(timeout)
 
     def _remove_socket(self) -> None:
-        if self.socket_path:
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
+        remove_socket(self.socket_path)
 
 
 def serve(engine, address=None, max_workers=DEFAULT_MAX_WORKERS) -> Server:
