@@ -188,6 +188,12 @@ BAD_CALLS = {
     "bool handle": lambda e, s: e.stop_request("tiny", True),
     "unknown handle, unknown model": lambda e, s: e.release_request("nope", 10**9),
     "gen type": lambda e, s: e.start_request_ids("tiny", None, [1, 2], [1, 2])[0],
+    "gen bytes key": lambda e, s: e.start_request_ids("tiny", None, [1, 2], {b"top_k": 1})[0],
+    "gen int key": lambda e, s: e.start_request_ids("tiny", None, [1, 2], {1: 1, "top_k": 1})[0],
+    "int model name": lambda e, s: e.release_model(3),
+    "list model name": lambda e, s: e.release_model(["tiny"]),
+    "bytes model name, release": lambda e, s: e.release_model(b"tiny"),
+    "lone surrogate, stop": lambda e, s: e.stop_model("tiny\udc80"),
 }
 
 
