@@ -8,21 +8,20 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import dashinfer_client as allspark
-from helpers import build_tiny_model
+from dashinfer_client.proto.wire import encode_runtime_config
+from tests.engine_fixtures import API_CONTEXT, serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Spawns a two-rank group, starts a long request and says where the group is.
 CLIENT = """
+import json
 import sys
 import dashinfer_client as allspark
 engine = allspark.ClientEngine(nodes=2, threads_per_rank=1, startup_timeout=90,
                                env={"DASHINFER_NUMA_NODES": "0:0;1:1"})
-cfg = (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(sys.argv[1], "tiny")
-       .max_length(4096).max_batch(4).build())
+cfg = allspark.AsModelRuntimeConfig.from_dict(json.loads(sys.argv[1]))
 assert engine.install_model(cfg) == 0 and engine.start_model("tiny") == 0
 gen = allspark.ASGenerationConfigBuilder().update({"top_k": 1, "max_length": 4095,
                                                    "early_stopping": False}).build()
@@ -31,15 +30,6 @@ assert status == 0 and queue.Get() is not None
 print(engine.server.socket, engine.server.proc.pid, flush=True)
 sys.stdin.read()
 """
-
-
-@pytest.fixture(scope="module")
-def serialized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4096)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
 
 
 def _tree(pid):
@@ -80,9 +70,11 @@ def _eventually(predicate, timeout):
     return True
 
 
-def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized):
+def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
+    cfg = serialized_tiny("llama", max_position_embeddings=API_CONTEXT).create_reference_runtime_config_builder(
+        "tiny", allspark.TargetDevice.CPU, [0], max_batch=2).max_length(4096).build()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, serialized], stdin=subprocess.PIPE,
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, encode_runtime_config(cfg)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, env=env, text=True)
     try:
         socket_path, leader = client.stdout.readline().split()
