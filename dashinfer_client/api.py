@@ -253,4 +253,7 @@ def _generation_config(gen):
     if not isinstance(gen, (ASGenerationConfig, dict)):
         raise Refused(PARAM_ERROR,
                       f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
+    odd = [k for k in gen if not isinstance(k, str)]
+    if odd:  # JSON has str keys only: a ClientEngine could not send them as they are
+        raise Refused(PARAM_ERROR, f"generate_config: option names are str, got {odd[0]!r}")
     return gen

@@ -147,6 +147,7 @@ class ClientEngine(EngineAPI):
                                               events_on_session=True,
                                               generation_config_json=wire.encode_generation(gen),
                                               **wire.encode_ids(input_ids))
+        _check_size(request)
         try:
             first = next(iter(conn.stub.StartRequest(request)))  # the only event: the rest come on the session
         except conn.RpcError as e:
@@ -213,6 +214,7 @@ class ClientEngine(EngineAPI):
         request = make_request(conn)
         if request is None:
             return  # a request of a server that is gone: it has ended already
+        _check_size(request)
         try:
             reply = getattr(conn.stub, rpc)(request)
         except conn.RpcError as e:
@@ -333,6 +335,16 @@ class _State:
         if self.server is not None:
             self.server.stop(timeout)
             self.server = None
+
+
+def _check_size(request) -> None:
+    """Refuse a request larger than a message may be, before sending it (the server would refuse
+    it with RESOURCE_EXHAUSTED, a failure of the call that says nothing of why)."""
+    size = request.ByteSize()
+    if size > wire.MAX_MESSAGE_BYTES:
+        raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
+                      f"the request is {size} bytes on the wire, over the {wire.MAX_MESSAGE_BYTES} a "
+                      f"message may carry")
 
 
 def _wait_delivered(queues) -> None:

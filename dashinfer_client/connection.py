@@ -9,7 +9,7 @@ import time
 
 import grpc
 
-from .proto.wire import KEEPALIVE_MS, apply_event, pb, pb_grpc
+from .proto.wire import KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, apply_event, pb, pb_grpc
 from .types import GenerateRequestStatus
 
 log = logging.getLogger("dashinfer_client")
@@ -17,7 +17,7 @@ log = logging.getLogger("dashinfer_client")
 # Local sockets answer within milliseconds: retry connecting often (gRPC's default waits 1-120 s).
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-                    ("grpc.max_receive_message_length", 64 * 2**20)]
+                    *MESSAGE_SIZE_OPTIONS]
 
 
 class Unavailable(Exception):
@@ -121,8 +121,14 @@ class Connection:
             self.broken = f"lost the connection to the dashinfer server at {self.address} ({why})"
 
     def lost(self, error) -> str:
-        """The message for a call or stream that failed with `error` (a grpc.RpcError)."""
-        return self.broken_by(f"{error.code().name}: {error.details()}")
+        """The message for a call or stream that failed with `error` (a grpc.RpcError). Only
+        UNAVAILABLE, or a session stream that has ended, is the loss of the connection (the next
+        call reconnects, restarting a spawned group); any other code (RESOURCE_EXHAUSTED,
+        INVALID_ARGUMENT, UNKNOWN...) is this call's error alone."""
+        why = f"{error.code().name}: {error.details()}"
+        if error.code() == grpc.StatusCode.UNAVAILABLE or self.broken:
+            return self.broken_by(why)
+        return f"the dashinfer server at {self.address} failed the call ({why})"
 
     def broken_by(self, why) -> str:
         """Mark the connection broken by `why` (the first reason stays) and return the message

@@ -73,6 +73,8 @@ class GenerateRequestStatus(PrintedEnum):
     InternalError = 5
 
 
+# The longest wait Condition.wait accepts, in milliseconds (about 292 years).
+_MAX_TIMEOUT_MS = threading.TIMEOUT_MAX * 1000.0
 _FINAL = frozenset({GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted,
                     GenerateRequestStatus.InternalError})
 
@@ -271,8 +273,11 @@ class ResultQueue:
             return self._take()
 
     def GetWithTimeout(self, timeout_ms):
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
-            raise ValueError(f"GetWithTimeout: timeout_ms must be a number >= 0, got {timeout_ms!r}")
+        # `not 0 <= t <= MAX` also refuses nan; Condition.wait overflows on inf and 1e308.
+        if (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
+                or not 0 <= timeout_ms <= _MAX_TIMEOUT_MS):
+            raise ValueError(f"GetWithTimeout: timeout_ms must be a number in [0, {_MAX_TIMEOUT_MS}], "
+                             f"got {timeout_ms!r}")
         with self._cond:
             self._cond.wait_for(self._has_news, timeout_ms / 1000.0)
             return self._take()

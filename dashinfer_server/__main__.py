@@ -15,14 +15,17 @@ import argparse
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 
+from dashinfer_client.proto.wire import unix_socket_path
+
 from . import kernels as K
 from . import logs, systemd
 from .engine import Engine
-from .grpc_server import serve
+from .grpc_server import remove_socket, serve
 from .group import init_group
 from .systemd import EX_CONFIG
 from .topology import PlacementError
@@ -91,17 +94,37 @@ def runtime_config(args):
     return b.build()
 
 
-def _watch_stdin(stop: threading.Event) -> None:
-    """Wake `stop` when stdin reaches EOF: the spawning client is gone, even if it was killed."""
+def _watch_stdin(stop: threading.Event, address: str) -> None:
+    """Wake `stop` when stdin reaches EOF: the spawning client is gone, even if it was killed. Its
+    socket goes at once, and our output to /dev/null: the client read it, and mpiexec, writing it
+    to a pipe nobody reads, would die of SIGPIPE and take the group down before it cleaned up."""
     def watch():
         try:
             while os.read(sys.stdin.fileno(), 4096):
                 pass
         except OSError:
             pass
+        remove_socket(unix_socket_path(address) if address else None)
+        _sweep_segments_after_exit()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
         log.info("stdin closed: the client that spawned this server is gone; shutting down")
         stop.set()
     threading.Thread(target=watch, name="dashinfer-stdin-watch", daemon=True).start()
+
+
+def _sweep_segments_after_exit() -> None:
+    """Leave a detached process behind that removes this group's MPICH segments once its ranks
+    are gone: MPICH removes them only when the job ends cleanly, and a group whose client died may
+    not (mpiexec loses its output pipe and kills the ranks)."""
+    from .launch import mapped_mpich_segments
+    segments = sorted(mapped_mpich_segments("/proc/self/maps"))
+    if segments:
+        code = "import sys; from dashinfer_server.launch import sweep_when_unmapped; sweep_when_unmapped(sys.argv[1:])"
+        subprocess.Popen([sys.executable, "-c", code, *segments], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def main(argv=None) -> int:
@@ -122,7 +145,7 @@ def main(argv=None) -> int:
     # (it may inherit NOTIFY_SOCKET from a service that runs the client).
     notify = (lambda state: False) if args.exit_on_stdin_eof else systemd.notify
     if args.exit_on_stdin_eof:
-        _watch_stdin(stop)
+        _watch_stdin(stop, args.address)
     if args.threads:
         K.set_num_threads(args.threads)
 

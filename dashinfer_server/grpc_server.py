@@ -8,6 +8,7 @@ after that, then the models are stopped and the service closes.
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from concurrent import futures
@@ -16,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dashinfer_client.api import ModelState
-from dashinfer_client.proto.wire import KEEPALIVE_MS, default_address, pb, pb_grpc, unix_socket_path
+from dashinfer_client.proto.wire import KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, default_address, pb, pb_grpc, unix_socket_path
 from dashinfer_client.types import GenerateRequestStatus
 
 from .service import DashInferService
@@ -28,8 +29,11 @@ DEFAULT_MAX_WORKERS = 512
 
 
 def _claim_unix_socket(path: str) -> None:
-    """Make `path` bindable: refuse if a live server listens there, remove a stale socket file."""
-    if os.path.exists(path):
+    """Make `path` bindable: refuse if a live server listens there or if it is not a socket (a
+    refused connect does not tell a stale socket from a regular file), remove a stale socket."""
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise RuntimeError(f"cannot use {path}: it exists and is not a socket; choose another --address")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         probe.settimeout(1.0)
         try:
@@ -47,6 +51,15 @@ def _claim_unix_socket(path: str) -> None:
         os.makedirs(folder, exist_ok=True)
 
 
+def remove_socket(path) -> None:
+    """Remove the unix socket at `path` (None: a TCP address), if it is there still."""
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 class Server:
     """The gRPC server of rank 0 around one Engine (see serve)."""
 
@@ -58,7 +71,7 @@ class Server:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
                                    options=[("grpc.so_reuseport", 0),  # a client's keepalive pings:
                                             ("grpc.http2.min_ping_interval_without_data_ms",
-                                             KEEPALIVE_MS // 2)])
+                                             KEEPALIVE_MS // 2), *MESSAGE_SIZE_OPTIONS])
         pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
         # grpc.health.v1 for probes and load balancers: SERVING once started, NOT_SERVING from the drain on
         self.health = health.HealthServicer()
@@ -123,11 +136,7 @@ class Server:
         return self._stopped.wait(timeout)
 
     def _remove_socket(self) -> None:
-        if self.socket_path:
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
+        remove_socket(self.socket_path)
 
 
 def serve(engine, address=None, max_workers=DEFAULT_MAX_WORKERS) -> Server:

@@ -101,6 +101,33 @@ def _numactl(place, numactl) -> list:
     return cmd
 
 
+def mapped_mpich_segments(maps_glob: str = "/proc/[0-9]*/maps") -> set:
+    """The MPICH segments the processes of `maps_glob` map (default: every process we can read)."""
+    mapped = set()
+    for maps in glob.glob(maps_glob):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[5].strip() for line in f if "mpich_sh" in line)
+        except (OSError, IndexError):
+            continue  # gone, or not ours to read
+    return mapped
+
+
+def sweep_when_unmapped(paths, timeout_s: float = 120.0) -> None:
+    """Remove the MPICH segments `paths` of a group on its way out as soon as no process maps
+    them (its ranks have exited, however they ended); give up after timeout_s."""
+    paths = set(paths)
+    deadline = time.monotonic() + timeout_s
+    while paths and time.monotonic() < deadline:
+        for path in paths - mapped_mpich_segments():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            paths.discard(path)
+        time.sleep(0.2)
+
+
 def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) -> list:
     """Remove this user's MPICH segments (mpich_shm_*, mpich_shar_tmp*) that no process maps any
     more. MPICH removes them when the job ends normally but leaves them when a rank is killed; a
@@ -117,13 +144,7 @@ def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) 
             stale.append(path)
     if not stale:
         return []
-    mapped = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                mapped.update(line.split(None, 5)[5].strip() for line in f if "mpich_sh" in line)
-        except (OSError, IndexError):
-            continue  # gone, or not ours to read
+    mapped = mapped_mpich_segments()
     removed = []
     for path in stale:
         if path not in mapped:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import dashinfer_client as allspark
@@ -187,6 +188,12 @@ BAD_CALLS = {
     "bool handle": lambda e, s: e.stop_request("tiny", True),
     "unknown handle, unknown model": lambda e, s: e.release_request("nope", 10**9),
     "gen type": lambda e, s: e.start_request_ids("tiny", None, [1, 2], [1, 2])[0],
+    "gen bytes key": lambda e, s: e.start_request_ids("tiny", None, [1, 2], {b"top_k": 1})[0],
+    "gen int key": lambda e, s: e.start_request_ids("tiny", None, [1, 2], {1: 1, "top_k": 1})[0],
+    "int model name": lambda e, s: e.release_model(3),
+    "list model name": lambda e, s: e.release_model(["tiny"]),
+    "bytes model name, release": lambda e, s: e.release_model(b"tiny"),
+    "lone surrogate, stop": lambda e, s: e.stop_model("tiny\udc80"),
 }
 
 
@@ -198,6 +205,36 @@ def test_refusals_match_in_process(local, remote, serialized, case):
     assert expected != AsStatus.ALLSPARK_SUCCESS
     assert got == expected
     assert remote.last_error == local.last_error
+
+
+# ---- one client's oversized request hurts no other ---------------------------------------------
+
+def test_an_oversized_request_is_refused_and_hurts_no_other_request(remote, local, monkeypatch):
+    """3M ids (6 MB on the wire, over gRPC's default 4 MiB) get the Engine's answer, not a lost
+    connection that restarts the group under another client's request; a request over the
+    message limit is refused before it is sent."""
+    from dashinfer_client.proto import wire
+    pid = _server_pid(remote)
+    other = allspark.ClientEngine(remote.address)
+    try:
+        status, _, running = other.start_request_ids("tiny", None, PROMPT, _gen(MAX_LENGTH - 1))
+        first = running.Get()
+        assert status == AsStatus.ALLSPARK_SUCCESS and first is not None
+        huge = np.full(3_000_000, 250, dtype=np.int64)
+        expected = local.start_request_ids("tiny", None, huge, _gen())[0]
+        assert expected == AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR
+        assert remote.start_request_ids("tiny", None, huge, _gen())[0] == expected
+        assert remote.last_error == local.last_error
+        monkeypatch.setattr(wire, "MAX_MESSAGE_BYTES", 1000)
+        status = remote.start_request_ids("tiny", None, [250] * 1000, _gen())[0]
+        assert status == AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR and "on the wire" in remote.last_error
+        monkeypatch.undo()
+        assert remote.get_stats()["models"]["tiny"]["state"] == allspark.ModelState.Running
+        assert _server_pid(remote) == pid, "the group was restarted"
+        ids = first.ids_from_generate + _drain(running)[0]
+        assert running.GenerateStatus() == S.GenerateFinished and len(ids) == MAX_LENGTH - 1 - len(PROMPT)
+    finally:
+        other.close()
 
 
 # ---- requests freed when their client goes -------------------------------------------------------

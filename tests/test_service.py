@@ -100,6 +100,15 @@ def test_socket_of_a_live_server_is_not_taken_but_a_stale_one_is(tmp_path):
     second.stop()
 
 
+def test_a_file_that_is_not_a_socket_is_never_deleted(tmp_path):
+    """A refused connect on a regular file is not a stale socket: the server refuses the address."""
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    with pytest.raises(RuntimeError, match="not a socket"):
+        Server(Engine(), f"unix:{precious}").start()
+    assert precious.read_text() == "keep me"
+
+
 def test_stream_carries_start_tokens_status_and_stats(stub):
     events = list(_start(stub, 40))
     first, last = events[0], events[-1]
@@ -123,11 +132,16 @@ def test_stream_carries_start_tokens_status_and_stats(stub):
     assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=first.handle)).status == 0
 
 
+DEEP_JSON = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError on it
+
+
 @pytest.mark.parametrize("fields, status, words", [
     ({"generation_config_json": "{not json"}, AsStatus.ALLSPARK_PARAM_ERROR, "start_request"),
     ({"input_shape": [3]}, AsStatus.ALLSPARK_PARAM_ERROR, "do not fill the shape"),
     ({"model_name": "nope"}, AsStatus.ALLSPARK_PARAM_ERROR, "unknown model 'nope'"),
     ({"input_ids": [], "input_shape": [0]}, AsStatus.ALLSPARK_EMPTY_REQUEST, "empty"),
+    ({"generation_config_json": DEEP_JSON}, AsStatus.ALLSPARK_PARAM_ERROR, "nested too deeply"),
+    ({"input_ids_json": DEEP_JSON}, AsStatus.ALLSPARK_PARAM_ERROR, "nested too deeply"),
 ])
 def test_refused_start_is_one_event_with_status_and_reason(stub, fields, status, words):
     events = list(_start(stub, **fields))
@@ -136,7 +150,7 @@ def test_refused_start_is_one_event_with_status_and_reason(stub, fields, status,
 
 
 def test_bad_runtime_config_is_a_param_error(stub):
-    for text in ("[]", "{nope", json.dumps({"model_name": "x", "max_batch": 0})):
+    for text in ("[]", "{nope", DEEP_JSON, json.dumps({"model_name": "x", "max_batch": 0})):
         reply = stub.InstallModel(pb.InstallModelRequest(runtime_config_json=text))
         assert reply.status == AsStatus.ALLSPARK_PARAM_ERROR and "bad runtime config" in reply.message
 

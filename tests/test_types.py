@@ -140,9 +140,21 @@ def test_interrupted_request_delivers_its_tokens_then_none():
 
 def test_get_with_timeout_refuses_bad_timeouts():
     q = ResultQueue()
-    for bad in (-1, "10", None, True):
+    for bad in (-1, "10", None, True, float("inf"), 1e308, -float("inf")):
         with pytest.raises(ValueError, match="timeout_ms"):
             q.GetWithTimeout(bad)
+
+
+def test_get_with_timeout_refuses_nan_without_waiting():
+    """nan compares false with everything: it must be refused, not taken for "wait forever"."""
+    def call():
+        try:
+            ResultQueue().GetWithTimeout(float("nan"))
+        except ValueError as e:
+            return e
+    t, out = in_thread(call)
+    t.join(JOIN_S)
+    assert not t.is_alive() and isinstance(out[0], ValueError)
 
 
 def _producer(q, n, with_logprobs, sleep_s=0.002):

@@ -28,6 +28,12 @@ _COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
 # server must accept pings that often, or it ends the connection ("too many pings").
 KEEPALIVE_MS = 30000
 
+# The largest message either end sends or accepts (gRPC's own receive limit is 4 MiB): a prompt of
+# millions of ids fits; a client refuses a larger request before sending it.
+MAX_MESSAGE_BYTES = 64 * 2**20
+MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
 # ---- addresses -------------------------------------------------------------------------------------
 
 
@@ -66,6 +72,15 @@ def parse_log_line(line):
 # ---- configs, ids, handles -------------------------------------------------------------------------
 
 
+def _loads(text: str):
+    """json.loads, a document nested too deeply for the parser refused with ValueError like any
+    other bad JSON (json raises RecursionError on it)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("bad JSON: nested too deeply") from None
+
+
 def encode_runtime_config(cfg: AsModelRuntimeConfig) -> str:
     """The config's JSON, model_dir made absolute (the server's working directory is not ours)."""
     d = cfg.to_dict()
@@ -75,7 +90,7 @@ def encode_runtime_config(cfg: AsModelRuntimeConfig) -> str:
 
 def decode_runtime_config(text: str) -> AsModelRuntimeConfig:
     """Raises ValueError or TypeError on a bad config."""
-    return AsModelRuntimeConfig.from_dict(json.loads(text))
+    return AsModelRuntimeConfig.from_dict(_loads(text))
 
 
 def encode_generation(gen) -> str:
@@ -85,7 +100,7 @@ def encode_generation(gen) -> str:
 
 def decode_generation(text: str):
     """The dict the Engine checks; raises ValueError on bad JSON."""
-    return json.loads(text or "{}")
+    return _loads(text or "{}")
 
 
 def encode_ids(input_ids) -> dict:
@@ -107,7 +122,7 @@ def encode_ids(input_ids) -> dict:
 def decode_ids(request):
     """The input_ids of a StartRequestRequest; ValueError when the values do not fill the shape."""
     if request.input_ids_json:
-        return json.loads(request.input_ids_json)
+        return _loads(request.input_ids_json)
     ids = np.array(request.input_ids, dtype=np.int64)
     shape = tuple(request.input_shape)
     if int(np.prod(shape)) != ids.size:

@@ -1,0 +1,93 @@
+"""A client that dies without closing: a ClientEngine process killed (SIGKILL) while its spawned
+two-rank group runs a request leaves nothing behind, neither the group's socket nor its MPICH
+segments in /dev/shm."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import dashinfer_client as allspark
+from dashinfer_client.proto.wire import encode_runtime_config
+from tests.engine_fixtures import API_CONTEXT, serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Spawns a two-rank group, starts a long request and says where the group is.
+CLIENT = """
+import json
+import sys
+import dashinfer_client as allspark
+engine = allspark.ClientEngine(nodes=2, threads_per_rank=1, startup_timeout=90,
+                               env={"DASHINFER_NUMA_NODES": "0:0;1:1"})
+cfg = allspark.AsModelRuntimeConfig.from_dict(json.loads(sys.argv[1]))
+assert engine.install_model(cfg) == 0 and engine.start_model("tiny") == 0
+gen = allspark.ASGenerationConfigBuilder().update({"top_k": 1, "max_length": 4095,
+                                                   "early_stopping": False}).build()
+status, _, queue = engine.start_request_ids("tiny", None, [5, 17, 101], gen)
+assert status == 0 and queue.Get() is not None
+print(engine.server.socket, engine.server.proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _tree(pid):
+    """`pid` and its descendants (mpiexec, its proxy and the ranks: the proxy starts its own session)."""
+    parents = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                parents[int(stat.split("/")[2])] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree = {pid} if pid in parents else set()
+    while True:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        if not more:
+            return tree
+        tree |= more
+
+
+def _mapped_segments(pids):
+    segments = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                segments.update(line.split(None, 5)[5].strip() for line in f if "mpich_sh" in line)
+        except (OSError, IndexError):
+            continue
+    return segments
+
+
+def _eventually(predicate, timeout):
+    """Whether `predicate` holds within `timeout` s (a bound for cleanup, not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
+    cfg = serialized_tiny("llama", max_position_embeddings=API_CONTEXT).create_reference_runtime_config_builder(
+        "tiny", allspark.TargetDevice.CPU, [0], max_batch=2).max_length(4096).build()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, encode_runtime_config(cfg)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        socket_path, leader = client.stdout.readline().split()
+        group = _tree(int(leader))
+        segments = _mapped_segments(group)
+        assert os.path.exists(socket_path) and segments, "the group should be serving with two ranks"
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+        assert _eventually(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in group), 60), \
+            "the group outlived its client"
+        assert not os.path.exists(socket_path), "the killed client's group left its socket"
+        assert _eventually(lambda: not any(os.path.exists(s) for s in segments), 30), \
+            "the group left MPICH segments"
+    finally:
+        client.kill()
+        client.wait()
