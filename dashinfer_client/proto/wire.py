@@ -15,13 +15,11 @@ import numpy as np
 
 from ..api import ModelState
 from ..config import ASGenerationConfig, AsModelRuntimeConfig
-from ..types import GenerateRequestStatus, RequestStatInfo
+from ..types import FINAL_STATUSES, GenerateRequestStatus, RequestStatInfo
 from . import load
 
 pb, pb_grpc = load()
 
-_FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted,
-          GenerateRequestStatus.InternalError)
 _COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
 
 # A client pings an idle connection this often (its session stream stays open for hours); the
@@ -193,7 +191,7 @@ def apply_event(event, queue) -> None:
             token_logprobs = list(event.token_logprobs)
         queue.push(list(event.ids), logprobs, token_logprobs, prefix_cache_len=event.prefix_cache_len,
                    prefix_len_gpu=event.prefix_len_gpu, prefix_len_cpu=event.prefix_len_cpu)
-    if status in _FINAL or status > queue.GenerateStatus():
+    if status in FINAL_STATUSES or status > queue.GenerateStatus():
         queue.set_status(status, event.error or None)
 
 
