@@ -15,7 +15,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.client_engine import Unavailable
-from helpers import build_tiny_model
+from tests.helpers import build_tiny_model
 
 MAX_LENGTH = 4096  # a request of this length runs for seconds: long enough to be caught running
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12, 9, 44, 3, 77]
@@ -49,12 +49,8 @@ def _our_files():
 
 
 @pytest.fixture(scope="module")
-def serialized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=MAX_LENGTH)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
+def serialized(serialized_tiny):
+    return serialized_tiny(name="tiny", max_position_embeddings=MAX_LENGTH).model_output_dir
 
 
 @pytest.fixture(scope="module")

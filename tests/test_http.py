@@ -11,14 +11,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_http_fixtures import API_KEY, MAX_MODEL_LEN, Reference, Server, http_status, wait_for
-from test_http_fixtures import tiny_model  # noqa: F401 (fixture)
+from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, Server, http_status, wait_for
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):  # noqa: F811
+def server(tiny_model, tmp_path_factory):
     s = Server(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
     try:
         s.wait_serving()
@@ -34,7 +33,7 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def ref(tiny_model):  # noqa: F811
+def ref(tiny_model):
     r = Reference(tiny_model)
     yield r
     r.close()

@@ -18,19 +18,14 @@ from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
 from dashinfer_client.proto.wire import default_address, unix_socket_path
 from dashinfer_server.grpc_server import Server, serve
-from helpers import build_tiny_model
 
 pb, pb_grpc = load()
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12]
 
 
 @pytest.fixture(scope="module")
-def serialized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4096)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
+def serialized(serialized_tiny):
+    return serialized_tiny(name="tiny", max_position_embeddings=4096).model_output_dir
 
 
 def _config(serialized):
@@ -226,7 +221,7 @@ def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(ser
 # ---- events on the session stream -----------------------------------------------------------------
 
 def _session_events(session, handles):
-    """RequestEvents of the session stream by handle, read until every handle has its final one."""
+    """The RequestEvent messages of the session stream by handle, read until every handle has its final one."""
     got = {h: [] for h in handles}
     while any(not e or e[-1].status not in (S.GenerateFinished, S.GenerateInterrupted) for e in got.values()):
         for event in next(session).requests:
