@@ -8,7 +8,7 @@ import dashinfer_client as allspark
 from dashinfer_server import kernels as K
 from tests.engine_helpers import API_CONTEXT, API_MAX_BATCH
 from tests.helpers import build_tiny_model
-from tests.http_server import MAX_MODEL_LEN
+from tests.http_server import MAX_MODEL_LEN, Reference
 
 # the configured thread count throughout, so runs compare bit for bit (cpu_share.py)
 os.environ.setdefault("DASHINFER_ADAPTIVE_THREADS", "0")
@@ -67,6 +67,14 @@ def tiny_model(serialized_tiny):
     """The directory of a serialized tiny LLaMA named "tiny" that holds MAX_MODEL_LEN tokens: the
     model of the `dashinfer serve` tests (tests/http_server.py)."""
     return serialized_tiny(name="tiny", max_position_embeddings=4 * MAX_MODEL_LEN).model_output_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_model):
+    """tiny_model in this process (Engine, one rank): what `dashinfer serve` and chat must answer."""
+    reference = Reference(tiny_model)
+    yield reference
+    reference.close()
 
 
 def _make_engine(kind):
