@@ -64,8 +64,8 @@ def serialized_tiny(tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def tiny_model(serialized_tiny):
-    """The directory of a serialized tiny LLaMA named "tiny" that holds MAX_MODEL_LEN tokens: the
-    model of the `dashinfer serve` tests (tests/http_server.py)."""
+    """The directory of a serialized tiny LLaMA named "tiny", context 4096 (4 * MAX_MODEL_LEN): the
+    model of the `dashinfer serve`, gRPC service and ClientEngine tests."""
     return serialized_tiny(name="tiny", max_position_embeddings=4 * MAX_MODEL_LEN).model_output_dir
 
 

@@ -23,20 +23,15 @@ pb, pb_grpc = load()
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12]
 
 
-@pytest.fixture(scope="module")
-def serialized(serialized_tiny):
-    return serialized_tiny(name="tiny", max_position_embeddings=4096).model_output_dir
-
-
-def _config(serialized):
-    return (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(serialized, "tiny")
+def _config(tiny_model):
+    return (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(tiny_model, "tiny")
             .max_length(4096).max_batch(4).build())
 
 
 @pytest.fixture
-def server(serialized, tmp_path):
+def server(tiny_model, tmp_path):
     engine = Engine()
-    assert engine.install_model(_config(serialized)) == 0 and engine.start_model("tiny") == 0
+    assert engine.install_model(_config(tiny_model)) == 0 and engine.start_model("tiny") == 0
     srv = serve(engine, f"unix://{tmp_path}/s.sock")
     yield srv
     srv.stop()
@@ -192,11 +187,11 @@ def test_main_fails_clearly_on_a_model_it_cannot_load(tmp_path):
     assert run.returncode == 78 and "no serialized model at" in run.stderr and "ready" not in run.stdout
 
 
-def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(serialized, tmp_path):
+def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(tiny_model, tmp_path):
     """The systemd use: the model comes with the flags, clients connect by address."""
     address = f"unix://{tmp_path}/svc.sock"
     server = subprocess.Popen([sys.executable, "-m", "dashinfer_server", "--address", address,
-                               "--model-dir", serialized, "--model-prefix", "tiny", "--model-name", "svc",
+                               "--model-dir", tiny_model, "--model-prefix", "tiny", "--model-name", "svc",
                                "--max-length", "256", "--max-batch", "2", "--log-level", "WARNING"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
