@@ -1,8 +1,14 @@
+"""Settings and fixtures every test module shares. Test modules import helper functions by name
+(`from tests.helpers import ...`, `tests.engine_helpers`, `tests.http_server`), never fixtures."""
 import os
 
 import pytest
 
+import dashinfer_client as allspark
 from dashinfer_server import kernels as K
+from tests.engine_helpers import API_CONTEXT, API_MAX_BATCH
+from tests.helpers import build_tiny_model
+from tests.http_server import MAX_MODEL_LEN, Reference
 
 # the configured thread count throughout, so runs compare bit for bit (cpu_share.py)
 os.environ.setdefault("DASHINFER_ADAPTIVE_THREADS", "0")
@@ -19,3 +25,82 @@ def isa(request):
     K.set_isa(request.param)
     yield request.param
     K.set_isa(K.supported_isa())
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """tiny_checkpoint(arch, **config) -> directory of a random fp32 Hugging Face model, built once
+    per session and configuration."""
+    built = {}
+
+    def get(arch="llama", **config):
+        key = (arch, tuple(sorted(config.items())))
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            built[key] = build_tiny_model(str(out / "hf"), arch=arch, dtype="float32", **config)
+        return built[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def serialized_tiny(tiny_checkpoint):
+    """serialized_tiny(arch, name=None, **config) -> a HuggingFaceModel loader whose model is
+    serialized (float32 weights) beside its checkpoint as `name` (default tiny-{arch}), once per
+    configuration: its files are {loader.model_output_dir}/{loader.serialize_model_name}.*"""
+    loaders = {}
+
+    def get(arch="llama", name=None, **config):
+        name = name or f"tiny-{arch}"
+        key = (arch, name, tuple(sorted(config.items())))
+        if key not in loaders:
+            hf_dir = tiny_checkpoint(arch, **config)
+            loader = allspark.HuggingFaceModel(hf_dir, name, user_set_data_type="float32", progress=False)
+            loader.load_model().read_model_config().serialize_to_path(
+                None, os.path.join(os.path.dirname(hf_dir), f"serialized-{name}")).free_model()
+            loaders[key] = loader
+        return loaders[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(serialized_tiny):
+    """The directory of a serialized tiny LLaMA named "tiny", context 4096 (4 * MAX_MODEL_LEN): the
+    model of the `dashinfer serve`, gRPC service and ClientEngine tests."""
+    return serialized_tiny(name="tiny", max_position_embeddings=4 * MAX_MODEL_LEN).model_output_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_model):
+    """tiny_model in this process (Engine, one rank): what `dashinfer serve` and chat must answer."""
+    reference = Reference(tiny_model)
+    yield reference
+    reference.close()
+
+
+def _make_engine(kind):
+    if kind == "engine":
+        return allspark.Engine()
+    if kind == "client":
+        return allspark.ClientEngine(startup_timeout=120)
+    raise ValueError(f"unknown engine kind {kind!r}")
+
+
+# in-process, and ClientEngine over gRPC to a spawned server
+@pytest.fixture(scope="module", params=["engine", "client"])
+def api_engine(request, serialized_tiny):
+    """(engine, model_name, loader): a tiny LLaMA (fp32 weights, context 8192) installed and
+    started with max_batch 16 and max_length 512. The model-independent API tests are written
+    against it and the public API only, so they run unchanged against both engines. Tests may
+    install more models from `loader` (loader.create_reference_runtime_config_builder)."""
+    loader = serialized_tiny("llama", max_position_embeddings=API_CONTEXT)
+    engine = _make_engine(request.param)
+    name = "tiny-api"
+    cfg = (loader.create_reference_runtime_config_builder(name, allspark.TargetDevice.CPU, [0],
+                                                          max_batch=API_MAX_BATCH)
+           .max_length(512).kv_cache_span_size(16).build())
+    assert engine.install_model(cfg) == allspark.AsStatus.ALLSPARK_SUCCESS
+    assert engine.start_model(name) == allspark.AsStatus.ALLSPARK_SUCCESS
+    yield engine, name, loader
+    engine.release_model(name)
+    if request.param == "client":
+        engine.close()

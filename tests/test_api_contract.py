@@ -1,14 +1,12 @@
 """One API contract: Engine and ClientEngine inherit EngineAPI (dashinfer_client/api.py), so they
 have the same public methods, and input that is bad whatever the engine gets the same AsStatus
 from both, never an exception (the messages are compared in test_client_engine.py)."""
-import pytest
 
 from dashinfer_client import AsModelRuntimeConfigBuilder, ASGenerationConfigBuilder, AsStatus
 from dashinfer_client.api import EngineAPI, ModelState
 from dashinfer_client.client_engine import ClientEngine
 from dashinfer_server.engine import Engine
-from tests.engine_fixtures import *  # noqa: F401,F403 (fixtures and helpers)
-from tests.engine_fixtures import greedy
+from tests.engine_helpers import greedy
 
 PARAM, HANDLE = AsStatus.ALLSPARK_PARAM_ERROR, AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
 DASHINFER_METHODS = {"install_model", "start_model", "stop_model", "release_model", "start_request_ids",

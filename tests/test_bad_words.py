@@ -9,7 +9,7 @@ import dashinfer_client as allspark
 from dashinfer_client.generation_config import check_generation
 from dashinfer_server.sampler import Sampler
 from dashinfer_server.sequence import Sequence
-from tests.engine_fixtures import *  # noqa: F401,F403  (fixtures)
+from tests.engine_helpers import collect, greedy
 
 
 def sample_masked(tokens, bad, logits):

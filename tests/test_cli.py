@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from test_http_fixtures import TWO_NODES, Reference, Server, cli_env, free_port, wait_for
-from test_http_fixtures import tiny_model  # noqa: F401 (fixture)
+from tests.helpers import build_tiny_model
+from tests.http_server import TWO_NODES, Server, cli_env, free_port, wait_for
 
 HELLO = "Hello there"
 
@@ -27,15 +27,8 @@ def one_line_error(done, code, *words):
     assert all(w in lines[0] for w in words), lines[0]
 
 
-@pytest.fixture(scope="module")
-def ref(tiny_model):  # noqa: F811
-    r = Reference(tiny_model)
-    yield r
-    r.close()
-
-
-def answer(ref, messages, max_tokens=8) -> str:
-    return ref.text(ref.generate(ref.chat_ids(messages), max_tokens)[0])
+def answer(tiny_reference, messages, max_tokens=8) -> str:
+    return tiny_reference.text(tiny_reference.generate(tiny_reference.chat_ids(messages), max_tokens)[0])
 
 
 def test_help_lists_the_subcommands():
@@ -53,7 +46,7 @@ def test_expected_failures_are_one_line(args, code, words):
     one_line_error(dashinfer(*args, env=TWO_NODES), code, *words)
 
 
-def test_a_model_the_engine_refuses_exits_78_with_its_reason(tiny_model):  # noqa: F811
+def test_a_model_the_engine_refuses_exits_78_with_its_reason(tiny_model):
     done = dashinfer("serve", tiny_model, "--port", str(free_port()), "--max-model-len", "999999")
     assert done.returncode == 78 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -67,20 +60,20 @@ def test_no_server_there_is_one_line():
                    "no dashinfer server answered")
 
 
-def test_chat_in_process_one_answer_and_multi_turn(tiny_model, ref):  # noqa: F811
+def test_chat_in_process_one_answer_and_multi_turn(tiny_model, tiny_reference):
     done = dashinfer("chat", tiny_model, HELLO, "--max-new-tokens", "8")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"
+    assert done.stdout == answer(tiny_reference, [{"role": "user", "content": HELLO}]) + "\n"
     assert "time to first token" in done.stderr
     done = dashinfer("chat", tiny_model, "--max-new-tokens", "8", input=f"{HELLO}\nAnd then?\n")
     assert done.returncode == 0, done.stderr
-    first = answer(ref, [{"role": "user", "content": HELLO}])
-    second = answer(ref, [{"role": "user", "content": HELLO}, {"role": "assistant", "content": first},
+    first = answer(tiny_reference, [{"role": "user", "content": HELLO}])
+    second = answer(tiny_reference, [{"role": "user", "content": HELLO}, {"role": "assistant", "content": first},
                           {"role": "user", "content": "And then?"}])
     assert done.stdout == f"> {first}\n> {second}\n> \n"
 
 
-def test_chat_at_a_launched_group(tiny_model, ref, tmp_path):  # noqa: F811
+def test_chat_at_a_launched_group(tiny_model, tiny_reference, tmp_path):
     address = f"unix://{tmp_path}/group.sock"
     group = subprocess.Popen([sys.executable, "-m", "dashinfer", "launch", "--nodes", "2", "--address", address,
                               "--model-dir", tiny_model, "--model-prefix", "tiny", "--model-name", "tiny"],
@@ -94,19 +87,19 @@ def test_chat_at_a_launched_group(tiny_model, ref, tmp_path):  # noqa: F811
             pytest.fail("the group did not start")
         done = dashinfer("chat", "--address", address, HELLO, "--max-new-tokens", "8")
         assert done.returncode == 0, done.stderr
-        assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"
+        assert done.stdout == answer(tiny_reference, [{"role": "user", "content": HELLO}]) + "\n"
     finally:
         os.killpg(group.pid, signal.SIGTERM)
         group.wait(60)
 
 
-def test_chat_at_a_server_and_serving_imports_no_torch(tiny_model, ref, tmp_path):  # noqa: F811
+def test_chat_at_a_server_and_serving_imports_no_torch(tiny_model, tiny_reference, tmp_path):
     server = Server(tiny_model, str(tmp_path / "serve.log"), tp=1, python_flags=["-X", "importtime"])
     try:
         server.wait_serving()
         done = dashinfer("chat", "--url", server.url, HELLO, "--max-new-tokens", "8")
         assert done.returncode == 0, done.stderr
-        assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"
+        assert done.stdout == answer(tiny_reference, [{"role": "user", "content": HELLO}]) + "\n"
     finally:
         assert server.stop() == 0
     imported = re.findall(r"import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", server.output())
@@ -114,7 +107,7 @@ def test_chat_at_a_server_and_serving_imports_no_torch(tiny_model, ref, tmp_path
     assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers")]
 
 
-def test_ctrl_c_while_serving_is_one_line(tiny_model, tmp_path):  # noqa: F811
+def test_ctrl_c_while_serving_is_one_line(tiny_model, tmp_path):
     server = Server(tiny_model, str(tmp_path / "serve.log"), tp=1)
     assert wait_for(lambda: "listening on" in server.output(), 60), server.output()
     server.proc.send_signal(signal.SIGINT)
@@ -124,18 +117,17 @@ def test_ctrl_c_while_serving_is_one_line(tiny_model, tmp_path):  # noqa: F811
     assert "Traceback" not in out and out.strip().splitlines()[-1] == "dashinfer serve: interrupted"
 
 
-def test_convert_then_serve_the_output(tmp_path, ref):
-    from helpers import build_tiny_model
+def test_convert_then_serve_the_output(tmp_path, tiny_reference):
     hf = build_tiny_model(str(tmp_path / "hf"))
     done = dashinfer("convert", hf, str(tmp_path / "out"), "--dtype", "float32", "--name", "mine")
     assert done.returncode == 0, done.stderr
     assert all(os.path.exists(tmp_path / "out" / f"mine{ext}") for ext in (".asgraph", ".asparam", ".tokenizer"))
     done = dashinfer("chat", str(tmp_path / "out"), HELLO, "--max-new-tokens", "8")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == answer(ref, [{"role": "user", "content": HELLO}]) + "\n"  # the same random model
+    assert done.stdout == answer(tiny_reference, [{"role": "user", "content": HELLO}]) + "\n"  # the same random model
 
 
-def test_ctrl_c_in_a_chat_is_one_line(tiny_model):  # noqa: F811
+def test_ctrl_c_in_a_chat_is_one_line(tiny_model):
     # SIGINT as a terminal delivers it (a test run may have left it ignored, which a child inherits)
     chat = subprocess.Popen([sys.executable, "-m", "dashinfer", "chat", tiny_model], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),

@@ -16,14 +16,14 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.client_engine import Unavailable
-from helpers import build_tiny_model
+from tests.helpers import build_tiny_model
 
 MAX_LENGTH = 4096  # a request of this length runs for seconds: long enough to be caught running
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12, 9, 44, 3, 77]
 
 
-def _runtime(serialized, name="tiny", max_batch=8):
-    return (allspark.AsModelRuntimeConfigBuilder().model_name(name).model_dir(serialized, "tiny")
+def _runtime(tiny_model, name="tiny", max_batch=8):
+    return (allspark.AsModelRuntimeConfigBuilder().model_name(name).model_dir(tiny_model, "tiny")
             .max_length(MAX_LENGTH).max_batch(max_batch).build())
 
 
@@ -50,29 +50,20 @@ def _our_files():
 
 
 @pytest.fixture(scope="module")
-def serialized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=MAX_LENGTH)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
-
-
-@pytest.fixture(scope="module")
-def local(serialized):
+def local(tiny_model):
     from dashinfer_server.engine import Engine
     engine = Engine()
-    assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS
+    assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS
     assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
     yield engine
     engine.release_model("tiny")
 
 
 @pytest.fixture(scope="module")
-def remote(serialized):
+def remote(tiny_model):
     before = _our_files()
     engine = allspark.ClientEngine(startup_timeout=60)
-    assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS
+    assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS
     assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
     yield engine
     engine.close()
@@ -145,12 +136,12 @@ def test_stop_request_ends_a_running_request(remote):
     assert remote.release_request("tiny", handle) == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
 
 
-def test_sync_all_requests_and_text_requests(remote, serialized):
+def test_sync_all_requests_and_text_requests(remote, tiny_model):
     status, handles, queues = remote.start_request_text("tiny", None, ["hello", "the capital of France"], _gen(40))
     assert status == AsStatus.ALLSPARK_SUCCESS and len(handles) == 2
     assert remote.sync_request("tiny") == AsStatus.ALLSPARK_SUCCESS
     assert all(q.GenerateStatus() == S.GenerateFinished for q in queues)
-    loader = allspark.DashInferModel(serialized, "tiny")
+    loader = allspark.DashInferModel(tiny_model, "tiny")
     expected = len(loader.get_tokenizer()("hello")["input_ids"])
     assert queues[0].RequestStatInfo().context_token_length == expected
     status, handle, queue = remote.start_request_text("tiny", loader, "hello", _gen(40))
@@ -198,10 +189,10 @@ BAD_CALLS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_CALLS))
-def test_refusals_match_in_process(local, remote, serialized, case):
+def test_refusals_match_in_process(local, remote, tiny_model, case):
     call = BAD_CALLS[case]
-    expected = call(local, serialized)
-    got = call(remote, serialized)
+    expected = call(local, tiny_model)
+    got = call(remote, tiny_model)
     assert expected != AsStatus.ALLSPARK_SUCCESS
     assert got == expected
     assert remote.last_error == local.last_error
@@ -274,12 +265,12 @@ def test_cancelled_stream_frees_its_request(remote):
 
 # ---- faults: the server killed, SIGTERM ----------------------------------------------------------
 
-def test_killed_server_interrupts_requests_and_the_next_call_respawns(serialized, local):
+def test_killed_server_interrupts_requests_and_the_next_call_respawns(tiny_model, local):
     before = _our_files()
     engine = allspark.ClientEngine(startup_timeout=60)
     watcher = allspark.ClientEngine(engine.address, reconnect_timeout=0.5)  # connected by address
     try:
-        assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS
+        assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS
         assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
         status, handle, queue = engine.start_request_ids("tiny", None, PROMPT, _gen(MAX_LENGTH - 1))
         assert queue.Get() is not None
@@ -330,12 +321,12 @@ def _rank_pid(address, rank):
     return None
 
 
-def test_two_ranks_same_tokens_and_a_killed_rank_interrupts_then_respawns(serialized, local):
+def test_two_ranks_same_tokens_and_a_killed_rank_interrupts_then_respawns(tiny_model, local):
     """2 ranks on simulated NUMA nodes (one core each) through the launcher."""
     before = _our_files() | set(glob.glob("/dev/shm/mpich_sh*"))
     engine = allspark.ClientEngine(nodes=2, env={"DASHINFER_NUMA_NODES": "0:0;1:1"}, startup_timeout=60)
     try:
-        assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS, engine.last_error
+        assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS, engine.last_error
         assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
         _, handle, queue = engine.start_request_ids("tiny", None, PROMPT, _gen(60))
         _, _, ref = local.start_request_ids("tiny", None, PROMPT, _gen(60))
@@ -371,10 +362,10 @@ def test_garbage_collected_client_stops_its_server():
     assert proc.poll() is not None and not os.path.exists(socket_path)
 
 
-def test_sigterm_drains_running_requests_and_exits_zero(serialized):
+def test_sigterm_drains_running_requests_and_exits_zero(tiny_model):
     engine = allspark.ClientEngine(startup_timeout=60)
     try:
-        assert engine.install_model(_runtime(serialized)) == AsStatus.ALLSPARK_SUCCESS
+        assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS
         assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
         queues = [engine.start_request_ids("tiny", None, PROMPT, _gen(800))[2] for _ in range(3)]
         assert all(q.Get() is not None for q in queues)

@@ -11,8 +11,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import (AsModelConfig, AsStatus, HuggingFaceModel, DashInferModel, ModelSerializerException,
                               TargetDevice)
-from tests.engine_fixtures import *  # noqa: F401,F403 (fixtures: api_engine)
-from tests.engine_fixtures import collect, greedy
+from tests.engine_helpers import collect, greedy
 from tests.helpers import build_tiny_model
 
 

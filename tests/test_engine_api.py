@@ -1,6 +1,6 @@
 """DashInfer's API on a tiny model, through the public API only (engine, model name, loader).
 
-Runs against every engine kind `api_engine` offers: the in-process Engine, and later the
+Runs against both engines `api_engine` (tests/conftest.py) offers: the in-process Engine and the
 ClientEngine over gRPC. Greedy requests of the tiny fp32 model are deterministic, so "the same
 tokens as alone" is an exact check; a request run alone before a test is its reference.
 """
@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from dashinfer_client import AsStatus, GenerateRequestStatus, TargetDevice
-from tests.engine_fixtures import *  # noqa: F401,F403 (fixtures and helpers)
-from tests.engine_fixtures import collect, greedy, hf_greedy
+from tests.engine_helpers import collect, greedy, hf_greedy
 from tests.helpers import load_hf_model
 
 OK = AsStatus.ALLSPARK_SUCCESS

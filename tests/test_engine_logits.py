@@ -15,8 +15,7 @@ from dashinfer_client.model import DashInferModel
 from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.plan import build_plan
 from dashinfer_server.sequence import Sequence
-from tests.engine_fixtures import DEFAULT_KV_FORMAT, cache_rounding
-from tests.engine_fixtures import serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
+from tests.engine_helpers import DEFAULT_KV_FORMAT, cache_rounding
 from tests.helpers import load_hf_model
 
 DECODE_STEPS = 16
@@ -71,7 +70,7 @@ def engine_logits(loop, prompt, forced):
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def arch_models(request, serialized_tiny):  # noqa: F811
+def arch_models(request, serialized_tiny):
     loader = serialized_tiny(request.param)
     hf = load_hf_model(loader.model_path)
     hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps

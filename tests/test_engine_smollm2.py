@@ -11,8 +11,8 @@ import pytest
 
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus, default_model
-from tests.engine_fixtures import DEFAULT_KV_FORMAT, collect, greedy
-from tests.helpers import chat_prompt_ids, gguf_reference_dir
+from tests.engine_helpers import DEFAULT_KV_FORMAT, collect, greedy
+from tests.helpers import build_tiny_tokenizer, chat_prompt_ids, gguf_reference_dir
 
 QUESTIONS = ("What is the capital of France?", "Write a haiku about the sea.",
              "Explain gravity to a child.", "List three prime numbers.")
@@ -143,7 +143,6 @@ def test_chat_streams_the_answer(capsys):
 def test_incremental_decoding_keeps_multibyte_characters_whole(tmp_path):
     from transformers import AutoTokenizer
     from dashinfer_client.detokenize import IncrementalDecoder
-    from tests.helpers import build_tiny_tokenizer
     tok = AutoTokenizer.from_pretrained(build_tiny_tokenizer(str(tmp_path)))
     text = "café 日本 🚀!"
     ids = tok(text)["input_ids"]

@@ -11,7 +11,7 @@ import dashinfer_client as allspark
 from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
 from dashinfer_server.grpc_server import serve
-from tests.engine_fixtures import API_CONTEXT, serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
+from tests.engine_helpers import API_CONTEXT
 
 pb, pb_grpc = load()
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING

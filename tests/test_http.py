@@ -11,14 +11,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_http_fixtures import API_KEY, MAX_MODEL_LEN, Reference, Server, http_status, wait_for
-from test_http_fixtures import tiny_model  # noqa: F401 (fixture)
+from tests.http_server import API_KEY, MAX_MODEL_LEN, Server, http_status, wait_for
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):  # noqa: F811
+def server(tiny_model, tmp_path_factory):
     s = Server(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
     try:
         s.wait_serving()
@@ -33,13 +32,6 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def ref(tiny_model):  # noqa: F811
-    r = Reference(tiny_model)
-    yield r
-    r.close()
-
-
 def test_health_is_503_while_loading_then_200(server):
     assert server.health_seen[0] == 503 and server.health_seen[-1] == 200, server.health_seen
 
@@ -48,22 +40,22 @@ def test_models(client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
-def test_chat_equals_the_engine(client, ref):
+def test_chat_equals_the_engine(client, tiny_reference):
     answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=24, temperature=0)
-    ids, _, _, reason = ref.generate(ref.chat_ids(QUESTION), 24)
-    assert answer.choices[0].message.content == ref.text(ids)
+    ids, _, _, reason = tiny_reference.generate(tiny_reference.chat_ids(QUESTION), 24)
+    assert answer.choices[0].message.content == tiny_reference.text(ids)
     assert answer.choices[0].message.role == "assistant"
     assert answer.choices[0].finish_reason == ("length" if reason == "length" else "stop")
-    assert answer.usage.prompt_tokens == len(ref.chat_ids(QUESTION))
+    assert answer.usage.prompt_tokens == len(tiny_reference.chat_ids(QUESTION))
     assert answer.usage.completion_tokens == len(ids)
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + len(ids)
 
 
-def test_text_completion_of_token_ids_and_max_completion_tokens(client, ref):
+def test_text_completion_of_token_ids_and_max_completion_tokens(client, tiny_reference):
     prompt = [5, 17, 101, 33, 7, 250, 64]
     answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
-    ids, _, _, _ = ref.generate(prompt, 16)
-    assert answer.choices[0].text == ref.text(ids) and answer.usage.completion_tokens == len(ids)
+    ids, _, _, _ = tiny_reference.generate(prompt, 16)
+    assert answer.choices[0].text == tiny_reference.text(ids) and answer.usage.completion_tokens == len(ids)
     chat = client.chat.completions.create(model="tiny", messages=QUESTION, max_completion_tokens=5, temperature=0)
     assert chat.usage.completion_tokens <= 5
 
@@ -79,14 +71,14 @@ def test_streamed_chat_equals_the_whole_answer(client):
     assert len({c.id for c in chunks}) == 1
 
 
-def test_logprobs_equal_the_engine(client, ref):
+def test_logprobs_equal_the_engine(client, tiny_reference):
     answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=12, temperature=0,
                                             logprobs=True, top_logprobs=3)
-    ids, lps, tops, _ = ref.generate(ref.chat_ids(QUESTION), 12, logprobs=True, top_logprobs=3)
+    ids, lps, tops, _ = tiny_reference.generate(tiny_reference.chat_ids(QUESTION), 12, logprobs=True, top_logprobs=3)
     content = answer.choices[0].logprobs.content
     assert len(content) == len(ids)
     for entry, i, lp, top in zip(content, ids, lps, tops):
-        assert entry.token == ref.tokenizer.decode([i]) and entry.bytes == list(entry.token.encode())
+        assert entry.token == tiny_reference.tokenizer.decode([i]) and entry.bytes == list(entry.token.encode())
         assert entry.logprob == pytest.approx(lp, abs=1e-4)  # two ranks sum in another order
         assert [t.logprob for t in entry.top_logprobs] == pytest.approx([p for _, p in top], abs=1e-4)
     text = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0, logprobs=2)
@@ -96,9 +88,9 @@ def test_logprobs_equal_the_engine(client, ref):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
 
 
-def test_stop_strings_end_the_answer_before_them(client, ref):
-    ids, _, _, _ = ref.generate(ref.chat_ids(QUESTION), 24)
-    full = ref.text(ids)
+def test_stop_strings_end_the_answer_before_them(client, tiny_reference):
+    ids, _, _, _ = tiny_reference.generate(tiny_reference.chat_ids(QUESTION), 24)
+    full = tiny_reference.text(ids)
     stop = next(ch for ch in full[3:] if ch.strip() and ch != "\ufffd")
     for stream in (False, True):
         kw = dict(model="tiny", messages=QUESTION, max_tokens=24, temperature=0, stop=[stop, "never-there"])

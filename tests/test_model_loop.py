@@ -9,11 +9,10 @@ from dashinfer_client.model import DashInferModel
 from dashinfer_server import model_loop
 from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.request import ModelLimits, new_request
-from tests.engine_fixtures import serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
-def loop(serialized_tiny):  # noqa: F811
+def loop(serialized_tiny):
     """A loaded loop (no thread) of one request at a time."""
     loader = serialized_tiny("llama")
     model = DashInferModel(loader.model_output_dir, loader.serialize_model_name)

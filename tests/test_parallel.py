@@ -174,16 +174,9 @@ def test_a_rank_that_raises_ends_the_job(kind):
 # ---- whole engines: 2 ranks against 1 --------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_uneven(tmp_path_factory):
+def tiny_uneven(serialized_tiny):
     """A random fp32 LLaMA with 9 heads / 3 KV heads (head_dim 16, context 4096), serialized."""
-    sys.path.insert(0, HERE)
-    from helpers import build_tiny_model
-    import dashinfer_client as allspark
-    root = tmp_path_factory.mktemp("tp")
-    hf = build_tiny_model(str(root / "hf"), uneven=True, head_dim=16, max_position_embeddings=4096)
-    (allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32").load_model()
-     .read_model_config().serialize_to_path(None, str(root / "ser")).free_model())
-    return str(root / "ser")
+    return serialized_tiny(name="tiny", uneven=True, head_dim=16, max_position_embeddings=4096).model_output_dir
 
 
 @pytest.fixture(scope="module")

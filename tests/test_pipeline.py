@@ -8,7 +8,7 @@ import dashinfer_client as allspark
 from dashinfer_client import (ChatTemplateConfig, GenerationConfig, PytorchEngineConfig, Response,
                               TurbomindEngineConfig, pipeline)
 from dashinfer_client.errors import ModelSerializerException
-from tests.engine_fixtures import *  # noqa: F401,F403  (fixtures)
+from tests.engine_helpers import collect, greedy
 
 CONTEXT = 8192
 QUESTION = "Hi, pls intro yourself"
@@ -18,7 +18,7 @@ QUESTION = "Hi, pls intro yourself"
 def tiny(serialized_tiny):
     """(serialized model path {dir}/{prefix}, loader) of the tiny LLaMA."""
     loader = serialized_tiny("llama", max_position_embeddings=CONTEXT)
-    model_dir, prefix = loader._serialized_location()
+    model_dir, prefix = loader.model_output_dir, loader.serialize_model_name
     return os.path.join(model_dir, prefix), allspark.DashInferModel(model_dir, prefix)
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from dashinfer_client import (GenerationConfig, PytorchEngineConfig, Response, TurbomindEngineConfig,
                               default_model, pipeline)
-from tests.engine_fixtures import *  # noqa: F401,F403  (fixtures)
 
 PROMPTS = ['Hi, pls intro yourself', 'Shanghai is']
 CHATS = [[{'role': 'user', 'content': 'Hi, pls intro yourself'}], [{'role': 'user', 'content': 'Shanghai is'}]]
@@ -17,7 +16,7 @@ CHATS = [[{'role': 'user', 'content': 'Hi, pls intro yourself'}], [{'role': 'use
 @pytest.fixture(scope="module")
 def model(serialized_tiny):
     loader = serialized_tiny("llama", max_position_embeddings=8192)
-    return os.path.join(*loader._serialized_location())
+    return os.path.join(loader.model_output_dir, loader.serialize_model_name)
 
 
 @pytest.fixture

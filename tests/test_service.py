@@ -18,30 +18,20 @@ from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
 from dashinfer_client.proto.wire import default_address, unix_socket_path
 from dashinfer_server.grpc_server import Server, serve
-from helpers import build_tiny_model
 
 pb, pb_grpc = load()
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12]
 
 
-@pytest.fixture(scope="module")
-def serialized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4096)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
-
-
-def _config(serialized):
-    return (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(serialized, "tiny")
+def _config(tiny_model):
+    return (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(tiny_model, "tiny")
             .max_length(4096).max_batch(4).build())
 
 
 @pytest.fixture
-def server(serialized, tmp_path):
+def server(tiny_model, tmp_path):
     engine = Engine()
-    assert engine.install_model(_config(serialized)) == 0 and engine.start_model("tiny") == 0
+    assert engine.install_model(_config(tiny_model)) == 0 and engine.start_model("tiny") == 0
     srv = serve(engine, f"unix://{tmp_path}/s.sock")
     yield srv
     srv.stop()
@@ -211,11 +201,11 @@ def test_main_fails_clearly_on_a_model_it_cannot_load(tmp_path):
     assert run.returncode == 78 and "no serialized model at" in run.stderr and "ready" not in run.stdout
 
 
-def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(serialized, tmp_path):
+def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(tiny_model, tmp_path):
     """The systemd use: the model comes with the flags, clients connect by address."""
     address = f"unix://{tmp_path}/svc.sock"
     server = subprocess.Popen([sys.executable, "-m", "dashinfer_server", "--address", address,
-                               "--model-dir", serialized, "--model-prefix", "tiny", "--model-name", "svc",
+                               "--model-dir", tiny_model, "--model-prefix", "tiny", "--model-name", "svc",
                                "--max-length", "256", "--max-batch", "2", "--log-level", "WARNING"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -240,7 +230,7 @@ def test_main_serves_a_model_given_on_the_command_line_and_drains_on_sigterm(ser
 # ---- events on the session stream -----------------------------------------------------------------
 
 def _session_events(session, handles):
-    """RequestEvents of the session stream by handle, read until every handle has its final one."""
+    """The RequestEvent messages of the session stream by handle, read until every handle has its final one."""
     got = {h: [] for h in handles}
     while any(not e or e[-1].status not in (S.GenerateFinished, S.GenerateInterrupted) for e in got.values()):
         for event in next(session).requests:

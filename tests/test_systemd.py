@@ -13,7 +13,6 @@ import pytest
 
 import dashinfer_client as allspark
 from dashinfer_server import systemd
-from tests.engine_fixtures import serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
 from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

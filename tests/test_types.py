@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dashinfer_client as allspark
-from dashinfer_client import (AsCacheMode, AsStatus, GeneratedElements, GenerateRequestStatus,
+from dashinfer_client import (AsCacheMode, AsStatus, GenerateRequestStatus,
                               PromptTemplate, RequestStatInfo, ResultQueue, RoPEScaleMethod,
                               TargetDevice)
 from dashinfer_client.types import FinishReason

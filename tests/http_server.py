@@ -1,5 +1,5 @@
-"""A `dashinfer serve` subprocess on a tiny model and an in-process Engine reference, shared by
-tests/test_http*.py and tests/test_cli.py (this module holds no tests)."""
+"""A `dashinfer serve` subprocess on a tiny model (the `tiny_model` fixture of tests/conftest.py)
+and an in-process Engine reference, shared by tests/test_http.py and tests/test_cli.py."""
 import os
 import re
 import socket
@@ -8,8 +8,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-
-import pytest
 
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus
@@ -94,17 +92,6 @@ class Server:
                 self.proc.kill()
         self.log.close()
         return self.proc.wait()
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """A serialized tiny random model (float32) that can hold MAX_MODEL_LEN tokens."""
-    from helpers import build_tiny_model
-    root = tmp_path_factory.mktemp("http-tiny")
-    hf = build_tiny_model(str(root / "hf"), max_position_embeddings=4 * MAX_MODEL_LEN)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32")
-    loader.load_model().read_model_config().serialize_to_path(None, str(root / "ser")).free_model()
-    return str(root / "ser")
 
 
 class Reference:

@@ -1,3 +1,4 @@
+"""kv_cache.small_page_zeros: the zeroed buffers the KV cache is allocated in, on small pages."""
 import numpy as np
 
 from dashinfer_server.kv_cache import small_page_zeros

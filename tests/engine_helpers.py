@@ -1,91 +1,18 @@
-"""Fixtures and helpers shared by the engine tests.
-
-`api_engine` yields (engine, model_name, loader) for a started tiny LLaMA: the model-independent
-API tests are written against it and the public API only, so they run unchanged against every
-engine that offers DashInfer's API (the in-process Engine now; the ClientEngine later).
-Import this module from a test module (`from tests.engine_fixtures import *`) to get them.
+"""Helpers of the engine tests: greedy configs, draining a request, transformers references whose
+K/V are rounded like the engine's cache. The fixtures (`api_engine`, `serialized_tiny`) live in
+tests/conftest.py; import these by name (`from tests.engine_helpers import collect, greedy`).
 """
 import contextlib
-import os
 
 import numpy as np
-import pytest
 
-import dashinfer_client as allspark
 from dashinfer_client import ASGenerationConfigBuilder, GenerateRequestStatus
-from tests.helpers import build_tiny_model
-
-__all__ = ["api_engine", "tiny_checkpoint", "serialized_tiny", "greedy", "collect", "hf_greedy",
-           "ENGINE_KINDS", "API_CONTEXT", "API_MAX_BATCH", "FINAL",
-           "DEFAULT_KV_FORMAT", "round_like_cache", "cache_rounding"]
 
 FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted)
-ENGINE_KINDS = ["engine", "client"]  # in-process, and ClientEngine over gRPC to a spawned server
 API_CONTEXT = 8192  # long enough for a model whose KV pool is smaller than one max_length request
 API_MAX_BATCH = 16
 # How AsCacheDefault stores K/V of an fp32 model.
 DEFAULT_KV_FORMAT = "fp32"
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    """tiny_checkpoint(arch, **config) -> directory of a random fp32 Hugging Face model, built once
-    per session and configuration."""
-    built = {}
-
-    def get(arch="llama", **config):
-        key = (arch, tuple(sorted(config.items())))
-        if key not in built:
-            out = tmp_path_factory.mktemp(f"tiny-{arch}")
-            built[key] = build_tiny_model(str(out / "hf"), arch=arch, dtype="float32", **config)
-        return built[key]
-    return get
-
-
-@pytest.fixture(scope="session")
-def serialized_tiny(tiny_checkpoint):
-    """serialized_tiny(arch, **config) -> a HuggingFaceModel loader whose model is serialized
-    (float32 weights) beside its checkpoint, once per configuration."""
-    loaders = {}
-
-    def get(arch="llama", **config):
-        key = (arch, tuple(sorted(config.items())))
-        if key not in loaders:
-            hf_dir = tiny_checkpoint(arch, **config)
-            loader = allspark.HuggingFaceModel(hf_dir, f"tiny-{arch}", user_set_data_type="float32",
-                                               progress=False)
-            loader.load_model().read_model_config().serialize_to_path(
-                None, os.path.join(os.path.dirname(hf_dir), "serialized")).free_model()
-            loaders[key] = loader
-        return loaders[key]
-    return get
-
-
-def _make_engine(kind):
-    if kind == "engine":
-        return allspark.Engine()
-    if kind == "client":
-        return allspark.ClientEngine(startup_timeout=120)
-    raise ValueError(f"unknown engine kind {kind!r}")
-
-
-@pytest.fixture(scope="module", params=ENGINE_KINDS)
-def api_engine(request, serialized_tiny):
-    """(engine, model_name, loader): a tiny LLaMA (fp32 weights, context 8192) installed and
-    started with max_batch 16 and max_length 512. Tests may install more models from `loader`
-    (loader.create_reference_runtime_config_builder) on the same engine."""
-    loader = serialized_tiny("llama", max_position_embeddings=API_CONTEXT)
-    engine = _make_engine(request.param)
-    name = "tiny-api"
-    cfg = (loader.create_reference_runtime_config_builder(name, allspark.TargetDevice.CPU, [0],
-                                                          max_batch=API_MAX_BATCH)
-           .max_length(512).kv_cache_span_size(16).build())
-    assert engine.install_model(cfg) == allspark.AsStatus.ALLSPARK_SUCCESS
-    assert engine.start_model(name) == allspark.AsStatus.ALLSPARK_SUCCESS
-    yield engine, name, loader
-    engine.release_model(name)
-    if request.param == "client":
-        engine.close()
 
 
 def greedy(max_length, **options) -> ASGenerationConfigBuilder:
