@@ -15,6 +15,7 @@ is installed); the rank binds itself again at start (topology.place_rank).
 """
 import argparse
 import glob
+import logging
 import os
 import shutil
 import sys
@@ -22,7 +23,7 @@ import time
 
 from dashinfer_client.proto.wire import default_address
 
-from . import topology
+from . import logs, topology
 from .systemd import EX_CONFIG
 
 
@@ -158,16 +159,19 @@ def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) 
 
 def main(argv=None) -> int:
     args, rest = parse_args(sys.argv[1:] if argv is None else argv, os.environ)
+    # the launcher's own lines in the ranks' format: a collector reading JSON gets only JSON
+    logs.configure((args.log_level or "INFO").upper(), args.log_format or "text")
+    log = logging.getLogger("dashinfer_server.launch")
     try:
         cmd, extra_env = build_command(args, rest)
     except topology.PlacementError as e:
-        print(f"dashinfer-launch: {e}", file=sys.stderr)
+        log.error("%s", e)
         return EX_CONFIG
     if args.dry_run:
         print(" ".join(f"{k}={v}" for k, v in extra_env.items()), " ".join(cmd))
         return 0
     for path in sweep_stale_mpich_segments():
-        print(f"dashinfer-launch: removed {path}, left by a group that died", file=sys.stderr)
+        log.warning("removed %s, left by a group that died", path)
     sys.stdout.flush()
     os.execve(cmd[0], cmd, {**os.environ, **extra_env})
 

@@ -6,8 +6,6 @@ One spawned server is shared by the module; the fault tests spawn their own.
 import glob
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -382,8 +380,6 @@ def test_sigterm_drains_running_requests_and_exits_zero(tiny_model):
         engine.close()
 
 
-# ---- packaging ----------------------------------------------------------------------------------
-
 def test_serialize_to_memory_through_a_client_engine(remote, local, tmp_path):
     hf = build_tiny_model(str(tmp_path / "hf"), seed=3)
     loader = allspark.HuggingFaceModel(hf, "mem", user_set_data_type="float32", in_memory_serialize=True)
@@ -399,10 +395,3 @@ def test_serialize_to_memory_through_a_client_engine(remote, local, tmp_path):
     finally:
         remote.release_model("mem")
         loader.free_memory_serialize_file()
-
-
-def test_import_stays_light():
-    code = ("import sys, dashinfer_client; "
-            "print([m for m in ('grpc', 'torch', 'transformers', 'dashinfer_server') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"

@@ -10,7 +10,7 @@ import time
 
 import dashinfer_client as allspark
 from dashinfer_client.proto.wire import encode_runtime_config
-from tests.engine_fixtures import API_CONTEXT, serialized_tiny, tiny_checkpoint  # noqa: F401 (fixtures)
+from tests.engine_helpers import API_CONTEXT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
