@@ -104,3 +104,9 @@ def api_engine(request, serialized_tiny):
     engine.release_model(name)
     if request.param == "client":
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    """A tiny random LLaMA checkpoint (safetensors, fp32) shared by the conversion tests."""
+    return build_tiny_model(tmp_path_factory.mktemp("llama"), arch="llama")

@@ -4,8 +4,11 @@ Every builder writes a complete model directory (config.json, generation_config.
 tokenizer) and returns its path; torch and transformers are imported inside, so importing this
 module stays cheap. The engine's tests build their models with these too.
 """
+import glob
 import json
 import os
+import shutil
+import time
 
 import numpy as np
 
@@ -257,3 +260,43 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
     writer.write_tensors_to_file()
     writer.close()
     return str(gguf_path)
+
+
+def eventually(predicate, timeout=10.0, poll_s=0.02) -> bool:
+    """Whether `predicate` holds within `timeout` s (a bound for something to happen, never a speed check)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def source_tensors(model_dir):
+    """The checkpoint's tensors read by torch/safetensors (not by the code under test), as numpy."""
+    import torch
+    from safetensors.torch import load_file
+    state = {}
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        state.update(load_file(path))
+    for path in glob.glob(os.path.join(model_dir, "*.bin")):
+        state.update(torch.load(path, weights_only=True))
+    out = {}
+    for name, t in state.items():
+        out[name] = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    return out
+
+
+def serialize(model_dir, out_dir, dtype="float32", **kwargs):
+    """Serialize the checkpoint at model_dir into out_dir as "tiny" -> its loader."""
+    from dashinfer_client.model import HuggingFaceModel
+    loader = HuggingFaceModel(model_dir, "tiny", user_set_data_type=dtype, progress=False)
+    loader.load_model().read_model_config().serialize_to_path(None, str(out_dir), **kwargs)
+    return loader
+
+
+def variant(base, tmp_path, edit):
+    out = tmp_path / "variant"
+    shutil.copytree(base, out)
+    write_config_variant(out, edit)
+    return str(out)

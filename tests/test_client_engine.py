@@ -6,7 +6,6 @@ One spawned server is shared by the module; the fault tests spawn their own.
 import glob
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.client_engine import Unavailable
-from tests.helpers import build_tiny_model
+from tests.helpers import build_tiny_model, eventually
 
 MAX_LENGTH = 4096  # a request of this length runs for seconds: long enough to be caught running
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12, 9, 44, 3, 77]
@@ -70,15 +69,6 @@ def remote(tiny_model):
 
 def _server_pid(engine):
     return engine.server.proc.pid
-
-
-def _wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # ---- same results as in-process ------------------------------------------------------------------
@@ -241,7 +231,7 @@ def test_client_disconnect_frees_its_requests(remote):
     assert held() == base + 2
     other.close()  # one request mid-stream, one finished but never released
     assert running.GenerateStatus() == S.GenerateInterrupted and "closed" in running.error
-    assert _wait_until(lambda: held() == base), "the server kept the requests of a client that left"
+    assert eventually(lambda: held() == base), "the server kept the requests of a client that left"
     stats = remote.get_stats()
     assert stats["models"]["tiny"]["running"] == 0 and stats["sessions"] == 1
 
@@ -257,7 +247,7 @@ def test_cancelled_stream_frees_its_request(remote):
             generation_config_json=encode_generation(_gen(MAX_LENGTH - 1).build())))
         assert next(call).started.status == 0 and next(call).ids
         call.cancel()
-    assert _wait_until(lambda: remote.get_stats()["models"]["tiny"]["requests"] == base)
+    assert eventually(lambda: remote.get_stats()["models"]["tiny"]["requests"] == base)
     assert remote.get_stats()["models"]["tiny"]["running"] == 0
 
 

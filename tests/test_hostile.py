@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import dashinfer_client as allspark
 from dashinfer_client.proto.wire import encode_runtime_config
 from tests.engine_helpers import API_CONTEXT
+from tests.helpers import eventually
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,16 +60,6 @@ def _mapped_segments(pids):
     return segments
 
 
-def _eventually(predicate, timeout):
-    """Whether `predicate` holds within `timeout` s (a bound for cleanup, not a speed check)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
     cfg = serialized_tiny("llama", max_position_embeddings=API_CONTEXT).create_reference_runtime_config_builder(
         "tiny", allspark.TargetDevice.CPU, [0], max_batch=2).max_length(4096).build()
@@ -83,10 +73,10 @@ def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
         assert os.path.exists(socket_path) and segments, "the group should be serving with two ranks"
         client.send_signal(signal.SIGKILL)
         client.wait()
-        assert _eventually(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in group), 60), \
+        assert eventually(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in group), 60), \
             "the group outlived its client"
         assert not os.path.exists(socket_path), "the killed client's group left its socket"
-        assert _eventually(lambda: not any(os.path.exists(s) for s in segments), 30), \
+        assert eventually(lambda: not any(os.path.exists(s) for s in segments), 30), \
             "the group left MPICH segments"
     finally:
         client.kill()

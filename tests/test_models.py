@@ -10,27 +10,12 @@ import pytest
 
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.errors import ModelSerializerException
-from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
+from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from dashinfer_client.model.quant import dequantize
 from dashinfer_client.model.safetensors_io import SafetensorsFile, save_file
-from tests.helpers import TINY, build_tiny_gguf, build_tiny_model, chat_prompt_ids, write_config_variant
+from tests.helpers import TINY, build_tiny_model, chat_prompt_ids, serialize, source_tensors, variant
 
 TO_CODE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-
-
-def source_tensors(model_dir):
-    """The checkpoint's tensors read by torch/safetensors (not by the code under test), as numpy."""
-    import torch
-    from safetensors.torch import load_file
-    state = {}
-    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
-        state.update(load_file(path))
-    for path in glob.glob(os.path.join(model_dir, "*.bin")):
-        state.update(torch.load(path, weights_only=True))
-    out = {}
-    for name, t in state.items():
-        out[name] = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
-    return out
 
 
 def expected_storage(array, target):
@@ -40,12 +25,6 @@ def expected_storage(array, target):
     if target == "bfloat16":
         return to_bf16(array.astype(np.float32))
     return array.astype(np.float16 if target == "float16" else np.float32)
-
-
-def serialize(model_dir, out_dir, dtype="float32", **kwargs):
-    loader = HuggingFaceModel(model_dir, "tiny", user_set_data_type=dtype, progress=False)
-    loader.load_model().read_model_config().serialize_to_path(None, str(out_dir), **kwargs)
-    return loader
 
 
 CASES = [  # arch, checkpoint dtype, weights layout, serialized dtype, extra config
@@ -119,176 +98,6 @@ def test_writer_mixed_dtypes_readable_by_library_and_aligned(tmp_path):
         assert sorted(f.keys()) == ["a", "b", "c"]
         assert f.get_tensor("b").sum().item() == 6.0
         assert f.get_tensor("c").view(torch.int16).numpy().view(np.uint16).tolist() == [0, 1, 2, 3, 4]
-
-
-# -- configs written by transformers 4.x and 5.x -------------------------------------------------
-
-LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-ROPE_VARIANTS = {
-    "5.x-default": ({"rope_parameters": {"rope_type": "default", "rope_theta": 12345.0}}, 12345.0, None),
-    "5.x-linear": ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}},
-                   1e6, {"rope_type": "linear", "factor": 4.0}),
-    "5.x-llama3": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3}},
-                   5e5, {"rope_type": "llama3", **LLAMA3}),
-    "4.x-plain": ({"rope_theta": 100000.0}, 100000.0, None),
-    "4.x-linear-type": ({"rope_theta": 20000.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
-                        20000.0, {"rope_type": "linear", "factor": 2.0}),
-    "4.x-llama3-rope_type": ({"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3}},
-                             5e5, {"rope_type": "llama3", **LLAMA3}),
-    "4.x-no-theta": ({}, 10000.0, None),
-}
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("llama"), arch="llama")
-
-
-def variant(base, tmp_path, edit):
-    out = tmp_path / "variant"
-    shutil.copytree(base, out)
-    write_config_variant(out, edit)
-    return str(out)
-
-
-def _rope_edit(fields):
-    def edit(cfg):
-        for key in ("rope_parameters", "rope_theta", "rope_scaling"):
-            cfg.pop(key, None)
-        cfg.update(fields)
-        return cfg
-    return edit
-
-
-@pytest.mark.parametrize("name", list(ROPE_VARIANTS))
-def test_rope_spellings(llama_dir, tmp_path, name):
-    from transformers import AutoConfig
-    fields, theta, scaling = ROPE_VARIANTS[name]
-    model_dir = variant(llama_dir, tmp_path, _rope_edit(fields))
-    c = HuggingFaceModel(model_dir, "tiny").read_model_config().config
-    assert c.rope_theta == theta
-    assert c.rope_scaling == scaling
-    # transformers reads the same file the same way
-    params = AutoConfig.from_pretrained(model_dir).rope_parameters
-    assert params["rope_theta"] == theta
-    assert params["rope_type"] == (scaling or {"rope_type": "default"})["rope_type"]
-    for key, value in (scaling or {}).items():
-        assert params[key] == value
-
-
-def test_rope_scaling_serialized(llama_dir, tmp_path):
-    model_dir = variant(llama_dir, tmp_path, _rope_edit(ROPE_VARIANTS["4.x-llama3-rope_type"][0]))
-    serialize(model_dir, tmp_path / "out")
-    c = DashInferModel(str(tmp_path / "out"), "tiny").config
-    assert c.rope_theta == 5e5 and c.rope_scaling == {"rope_type": "llama3", **LLAMA3}
-
-
-@pytest.mark.parametrize("scaling", [{"type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}])
-def test_unsupported_rope_scaling_refused(llama_dir, tmp_path, scaling):
-    model_dir = variant(llama_dir, tmp_path, _rope_edit({"rope_theta": 1e4, "rope_scaling": scaling}))
-    with pytest.raises(ModelSerializerException, match="RoPE scaling type '(dynamic|yarn)' is not supported"):
-        HuggingFaceModel(model_dir, "tiny").read_model_config()
-
-
-def test_llama3_scaling_missing_key_refused(llama_dir, tmp_path):
-    broken = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
-    model_dir = variant(llama_dir, tmp_path, _rope_edit({"rope_parameters": {"rope_type": "llama3", **broken}}))
-    with pytest.raises(ModelSerializerException, match="llama3 RoPE scaling lacks low_freq_factor"):
-        HuggingFaceModel(model_dir, "tiny").read_model_config()
-
-
-def test_head_dim_explicit_or_derived(llama_dir, tmp_path):
-    def edit(cfg):
-        cfg["head_dim"] = 32
-        return cfg
-    assert HuggingFaceModel(variant(llama_dir, tmp_path / "a", edit), "t").read_model_config().config.head_dim == 32
-
-    def drop(cfg):
-        cfg.pop("head_dim", None)
-        return cfg
-    assert HuggingFaceModel(variant(llama_dir, tmp_path / "b", drop), "t").read_model_config().config.head_dim == 16
-
-
-def test_mistral_without_sliding_window_is_llama(llama_dir, tmp_path):
-    def mistral(window):
-        def edit(cfg):
-            cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=window)
-            return cfg
-        return edit
-    loader = HuggingFaceModel(variant(llama_dir, tmp_path / "ok", mistral(None)), "m").read_model_config()
-    assert loader.architecture == "llama"
-    with pytest.raises(ModelSerializerException, match="sliding_window=128 < max_position_embeddings=512"):
-        HuggingFaceModel(variant(llama_dir, tmp_path / "bad", mistral(128)), "m").read_model_config()
-
-
-# -- bad inputs -----------------------------------------------------------------------------------
-
-def test_missing_config_json(llama_dir, tmp_path):
-    model_dir = variant(llama_dir, tmp_path, lambda c: c)
-    os.remove(os.path.join(model_dir, "config.json"))
-    with pytest.raises(ModelSerializerException, match=r"config.json is missing: .*variant/config.json"):
-        HuggingFaceModel(model_dir, "tiny").load_model()
-
-
-def test_missing_model_dir(tmp_path):
-    with pytest.raises(ModelSerializerException, match="model directory .*nowhere does not exist"):
-        HuggingFaceModel(str(tmp_path / "nowhere"), "tiny").load_model()
-
-
-def test_unknown_architecture(llama_dir, tmp_path):
-    def edit(cfg):
-        cfg.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
-        return cfg
-    with pytest.raises(ModelSerializerException, match="unsupported architecture GPT2LMHeadModel"):
-        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").read_model_config()
-
-
-def test_missing_config_key(llama_dir, tmp_path):
-    def edit(cfg):
-        del cfg["intermediate_size"]
-        return cfg
-    with pytest.raises(ModelSerializerException, match="lacks the required key 'intermediate_size'"):
-        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").read_model_config()
-
-
-def test_checkpoint_shape_mismatch_with_config(llama_dir, tmp_path):
-    def edit(cfg):
-        cfg["intermediate_size"] = 96
-        return cfg
-    with pytest.raises(ModelSerializerException,
-                       match=r"tensor 'model.layers.0.mlp.gate_proj.weight' in .* has shape \[128, 64\], "
-                             r"the config implies \[96, 64\]"):
-        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").load_model()
-
-
-def test_checkpoint_missing_tensor(llama_dir, tmp_path):
-    def edit(cfg):
-        cfg["num_hidden_layers"] = 3
-        return cfg
-    with pytest.raises(ModelSerializerException, match=r"lacks tensor\(s\) model.layers.2.input_layernorm.weight"):
-        HuggingFaceModel(variant(llama_dir, tmp_path, edit), "tiny").load_model()
-
-
-def test_no_weights(llama_dir, tmp_path):
-    model_dir = variant(llama_dir, tmp_path, lambda c: c)
-    os.remove(os.path.join(model_dir, "model.safetensors"))
-    with pytest.raises(ModelSerializerException, match="no weights in .*expected model.safetensors"):
-        HuggingFaceModel(model_dir, "tiny").load_model()
-
-
-def test_bad_data_type_and_quant_options(llama_dir):
-    with pytest.raises(ModelSerializerException, match="user_set_data_type 'int8' is not supported"):
-        HuggingFaceModel(llama_dir, "tiny", user_set_data_type="int8")
-    loader = HuggingFaceModel(llama_dir, "tiny", progress=False).load_model()
-    with pytest.raises(ModelSerializerException, match="activation quantization"):
-        loader.serialize_to_path(None, "/nonexistent-never-written", enable_quant=True)
-    with pytest.raises(ModelSerializerException, match="weight_format 'fp8_e4m3' is not supported"):
-        loader.serialize_to_path(None, "/nonexistent-never-written", enable_quant=True,
-                                 customized_quant_config={"quant_method": "instant_quant", "weight_format": "fp8_e4m3"})
-    with pytest.raises(ModelSerializerException, match="not supported by this runtime: lora_cfg"):
-        loader.serialize_to_path(None, "/nonexistent-never-written", lora_cfg={"x": 1})
-    with pytest.raises(ModelSerializerException, match="load_format='pt': expected pytorch_model.bin"):
-        HuggingFaceModel(llama_dir, "tiny").load_model(load_format="pt")  # a safetensors checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -474,79 +283,6 @@ def test_serialized_without_tokenizer_says_so(llama_dir, tmp_path):
     serialize(model_dir, tmp_path / "out")
     with pytest.raises(ModelSerializerException, match="has no tokenizer"):
         DashInferModel(str(tmp_path / "out"), "tiny").get_tokenizer()
-
-
-# -- GGUF files (written here from the tiny models, as llama.cpp's converter writes them) ----------
-
-def transformers_gguf_tensors(gguf_path):
-    """What transformers' own GGUF loader makes of the file (name map, Q/K un-permutation, dequantization)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    config = AutoConfig.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=skeleton)["tensors"]
-    return {k: v.numpy() for k, v in tensors.items()}
-
-
-def serialize_gguf(gguf_path, out_dir, dtype="float32"):
-    loader = GGUFModel(gguf_path, "tg", user_set_data_type=dtype, progress=False)
-    loader.load_model().read_model_config().serialize_to_path(None, str(out_dir))
-    return DashInferModel(str(out_dir), "tg")
-
-
-@pytest.mark.parametrize("arch,uneven,quant", [("llama", False, None), ("llama", True, None), ("qwen2", True, None),
-                                               ("llama", False, "Q8_0"), ("qwen2", False, "Q4_1")])
-def test_gguf_matches_source_and_transformers(tmp_path, arch, uneven, quant):
-    from transformers import AutoTokenizer
-    hf = build_tiny_model(tmp_path / "hf", arch=arch, uneven=uneven)
-    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf, quant_type=quant, rope_theta=100000.0)
-    model = serialize_gguf(gguf_path, tmp_path / "out")
-    c = model.config
-    assert model.architecture == arch and c.rope_theta == 100000.0 and c.attention_bias == (arch == "qwen2")
-    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == ((9, 3, 8) if uneven else (4, 2, 16))
-    assert c.eos_token_id == [2] and model.generation_config == {"bos_token_id": 1, "pad_token_id": 0, "eos_token_id": [2]}
-    reference = transformers_gguf_tensors(gguf_path)
-    source = source_tensors(hf)
-    assert sorted(model.tensor_names()) == sorted(reference) == sorted(source)
-    for name, expected in reference.items():
-        np.testing.assert_array_equal(model.tensor(name), expected, err_msg=name)
-        if quant is None:  # F32 GGUF: the permutation round trip is exact
-            np.testing.assert_array_equal(model.tensor(name), source[name], err_msg=name)
-    text = "Hello, world! <|im_end|>"
-    assert model.get_tokenizer().encode(text) == AutoTokenizer.from_pretrained(hf).encode(text)
-
-
-def test_gguf_to_bf16_and_quantized(tmp_path):
-    hf = build_tiny_model(tmp_path / "hf", arch="llama", uneven=True)
-    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf)
-    loader = GGUFModel(gguf_path, "tq", user_set_data_type="bfloat16", progress=False)
-    loader.load_model().serialize_to_path(None, str(tmp_path / "out"), enable_quant=True,
-                                          customized_quant_config={"weight_format": "uint4", "group_size": 8})
-    model = DashInferModel(str(tmp_path / "out"), "tq")
-    source = source_tensors(hf)
-    np.testing.assert_array_equal(model.tensor("model.norm.weight"), to_bf16(source["model.norm.weight"]))
-    name = "model.layers.0.self_attn.k_proj.weight"  # permuted in the GGUF, quantized after un-permuting
-    deq = dequantize(*(model.tensor(f"{name}.{p}") for p in ("qweight", "scales", "zeros")), "uint4", 8)
-    assert np.abs(deq - source[name]).max() <= model.tensor(f"{name}.scales").max() / 2 + 1e-6
-
-
-def test_gguf_bad_inputs(tmp_path):
-    import gguf
-    with pytest.raises(ModelSerializerException, match="GGUF file .*missing.gguf does not exist"):
-        GGUFModel(str(tmp_path / "missing.gguf"), "x").load_model()
-    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
-    with pytest.raises(ModelSerializerException, match="cannot read GGUF file .*junk.gguf"):
-        GGUFModel(str(tmp_path / "junk.gguf"), "x").load_model()
-    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
-    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ModelSerializerException, match="GGUF architecture 'gpt2' .* is not supported"):
-        GGUFModel(str(tmp_path / "gpt2.gguf"), "x").read_model_config()
 
 
 def test_memory_serialization_removed_at_exit(llama_dir):
