@@ -20,13 +20,18 @@ import sys
 import threading
 import time
 
+from dashinfer_client.config import AsModelRuntimeConfigBuilder
+from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.proto.wire import unix_socket_path
+from dashinfer_client.types import AsStatus
 
 from . import kernels as K
 from . import logs, systemd
 from .engine import Engine
 from .grpc_server import remove_socket, serve
 from .group import init_group
+from .launch import mapped_mpich_segments
+from .startup_log import log_startup, startup_summary
 from .systemd import EX_CONFIG
 from .topology import PlacementError
 from .worker import run_worker
@@ -80,7 +85,6 @@ def parse_args(argv=None):
 
 
 def runtime_config(args):
-    from dashinfer_client.config import AsModelRuntimeConfigBuilder
     b = AsModelRuntimeConfigBuilder().model_name(args.model_name).model_dir(
         os.path.abspath(args.model_dir), args.model_prefix)
     if args.threads:
@@ -119,7 +123,6 @@ def _sweep_segments_after_exit() -> None:
     """Leave a detached process behind that removes this group's MPICH segments once its ranks
     are gone: MPICH removes them only when the job ends cleanly, and a group whose client died may
     not (mpiexec loses its output pipe and kills the ranks)."""
-    from .launch import mapped_mpich_segments
     segments = sorted(mapped_mpich_segments("/proc/self/maps"))
     if segments:
         code = "import sys; from dashinfer_server.launch import sweep_when_unmapped; sweep_when_unmapped(sys.argv[1:])"
@@ -184,7 +187,6 @@ def main(argv=None) -> int:
 def _start_model(engine, args, notify):
     """Install and start the model of the flags -> (runtime config, {"load_s", "start_s"});
     ConfigError when the options or files are wrong, RuntimeError when it cannot start."""
-    from dashinfer_client.types import AsStatus
     try:
         cfg = runtime_config(args)
     except ValueError as e:
@@ -204,8 +206,6 @@ def _start_model(engine, args, notify):
 
 
 def _log_startup(cfg, world, address, threads, timings) -> None:
-    from dashinfer_client.model.serialized import DashInferModel
-    from .startup_log import log_startup, startup_summary
     model = DashInferModel(cfg.model_dir, cfg.model_prefix) if cfg else None
     log_startup(startup_summary(cfg, model, world=world, address=address, threads=threads or None, **timings))
 

@@ -27,8 +27,8 @@ from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle,
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 
-from .model_loop import ModelLoop
 from .group import LocalGroup
+from .model_loop import ModelLoop
 from .request import ModelLimits, RequestError, new_request
 
 log = logging.getLogger("dashinfer_server")
