@@ -7,9 +7,11 @@ The default model serves bench/engine.py's serve32 workload (32 requests, prompt
 once as text prompts through pipe(prompts, [GenerationConfig per prompt], do_preprocess=False),
 once as the same token ids through engine.start_request_ids on an engine of the same runtime
 config (tp=1: the in-process Engine; tp=2: a ClientEngine over 2 ranks on simulated NUMA nodes).
-Both stay open, the runs alternate (A/B pairs in the same minute), the prefix cache is off so no
-run reuses another's prompts. Printed per pair: seconds from submission to the last token of
-each, and pipe / engine; then the median ratio.
+Both stay open and the runs alternate in the same minute (ABBA: the order flips every pair), the
+prefix cache off so no run reuses another's prompts. A third run sends the same ids straight to the
+pipeline's own engine (pipe.engine, through the DashInfer API): pipe against it is the cost of the
+pipeline layer alone, engine against it the difference between two engine instances. Printed per
+pair: seconds from submission to the last token of each run and the ratios; then the medians.
 """
 import argparse
 import os
@@ -69,6 +71,7 @@ def main():
         os.environ.setdefault("DASHINFER_NUMA_NODES", "0:0;1:1")
     import dashinfer_client as allspark
     from dashinfer_client import CpuEngineConfig, pipeline
+    from dashinfer_client.pipeline_api.pipeline import MODEL_NAME
 
     session_len = max(p + n for p, n in REQUESTS) + 64
     config = CpuEngineConfig(tp=args.tp, session_len=session_len, max_batch_size=len(REQUESTS),
@@ -86,14 +89,19 @@ def main():
     try:
         run_engine(engine, loader, ids_list[:4])  # warm both up
         run_pipe(pipe, texts)
-        ratios = []
+        runs = {"engine": lambda: run_engine(engine, loader, ids_list),
+                "pipe.engine": lambda: run_engine(pipe.engine, loader, ids_list, MODEL_NAME),
+                "pipe": lambda: run_pipe(pipe, texts)}
+        ratios = {"pipe/engine": [], "pipe/pipe.engine": []}
         for pair in range(args.pairs):
-            a = run_engine(engine, loader, ids_list)
-            b = run_pipe(pipe, texts)
-            ratios.append(b / a)
-            print(f"pair {pair}: engine {a:.2f} s  pipe {b:.2f} s  pipe/engine {b / a:.3f}", flush=True)
-        print(f"serve32 tp={args.tp}: median pipe/engine {statistics.median(ratios):.3f} over {args.pairs} pairs "
-              f"({sum(n for _, n in REQUESTS)} new tokens per run)")
+            order = list(runs) if pair % 2 == 0 else list(reversed(runs))
+            t = {name: runs[name]() for name in order}
+            ratios["pipe/engine"].append(t["pipe"] / t["engine"])
+            ratios["pipe/pipe.engine"].append(t["pipe"] / t["pipe.engine"])
+            print(f"pair {pair}: " + "  ".join(f"{n} {t[n]:.2f} s" for n in runs) + "  "
+                  + "  ".join(f"{k} {v[-1]:.3f}" for k, v in ratios.items()), flush=True)
+        print(f"serve32 tp={args.tp}, {args.pairs} pairs, {sum(n for _, n in REQUESTS)} new tokens per run: "
+              + ", ".join(f"median {k} {statistics.median(v):.3f}" for k, v in ratios.items()))
     finally:
         engine.release_model("bench")
         if args.tp > 1:
