@@ -19,6 +19,8 @@ import logging
 import threading
 
 from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
+from .raw_inputs import InputError, input_ids_of
+from .result_queue import ResultQueue
 from .types import AsStatus
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
@@ -68,8 +70,10 @@ class EngineAPI:
 
     # ---- models ----------------------------------------------------------------------------------
 
-    def install_model(self, runtime_cfg) -> AsStatus:
-        return self._guarded("install_model", lambda: self._install_model(_runtime_config(runtime_cfg)))[0]
+    def install_model(self, as_model_config_struct) -> AsStatus:
+        """as_model_config_struct: a runtime config (built or its builder; DashInfer's keyword)."""
+        return self._guarded("install_model",
+                             lambda: self._install_model(_runtime_config(as_model_config_struct)))[0]
 
     def start_model(self, model_name: str) -> AsStatus:
         return self._guarded("start_model", lambda: self._start_model(_model_name(model_name)))[0]
@@ -88,25 +92,25 @@ class EngineAPI:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def start_request_ids(self, model_name: str, model, input_ids, generate_config):
+    def start_request_ids(self, model_name: str, model, input_ids, generate_config_builder):
         """-> (AsStatus, handle, ResultQueue); handle and queue are None when refused. model: the
-        loader (unused by the engines; DashInfer's signature)."""
-        status, started = self._guarded("start_request", lambda: self._start_request(
-            _model_name(model_name), model, input_ids, _generation_config(generate_config)))
-        return (status, *started) if started is not None else (status, None, None)
+        loader (unused by the engines; DashInfer's signature). generate_config_builder: an
+        ASGenerationConfigBuilder, or its built dict."""
+        return self._start(model_name, model, lambda: input_ids, generate_config_builder)
 
-    def start_request_text(self, model_name: str, model, text, generate_config):
+    def start_request_text(self, model_name: str, model, input_str_or_array, generate_config_builder):
         """Tokenize with the loader's tokenizer (model; else that of the installed model's files),
         then start_request_ids. A list of texts starts one request each: -> (AsStatus, [handles],
         [queues]), the status being the first failure if any."""
+        text = input_str_or_array
         if isinstance(text, (list, tuple)):
-            results = [self.start_request_text(model_name, model, t, generate_config) for t in text]
+            results = [self.start_request_text(model_name, model, t, generate_config_builder) for t in text]
             bad = [r[0] for r in results if r[0] != SUCCESS]
             return bad[0] if bad else SUCCESS, [r[1] for r in results], [r[2] for r in results]
         status, ids = self._guarded("start_request_text", lambda: self._tokenize(model_name, model, text))
         if status != SUCCESS:
             return status, None, None
-        return self.start_request_ids(model_name, model, ids, generate_config)
+        return self.start_request_ids(model_name, model, ids, generate_config_builder)
 
     def stop_request(self, model_name: str, request_handle) -> AsStatus:
         """Returns once the request has ended; its queue stays readable until release_request."""
@@ -124,6 +128,60 @@ class EngineAPI:
                 return self._sync_request(_model_name(model_name), None)
             return self._sync_request(*_request(model_name, request_handle))
         return self._guarded("sync_request", sync)[0]
+
+    # ---- DashInfer's raw request API: the prompt as a tensor dict, results read through the engine
+
+    def start_request(self, model_name: str, inputs, generate_config=None):
+        """DashInfer's general form: inputs {"input_ids": a DLPack capsule, an object with
+        __dlpack__ (torch tensor), a numpy array or a list (of one list) of ids}, generate_config a
+        dict of options (a built ASGenerationConfig; None: the defaults) or a builder.
+        -> (AsStatus, handle, ResultQueue), as start_request_ids."""
+        return self._start(model_name, None, lambda: _raw_input_ids(inputs),
+                           {} if generate_config is None else generate_config)
+
+    def get_no_wait(self, model_name: str, result_queue) -> list:
+        """The ids generated since the last read, [] when there are none (ResultQueue.GetNoWait,
+        ids only, as DashInfer's binding returns them). model_name is not read, as in DashInfer."""
+        return _ids(_queue("get_no_wait", result_queue).GetNoWait())
+
+    def get_wait(self, model_name: str, result_queue) -> list:
+        """As get_no_wait, but blocks until there are new ids or the request has ended ([] then)."""
+        return _ids(_queue("get_wait", result_queue).Get())
+
+    def get_output_no_wait(self, model_name: str, result_queue):
+        """v1's name: the GeneratedElements since the last read (ids, logprobs, prefix lengths), or
+        None. DashInfer 1.x declared it but its binding never defined it (AttributeError there);
+        here it is ResultQueue.GetNoWait, the whole output where get_no_wait gives the ids."""
+        return _queue("get_output_no_wait", result_queue).GetNoWait()
+
+    def get_output_wait(self, model_name: str, result_queue):
+        """v1's name: ResultQueue.Get (blocks; None once the request has ended and all was read)."""
+        return _queue("get_output_wait", result_queue).Get()
+
+    def get_request_status(self, model_name: str, result_queue):
+        """The request's GenerateRequestStatus (ResultQueue.GenerateStatus)."""
+        return _queue("get_request_status", result_queue).GenerateStatus()
+
+    # ---- LoRA: refused (DashInfer's statuses), the same on both engines
+
+    def load_lora(self, model_name: str, lora_name: str) -> AsStatus:
+        """Refused: this runtime loads no LoRA adapters. An installed model and a non-empty name
+        get ALLSPARK_LORA_NOT_FOUND (no adapter can be found here); else DashInfer's
+        PARAM_ERROR."""
+        return self._guarded("load_lora", lambda: self._no_lora(model_name, lora_name, "load"))[0]
+
+    def unload_lora(self, model_name: str, lora_name: str) -> AsStatus:
+        """Refused as in DashInfer for an adapter never loaded: ALLSPARK_LORA_NOT_FOUND."""
+        return self._guarded("unload_lora", lambda: self._no_lora(model_name, lora_name, "unload"))[0]
+
+    def _no_lora(self, model_name, lora_name, verb):
+        name = _model_name(model_name)
+        if self.get_model_state(name) == ModelState.Released:
+            raise unknown_model(name)
+        if not isinstance(lora_name, str) or not lora_name:
+            raise Refused(PARAM_ERROR, f"lora_name must be a non-empty str, got {lora_name!r}")
+        raise Refused(AsStatus.ALLSPARK_LORA_NOT_FOUND,
+                      f"cannot {verb} LoRA {lora_name!r}: this runtime loads no LoRA adapters")
 
     # ---- primitives --------------------------------------------------------------------------------
 
@@ -172,6 +230,12 @@ class EngineAPI:
         raise NotImplementedError
 
     # ---- internals ---------------------------------------------------------------------------------
+
+    def _start(self, model_name, model, input_ids, gen):
+        """The request of start_request(_ids): input_ids() -> the ids (it may refuse)."""
+        status, started = self._guarded("start_request", lambda: self._start_request(
+            _model_name(model_name), model, input_ids(), _generation_config(gen)))
+        return (status, *started) if started is not None else (status, None, None)
 
     def _tokenize(self, model_name, model, text) -> list:
         name = _model_name(model_name)
@@ -241,6 +305,25 @@ def _runtime_config(cfg) -> AsModelRuntimeConfig:
         raise Refused(PARAM_ERROR, f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
     _model_name(cfg.model_name)
     return cfg
+
+
+def _raw_input_ids(inputs):
+    try:
+        return input_ids_of(inputs)
+    except InputError as e:
+        raise Refused(PARAM_ERROR, str(e)) from e
+
+
+def _queue(call, result_queue) -> ResultQueue:
+    """The queue a get_* call reads; a TypeError for anything else (these calls return data, not
+    a status: there is no status to refuse with)."""
+    if not isinstance(result_queue, ResultQueue):
+        raise TypeError(f"{call} takes the ResultQueue start_request returned, got {type(result_queue).__name__}")
+    return result_queue
+
+
+def _ids(elements) -> list:
+    return list(elements.ids_from_generate) if elements is not None else []
 
 
 def _generation_config(gen):

@@ -11,7 +11,8 @@ changed after build(), an engine checks the config again when it reads it.
 import numbers
 import random
 
-from .checks import check_bool, check_float, check_ids, check_int, check_keys, check_str
+from .options import VocabType
+from .checks import check_bool, check_enum, check_float, check_ids, check_int, check_keys, check_str
 
 SEED_MAX = 2**31 - 1   # DashInfer draws default seeds from [1, int32 max]
 MAX_TOP_LOGPROBS = 10  # DashInfer's engine limit
@@ -41,6 +42,18 @@ def _response_format(key, v):
     if v is not None and not isinstance(v, dict):
         raise ValueError(f"{key} must be a dict (e.g. {{'type': 'json_object'}}) or None, got {v!r}")
     return v
+
+
+def _vocab(key, v):
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not all(isinstance(t, str) for t in v):
+        raise ValueError(f"{key} must be a dict of token text -> id, got {type(v).__name__}")
+    return {t: check_int(f"{key}[{t!r}]", i, 0) for t, i in v.items()}
+
+
+def _vocab_type(key, v):
+    return None if v is None else check_enum(key, VocabType, v)
 
 
 def _number(ok, allowed):
@@ -84,6 +97,12 @@ OPTIONS = {
     "lora_name": ("", check_str, "a LoRA adapter (none loads here)"),
     "mm_info": (None, lambda key, v: v, "multimedia input (none here)"),
     "response_format": (None, _response_format, "guided decoding, e.g. {'type': 'json_object'}"),
+    "uuid": ("", check_str, "the caller's id of the request, returned in its statistics (RequestStatInfo's uuid)"),
+    "vocab": (None, _vocab, "DashInfer's JSON-mode vocabulary (token text -> id); ids are checked "
+              "against the model, whose own tokenizer is what the engine reads"),
+    "vocab_type": (None, _vocab_type, "the tokenizer kind of vocab (a VocabType)"),
+    "enable_tensors_from_model_inference": (False, check_bool, "return hidden states in "
+                                            "tensors_from_model_inference (not here)"),
 }
 
 # DashInfer keys with no effect here, accepted at their neutral value only: key -> (neutral, why).
@@ -170,7 +189,7 @@ class ASGenerationConfigBuilder:
     defaults), or from a transformers GenerationConfig or a dict of its keys (the content of
     generation_config.json). From Hugging Face, as DashInfer does: top_k, top_p, temperature,
     repetition/length penalties, min_length, no_repeat_ngram_size and eos_token_id are taken when
-    set, num_return_sequences other than 1 is refused, and do_sample and early_stopping are turned
+    set (a list of eos ids: eos_token_id is the first, stop_words_ids has each), num_return_sequences other than 1 is refused, and do_sample and early_stopping are turned
     on. seed: None draws one at random.
     """
 
@@ -193,9 +212,14 @@ class ASGenerationConfigBuilder:
         if get("num_return_sequences") not in (None, 1):
             raise ValueError(f"num_return_sequences={get('num_return_sequences')} is not supported; "
                              f"one sequence per request")
-        for key in _HF_KEYS + ("eos_token_id",):
+        for key in _HF_KEYS:
             if get(key) is not None:
                 self._set(key, get(key))
+        eos = get("eos_token_id")
+        if isinstance(eos, (list, tuple)):  # as DashInfer: the first is eos, each one a stop word
+            self.update({"eos_token_id": eos[0] if eos else 0, "stop_words_ids": [[e] for e in eos]})
+        elif eos is not None:
+            self._set("eos_token_id", eos)
         self.do_sample().early_stopping()
 
     def _set(self, key, value):

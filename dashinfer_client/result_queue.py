@@ -107,10 +107,12 @@ class ResultQueue:
         ids: one token id or a sequence of them. log_probs (per token, a list of (id, logprob)
         pairs) and token_logprobs (per token, a float) must be given together, as long as ids,
         and by every push of a request or by none. prefix_cache_len: the prompt tokens reused from
-        the prefix cache (prefix_len_cpu defaults to it, prefix_len_gpu to 0). The first tokens
-        come out of the prompt's step: their push moves Init to ContextFinished; any later push
-        moves the request on to Generating (so a consumer can tell the two phases apart, as in
-        DashInfer). Returns False, dropping the data, if the request has already ended (a stop
+        the prefix cache (prefix_len_cpu defaults to it, prefix_len_gpu to 0). The first push
+        with tokens moves Init to Generating: as in DashInfer, a queue never shows
+        ContextFinished (its engine sets that status on its internal request between the prompt
+        and the first decode step, and its queues go from Init to Generating with the first
+        token; DashInfer's own polling loops stop on any status but Init, Generating and the
+        final ones). Returns False, dropping the data, if the request has already ended (a stop
         can race with the scheduler); raises ValueError on malformed arguments.
         """
         ids = [int(ids)] if isinstance(ids, numbers.Integral) else [int(i) for i in ids]
@@ -132,7 +134,6 @@ class ResultQueue:
                 elif self._with_logprobs != with_logprobs:
                     raise ValueError("push: logprobs given on some pushes of a request and not others")
             now = time.monotonic()
-            first = self._generated == 0
             if ids:
                 if self._t_first is None:
                     self._t_first = now
@@ -148,7 +149,7 @@ class ResultQueue:
                 cpu = total - gpu if prefix_len_cpu is None else int(prefix_len_cpu)
                 self._prefix = (total, gpu, cpu)
             if ids and self._status < GenerateRequestStatus.Generating:
-                self._status = GenerateRequestStatus.ContextFinished if first else GenerateRequestStatus.Generating
+                self._status = GenerateRequestStatus.Generating
             self._changed()
             return True
 
@@ -214,7 +215,7 @@ class ResultQueue:
         if not self._ids:
             return None
         total, gpu, cpu = self._prefix
-        ele = GeneratedElements(self._ids, self._log_probs, self._token_logprobs, {},
+        ele = GeneratedElements(self._ids, self._log_probs, self._token_logprobs, [],
                                 total, gpu, cpu)
         self._ids, self._log_probs, self._token_logprobs = [], [], []
         return ele

@@ -60,8 +60,11 @@ class AsStatus(PrintedEnum):
 
 
 class GenerateRequestStatus(PrintedEnum):
-    """Life of a request: Init -> ContextFinished -> Generating -> GenerateFinished or
-    GenerateInterrupted (or InternalError). The last three are final."""
+    """Life of a request as its ResultQueue shows it: Init -> Generating (with the first token)
+    -> GenerateFinished or GenerateInterrupted (or InternalError); the last three are final.
+    ContextFinished is DashInfer's status of its engine's internal request between the prompt
+    and the first decode step; as there, no queue ever shows it (the value exists for code that
+    names it)."""
     Init = 0
     ContextFinished = 1
     Generating = 2
@@ -115,15 +118,16 @@ class GeneratedElements:
     log_probs_list: per new token, the top_logprobs (token id, logprob) pairs, most likely first.
     token_logprobs_list: per new token, the logprob of the token chosen.
     Both logprob lists are empty unless the request asked for logprobs, else as long as the ids.
-    tensors_from_model_inference: named outputs of a model-inference request; always empty here
-    (this runtime only generates).
+    tensors_from_model_inference: DashInfer's list of dicts (tensor name -> tensor) of hidden
+    states, filled when a request sets enable_tensors_from_model_inference; always empty here
+    (the engine refuses that option).
     prefix_cache_len: prompt tokens served from the prefix cache (prefix_len_cpu + prefix_len_gpu).
     On this CPU runtime every cached token is in main memory, so prefix_len_gpu is 0.
     """
     ids_from_generate: list = field(default_factory=list)
     log_probs_list: list = field(default_factory=list)
     token_logprobs_list: list = field(default_factory=list)
-    tensors_from_model_inference: dict = field(default_factory=dict)
+    tensors_from_model_inference: list = field(default_factory=list)
     prefix_cache_len: int = 0
     prefix_len_gpu: int = 0
     prefix_len_cpu: int = 0
@@ -150,6 +154,8 @@ class RequestStatInfo(dict):
     generate_tps          tokens per second after the first
     finish_reason         why it ended, a FinishReason value ("eos", "length", ...); "" while it
                           runs (not one of DashInfer's keys: it has no such statistic)
+    uuid                  the caller's request id, the generation config's uuid ("" when none
+                          was given); DashInfer keeps it as its request id
     """
 
     class Key(enum.Enum):
@@ -167,10 +173,11 @@ class RequestStatInfo(dict):
         KEY_CONTEXT_TPS = "context_tps"
         KEY_GENERATE_TPS = "generate_tps"
         KEY_FINISH_REASON = "finish_reason"
+        KEY_UUID = "uuid"
 
     KEYS = tuple(k.value for k in Key)
     COUNT_KEYS = ("context_token_length", "context_cached_length", "generated_token_length")
-    TEXT_KEYS = ("finish_reason",)
+    TEXT_KEYS = ("finish_reason", "uuid")
 
     def __init__(self, info=None, **kw):
         super().__init__({k: (0 if k in self.COUNT_KEYS else "" if k in self.TEXT_KEYS else 0.0)
@@ -197,6 +204,10 @@ def check_stat(key, value):
     """The value to store for statistic `key` (a FinishReason as its plain str)."""
     if key not in RequestStatInfo.KEYS:
         raise ValueError(f"unknown statistic {key!r}; known: {', '.join(RequestStatInfo.KEYS)}")
+    if key == "uuid":
+        if not isinstance(value, str):
+            raise ValueError(f"statistic uuid must be a str, got {value!r}")
+        return value
     if key in RequestStatInfo.TEXT_KEYS:
         try:
             return FinishReason(value).value if value != "" else ""

@@ -229,8 +229,9 @@ class ModelLoop:
             self.scheduler.finish(seq)
         if seq.queue.set_status(status, error, reason):
             info = seq.queue.RequestStatInfo()
-            log.info("request %d %s: prompt %d tokens (%d cached), generated %d, TTFT %.1f ms, "
-                     "decode %.1f tok/s", seq.handle, info.finish_reason, info.context_token_length,
+            log.info("request %d%s %s: prompt %d tokens (%d cached), generated %d, TTFT %.1f ms, "
+                     "decode %.1f tok/s", seq.handle, f" ({info.uuid})" if info.uuid else "",
+                     info.finish_reason, info.context_token_length,
                      info.context_cached_length, info.generated_token_length,
                      info.time_to_first_token, info.generate_tps)
 

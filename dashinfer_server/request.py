@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashinfer_client.generation_config import ASGenerationConfigBuilder, check_generation
+from dashinfer_client.generation_config import check_generation
 from dashinfer_client.types import AsStatus
 
 from .sequence import Sequence
@@ -76,18 +76,16 @@ _UNSUPPORTED = {
     "length_penalty": (1.0, AsStatus.ALLSPARK_PARAM_ERROR,
                        "length_penalty is not supported: DashInfer applies it in beam search only, and "
                        "generation here samples one sequence; use 1.0"),
+    "enable_tensors_from_model_inference": (False, AsStatus.ALLSPARK_PARAM_ERROR,
+                                            "not supported: this runtime returns no hidden states"),
 }
 
 
-def check_options(generate_config, limits: ModelLimits, prompt_len: int) -> dict:
-    """An ASGenerationConfig(Builder) or a dict -> its checked options (a new plain dict, so later
-    changes to the user's config do not reach the running request)."""
+def check_options(generate_config: dict, limits: ModelLimits, prompt_len: int) -> dict:
+    """A built generation config (a dict: the API builds builders and refuses other types) -> its
+    checked options (a new plain dict, so later changes to the user's config do not reach the
+    running request)."""
     try:
-        if isinstance(generate_config, ASGenerationConfigBuilder):
-            generate_config = generate_config.build()
-        if not isinstance(generate_config, dict):  # the ClientEngine refuses it in these words too
-            raise RequestError(AsStatus.ALLSPARK_PARAM_ERROR, "generate_config must be an "
-                               f"ASGenerationConfig(Builder), got {type(generate_config).__name__}")
         params = check_generation(generate_config)
     except ValueError as e:
         raise RequestError(AsStatus.ALLSPARK_PARAM_ERROR, f"generate_config: {e}") from e
@@ -103,7 +101,8 @@ def check_options(generate_config, limits: ModelLimits, prompt_len: int) -> dict
                            f"{prompt_len}-token prompt")
     eos = params["eos_token_id"]
     for key, ids in (("eos_token_id", eos if isinstance(eos, list) else [eos]),
-                     ("stop_words_ids", [i for word in params["stop_words_ids"] for i in word])):
+                     ("stop_words_ids", [i for word in params["stop_words_ids"] for i in word]),
+                     ("vocab", (params["vocab"] or {}).values())):
         if any(i >= limits.vocab_size for i in ids):
             raise RequestError(AsStatus.ALLSPARK_PARAM_ERROR,
                                f"{key} has an id outside the vocabulary 0..{limits.vocab_size - 1}")

@@ -46,7 +46,7 @@ class Sequence:
         seq = cls(list(prompt), params["max_length"])
         seq.sampling = RequestSamplingState(params, seq.tokens)
         seq.queue = ResultQueue(str(seq.handle))
-        seq.queue.update_stats(context_token_length=len(prompt))
+        seq.queue.update_stats(context_token_length=len(prompt), uuid=params["uuid"])
         return seq
 
     def append(self, token: int) -> None:

@@ -50,8 +50,7 @@ def test_status_sequence_and_stats(api_engine):
         ids += ele.ids_from_generate
         if seen[-1] != Finished:
             reasons.add(queue.RequestStatInfo()["finish_reason"])
-    order = [GenerateRequestStatus.Init, GenerateRequestStatus.ContextFinished,
-             GenerateRequestStatus.Generating, Finished]
+    order = [GenerateRequestStatus.Init, GenerateRequestStatus.Generating, Finished]  # as DashInfer's
     assert all(s in order for s in seen) and seen == sorted(seen, key=order.index)
     assert seen[-1] == Finished and len(ids) == 100 == queue.GeneratedLength()
     assert queue.Get() is None and queue.GetNoWait() is None and queue.GetWithTimeout(1) is None

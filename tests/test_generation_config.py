@@ -14,7 +14,8 @@ DASHINFER_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, 
                           no_repeat_ngram_size=0, repetition_penalty=1.0, length_penalty=1.0,
                           presence_penalty=0.0, suppress_repetition_in_generation=False,
                           logprobs=False, top_logprobs=0, lora_name="", mm_info=None,
-                          response_format=None)
+                          response_format=None, uuid="", vocab=None, vocab_type=None,
+                          enable_tensors_from_model_inference=False)
 
 
 def test_generation_defaults_are_dashinfers():
@@ -147,7 +148,7 @@ def test_generation_range_messages_say_what_is_allowed():
 @pytest.mark.parametrize("fields,key", [
     ({"num_beams": 4}, "num_beams"), ({"num_return_sequences": 2}, "num_return_sequences"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"bad_words_ids": [[1, -1]]}, "bad_words_ids"),
-    ({"top_kk": 3}, "top_kk"), ({"uuid": "x"}, "uuid"),
+    ({"top_kk": 3}, "top_kk"), ({"uuid": 5}, "uuid"),
 ])
 def test_generation_update_refuses_unknown_or_unsupported(fields, key):
     with pytest.raises(ValueError, match=key):
@@ -179,7 +180,9 @@ def test_generation_from_transformers_generation_config():
     cfg = ASGenerationConfigBuilder(hf, seed=11).build()
     assert (cfg.temperature, cfg.top_k, cfg.top_p) == (0.6, 20, 0.8)
     assert (cfg.repetition_penalty, cfg.length_penalty) == (1.05, 0.9)
-    assert (cfg.min_length, cfg.no_repeat_ngram_size, cfg.eos_token_id, cfg.seed) == (3, 2, [2, 7], 11)
+    # a list of eos ids, as DashInfer: the first is eos_token_id, each one a stop word
+    assert (cfg.min_length, cfg.no_repeat_ngram_size, cfg.eos_token_id, cfg.seed) == (3, 2, 2, 11)
+    assert cfg.stop_words_ids == [[2], [7]]
     # DashInfer turns sampling and early stopping on, and leaves max_length to the request
     assert (cfg.do_sample, cfg.early_stopping, cfg.max_length) == (True, True, 20)
 
@@ -196,7 +199,8 @@ def test_generation_from_generation_config_json_dict():
     gen_json = {"bos_token_id": 1, "eos_token_id": [2], "pad_token_id": 2, "temperature": 0.2,
                 "top_p": 0.9, "transformers_version": "4.42.0", "do_sample": True}
     cfg = ASGenerationConfigBuilder(gen_json).build()
-    assert (cfg.eos_token_id, cfg.temperature, cfg.top_p, cfg.top_k) == ([2], 0.2, 0.9, 50)
+    assert (cfg.eos_token_id, cfg.temperature, cfg.top_p, cfg.top_k) == (2, 0.2, 0.9, 50)
+    assert cfg.stop_words_ids == [[2]]
 
 
 def test_generation_from_hf_refusals():
@@ -229,7 +233,7 @@ def test_generation_changed_config_is_checked_again():
     cfg["top_p"] = 7
     with pytest.raises(ValueError, match="top_p"):
         cfg.validate()
-    cfg["top_p"], cfg["uuid"] = 0.5, "request-1"
+    cfg["top_p"], cfg["uuid"] = 0.5, 7
     with pytest.raises(ValueError, match="uuid"):
         cfg.validate()
     del cfg["uuid"], cfg["top_k"]

@@ -207,22 +207,20 @@ def test_two_consumers_share_the_tokens_without_duplicates():
 # ---- ResultQueue: the producer API ---------------------------------------------------------------
 
 def test_status_sequence_and_push_promotes_to_generating():
+    """As DashInfer's queues: Init until the first token, then Generating; ContextFinished (its
+    engine's internal status between prompt and first decode) is never shown."""
     q = ResultQueue()
-    assert q.set_status(S.ContextFinished) and q.GenerateStatus() == S.ContextFinished
+    seen = []
+    q.listen(lambda: seen.append(q._status))
+    q.push([])  # nothing new: no promotion
+    assert q.GenerateStatus() == S.Init and q.GetNoWait() is None
     q.push(1)  # the prompt's token
-    assert q.GenerateStatus() == S.ContextFinished
-    q.push(2)
     assert q.GenerateStatus() == S.Generating
+    q.push([2, 3])
     assert q.set_status(S.Generating)  # repeating the current status is harmless
     assert q.set_status(S.GenerateFinished)
     assert q.GenerateStatus() == S.GenerateFinished
-    q2 = ResultQueue()
-    q2.push([])  # nothing new: no promotion
-    assert q2.GenerateStatus() == S.Init and q2.GetNoWait() is None
-    q2.push([9])
-    assert q2.GenerateStatus() == S.ContextFinished
-    q2.push([10, 11])
-    assert q2.GenerateStatus() == S.Generating
+    assert S.ContextFinished not in seen and seen[0] == S.Init and seen[-1] == S.GenerateFinished
 
 
 def test_status_cannot_go_back():
@@ -275,7 +273,7 @@ def test_push_prefix_lengths():
     q.push([1], prefix_cache_len=64, prefix_len_gpu=16)
     ele = q.Get()
     assert (ele.prefix_cache_len, ele.prefix_len_gpu, ele.prefix_len_cpu) == (64, 16, 48)
-    assert ele.tensors_from_model_inference == {}  # generation produces no named tensors
+    assert ele.tensors_from_model_inference == []  # DashInfer's list of dicts; none produced here
     q.push([2])
     assert q.GetNoWait().prefix_cache_len == 64  # the latest known values ride along
 
@@ -348,10 +346,10 @@ def test_listen_is_called_now_and_after_every_push_and_status_change():
     calls = []
     q.push(4)
     q.listen(lambda: calls.append(q._status))  # under the lock: the state it sees is current
-    assert calls == [S.ContextFinished]
+    assert calls == [S.Generating]
     q.update_stats(context_token_length=3)  # statistics alone wake nobody
     q.push([5, 6])
     q.set_status(S.GenerateFinished)
-    assert calls == [S.ContextFinished, S.Generating, S.GenerateFinished]
+    assert calls == [S.Generating, S.Generating, S.GenerateFinished]
     assert not q.push(7) and not q.set_status(S.GenerateInterrupted)  # refused: no call
     assert len(calls) == 3

@@ -148,11 +148,12 @@ def encode_event(queue, elements, sent) -> pb.RequestEvent:
     were taken from it. sent: the statistics the stream has carried so far (updated): only
     changed entries go, and never generated_token_length, which the client's queue counts itself."""
     stats = queue.RequestStatInfo()
-    reason = stats.pop("finish_reason")  # a string: it has its own field
+    reason = stats.pop("finish_reason")  # the strings have their own fields
     changed = {k: v for k, v in stats.items() if sent.get(k) != v and k != "generated_token_length"}
     sent.update(changed)
+    uuid_ = changed.pop("uuid", "")  # sent once
     event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed,
-                            finish_reason=reason)
+                            finish_reason=reason, uuid=uuid_)
     if elements is not None:
         event.ids.extend(elements.ids_from_generate)
         for top in elements.log_probs_list:
@@ -182,8 +183,8 @@ def apply_event(event, queue) -> None:
         queue.update_stats({k: int(v) if k in _COUNT_KEYS else v for k, v in event.stats.items()})
     if event.finish_reason:
         queue.update_stats(finish_reason=event.finish_reason)
-    if status == GenerateRequestStatus.ContextFinished and queue.GenerateStatus() < status:
-        queue.set_status(status)
+    if event.uuid:
+        queue.update_stats(uuid=event.uuid)
     if event.ids:
         logprobs = token_logprobs = None
         if event.token_logprobs:
