@@ -10,7 +10,9 @@ from tests.engine_helpers import greedy
 
 PARAM, HANDLE = AsStatus.ALLSPARK_PARAM_ERROR, AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID
 DASHINFER_METHODS = {"install_model", "start_model", "stop_model", "release_model", "start_request_ids",
-                     "start_request_text", "stop_request", "release_request", "sync_request"}
+                     "start_request_text", "stop_request", "release_request", "sync_request",
+                     "start_request", "get_no_wait", "get_wait", "get_request_status", "get_output_wait",
+                     "get_output_no_wait", "load_lora", "unload_lora"}
 
 
 def public_methods(cls) -> set:
@@ -71,6 +73,15 @@ def test_bad_input_gets_the_same_status_on_both_engines(api_engine):
     assert status == AsStatus.ALLSPARK_SUCCESS  # and the engine serves on
     assert engine.sync_request(name, handle) == AsStatus.ALLSPARK_SUCCESS
     assert engine.release_request(name, handle) == AsStatus.ALLSPARK_SUCCESS
+
+
+def test_a_generation_config_that_is_no_dict_nor_builder_is_refused_by_the_api(api_engine):
+    """The API builds a builder and refuses any other non-dict, once for both engines (the
+    engine's own checks then take the built dict only)."""
+    engine, name, _ = api_engine
+    for gen in (42, [("top_k", 1)], "greedy"):
+        assert engine.start_request_ids(name, None, [5, 6], gen)[0] == PARAM
+        assert "generate_config must be an ASGenerationConfig(Builder)" in engine.last_error, gen
 
 
 def test_model_state_and_stats(api_engine):
