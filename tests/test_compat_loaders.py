@@ -125,7 +125,7 @@ def test_dashinfer_model_default_name_and_diconfig(checkpoints, tmp_path):
     assert (cfg.model_name, cfg.engine_max_length, cfg.engine_max_batch, cfg.num_threads) == ("di_model", 96, 3, 1)
     assert di.create_reference_runtime_config_builder(max_batch=9).build().max_batch == 9  # arguments win
     gen = di.create_reference_generation_config_builder(runtimeConfig=cfg).build()
-    assert (gen["top_k"], gen["eos_token_id"], gen["max_length"]) == (7, [5], 96)
+    assert (gen["top_k"], gen["eos_token_id"], gen["max_length"]) == (7, 5, 96)  # one eos id stays an int
 
     exporter = HuggingFaceModel(checkpoints["float32"], "model", progress=False)
     exporter.export_model_diconfig(str(tmp_path / "exported.yaml"))  # read back as a DIConfig

@@ -164,6 +164,14 @@ def test_eos_list_of_a_hf_generation_config_is_eos_and_stop_words(api_engine):
     engine.release_request(name, handle)
 
 
+def test_a_single_eos_of_the_loader_is_no_stop_word(api_engine):
+    """The model's one eos id (tiny LLaMA: 2) stays an int, so early_stopping(False) (as
+    benchmark_throughput.py --test_random_input) runs every request to max_length."""
+    _, _, loader = api_engine
+    cfg = loader.create_reference_generation_config_builder().build()
+    assert cfg["eos_token_id"] == 2 and cfg["stop_words_ids"] == []
+
+
 def test_the_extra_generation_keys_work_or_are_refused(api_engine):
     engine, name, _ = api_engine
     expected = alone(api_engine, PROMPT, NEW)

@@ -91,8 +91,8 @@ class ModelHandle:
         defaults = dict(self.generation_config)
         eos = defaults.get("eos_token_id") or self.config.eos_token_id
         defaults.pop("eos_token_id", None)
-        if eos:
-            defaults["eos_token_id"] = list(eos)
+        if eos:  # one id stays an int (DashInfer reads several as eos + stop words)
+            defaults["eos_token_id"] = eos[0] if len(eos) == 1 else list(eos)
         builder = ASGenerationConfigBuilder(defaults)
         if runtimeConfig is not None:  # a built config, or an AsModelConfig (0 there means the default)
             built = runtimeConfig.build() if hasattr(runtimeConfig, "build") else runtimeConfig
