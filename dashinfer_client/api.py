@@ -4,7 +4,8 @@ the same way and refuse with the same status and message.
 
 Every call returns an AsStatus (and logs why when it is an error); `last_error` holds the reason
 of the last refused call, call_with_reason the reason of this thread's own call. Nothing a caller
-passes raises. What does not depend on the engine is checked here: the model name (a str that
+passes raises (but the get_* calls, which return data, not a status: they raise TypeError on
+anything that is not a ResultQueue). What does not depend on the engine is checked here: the model name (a str that
 UTF-8 can carry), the handle (an int), the configs (build() called here; a failing build() is
 the caller's ALLSPARK_PARAM_ERROR), the texts of start_request_text and their tokenizer (one
 request per text of a list; Hugging Face fast tokenizers are not safe across threads: one lock).

@@ -29,6 +29,7 @@ def _forms(ids):
         "torch tensor (__dlpack__)": lambda: torch.Tensor([ids]).to(torch.int64),
         "numpy array": lambda: np.array([ids], dtype=np.int64),
         "capsule numpy made": lambda: np.array(ids, dtype=np.int64).__dlpack__(),
+        "versioned capsule (DLPack 1.0)": lambda: np.array([ids]).__dlpack__(max_version=(1, 0)),
         "list": lambda: list(ids),
         "list of one list": lambda: [list(ids)],
     }
