@@ -11,8 +11,8 @@ changed after build(), an engine checks the config again when it reads it.
 import numbers
 import random
 
-from .options import VocabType
 from .checks import check_bool, check_enum, check_float, check_ids, check_int, check_keys, check_str
+from .options import VocabType
 
 SEED_MAX = 2**31 - 1   # DashInfer draws default seeds from [1, int32 max]
 MAX_TOP_LOGPROBS = 10  # DashInfer's engine limit
