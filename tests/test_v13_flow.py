@@ -200,6 +200,18 @@ def test_dimodel_file_names(serialized_tiny, tmp_path):
         bad.build()
 
 
+def test_a_model_converted_by_dashinfer_is_refused_by_name(tmp_path):
+    """DashInfer's own .dimodel is protobuf: install says so instead of failing on its bytes."""
+    (tmp_path / "p.dimodel").write_bytes(b"\n\x05model\x12\x80\xff\xfe\x00")  # not UTF-8, not JSON
+    (tmp_path / "p.ditensors").write_bytes(b"\x00" * 16)
+    engine = allspark.Engine()
+    cfg = allspark.AsModelConfig(model_name="p", model_path=str(tmp_path / "p.dimodel"),
+                                 weights_path=str(tmp_path / "p.ditensors"), engine_max_length=64)
+    status, reason = engine.call_with_reason("build_model_from_config_struct", cfg)
+    assert status == allspark.AsStatus.ALLSPARK_IO_ERROR
+    assert "p.dimodel is not valid JSON" in reason and "converted by DashInfer itself" in reason
+
+
 SERVE_WITHOUT_TORCH = """
 import json, sys
 sys.modules["torch"] = None          # any import of torch or transformers now fails

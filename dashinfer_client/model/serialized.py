@@ -211,6 +211,9 @@ def _remove(path):
         os.remove(path)
 
 
+# DashInfer's own .dimodel/.asgraph files are protobuf: the same names, another format.
+_FOREIGN_HINT = ("; a model converted by DashInfer itself cannot be read here: convert the original "
+                 "checkpoint with this package (HuggingFaceModel, or serialize_model_from_torch)")
 DI_CONFIG_NAME = "dimodel_config.yaml"  # DashInfer's DIConfig file beside a model
 
 
@@ -238,10 +241,10 @@ class DashInferModel(ModelHandle):
         try:
             with open(gpath) as f:
                 graph = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelSerializerException(f"{gpath} is not valid JSON: {e}") from None
+        except (OSError, ValueError) as e:  # ValueError: bad JSON, or not text at all
+            raise ModelSerializerException(f"{gpath} is not valid JSON: {e}{_FOREIGN_HINT}") from None
         if not isinstance(graph, dict) or graph.get("format") != FORMAT:
-            raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph")
+            raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph{_FOREIGN_HINT}")
         if graph.get("version") != VERSION:
             raise ModelSerializerException(
                 f"{gpath} has format version {graph.get('version')}, this reader knows version {VERSION}")
