@@ -13,6 +13,9 @@ An engine implements the primitives (the underscored methods below that raise
 NotImplementedError, plus get_stats, close and world_size). They get checked arguments and
 refuse by raising Refused; any other exception is reported as ALLSPARK_RUNTIME_ERROR (a bug,
 logged with its traceback) and the engine keeps serving.
+
+serialize_model_from_torch is DashInfer 1.3's conversion, not an engine call: like the loaders'
+serialize_to_path it raises ModelSerializerException for what it cannot convert.
 """
 import enum
 import logging

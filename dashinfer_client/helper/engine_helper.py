@@ -86,8 +86,8 @@ class EngineHelper:
         self.torch_model_module = None
         self.model_config = None
         self.verbose = False
-        from .. import ClientEngine, Engine  # lazy names: the server side loads only when used
-        self.engine = ClientEngine() if self.multinode_mode else Engine()
+        import dashinfer_client as allspark  # lazy engine names: only the one used is loaded
+        self.engine = allspark.ClientEngine() if self.multinode_mode else allspark.Engine()
 
     # ---- tokenizer and conversion ---------------------------------------------------------------------
 
