@@ -14,6 +14,9 @@ An engine implements the primitives (the underscored methods below that raise
 NotImplementedError, plus get_stats, close and world_size). They get checked arguments and
 refuse by raising Refused; any other exception is reported as ALLSPARK_RUNTIME_ERROR (a bug,
 logged with its traceback) and the engine keeps serving.
+
+serialize_model_from_torch is DashInfer 1.3's conversion, not an engine call: like the loaders'
+serialize_to_path it raises ModelSerializerException for what it cannot convert.
 """
 import enum
 import logging
@@ -75,6 +78,27 @@ class EngineAPI:
         """as_model_config_struct: a runtime config (built or its builder; DashInfer's keyword)."""
         return self._guarded("install_model",
                              lambda: self._install_model(_runtime_config(as_model_config_struct)))[0]
+
+    def build_model_from_config_struct(self, as_model_config) -> AsStatus:
+        """DashInfer's install under its older name: an AsModelConfig struct (model_path and
+        weights_path name the serialized files, .asgraph/.asparam or DashInfer 1.3's
+        .dimodel/.ditensors) or any config install_model takes."""
+        return self.install_model(as_model_config)
+
+    def serialize_model_from_torch(self, model_name, model_type, torch_model, model_config, save_dir,
+                                   multinode_mode=1, data_type="float32", do_dynamic_quantize_convert=False,
+                                   quant_config=None, use_dynamic_ntk=False, use_logn_attn=False,
+                                   model_sequence_length=2048, seqlen_extrapolation=1.0, rotary_base=None,
+                                   **options):
+        """DashInfer 1.3's conversion of a torch model in memory into {save_dir}/{model_name}.dimodel
+        and .ditensors, in its argument order (dashinfer_client/model/torch_model.py says what each
+        does). Needs no engine: both engines offer it because DashInfer's did. Raises
+        ModelSerializerException for what it cannot convert, as the loaders' serialize_to_path does."""
+        from .model.torch_model import serialize_model_from_torch
+        return serialize_model_from_torch(
+            model_name, model_type, torch_model, model_config, save_dir, multinode_mode, data_type,
+            do_dynamic_quantize_convert, quant_config, use_dynamic_ntk, use_logn_attn, model_sequence_length,
+            seqlen_extrapolation, rotary_base, **options)
 
     def start_model(self, model_name: str) -> AsStatus:
         return self._guarded("start_model", lambda: self._start_model(_model_name(model_name)))[0]

@@ -15,6 +15,9 @@ from .types import AsCacheMode
 # DashInfer's matmul_precision values. On this runtime precision follows the serialized model's
 # dtype (weights bf16/fp32/int8, activations and accumulation fp32), so every level is honoured.
 MATMUL_PRECISIONS = ("highest", "high", "medium")
+# DashInfer 1.3 on CPU ran its flash prefill whatever it was given (AsPrefillFlashV2 on AVX-512);
+# this runtime has one chunked causal prefill, exact attention, which both names select.
+CPU_PREFILL_MODES = (AsMHAPrefill.AsPrefillDefault, AsMHAPrefill.AsPrefillFlashV2)
 
 
 class AsModelConfig:
@@ -92,9 +95,9 @@ class AsModelConfig:
             raise ValueError(f"lora_names={self.lora_names!r}: this runtime loads no LoRA adapters")
         if self.cache_span_num_grow:
             raise ValueError("cache_span_num_grow must be 0: the KV pool is allocated whole at install")
-        if int(self.prefill_mode) != int(AsMHAPrefill.AsPrefillDefault):
-            raise ValueError(f"prefill_mode={self.prefill_mode!r}: the flash/xformers kernels are CUDA "
-                             f"ones; only AsPrefillDefault")
+        if self.prefill_mode not in CPU_PREFILL_MODES:
+            raise ValueError(f"prefill_mode={self.prefill_mode!r}: the xformers kernel is a CUDA one; "
+                             f"AsPrefillDefault or AsPrefillFlashV2 (the same prefill here)")
 
     def __repr__(self):  # str() too: equal configs print alike, as DashInfer's tests compare them
         items = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())

@@ -96,13 +96,15 @@ class AsModelRuntimeConfig:
 
     @property
     def model_path(self):
-        """The .asgraph file (DashInfer's AsModelConfig.model_path)."""
-        return os.path.join(self.model_dir, self.model_prefix + ".asgraph")
+        """The .asgraph (or .dimodel) file (DashInfer's AsModelConfig.model_path)."""
+        from .model.serialized import graph_path
+        return graph_path(self.model_dir, self.model_prefix)
 
     @property
     def weights_path(self):
-        """The .asparam file (DashInfer's AsModelConfig.weights_path)."""
-        return os.path.join(self.model_dir, self.model_prefix + ".asparam")
+        """The .asparam (or .ditensors) file (DashInfer's AsModelConfig.weights_path)."""
+        from .model.serialized import param_path
+        return param_path(self.model_dir, self.model_prefix)
 
     # DashInfer's AsModelConfig names for the same values, read-only.
     compute_unit = property(lambda self: "CPU:" + ",".join(map(str, self.device_ids)),
@@ -188,14 +190,16 @@ class AsModelRuntimeConfigBuilder:
 
     def model_file_path(self, model_file_name: str, weight_file_path: str) -> "AsModelRuntimeConfigBuilder":
         """DashInfer's alternative to model_dir(): the two file paths, which must share directory
-        and prefix (dir/p.asgraph, dir/p.asparam)."""
+        and prefix (dir/p.asgraph, dir/p.asparam; or DashInfer 1.3's dir/p.dimodel, dir/p.ditensors)."""
+        from .model.serialized import SUFFIXES, V13_SUFFIXES
         graph_dir, graph = os.path.split(os.fspath(model_file_name))
         param_dir, param = os.path.split(os.fspath(weight_file_path))
-        prefix = graph[: -len(".asgraph")]
-        if not graph.endswith(".asgraph") or graph_dir != param_dir or param != prefix + ".asparam":
-            raise ValueError(f"model_file_path: expected dir/p.asgraph and dir/p.asparam, "
-                             f"got {model_file_name!r} and {weight_file_path!r}")
-        return self.model_dir(graph_dir, prefix)
+        for graph_suffix, param_suffix in (SUFFIXES, V13_SUFFIXES):
+            prefix = graph[: -len(graph_suffix)]
+            if graph.endswith(graph_suffix) and graph_dir == param_dir and param == prefix + param_suffix:
+                return self.model_dir(graph_dir, prefix)
+        raise ValueError(f"model_file_path: expected dir/p.asgraph and dir/p.asparam (or dir/p.dimodel and "
+                         f"dir/p.ditensors), got {model_file_name!r} and {weight_file_path!r}")
 
     def compute_unit(self, target_device, device_id_array=None,
                      compute_thread_in_device=None) -> "AsModelRuntimeConfigBuilder":

@@ -57,9 +57,7 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
-        expected = weight_shapes(self.config)
-        tied_head = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
-        unexpected = [n for n in weights.keys() if n not in expected and n not in tied_head and not _IGNORED.search(n)]
+        unexpected = unexpected_tensors(weights.keys(), self.config)
         if unexpected:
             raise ModelSerializerException(
                 f"checkpoint {self.model_path} has tensor(s) this architecture does not use: "
@@ -67,19 +65,32 @@ class HuggingFaceModel(SourceModel):
         return weights
 
     def _save_tokenizer(self, out_dir):
-        if not any(os.path.isfile(os.path.join(self.model_path, name)) for name in VOCABULARY_FILES):
-            return False
-        for name in TOKENIZER_FILES:
-            src = os.path.join(self.model_path, name)
-            if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(out_dir, name))
-        return True
+        return copy_tokenizer_files(self.model_path, out_dir)
 
     def _tokenizer_path(self):
         return self.model_path
 
     def _tokenizer_kwargs(self):
         return {"trust_remote_code": self.trust_remote_code}
+
+
+def unexpected_tensors(names, config):
+    """The tensor names a checkpoint of this config should not have (a tied lm_head and the
+    rotary inv_freq buffers some checkpoints carry are expected)."""
+    expected = weight_shapes(config)
+    tied_head = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    return [n for n in names if n not in expected and n not in tied_head and not _IGNORED.search(n)]
+
+
+def copy_tokenizer_files(model_dir, out_dir):
+    """Copy a Hugging Face directory's tokenizer files into out_dir; False when it has none."""
+    if not any(os.path.isfile(os.path.join(model_dir, name)) for name in VOCABULARY_FILES):
+        return False
+    for name in TOKENIZER_FILES:
+        src = os.path.join(model_dir, name)
+        if os.path.isfile(src):
+            shutil.copy2(src, os.path.join(out_dir, name))
+    return True
 
 
 def _read_json(path, what):
@@ -139,7 +150,7 @@ class HFWeights:
                 raise ModelSerializerException(
                     f"tensor '{name}' in {self.model_path} has dtype {code}; expected one of {', '.join(FLOAT_CODES)}")
             return self._st.get(name), code
-        return _torch_to_numpy(name, self._bin[name], self.model_path)
+        return torch_tensor_to_numpy(name, self._bin[name], self.model_path)
 
 
 def _load_bin(index_path, single_path):
@@ -165,7 +176,8 @@ def _load_bin(index_path, single_path):
     return tensors
 
 
-def _torch_to_numpy(name, tensor, where):
+def torch_tensor_to_numpy(name, tensor, where):
+    """(numpy array sharing the tensor's memory when it can, dtype code); bf16 as uint16 bits."""
     import torch
     codes = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
     if tensor.dtype not in codes:

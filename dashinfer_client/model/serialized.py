@@ -3,7 +3,9 @@
 The .asgraph says what the model is (architecture, hyper-parameters, dtype, quantization, tensor
 manifest, generation defaults); the .asparam holds the tensors under Hugging Face LLaMA names,
 unsharded, so any rank can map it and slice its own shard. Files are written under temporary names
-and renamed, the .asgraph last: an .asgraph on disk means a complete model.
+and renamed, the .asgraph last: an .asgraph on disk means a complete model. The same two files
+may be named {prefix}.dimodel + {prefix}.ditensors instead, the names DashInfer 1.3's
+serialize_model_from_torch wrote (dashinfer_client/model/torch_model.py writes them so).
 """
 import json
 import os
@@ -24,12 +26,28 @@ DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # user dtype 
 QUANT_PARTS = ("qweight", "scales", "zeros")
 
 
+# (graph, params) file suffixes: ours, then DashInfer 1.3's names (its serialize_model_from_torch
+# wrote {name}.dimodel + {name}.ditensors). The content is this format either way.
+SUFFIXES = (".asgraph", ".asparam")
+V13_SUFFIXES = (".dimodel", ".ditensors")
+
+
+def model_files(model_dir, prefix):
+    """(graph, params) paths of model `prefix` in model_dir, under the names on disk (ours when
+    neither is there). Writing one pair removes the other, so at most one is present."""
+    for suffixes in (SUFFIXES, V13_SUFFIXES):
+        paths = tuple(os.path.join(model_dir, prefix + s) for s in suffixes)
+        if os.path.exists(paths[0]):
+            return paths
+    return tuple(os.path.join(model_dir, prefix + s) for s in SUFFIXES)
+
+
 def graph_path(model_dir, prefix):
-    return os.path.join(model_dir, prefix + ".asgraph")
+    return model_files(model_dir, prefix)[0]
 
 
 def param_path(model_dir, prefix):
-    return os.path.join(model_dir, prefix + ".asparam")
+    return model_files(model_dir, prefix)[1]
 
 
 def tokenizer_dir_name(prefix):
@@ -92,7 +110,7 @@ def as_float32(array, source_code):
 
 
 def write_serialized(model_dir, prefix, *, model_name, architecture, config, dtype, quant_settings,
-                     fetch, generation_config, save_tokenizer, progress=False):
+                     fetch, generation_config, save_tokenizer, progress=False, suffixes=SUFFIXES):
     """Convert and write a model; returns a report (sizes, seconds, quantization error).
 
     fetch(name) -> (numpy array, source dtype code) gives each HF-named tensor of weight_shapes(config)
@@ -113,8 +131,8 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
                                                                     not config.tie_word_embeddings)}
     manifest = expected_tensors(config, dtype, quantization)
     tok_name = tokenizer_dir_name(prefix)
-    final = {"tok": os.path.join(model_dir, tok_name), "param": param_path(model_dir, prefix),
-             "graph": graph_path(model_dir, prefix)}
+    final = {"tok": os.path.join(model_dir, tok_name), "param": os.path.join(model_dir, prefix + suffixes[1]),
+             "graph": os.path.join(model_dir, prefix + suffixes[0])}
     temp = {key: path + f".tmp-{os.getpid()}" for key, path in final.items()}
     try:
         _remove(temp["tok"])
@@ -132,7 +150,9 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
         for path in temp.values():
             _remove(path)
         raise
-    _remove(final["graph"])  # a stale .asgraph must never describe the new .asparam
+    for other in (SUFFIXES, V13_SUFFIXES):  # a stale graph must never describe the new params
+        for suffix in other:
+            _remove(os.path.join(model_dir, prefix + suffix))
     os.replace(temp["param"], final["param"])
     _remove(final["tok"])
     if has_tokenizer:
@@ -191,6 +211,9 @@ def _remove(path):
         os.remove(path)
 
 
+# DashInfer's own .dimodel/.asgraph files are protobuf: the same names, another format.
+_FOREIGN_HINT = ("; a model converted by DashInfer itself cannot be read here: convert the original "
+                 "checkpoint with this package (HuggingFaceModel, or serialize_model_from_torch)")
 DI_CONFIG_NAME = "dimodel_config.yaml"  # DashInfer's DIConfig file beside a model
 
 
@@ -218,10 +241,10 @@ class DashInferModel(ModelHandle):
         try:
             with open(gpath) as f:
                 graph = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelSerializerException(f"{gpath} is not valid JSON: {e}") from None
+        except (OSError, ValueError) as e:  # ValueError: bad JSON, or not text at all
+            raise ModelSerializerException(f"{gpath} is not valid JSON: {e}{_FOREIGN_HINT}") from None
         if not isinstance(graph, dict) or graph.get("format") != FORMAT:
-            raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph")
+            raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph{_FOREIGN_HINT}")
         if graph.get("version") != VERSION:
             raise ModelSerializerException(
                 f"{gpath} has format version {graph.get('version')}, this reader knows version {VERSION}")
