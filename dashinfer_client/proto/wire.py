@@ -75,10 +75,10 @@ def _private_dir_problem(folder):
 
 
 def default_address(unique=False) -> str:
-    """A unix socket only this user can reach: private_socket_dir()/dashinfer-<pid>.sock; unique:
-    with a random suffix too (a client spawning several groups)."""
+    """A unix socket only this user can reach: private_socket_dir()/dashinfer-<uid>-<pid>.sock;
+    unique: with a random suffix too (a client spawning several groups)."""
     suffix = f"-{uuid.uuid4().hex[:8]}" if unique else ""
-    return f"unix://{private_socket_dir()}/dashinfer-{os.getpid()}{suffix}.sock"
+    return f"unix://{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}{suffix}.sock"
 
 
 def unix_socket_path(address: str):
