@@ -5,14 +5,11 @@ Every call runs the Engine's own method and answers its status with this call's 
 event per Get() (everything produced since the previous event), each carrying the queue's status
 and statistics, the last one its final status and error.
 
-Requests belong to the session that started them (docs/security.md): a call naming the handle of
-another session's request is refused as a handle never given out is (ALLSPARK_ILLEGAL_REQUEST_ID);
-a request started without a session belongs to whoever holds its handle, 63 random bits. A
-stream that breaks before its request ended (the client went away) stops and releases that
-request; a Session that ends releases every request started under it that its client never
-released; a request that finished on its own stream without a session and was never released is
-released `finished_request_ttl` seconds later. Sessions and long calls are capped (limits.py):
-over a cap, the call ends RESOURCE_EXHAUSTED with the reason.
+Requests belong to the session that started them (docs/security.md): another session naming one
+is refused as for a handle never given out; one started without a session, to whoever holds its
+handle (63 random bits). A stream that breaks before its request ended stops and releases it; a
+Session that ends releases what its client still held; a request that finished on its own stream
+without a session is released `finished_request_ttl` s later. Long calls are capped (limits.py).
 
 The service uses the Engine's public API only (EngineAPI: its calls, get_stats, world_size); the
 messages are built and read by dashinfer_client.proto.wire. grpc_server.py serves it.
@@ -35,7 +32,6 @@ log = logging.getLogger("dashinfer_server.service")
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
-PARAM_ERROR = AsStatus.ALLSPARK_PARAM_ERROR
 
 
 class _Held:
@@ -80,6 +76,11 @@ class _Session:
 
 def _reply(status, message=""):
     return pb.Reply(status=int(status), message=message)
+
+
+def _refusal(what, e) -> pb.Reply:
+    """The Reply of the Refused `e` of call `what`, worded as the Engine words it."""
+    return _reply(e.status, f"{what}: {e}")
 
 
 class DashInferService(pb_grpc.DashInferServicer):
@@ -169,6 +170,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             return
         sent = {}
         first = wire.encode_event(queue, None, sent)
+        first.status, first.error, first.finish_reason = 0, "", ""  # the end comes after the tokens, later
         first.started.CopyFrom(_reply(SUCCESS))
         first.handle = handle
         if routed:  # the session's stream carries the rest (maybe before this reply arrives)
@@ -187,28 +189,28 @@ class DashInferService(pb_grpc.DashInferServicer):
 
     def StopRequest(self, request, context):
         held, refused = self._own(request, context, "stop_request")
-        return refused or self._call("stop_request", request.model_name, held.engine_handle)
+        return refused or self._call_held("stop_request", request, held)
 
     def ReleaseRequest(self, request, context):
         held, refused = self._own(request, context, "release_request")
         if refused:
             return refused
-        reply = self._call("release_request", request.model_name, held.engine_handle)
+        reply = self._call_held("release_request", request, held)
         if reply.status == SUCCESS:
             with self._lock:
                 self._forget((request.model_name, wire.decode_handle(request)))
         return reply
 
     def SyncRequest(self, request, context):
-        """One request of the caller's; without a handle, every request of the model that the
-        caller's session holds (a client without a session: every request of the model)."""
+        """One request; without a handle, the caller's session's requests of the model (no session:
+        every request of the model)."""
         caller = caller_session(context)
         owner = caller or context.peer()  # a sync waits: it holds a thread
         open_or_abort(context, lambda: self.limits.open_stream(owner), "sync_request")
         try:
             if wire.decode_handle(request) is not None:
                 held, refused = self._own(request, context, "sync_request")
-                return refused or self._call("sync_request", request.model_name, held.engine_handle)
+                return refused or self._call_held("sync_request", request, held)
             with self._lock:
                 session = self._sessions.get(caller)
                 mine = [self._held[k].engine_handle for k in (session.requests if session else ())
@@ -219,7 +221,7 @@ class DashInferService(pb_grpc.DashInferServicer):
                 self.engine.call_with_reason("sync_request", request.model_name, engine_handle)
             if self._installed(request.model_name):
                 return _reply(SUCCESS)
-            return _reply(PARAM_ERROR, f"sync_request: {unknown_model(request.model_name)}")
+            return _refusal("sync_request", unknown_model(request.model_name))
         finally:
             self.limits.close_stream(owner)
 
@@ -302,8 +304,7 @@ class DashInferService(pb_grpc.DashInferServicer):
 
     def _own(self, request, context, what):
         """(the held request a RequestRef names, None) when it is the caller's, else (None, the
-        refusal the Engine gives for a handle it never gave out): another session's request is
-        not told apart from one that does not exist."""
+        Engine's refusal of a handle it never gave out: another session's is not told from none)."""
         model, handle = request.model_name, wire.decode_handle(request)
         with self._lock:
             held = self._held.get((model, handle))
@@ -311,8 +312,15 @@ class DashInferService(pb_grpc.DashInferServicer):
             return held, None
         if held is not None:
             log.warning("%s: request %s of %r belongs to another session; refused", what, handle, model)
-        e = unknown_handle(model, handle) if handle is None or self._installed(model) else unknown_model(model)
-        return None, _reply(e.status, f"{what}: {e}")
+        return None, _refusal(what, unknown_handle(model, handle) if handle is None or self._installed(model)
+                              else unknown_model(model))
+
+    def _call_held(self, method, request, held) -> pb.Reply:
+        """The Engine's `method` on a held request; released meanwhile: refused by the caller's handle."""
+        reply = self._call(method, request.model_name, held.engine_handle)
+        if reply.status == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID:
+            return _refusal(method, unknown_handle(request.model_name, wire.decode_handle(request)))
+        return reply
 
     def _installed(self, model) -> bool:
         return model in self.engine.get_stats()["models"]
@@ -363,15 +371,14 @@ class DashInferService(pb_grpc.DashInferServicer):
         while not self._closing.wait(min(max(ttl / 4, 0.05), 30.0)):
             now = time.monotonic()
             with self._lock:
-                keys = [k for k, h in self._held.items()
-                        if h.session is None and h.ended_at is not None and now - h.ended_at >= ttl]
-                handles = [(k, self._held[k].engine_handle) for k in keys]
-                for key in keys:
+                expired = [(k, h.engine_handle) for k, h in self._held.items()
+                           if h.session is None and h.ended_at is not None and now - h.ended_at >= ttl]
+                for key, _ in expired:
                     self._forget(key)
-            for (model, handle), engine_handle in handles:
+            for (model, handle), engine_handle in expired:
                 self.engine.call_with_reason("release_request", model, engine_handle)
-                log.info("request %s of %r: finished %.0f s ago on its own stream and never released; "
-                         "released", handle, model, ttl)
+                log.info("request %s of %r: finished on its own stream %.0f s ago, never released: released",
+                         handle, model, ttl)
 
     def _session_ended(self, sid) -> None:
         """gRPC callback at the end of a session: release what its client still held."""

@@ -130,7 +130,8 @@ def test_token_is_required_on_every_call_but_health_probes(engine):
             right = [("authorization", f"Bearer {TOKEN}")]
             assert stub.Health(pb.Empty(), metadata=right, timeout=10).ready
             events = list(_start(stub, 20, metadata=right))
-            assert events[0].started.status == 0 and events[-1].status == allspark.GenerateRequestStatus.GenerateFinished
+            assert events[0].started.status == 0
+            assert events[-1].status == allspark.GenerateRequestStatus.GenerateFinished
             probe = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert probe.status == health_pb2.HealthCheckResponse.SERVING  # probes carry no token
         with pytest.raises(Unavailable, match="requires a token"):
