@@ -1,6 +1,7 @@
 """Who may do what on the gRPC service (docs/security.md): requests belong to the session that
 started them, handles cannot be guessed, a token guards every call when set (and is required off
 this machine), model calls are an admin's, TLS over TCP, the default socket's directory and mode."""
+import argparse
 import json
 import os
 import stat
@@ -17,7 +18,7 @@ from dashinfer_client import AsStatus
 from dashinfer_client.client_engine import Unavailable
 from dashinfer_client.proto import load
 from dashinfer_client.proto.wire import default_address, private_socket_dir, unix_socket_path
-from dashinfer_server.access import Access, read_token
+from dashinfer_server.access import Access, from_arguments, read_token
 from dashinfer_server.engine import Engine
 from dashinfer_server.grpc_server import Server, serve
 
@@ -290,3 +291,20 @@ def test_tokens_from_files_and_their_checks(tmp_path):
             read_token(bad)
     with pytest.raises(ValueError, match="cannot read the token file"):
         read_token(path=str(tmp_path / "missing"))
+
+
+def test_server_flags_and_environment_give_the_tokens_and_tls(tmp_path):
+    user, admin = tmp_path / "user", tmp_path / "admin"
+    user.write_text("u-123\n")
+    admin.write_text("a-456\n")
+    flags = dict(token=None, token_file=None, admin_token=None, admin_token_file=None, tls_cert=None, tls_key=None)
+    access, tls = from_arguments(argparse.Namespace(**flags), {"DASHINFER_TOKEN_FILE": str(user),
+                                                               "DASHINFER_ADMIN_TOKEN_FILE": str(admin)})
+    assert (access.token, access.admin_token, tls) == ("u-123", "a-456", None)
+    access, _ = from_arguments(argparse.Namespace(**dict(flags, token="flag-1")), {"DASHINFER_TOKEN": "env-1"})
+    assert access.token == "flag-1" and access.admin_token is None  # the flag before the environment
+    with pytest.raises(ValueError, match="go together"):
+        from_arguments(argparse.Namespace(**dict(flags, tls_cert=str(user))), {})
+    run = subprocess.run([sys.executable, "-m", "dashinfer_server", "--address", f"unix://{tmp_path}/x.sock",
+                          "--tls-cert", str(user), "--tls-key", str(admin)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 78 and "TLS is for TCP addresses" in run.stderr
