@@ -51,7 +51,8 @@ class ClientEngine(EngineAPI):
     gets to stop after SIGTERM before it is killed. env: extra environment variables for it.
     token: sent with every call, for a server that requires one (default $DASHINFER_TOKEN; a
     spawned server is started with it). tls_ca: connect with TLS, trusting this CA certificate
-    file (PEM; True: the system's roots; default $DASHINFER_TLS_CA). See docs/security.md.
+    file (PEM; True: the system's roots; default for a TCP address: $DASHINFER_TLS_CA). See
+    docs/security.md.
     """
     log = log
 
@@ -59,9 +60,10 @@ class ClientEngine(EngineAPI):
                  reconnect_timeout=10.0, shutdown_timeout=15.0, env=None, token=None, tls_ca=None):
         super().__init__()
         self._token = token or os.environ.get("DASHINFER_TOKEN") or None
-        self._tls_ca = tls_ca or os.environ.get("DASHINFER_TLS_CA") or None
         self._spawn = address is None
         self.address = wire.default_address(unique=True) if self._spawn else address
+        tcp = wire.unix_socket_path(self.address) is None  # the environment's CA is for TCP servers
+        self._tls_ca = tls_ca or (tcp and os.environ.get("DASHINFER_TLS_CA")) or None
         self._command = spawned.launch_command(self.address, nodes, threads_per_rank) if self._spawn else None
         self._env = dict(os.environ, **(env or {}))
         if self._spawn:
