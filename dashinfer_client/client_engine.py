@@ -49,17 +49,26 @@ class ClientEngine(EngineAPI):
     reconnect_timeout: seconds a call waits for a server at `address` to answer again after the
     connection broke (a supervisor restarting it). shutdown_timeout: seconds the spawned server
     gets to stop after SIGTERM before it is killed. env: extra environment variables for it.
+    token: sent with every call, for a server that requires one (default $DASHINFER_TOKEN; a
+    spawned server is started with it). tls_ca: connect with TLS, trusting this CA certificate
+    file (PEM; True: the system's roots; default for a TCP address: $DASHINFER_TLS_CA). See
+    docs/security.md.
     """
     log = log
 
     def __init__(self, address=None, nodes=None, threads_per_rank=None, startup_timeout=120.0,
-                 reconnect_timeout=10.0, shutdown_timeout=15.0, env=None):
+                 reconnect_timeout=10.0, shutdown_timeout=15.0, env=None, token=None, tls_ca=None):
         super().__init__()
+        self._token = token or os.environ.get("DASHINFER_TOKEN") or None
         self._spawn = address is None
         self.address = wire.default_address(unique=True) if self._spawn else address
+        tcp = wire.unix_socket_path(self.address) is None  # the environment's CA is for TCP servers
+        self._tls_ca = tls_ca or (tcp and os.environ.get("DASHINFER_TLS_CA")) or None
         self._command = spawned.launch_command(self.address, nodes, threads_per_rank) if self._spawn else None
         self._env = dict(os.environ, **(env or {}))
         if self._spawn:
+            if self._token:  # in its environment, not its command line (ps shows that to everyone)
+                self._env["DASHINFER_TOKEN"] = self._token
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             self._env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (root, self._env.get("PYTHONPATH")) if p)  # the server runs this same code
@@ -151,7 +160,7 @@ class ClientEngine(EngineAPI):
         try:
             first = next(iter(conn.stub.StartRequest(request)))  # the only event: the rest come on the session
         except conn.RpcError as e:
-            raise Refused(FAILED, conn.lost(e)) from e
+            raise Refused(*conn.refusal(e)) from e
         if first.started.status != SUCCESS:
             raise Refused(first.started.status, first.started.message, named=True)
         handle = next(self._handles)
@@ -218,7 +227,7 @@ class ClientEngine(EngineAPI):
         try:
             reply = getattr(conn.stub, rpc)(request)
         except conn.RpcError as e:
-            raise Refused(FAILED, conn.lost(e)) from e
+            raise Refused(*conn.refusal(e)) from e
         if reply.status != SUCCESS:
             raise Refused(reply.status, reply.message, named=True)
 
@@ -262,7 +271,7 @@ class ClientEngine(EngineAPI):
                     raise Unavailable(f"cannot start the server ({' '.join(self._command)}): {e}") from e
             elif self._instance_id is not None:
                 timeout = self.reconnect_timeout
-            conn = Connection(self.address, timeout, state.server)
+            conn = Connection(self.address, timeout, state.server, self._token, self._tls_ca)
             state.conn = conn
             if self._instance_id is not None and conn.instance_id != self._instance_id:
                 self._instance_id = conn.instance_id

@@ -2,15 +2,18 @@
 this client's requests on it and carries their events (proto/dashinfer.proto, Session). One reader
 thread feeds every request's ResultQueue from the session stream; when the stream ends (the server
 died, the connection broke, the client closed) every queue still open turns GenerateInterrupted
-with the reason."""
+with the reason. Every call carries the token, when there is one, and names the session (its
+requests are its own: the server refuses them to other sessions)."""
+import collections
 import logging
 import threading
 import time
 
 import grpc
 
-from .proto.wire import KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, apply_event, pb, pb_grpc
-from .types import GenerateRequestStatus
+from .proto.wire import (KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, SESSION_METADATA, TOKEN_METADATA, apply_event, pb,
+                         pb_grpc)
+from .types import AsStatus, GenerateRequestStatus
 
 log = logging.getLogger("dashinfer_client")
 
@@ -20,18 +23,63 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconn
                     *MESSAGE_SIZE_OPTIONS]
 
 
+# A call the server refused for a reason of its own, and the AsStatus it is to the caller.
+_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED: AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
+             grpc.StatusCode.UNAUTHENTICATED: AsStatus.ALLSPARK_REQUEST_DENIED,
+             grpc.StatusCode.PERMISSION_DENIED: AsStatus.ALLSPARK_REQUEST_DENIED}
+
+
 class Unavailable(Exception):
     """No server to talk to (it could not be started, reached or it is closed)."""
+
+
+class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `pairs` (a list: the session's is added once it is known) to every call's metadata."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def _with(self, details):
+        return _CallDetails(details.method, details.timeout, list(details.metadata or ()) + self.pairs,
+                            details.credentials, details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with(details), request)
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                            "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+def open_channel(address, token=None, tls_ca=None):
+    """A channel to `address` whose calls carry `token` ("Bearer" metadata): TLS when tls_ca is
+    given (a CA certificate file, PEM; True: the system's roots), plain otherwise -> (channel, the
+    metadata list its calls carry)."""
+    if tls_ca:
+        roots = None
+        if tls_ca is not True:
+            with open(tls_ca, "rb") as f:
+                roots = f.read()
+        raw = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=_CHANNEL_OPTIONS)
+    else:
+        raw = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    pairs = [(TOKEN_METADATA, f"Bearer {token}")] if token else []
+    return grpc.intercept_channel(raw, _Metadata(pairs)), pairs
 
 
 class Connection:
     """server: the SpawnedServer serving `address`, or None (its exit explains a failure)."""
     RpcError = grpc.RpcError
 
-    def __init__(self, address, timeout, server=None):
+    def __init__(self, address, timeout, server=None, token=None, tls_ca=None):
         self.address = address
         self.server = server
-        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.channel, metadata = open_channel(address, token, tls_ca)
         self.stub = pb_grpc.DashInferStub(self.channel)
         self.broken = ""  # why this connection cannot be used any more
         self.routed = {}  # server handle -> queue, until its last event
@@ -48,6 +96,7 @@ class Connection:
             self.channel.close()
             raise
         self.session_id, self.instance_id = first.session_id, first.instance_id
+        metadata.append((SESSION_METADATA, self.session_id))
         threading.Thread(target=self._watch_session, daemon=True, name="dashinfer-session").start()
 
     def _wait_healthy(self, timeout) -> int:
@@ -67,6 +116,9 @@ class Connection:
             try:
                 return self.stub.Health(pb.Empty(), timeout=min(wait, left), wait_for_ready=True).world_size
             except grpc.RpcError as e:
+                if e.code() in _REFUSALS:
+                    raise Unavailable(f"the dashinfer server at {self.address} refused this client: "
+                                      f"{e.details()}") from e
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise Unavailable(f"{self.address} does not answer as a dashinfer server: "
                                       f"{e.code().name}: {e.details()}") from e
@@ -129,6 +181,15 @@ class Connection:
         if error.code() == grpc.StatusCode.UNAVAILABLE or self.broken:
             return self.broken_by(why)
         return f"the dashinfer server at {self.address} failed the call ({why})"
+
+    def refusal(self, error):
+        """(AsStatus, message) of a call that failed with `error` (a grpc.RpcError): the server's
+        own refusals (over a limit, no or a wrong token, not an admin) with its reason, anything
+        else ALLSPARK_RUNTIME_ERROR with lost()'s message."""
+        status = _REFUSALS.get(error.code())
+        if status is not None:
+            return status, error.details()
+        return AsStatus.ALLSPARK_RUNTIME_ERROR, self.lost(error)
 
     def broken_by(self, why) -> str:
         """Mark the connection broken by `why` (the first reason stays) and return the message

@@ -1,7 +1,8 @@
 """One server rank: `python -m dashinfer_server --address ADDR [options]`.
 
-Rank 0 runs the Engine and serves gRPC on ADDR (default: a unix socket private to the process);
-under mpiexec the other ranks run the worker loop. With --model-dir/--model-prefix/--model-name
+Rank 0 runs the Engine and serves gRPC on ADDR (default: a unix socket private to the process;
+a token is required on any other than a unix socket or loopback, see docs/security.md); under
+mpiexec the other ranks run the worker loop. With --model-dir/--model-prefix/--model-name
 the model is installed and started before the service accepts calls (the systemd use case).
 The line "dashinfer_server: ready ..." is printed once the service accepts calls; under systemd
 (Type=notify) rank 0 then sends READY=1, and STOPPING=1 when it begins to drain.
@@ -25,8 +26,8 @@ from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.proto.wire import unix_socket_path
 from dashinfer_client.types import AsStatus
 
+from . import access, limits, logs, systemd
 from . import kernels as K
-from . import logs, systemd
 from .engine import Engine
 from .grpc_server import remove_socket, serve
 from .group import init_group
@@ -70,7 +71,16 @@ def parse_args(argv=None):
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=logs.LEVELS)
     p.add_argument("--log-format", default="text", choices=logs.FORMATS,
                    help="text (one line per record) or json (one JSON object per line)")
+    access.add_arguments(p)
+    limits.add_arguments(p)
     args = p.parse_args(argv)
+    try:  # before any model loads: a server that may not listen this way does not start
+        args.access, args.tls = access.from_arguments(args, os.environ)
+        args.limits = limits.from_arguments(args)
+        if args.address:
+            args.access.check_listen(args.address, args.tls is not None)
+    except ValueError as e:
+        p.error(str(e))
     model_flags = (args.model_dir, args.model_prefix, args.model_name)
     if any(model_flags) and not all(model_flags):
         p.error("--model-dir, --model-prefix and --model-name go together")
@@ -165,7 +175,8 @@ def main(argv=None) -> int:
         if stop.is_set():
             return 0
         try:
-            server = serve(engine, args.address)
+            server = serve(engine, args.address, access=args.access, tls=args.tls, limits=args.limits,
+                           finished_request_ttl=args.finished_request_ttl)
         except RuntimeError as e:
             log.error("%s", e)
             return 1

@@ -1,5 +1,6 @@
 """The gRPC server of rank 0 around one Engine: listening (a unix socket private to this user by
-default), draining and closing; the calls themselves are service.py's.
+default; TCP with a token, TLS optional), draining and closing; who may call is access.py's, the
+limits limits.py's, the calls themselves service.py's.
 
 serve(engine, address) -> Server (accepting); Server.shutdown(grace) drains: new work is refused
 with ALLSPARK_REQUEST_DENIED, running requests get `grace` seconds to finish and are interrupted
@@ -11,21 +12,20 @@ import socket
 import stat
 import threading
 import time
-from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dashinfer_client.api import ModelState
-from dashinfer_client.proto.wire import KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, default_address, pb, pb_grpc, unix_socket_path
+from dashinfer_client.proto.wire import (KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, default_address, is_local_address, pb,
+                                        pb_grpc, unix_socket_path)
 from dashinfer_client.types import GenerateRequestStatus
 
+from .access import Access, AccessGate
+from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, WorkerPool
 from .service import DashInferService
 
 log = logging.getLogger("dashinfer_server.service")
-
-# Streams hold a worker thread each (the sync gRPC server); threads are created when needed.
-DEFAULT_MAX_WORKERS = 512
 
 
 def _claim_unix_socket(path: str) -> None:
@@ -48,7 +48,7 @@ def _claim_unix_socket(path: str) -> None:
             probe.close()
     folder = os.path.dirname(path)
     if folder:
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
 
 
 def remove_socket(path) -> None:
@@ -61,14 +61,26 @@ def remove_socket(path) -> None:
 
 
 class Server:
-    """The gRPC server of rank 0 around one Engine (see serve)."""
+    """The gRPC server of rank 0 around one Engine (see serve).
 
-    def __init__(self, engine, address=None, max_workers=DEFAULT_MAX_WORKERS):
+    access: who may call (access.Access; default: anyone who can connect, admin calls on a unix
+    socket only); a non-local address without a token is refused (ValueError). tls: (certificate
+    chain PEM, private key PEM) bytes, to serve TLS on a TCP address. limits: limits.StreamLimits.
+    finished_request_ttl: seconds a request finished on its own stream (no session) is kept
+    unreleased."""
+
+    def __init__(self, engine, address=None, access=None, tls=None, limits=None,
+                 finished_request_ttl=DEFAULT_FINISHED_REQUEST_TTL):
         self.engine = engine
         self.address = address or default_address()
-        self.service = DashInferService(engine)
+        self.access = access or Access()
+        self.access.check_listen(self.address, tls is not None)
+        self.tls = tls
+        limits = limits or StreamLimits()
+        self.service = DashInferService(engine, limits, finished_request_ttl)
         self.socket_path = unix_socket_path(self.address)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers, thread_name_prefix="dashinfer-grpc"),
+        self.pool = WorkerPool(limits.threads_needed)
+        self._server = grpc.server(self.pool, interceptors=[AccessGate(self.access, self.address)],
                                    options=[("grpc.so_reuseport", 0),  # a client's keepalive pings:
                                             ("grpc.http2.min_ping_interval_without_data_ms",
                                              KEEPALIVE_MS // 2), *MESSAGE_SIZE_OPTIONS])
@@ -81,15 +93,25 @@ class Server:
     def start(self) -> "Server":
         if self.socket_path:
             _claim_unix_socket(self.socket_path)
+        # the socket file is made with its mode (this user and its group only), never open to all
+        # for a moment: the umask is the process's, so it is set for the bind alone
+        umask = os.umask(0o117) if self.socket_path else None
         try:
-            port = self._server.add_insecure_port(self.address)
+            if self.tls:
+                chain, key = self.tls
+                port = self._server.add_secure_port(self.address, grpc.ssl_server_credentials([(key, chain)]))
+            else:
+                port = self._server.add_insecure_port(self.address)
+            self._server.start()
         except RuntimeError as e:
             raise RuntimeError(f"cannot listen on {self.address}: {e}") from e
+        finally:
+            if umask is not None:
+                os.umask(umask)
         if not self.socket_path and self.address.rsplit(":", 1)[-1] == "0":
             self.address = f"{self.address.rsplit(':', 1)[0]}:{port}"  # the port the OS chose
-        self._server.start()
-        if self.socket_path:
-            os.chmod(self.socket_path, 0o660)  # this user and its group only
+        if not self.socket_path and not self.tls and self.access.token and not is_local_address(self.address):
+            log.warning("serving %s without TLS: the token travels in clear (--tls-cert/--tls-key)", self.address)
         for name in (health.OVERALL_HEALTH, pb.DESCRIPTOR.services_by_name["DashInfer"].full_name):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self
@@ -115,6 +137,7 @@ class Server:
         self.stop_models()
         self.service.close_sessions()
         self._server.stop(grace=5.0).wait()
+        self.pool.shutdown(wait=False)
         self._remove_socket()
         self._stopped.set()
 
@@ -129,6 +152,7 @@ class Server:
         self.health.enter_graceful_shutdown()
         self.service.close_sessions()
         self._server.stop(grace=None).wait()
+        self.pool.shutdown(wait=False)
         self._remove_socket()
         self._stopped.set()
 
@@ -139,8 +163,8 @@ class Server:
         remove_socket(self.socket_path)
 
 
-def serve(engine, address=None, max_workers=DEFAULT_MAX_WORKERS) -> Server:
+def serve(engine, address=None, **options) -> Server:
     """Serve `engine` on `address` (default: a unix socket private to this process; a TCP address
     such as 127.0.0.1:PORT listens only where it names, never on every interface unless it says
-    so) and return the started Server: it accepts calls when this returns."""
-    return Server(engine, address, max_workers).start()
+    so) and return the started Server: it accepts calls when this returns. options: Server's."""
+    return Server(engine, address, **options).start()

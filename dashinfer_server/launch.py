@@ -5,7 +5,9 @@
 
 Every flag has an environment default (DASHINFER_NODES, DASHINFER_THREADS_PER_RANK,
 DASHINFER_ADDRESS, DASHINFER_MODEL_DIR, DASHINFER_MODEL_PREFIX, DASHINFER_MODEL_NAME,
-DASHINFER_LOG_LEVEL, DASHINFER_LOG_FORMAT); flags it does not know go to every rank unchanged. The node count
+DASHINFER_LOG_LEVEL, DASHINFER_LOG_FORMAT); flags it does not know go to every rank unchanged (among
+them --token-file, --admin-token-file, --tls-cert/--tls-key and the limits of docs/security.md; the
+environment, DASHINFER_TOKEN... included, reaches every rank too). The node count
 defaults to the NUMA nodes of dashinfer_server.topology (DASHINFER_NUMA_NODES simulates nodes).
 It runs the mpiexec installed beside this Python (the mpich wheel's), never another one on PATH,
 and replaces itself with it, so a supervisor's SIGTERM reaches mpiexec, which forwards it to the

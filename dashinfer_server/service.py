@@ -5,9 +5,11 @@ Every call runs the Engine's own method and answers its status with this call's 
 event per Get() (everything produced since the previous event), each carrying the queue's status
 and statistics, the last one its final status and error.
 
-Requests belong to whoever holds them: a stream that breaks before its request ended (the client
-went away) stops and releases that request; a Session that ends releases every request started
-under it that its client never released.
+Requests belong to the session that started them (docs/security.md): another session naming one
+is refused as for a handle never given out; one started without a session, to whoever holds its
+handle (63 random bits). A stream that breaks before its request ended stops and releases it; a
+Session that ends releases what its client still held; a request that finished on its own stream
+without a session is released `finished_request_ttl` s later. Long calls are capped (limits.py).
 
 The service uses the Engine's public API only (EngineAPI: its calls, get_stats, world_size); the
 messages are built and read by dashinfer_client.proto.wire. grpc_server.py serves it.
@@ -15,22 +17,31 @@ messages are built and read by dashinfer_client.proto.wire. grpc_server.py serve
 import logging
 import os
 import threading
+import time
 import uuid
 
+from dashinfer_client.api import unknown_handle, unknown_model
 from dashinfer_client.proto import wire
 from dashinfer_client.proto.wire import pb, pb_grpc
 from dashinfer_client.types import AsStatus
+
+from .access import caller_session, new_handle
+from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, open_or_abort
 
 log = logging.getLogger("dashinfer_server.service")
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
-class _Held:
-    """A request the service started: its queue, the session owning it, whether it streams."""
-    __slots__ = ("queue", "session", "streaming")
 
-    def __init__(self, queue, session):
-        self.queue, self.session, self.streaming = queue, session, True
+
+class _Held:
+    """A request the service started: the Engine's handle, its queue, the session owning it (None:
+    the holder of its handle), whether it streams, when its own stream ended (no session)."""
+    __slots__ = ("engine_handle", "queue", "session", "streaming", "ended_at")
+
+    def __init__(self, engine_handle, queue, session):
+        self.engine_handle, self.queue, self.session, self.streaming = engine_handle, queue, session, True
+        self.ended_at = None
 
 
 class _Session:
@@ -67,15 +78,23 @@ def _reply(status, message=""):
     return pb.Reply(status=int(status), message=message)
 
 
+def _refusal(what, e) -> pb.Reply:
+    """The Reply of the Refused `e` of call `what`, worded as the Engine words it."""
+    return _reply(e.status, f"{what}: {e}")
+
+
 class DashInferService(pb_grpc.DashInferServicer):
-    def __init__(self, engine):
+    def __init__(self, engine, limits=None, finished_request_ttl=DEFAULT_FINISHED_REQUEST_TTL):
         self.engine = engine
         self.instance_id = uuid.uuid4().hex
+        self.limits = limits or StreamLimits()
+        self.finished_request_ttl = finished_request_ttl
         self._lock = threading.Lock()
         self._draining = ""  # why new work is refused, once shutdown has begun
-        self._closing = False
-        self._held = {}  # (model_name, handle) -> _Held
+        self._closing = threading.Event()
+        self._held = {}  # (model_name, handle on the wire) -> _Held
         self._sessions = {}  # session id -> _Session
+        threading.Thread(target=self._expire_finished, name="dashinfer-expiry", daemon=True).start()
 
     # ---- models --------------------------------------------------------------------------------
 
@@ -107,25 +126,39 @@ class DashInferService(pb_grpc.DashInferServicer):
     # ---- requests ------------------------------------------------------------------------------
 
     def StartRequest(self, request, context):
-        model = request.model_name
         try:
             ids = wire.decode_ids(request)
             gen = wire.decode_generation(request.generation_config_json)
         except ValueError as e:
             yield pb.RequestEvent(started=_reply(AsStatus.ALLSPARK_PARAM_ERROR, f"start_request: {e}"))
             return
+        with self._lock:
+            session = self._sessions.get(request.session_id)
+        if session is not None and request.events_on_session:
+            yield from self._start(request, context, ids, gen, session)
+            return
+        owner = request.session_id if session else context.peer()  # its own stream: a thread
+        open_or_abort(context, lambda: self.limits.open_stream(owner), "start_request")
+        try:
+            yield from self._start(request, context, ids, gen, session)
+        finally:
+            self.limits.close_stream(owner)
+
+    def _start(self, request, context, ids, gen, session):
+        """StartRequest's events, once its arguments are read and its stream allowed."""
+        model = request.model_name
         with self._lock:  # a request admitted here is one the drain waits for
             if self._draining:
                 yield pb.RequestEvent(started=self._denied("start_request"))
                 return
-            (status, handle, queue), why = self.engine.call_with_reason(
+            (status, engine_handle, queue), why = self.engine.call_with_reason(
                 "start_request_ids", model, None, ids, gen)
             if status != SUCCESS:
                 yield pb.RequestEvent(started=_reply(status, why))
                 return
+            handle = new_handle(lambda h: (model, h) in self._held)
             key = (model, handle)
-            session = self._sessions.get(request.session_id)
-            self._held[key] = held = _Held(queue, request.session_id if session else None)
+            self._held[key] = held = _Held(engine_handle, queue, request.session_id if session else None)
             if session:
                 session.requests.add(key)
         routed = session is not None and request.events_on_session
@@ -137,6 +170,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             return
         sent = {}
         first = wire.encode_event(queue, None, sent)
+        first.status, first.error, first.finish_reason = 0, "", ""  # the end comes after the tokens, later
         first.started.CopyFrom(_reply(SUCCESS))
         first.handle = handle
         if routed:  # the session's stream carries the rest (maybe before this reply arrives)
@@ -148,29 +182,60 @@ class DashInferService(pb_grpc.DashInferServicer):
             elements = queue.Get()
             if queue.finished:
                 elements = wire.merge_elements(elements, queue.GetNoWait())  # pushed before the final status
-                held.streaming = False
+                held.streaming, held.ended_at = False, time.monotonic()
                 yield wire.encode_event(queue, elements, sent)
                 return
             yield wire.encode_event(queue, elements, sent)
 
     def StopRequest(self, request, context):
-        return self._call("stop_request", request.model_name, wire.decode_handle(request))
+        held, refused = self._own(request, context, "stop_request")
+        return refused or self._call_held("stop_request", request, held)
 
     def ReleaseRequest(self, request, context):
-        handle = wire.decode_handle(request)
-        reply = self._call("release_request", request.model_name, handle)
+        held, refused = self._own(request, context, "release_request")
+        if refused:
+            return refused
+        reply = self._call_held("release_request", request, held)
         if reply.status == SUCCESS:
             with self._lock:
-                self._forget((request.model_name, handle))
+                self._forget((request.model_name, wire.decode_handle(request)))
         return reply
 
     def SyncRequest(self, request, context):
-        return self._call("sync_request", request.model_name, wire.decode_handle(request))
+        """One request; without a handle, the caller's session's requests of the model (no session:
+        every request of the model)."""
+        caller = caller_session(context)
+        owner = caller or context.peer()  # a sync waits: it holds a thread
+        open_or_abort(context, lambda: self.limits.open_stream(owner), "sync_request")
+        try:
+            if wire.decode_handle(request) is not None:
+                held, refused = self._own(request, context, "sync_request")
+                return refused or self._call_held("sync_request", request, held)
+            with self._lock:
+                session = self._sessions.get(caller)
+                mine = [self._held[k].engine_handle for k in (session.requests if session else ())
+                        if k[0] == request.model_name and k in self._held]
+            if session is None:
+                return self._call("sync_request", request.model_name, None)
+            for engine_handle in mine:  # ended and released meanwhile: refused, nothing to wait for
+                self.engine.call_with_reason("sync_request", request.model_name, engine_handle)
+            if self._installed(request.model_name):
+                return _reply(SUCCESS)
+            return _refusal("sync_request", unknown_model(request.model_name))
+        finally:
+            self.limits.close_stream(owner)
 
     # ---- sessions, health, stats ---------------------------------------------------------------
 
     def Session(self, request, context):
-        sid = uuid.uuid4().hex
+        open_or_abort(context, self.limits.open_session, "session")
+        try:
+            yield from self._session(context)
+        finally:
+            self.limits.close_session()
+
+    def _session(self, context):
+        sid = uuid.uuid4().hex  # it names the session's requests: random, not to be guessed
         session = _Session()
         with self._lock:
             self._sessions[sid] = session
@@ -184,7 +249,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             session.wake.clear()
             if session.left:
                 return
-            closing = self._closing  # read before the flush: what it finds final is all there is
+            closing = self._closing.is_set()  # read before the flush: what it finds final is all there is
             event = pb.SessionEvent()
             if self._draining and not told:
                 told = True
@@ -223,7 +288,7 @@ class DashInferService(pb_grpc.DashInferServicer):
 
     def close_sessions(self) -> None:
         with self._lock:
-            self._closing = True
+            self._closing.set()
             sessions = list(self._sessions.values())
         for s in sessions:
             s.wake.set()
@@ -236,6 +301,29 @@ class DashInferService(pb_grpc.DashInferServicer):
 
     def _denied(self, what) -> pb.Reply:
         return _reply(DENIED, f"{what}: {self._draining}")
+
+    def _own(self, request, context, what):
+        """(the held request a RequestRef names, None) when it is the caller's, else (None, the
+        Engine's refusal of a handle it never gave out: another session's is not told from none)."""
+        model, handle = request.model_name, wire.decode_handle(request)
+        with self._lock:
+            held = self._held.get((model, handle))
+        if held is not None and held.session in (None, caller_session(context)):
+            return held, None
+        if held is not None:
+            log.warning("%s: request %s of %r belongs to another session; refused", what, handle, model)
+        return None, _refusal(what, unknown_handle(model, handle) if handle is None or self._installed(model)
+                              else unknown_model(model))
+
+    def _call_held(self, method, request, held) -> pb.Reply:
+        """The Engine's `method` on a held request; released meanwhile: refused by the caller's handle."""
+        reply = self._call(method, request.model_name, held.engine_handle)
+        if reply.status == AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID:
+            return _refusal(method, unknown_handle(request.model_name, wire.decode_handle(request)))
+        return reply
+
+    def _installed(self, model) -> bool:
+        return model in self.engine.get_stats()["models"]
 
     def _routed_events(self, session) -> list:
         """One RequestEvent per routed request with news; a request whose last event goes out
@@ -272,9 +360,25 @@ class DashInferService(pb_grpc.DashInferServicer):
             if self._held.get(key) is not held:
                 return  # released meanwhile
             self._forget(key)
-        status, why = self.engine.call_with_reason("release_request", *key)
+        status, why = self.engine.call_with_reason("release_request", key[0], held.engine_handle)
         log.info("request %s of %r: the client left mid-stream; released (%s%s)", key[1], key[0],
                  AsStatus(status).name, f": {why}" if why else "")
+
+    def _expire_finished(self) -> None:
+        """Release the requests that finished on their own stream without a session and were never
+        released, finished_request_ttl seconds after their last event."""
+        ttl = self.finished_request_ttl
+        while not self._closing.wait(min(max(ttl / 4, 0.05), 30.0)):
+            now = time.monotonic()
+            with self._lock:
+                expired = [(k, h.engine_handle) for k, h in self._held.items()
+                           if h.session is None and h.ended_at is not None and now - h.ended_at >= ttl]
+                for key, _ in expired:
+                    self._forget(key)
+            for (model, handle), engine_handle in expired:
+                self.engine.call_with_reason("release_request", model, engine_handle)
+                log.info("request %s of %r: finished on its own stream %.0f s ago, never released: released",
+                         handle, model, ttl)
 
     def _session_ended(self, sid) -> None:
         """gRPC callback at the end of a session: release what its client still held."""
@@ -284,11 +388,12 @@ class DashInferService(pb_grpc.DashInferServicer):
                 return
             session.left = True
             keys = [k for k in session.requests if k in self._held]
-            for key in keys:
-                self._held[key].streaming = False
+            held = [self._held[k] for k in keys]
+            for key, h in zip(keys, held):
+                h.streaming = False
                 self._forget(key)
         session.wake.set()
-        for key in keys:
-            self.engine.call_with_reason("release_request", *key)
+        for key, h in zip(keys, held):
+            self.engine.call_with_reason("release_request", key[0], h.engine_handle)
         if keys:
             log.info("session %s ended: released %d request(s) its client held", sid[:8], len(keys))

@@ -13,6 +13,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.client_engine import Unavailable
+from dashinfer_client.proto.wire import private_socket_dir
 from tests.helpers import build_tiny_model, eventually
 
 MAX_LENGTH = 4096  # a request of this length runs for seconds: long enough to be caught running
@@ -41,8 +42,7 @@ def _drain(queue):
 
 
 def _our_files():
-    return set(glob.glob(f"/tmp/dashinfer-{os.getuid()}-{os.getpid()}-*")
-               + glob.glob(f"{os.environ.get('XDG_RUNTIME_DIR', '/nonexistent')}/dashinfer-{os.getuid()}-{os.getpid()}-*")
+    return set(glob.glob(f"{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}-*")
                + glob.glob("/dev/shm/*dashinfer*"))
 
 

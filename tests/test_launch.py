@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -64,12 +65,13 @@ def test_flags_default_from_the_environment():
 def test_default_address_is_a_private_unix_socket(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert L.default_address() == f"unix://{tmp_path}/dashinfer-{os.getuid()}-{os.getpid()}.sock"
-    monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent/run")  # not writable: /tmp
-    assert L.default_address() == f"unix:///tmp/dashinfer-{os.getuid()}-{os.getpid()}.sock"
+    own = f"{tempfile.gettempdir()}/dashinfer-{os.getuid()}"  # this user's private directory
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent/run")  # not there: the private directory
+    assert L.default_address() == f"unix://{own}/dashinfer-{os.getuid()}-{os.getpid()}.sock"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     cmd, _ = command([], dict(SIM))
     address = cmd[cmd.index("--address") + 1]
-    assert re.fullmatch(rf"unix:///tmp/dashinfer-{os.getuid()}-\d+\.sock", address)
+    assert re.fullmatch(rf"unix://{own}/dashinfer-{os.getuid()}-\d+\.sock", address)
 
 
 def test_numactl_binds_cpus_and_only_real_memory():

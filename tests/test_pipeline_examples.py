@@ -8,6 +8,7 @@ import pytest
 
 from dashinfer_client import (GenerationConfig, PytorchEngineConfig, Response, TurbomindEngineConfig,
                               default_model, pipeline)
+from dashinfer_client.proto.wire import private_socket_dir
 
 PROMPTS = ['Hi, pls intro yourself', 'Shanghai is']
 CHATS = [[{'role': 'user', 'content': 'Hi, pls intro yourself'}], [{'role': 'user', 'content': 'Shanghai is'}]]
@@ -34,7 +35,8 @@ def two_nodes(monkeypatch):
 
 
 def _our_files():
-    return set(glob.glob(f"/tmp/dashinfer-{os.getuid()}-{os.getpid()}-*") + glob.glob("/dev/shm/*dashinfer*"))
+    return set(glob.glob(f"{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}-*")
+               + glob.glob("/dev/shm/*dashinfer*"))
 
 
 def _children():

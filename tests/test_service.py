@@ -174,7 +174,8 @@ def test_session_end_releases_finished_requests(server, stub):
     handles = [events[0].handle for events in streams]
     tiny = lambda: stub.GetStats(pb.Empty()).models[0]  # noqa: E731
     assert tiny().requests == 2
-    assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=handles[0])).status == 0
+    mine = [("dashinfer-session", sid)]  # the session's requests are released by the session only
+    assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=handles[0]), metadata=mine).status == 0
     session.cancel()
     deadline = time.monotonic() + 10
     while tiny().requests and time.monotonic() < deadline:

@@ -2,13 +2,17 @@
 
 Used by both ends (ClientEngine and the gRPC service of rank 0), so each encoding sits beside its
 decoding: request events (a ResultQueue's news), input ids, configs, handles, statistics. Also
-what else the two ends must agree on outside the messages: addresses (the default unix socket,
-unix: parsing) and the server's log-line format, which a ClientEngine reads back from the
+what else the two ends must agree on outside the messages: addresses (the default unix socket in
+a private directory, unix: parsing, which addresses are local), call metadata (token, session)
+and the server's log-line format, which a ClientEngine reads back from the
 output of a group it spawned.
 """
+import ipaddress
 import json
 import os
 import re
+import stat
+import tempfile
 import uuid
 
 import numpy as np
@@ -35,14 +39,46 @@ MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 # ---- addresses -------------------------------------------------------------------------------------
 
 
+def private_socket_dir() -> str:
+    """A directory only this user can enter, for its sockets: $XDG_RUNTIME_DIR when it is one (a
+    directory of ours, mode 0700), else $TMPDIR (default /tmp)/dashinfer-<uid>, created 0700.
+    Raises RuntimeError when that one exists but is not such a directory (another user's, a
+    symlink, open to others): a socket there could be reached, or replaced, by someone else."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _private_dir_problem(runtime) is None:
+        return runtime
+    folder = os.path.join(tempfile.gettempdir(), f"dashinfer-{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)  # atomic: it is ours, or it was there already and is checked below
+    except FileExistsError:
+        pass
+    problem = _private_dir_problem(folder)
+    if problem:
+        raise RuntimeError(f"refusing to put a socket in {folder}: {problem}; remove it, or set "
+                           f"XDG_RUNTIME_DIR to a private directory, or pass an address")
+    return folder
+
+
+def _private_dir_problem(folder):
+    """Why `folder` is not a directory private to this user, or None when it is."""
+    try:
+        st = os.lstat(folder)
+    except OSError as e:
+        return f"cannot read it ({e.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory (a symlink or a file)"
+    if st.st_uid != os.getuid():
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    if st.st_mode & 0o077:
+        return f"its mode is {stat.S_IMODE(st.st_mode):04o}, open to others (0700 expected)"
+    return None
+
+
 def default_address(unique=False) -> str:
-    """A unix socket only this user can reach: $XDG_RUNTIME_DIR (else /tmp)/dashinfer-<uid>-<pid>
-    .sock; unique: with a random suffix too (a client spawning several groups)."""
-    folder = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    if not os.access(folder, os.W_OK):
-        folder = "/tmp"
+    """A unix socket only this user can reach: private_socket_dir()/dashinfer-<uid>-<pid>.sock;
+    unique: with a random suffix too (a client spawning several groups)."""
     suffix = f"-{uuid.uuid4().hex[:8]}" if unique else ""
-    return f"unix://{folder}/dashinfer-{os.getuid()}-{os.getpid()}{suffix}.sock"
+    return f"unix://{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}{suffix}.sock"
 
 
 def unix_socket_path(address: str):
@@ -51,6 +87,30 @@ def unix_socket_path(address: str):
         return None
     path = address[len("unix:"):]
     return path[2:] if path.startswith("//") else path
+
+
+def is_local_address(address: str) -> bool:
+    """Whether only this machine can reach `address`: a unix socket (a file: its permissions say
+    who) or a loopback host (127.0.0.0/8, ::1, localhost). Anything else (0.0.0.0, a host name, an
+    abstract socket, which any process of the network namespace can reach) is not."""
+    if unix_socket_path(address) is not None:
+        return True
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    for scheme in ("dns:///", "ipv4:", "ipv6:"):
+        host = host[len(scheme):] if host.startswith(scheme) else host
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# Call metadata: the token a server may require ("Bearer <token>"), and the session a call acts
+# for (its requests are the session's own; Session's first event names it).
+TOKEN_METADATA = "authorization"
+SESSION_METADATA = "dashinfer-session"
 
 
 # ---- the server's log lines ------------------------------------------------------------------------
