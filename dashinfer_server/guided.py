@@ -26,6 +26,10 @@ import numpy as np
 from dashinfer_client.generation_config import response_format_schema
 
 log = logging.getLogger("dashinfer_server")
+# Whitespace between JSON tokens: any, as JSON allows, but at most 20 characters in a row (enough
+# for a newline and nine levels of indentation): unbounded, a model can emit whitespace until its
+# max_length and never close the object. A schema's own "x-guidance" options override this.
+JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}"}
 NEG_INF = np.float32(-np.inf)
 # mask byte -> the 8 additive biases of its tokens (bit i set: token allowed, bias 0; else -inf)
 _BYTE_TO_BIAS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") == 1,
@@ -94,7 +98,7 @@ class Grammars:
             return None
         tokenizer = self._tokenizer()
         import llguidance
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"response_format: the JSON schema cannot be compiled: {matcher.get_error()}")
