@@ -16,6 +16,7 @@ shares. The ratio column is us_per_token over the decode step. A library missing
 as such: serving installs llguidance only (setup.cfg); the others install with pip for this run.
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -195,19 +196,29 @@ def measure(lib, v, passes):
     return tokenizer_ms, min(compile_ms), best * 1e6
 
 
+class _FixedMask:
+    """A matcher whose mask is always the same random half of the vocabulary."""
+
+    def __init__(self, size):
+        self.bits = np.random.default_rng(0).integers(0, 256, -(-size // 32) * 4).astype(np.uint8)
+        self.bits[0] |= 1  # token 0 (the "eos" below) allowed: the eos substitution runs too
+
+    def unsafe_compute_mask_ptr(self, pointer, size):
+        ctypes.memmove(pointer, self.bits.ctypes.data, size)
+
+
 def apply_us(size) -> float:
-    """The numpy mask application dashinfer_server.guided.Guide.apply does, on a half-set mask."""
-    bits = np.random.default_rng(0).integers(0, 256, -(-size // 32) * 4).astype(np.uint8)
-    row = np.zeros(size, np.float32)
-
-    def call(_):
-        allowed = np.unpackbits(bits, count=size, bitorder="little").view(bool)
-        np.copyto(row, np.float32(-np.inf), where=~allowed)
-    return best_seconds(call, calls=200, budget=1.0) * 1e6
+    """dashinfer_server.guided.Guide.apply (the mask copy from the matcher, then its application
+    to a logits row) with the grammar's own cost taken out."""
+    from dashinfer_server.guided import Guide
+    guide = Guide(_FixedMask(size), size, 0, [1])
+    rows = np.random.default_rng(1).standard_normal((2, size)).astype(np.float32)
+    return best_seconds(lambda i: guide.apply(rows[i % 2]), operands=2, calls=200, budget=1.0) * 1e6
 
 
-def decode_step_us(model_dir, prefix, response_format=None, tokens=64) -> float:
-    """Microseconds per decode step of one greedy request on the in-process Engine."""
+def decode_step_us(model_dir, prefix, response_format=None, tokens=120):
+    """(microseconds per decode step, tokens generated) of one greedy request of up to `tokens`
+    tokens on the in-process Engine, the best of 3."""
     from dashinfer_client import AsModelRuntimeConfigBuilder, ASGenerationConfigBuilder
     from dashinfer_server.engine import Engine
     engine = Engine()
@@ -223,9 +234,10 @@ def decode_step_us(model_dir, prefix, response_format=None, tokens=64) -> float:
         for _ in range(3):
             _, handle, queue = engine.start_request_ids("bench", None, list(range(100, 116)), gen)
             engine.sync_request("bench", handle)
-            best = max(best, queue.RequestStatInfo().generate_tps)
+            info = queue.RequestStatInfo()
+            best = max(best, info.generate_tps)
             engine.release_request("bench", handle)
-        return 1e6 / best
+        return 1e6 / best, info.generated_token_length
     finally:
         engine.release_model("bench")
 
@@ -244,9 +256,9 @@ def main():
     eos_id = DashInferModel(model_dir, prefix).get_tokenizer().eos_token_id
     vocabs = [Vocabulary("default-49152", base, 49152, eos_id),
               Vocabulary(f"grown-{BIG_VOCAB}", grow_vocabulary(base, BIG_VOCAB), BIG_VOCAB, eos_id)]
-    step = None if args.no_engine else decode_step_us(model_dir, prefix)
+    step, generated = (None, 0) if args.no_engine else decode_step_us(model_dir, prefix)
     print(f"document: {len(vocabs[0].document)} tokens; decode step of the default model "
-          f"(Engine, batch 1): {'-' if step is None else f'{step:.0f} us'}")
+          f"(Engine, batch 1, {generated} tokens): {'-' if step is None else f'{step:.0f} us'}")
     print(f"{'library':14s} {'vocab':14s} {'tokenizer_ms':>12s} {'compile_ms':>11s} {'us_per_token':>13s} "
           f"{'ratio':>7s}")
     for name in args.libs.split(","):
@@ -262,11 +274,13 @@ def main():
                               "compile_ms": round(compile_ms, 2), "us_per_token": round(us, 2),
                               "decode_step_us": step and round(step, 1)}))
     for v in vocabs:
-        print(f"{'numpy apply':14s} {v.name:14s} {'':11s} {apply_us(v.size):13.1f}")
+        us = apply_us(v.size)
+        ratio = f"{us / step:7.3f}" if step else "      -"
+        print(f"{'Guide.apply':14s} {v.name:14s} {'':12s} {'':11s} {us:13.1f} {ratio}")
     if step:
-        guided = decode_step_us(model_dir, prefix, {"type": "json_object"})
-        print(f"decode step with response_format json_object (llguidance, end to end): {guided:.0f} us, "
-              f"{guided / step:.3f} x the unguided step measured above")
+        guided, n = decode_step_us(model_dir, prefix, {"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+        print(f"decode step under SCHEMA (Engine, llguidance, {n} tokens): {guided:.0f} us, "
+              f"{guided / step:.3f} x the unguided step")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,27 @@ def test_mask_is_llguidances(serialized_tiny):
     assert guide.ended and reference.is_stopped()
 
 
+def test_eos_where_the_grammar_may_end_and_the_grammar_wins_over_bans(serialized_tiny):
+    """A top-level integer may end after any digit: there the request's eos (not the tokenizer's)
+    is allowed, and taking it ends the request. If the penalties banned every allowed token, the
+    allowed ones come back, equally likely."""
+    loader = serialized_tiny("llama")
+    tok, vocab = loader.get_tokenizer(), loader.config.vocab_size
+    guide = Grammars(lambda: tok, vocab).guide({"type": "json_object", "json_schema": {"type": "integer"}}, [5])
+    digits = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
+    row = np.full(vocab, -np.inf, np.float32)  # every token banned, as penalties could
+    guide.apply(row)
+    allowed = set(np.flatnonzero(row == 0))
+    assert set(digits) <= allowed and tok.convert_tokens_to_ids("a") not in allowed
+    assert np.all(row[row != 0] == -np.inf)
+    guide.advance(digits[4])
+    row = np.zeros(vocab, np.float32)
+    guide.apply(row)
+    assert row[5] == 0 and row[tok.eos_token_id] == -np.inf and not guide.ended
+    guide.advance(5)
+    assert guide.ended and guide.error is None
+
+
 def _tiny_request(api, rf, **options):
     engine, name, loader = api
     prompt = prompt_of(9, 5)
