@@ -3,9 +3,10 @@ applied to its logits before every sampling step.
 
 The grammar library is llguidance (docs/http.md, "Guided decoding", says why: per-token cost
 measured by bench/guided.py, and no torch at run time). One `Grammars` per model holds the
-llguidance view of the model's tokenizer (built once, on the first guided request: ~0.3 s at a
-49152 vocabulary); each guided request gets its own `Guide`, compiled in the thread that starts
-the request (never the scheduler's), and advanced by the scheduler thread with each token.
+llguidance view of the model's tokenizer (built once, on the first guided request: under a second
+at a 49152 vocabulary); each guided request gets its own `Guide`, compiled in the thread that
+starts the request (~1 ms; never the scheduler's), and advanced by the scheduler thread with each
+token. Only rank 0 samples, so under tensor parallelism the grammar lives there alone.
 
 Forms of response_format (dashinfer_client.generation_config checks their shape):
   {"type": "text"}                                    no constraint (OpenAI's default)
@@ -54,9 +55,10 @@ class GrammarError(ValueError):
 
 
 class Grammars:
-    """The grammar compiler of one model: tokenizer (a Hugging Face fast tokenizer or
-    dashinfer_client.tokenizer.Tokenizer, anything with backend_tokenizer and eos_token_id) and
-    vocab_size (the model's logits width, which may exceed the tokenizer's)."""
+    """The grammar compiler of one model. tokenizer_source: a callable returning the model's
+    tokenizer (a Hugging Face fast tokenizer or dashinfer_client.tokenizer.Tokenizer: anything with
+    backend_tokenizer and eos_token_id), called on the first guided request; vocab_size: the
+    model's logits width, which may exceed the tokenizer's."""
 
     def __init__(self, tokenizer_source, vocab_size: int):
         self._source = tokenizer_source  # a callable returning the tokenizer (loaded lazily)
@@ -83,8 +85,8 @@ class Grammars:
             raise GrammarError(f"response_format needs a fast (tokenizer.json) tokenizer, the model has "
                                f"{type(tok).__name__}")
         eos = tok.eos_token_id
-                # The serialized backend carries the added tokens too; llguidance reads the bytes
-                # of every token from it, and masks the ids past the tokenizer's (padding rows).
+        # The serialized backend carries the added tokens too; llguidance reads the bytes of every
+        # token from it, and masks the ids past the tokenizer's (the logits' padding rows).
         # json_slices: the token-trie partition for JSON grammars (114 us a token against 183 us
         # with the general one at V = 49152, bench/guided.py)
         return llguidance.LLTokenizer(tok.backend_tokenizer.to_str(), n_vocab=self.vocab_size,
