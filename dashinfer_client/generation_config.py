@@ -8,6 +8,7 @@ As in DashInfer, build() returns a dict (ASGenerationConfig is a dict subclass w
 read as attributes): users set cfg["key"] = value, copy it, json.dumps it. Because a dict can be
 changed after build(), an engine checks the config again when it reads it.
 """
+import json
 import numbers
 import random
 
@@ -39,9 +40,49 @@ def _id_sequences(key, v):
 
 
 def _response_format(key, v):
-    if v is not None and not isinstance(v, dict):
+    if v is None:
+        return None
+    if not isinstance(v, dict):
         raise ValueError(f"{key} must be a dict (e.g. {{'type': 'json_object'}}) or None, got {v!r}")
-    return v
+    response_format_schema(v, key)
+    return dict(v)
+
+
+def response_format_schema(response_format, key="response_format"):
+    """The JSON schema a response_format constrains the output to (a dict), or None for none.
+    Forms: {"type": "text"} (none); {"type": "json_object"} (any object); DashInfer's
+    {"type": "json_object", "json_schema": S}; OpenAI's {"type": "json_schema", "json_schema":
+    {"name": ..., "schema": S, "strict": ...}}; S a dict or its JSON text. ValueError if malformed
+    (whether the grammar compiler takes the schema is the engine's to say)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    extra = set(response_format) - {"type", "json_schema"}
+    if extra:
+        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; it takes 'type' and 'json_schema'")
+    if kind == "text":
+        if response_format.get("json_schema") is not None:
+            raise ValueError(f"{key}: type 'text' takes no json_schema")
+        return None
+    if kind not in ("json_object", "json_schema"):
+        raise ValueError(f"{key}: type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    schema = response_format.get("json_schema")
+    if kind == "json_schema":
+        if not isinstance(schema, (dict, str)):
+            raise ValueError(f"{key}: type 'json_schema' needs a json_schema object "
+                             f"({{'name': ..., 'schema': {{...}}}}), got {schema!r}")
+        if isinstance(schema, dict):
+            schema = schema.get("schema")
+    if schema is None:
+        return {"type": "object"}
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise ValueError(f"{key}: the JSON schema is not valid JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"{key}: the JSON schema must be a JSON object, got {schema!r}")
+    return schema
 
 
 def _vocab(key, v):
@@ -96,7 +137,7 @@ OPTIONS = {
     "top_logprobs": (0, _count(0, MAX_TOP_LOGPROBS), "also the most likely alternatives per token"),
     "lora_name": ("", check_str, "a LoRA adapter (none loads here)"),
     "mm_info": (None, lambda key, v: v, "multimedia input (none here)"),
-    "response_format": (None, _response_format, "guided decoding, e.g. {'type': 'json_object'}"),
+    "response_format": (None, _response_format, "guided decoding (a JSON schema), e.g. {'type': 'json_object'}"),
     "uuid": ("", check_str, "the caller's id of the request, returned in its statistics (RequestStatInfo's uuid)"),
     "vocab": (None, _vocab, "DashInfer's JSON-mode vocabulary (token text -> id); ids are checked "
               "against the model, whose own tokenizer is what the engine reads"),

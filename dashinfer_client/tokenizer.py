@@ -84,6 +84,11 @@ class Tokenizer:
             return None if token is None else self.convert_tokens_to_ids(token)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
+    @property
+    def backend_tokenizer(self):
+        """The `tokenizers.Tokenizer` underneath, as transformers' fast tokenizers name it."""
+        return self._backend
+
     def convert_tokens_to_ids(self, tokens):
         if isinstance(tokens, str):
             return self._backend.token_to_id(tokens)

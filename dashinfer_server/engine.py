@@ -28,6 +28,7 @@ from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 
 from .group import LocalGroup
+from .guided import Grammars
 from .model_loop import ModelLoop
 from .request import ModelLimits, RequestError, new_request
 
@@ -41,6 +42,7 @@ class _Installed:
         self.stopping = False  # stop_model is waiting for the running requests
         self.loop = None
         self.requests = {}  # handle -> Sequence, until release_request
+        self.grammars = Grammars(model.get_tokenizer, model.config.vocab_size)  # response_format
 
 
 class Engine(EngineAPI):
@@ -133,7 +135,7 @@ class Engine(EngineAPI):
             self._model(name, (ModelState.Running,))
             limits = ModelLimits(m.model.config.vocab_size, m.cfg.max_length, m.loop.block_capacity)
             try:
-                seq = new_request(input_ids, gen, limits)
+                seq = new_request(input_ids, gen, limits, m.grammars)
             except RequestError as e:
                 raise Refused(e.status, str(e)) from e
             m.requests[seq.handle] = seq

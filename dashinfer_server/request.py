@@ -12,6 +12,7 @@ import numpy as np
 from dashinfer_client.generation_config import check_generation
 from dashinfer_client.types import AsStatus
 
+from .guided import GrammarError
 from .sequence import Sequence
 
 
@@ -30,10 +31,31 @@ class ModelLimits:
     kv_capacity: int   # tokens the whole KV pool holds
 
 
-def new_request(input_ids, generate_config, limits: ModelLimits) -> Sequence:
-    """The Sequence of a request, or RequestError saying why it cannot run on this model."""
+def new_request(input_ids, generate_config, limits: ModelLimits, grammars=None) -> Sequence:
+    """The Sequence of a request, or RequestError saying why it cannot run on this model.
+    grammars: the model's guided.Grammars, which compiles a response_format (None: refused)."""
     prompt = check_prompt(input_ids, limits)
-    return Sequence.start(prompt, check_options(generate_config, limits, len(prompt)))
+    params = check_options(generate_config, limits, len(prompt))
+    return Sequence.start(prompt, params, new_guide(params, grammars))
+
+
+def new_guide(params: dict, grammars):
+    """The request's guided.Guide (its response_format compiled), or None without one."""
+    if params["response_format"] is None:
+        return None
+    if grammars is None:
+        raise RequestError(AsStatus.ALLSPARK_PARAM_ERROR, "response_format: this engine has no "
+                                                          "grammar compiler for the model")
+    try:
+        return grammars.guide(params["response_format"], eos_ids(params))
+    except GrammarError as e:
+        raise RequestError(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
+
+
+def eos_ids(params: dict) -> list:
+    """The eos_token_id option as a list."""
+    eos = params["eos_token_id"]
+    return eos if isinstance(eos, list) else [eos]
 
 
 def check_prompt(input_ids, limits: ModelLimits) -> list:
@@ -71,8 +93,6 @@ _UNSUPPORTED = {
     "lora_name": ("", AsStatus.ALLSPARK_LORA_NOT_LOADED, "this runtime loads no LoRA adapters"),
     "mm_info": (None, AsStatus.ALLSPARK_PARAM_ERROR, "mm_info is not supported: this runtime has no "
                                                      "multimodal input"),
-    "response_format": (None, AsStatus.ALLSPARK_PARAM_ERROR, "response_format is not supported: this "
-                                                             "runtime has no guided decoding"),
     "length_penalty": (1.0, AsStatus.ALLSPARK_PARAM_ERROR,
                        "length_penalty is not supported: DashInfer applies it in beam search only, and "
                        "generation here samples one sequence; use 1.0"),
@@ -99,8 +119,7 @@ def check_options(generate_config: dict, limits: ModelLimits, prompt_len: int) -
         raise RequestError(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
                            f"generation max_length {params['max_length']} leaves no room after the "
                            f"{prompt_len}-token prompt")
-    eos = params["eos_token_id"]
-    for key, ids in (("eos_token_id", eos if isinstance(eos, list) else [eos]),
+    for key, ids in (("eos_token_id", eos_ids(params)),
                      ("stop_words_ids", [i for word in params["stop_words_ids"] for i in word]),
                      ("vocab", (params["vocab"] or {}).values())):
         if any(i >= limits.vocab_size for i in ids):

@@ -27,6 +27,8 @@ is silent, Hugging Face transformers. Per option:
   logprobs, top_logprobs
                        log_softmax of the logits after penalties, before temperature and top-k /
                        top-p (what DashInfer's logprobs kernel reads); top_logprobs <= 10 pairs.
+  response_format      after the penalties, the request's grammar (guided.py) sets every token it
+                       forbids to -inf, for greedy and sampling alike; logprobs see the mask.
 """
 from dataclasses import dataclass
 
@@ -66,9 +68,10 @@ class RequestSamplingState:
     token (O(n) for an n-gram's prefix), and its own random generator. `tokens` is the request's
     token list (prompt, then generated), shared: its owner appends a token, then calls observe()."""
 
-    def __init__(self, params: dict, tokens: list):
+    def __init__(self, params: dict, tokens: list, guide=None):
         self.params = params
         self.tokens = tokens
+        self.guide = guide  # a guided.Guide (response_format), or None
         self.greedy = not params["do_sample"] or params["temperature"] == 0.0
         eos = params["eos_token_id"]
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
@@ -93,6 +96,8 @@ class RequestSamplingState:
         self._record(len(self.tokens))
         if self._generated is not None:
             self._generated.add(token)
+        if self.guide is not None:
+            self.guide.advance(token)
 
     def _record(self, end):
         """Take in tokens[end - 1] (the prompt's or a generated one)."""
@@ -158,6 +163,8 @@ class Sampler:
         for i, state in enumerate(requests):
             row = logits[i]
             apply_penalties(row, state)
+            if state.guide is not None:  # last: the grammar's mask overrides what came before
+                state.guide.apply(row)
             if state.greedy:
                 greedy.append(i)
             else:

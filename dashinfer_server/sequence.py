@@ -40,11 +40,11 @@ class Sequence:
             self.prompt_len = len(self.tokens)
 
     @classmethod
-    def start(cls, prompt: list, params: dict) -> "Sequence":
+    def start(cls, prompt: list, params: dict, guide=None) -> "Sequence":
         """A new request: `prompt` (token ids) generating by `params`, its checked options
-        (request.new_request checks them against the model)."""
+        (request.new_request checks them against the model), under `guide` (its grammar) if any."""
         seq = cls(list(prompt), params["max_length"])
-        seq.sampling = RequestSamplingState(params, seq.tokens)
+        seq.sampling = RequestSamplingState(params, seq.tokens, guide)
         seq.queue = ResultQueue(str(seq.handle))
         seq.queue.update_stats(context_token_length=len(prompt), uuid=params["uuid"])
         return seq

@@ -6,6 +6,8 @@
   stop_words_ids  the request finishes when the token sequence (prompt + generated, as DashInfer
                   compares it) ends with one of the stop words.
   max_length      prompt + generated tokens reach max_length.
+  response_format the grammar has ended (the JSON is complete; or an eos id it allowed came, even
+                  with early_stopping off): finish reason eos, as the model's own end.
   min_length      never stops a request by itself: the sampler masks eos ids until it is reached
                   (so eos cannot come earlier), but a stop word or max_length still ends a request
                   before min_length, as in DashInfer.
@@ -23,6 +25,8 @@ def check_stop(seq):
     params = state.params
     new_id = tokens[-1]
     if params["early_stopping"] and new_id in state.eos_ids:
+        return FinishReason.EOS
+    if state.guide is not None and state.guide.ended:
         return FinishReason.EOS
     for word in params["stop_words_ids"]:
         if word[-1] == new_id and len(word) <= len(tokens) and tokens[-len(word):] == word:

@@ -170,8 +170,8 @@ def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, 
 REFUSED = {
     "lora_name": (dict(lora_name="adapter"), AsStatus.ALLSPARK_LORA_NOT_LOADED, "LoRA"),
     "mm_info": (dict(mm_info={"images": ["x.png"]}), AsStatus.ALLSPARK_PARAM_ERROR, "mm_info"),
-    "response_format": (dict(response_format={"type": "json_object"}), AsStatus.ALLSPARK_PARAM_ERROR,
-                        "response_format"),
+    "response_format": (dict(response_format={"type": "json_object", "json_schema": '{"type": "objectx"}'}),
+                        AsStatus.ALLSPARK_PARAM_ERROR, "response_format"),
     "length_penalty": (dict(length_penalty=1.5), AsStatus.ALLSPARK_PARAM_ERROR, "length_penalty"),
 }
 

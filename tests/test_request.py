@@ -38,7 +38,7 @@ def test_options_are_a_snapshot_of_the_users_config():
     (dict(length_penalty=1.2), E.ALLSPARK_PARAM_ERROR, "length_penalty is not supported"),
     (dict(lora_name="a"), E.ALLSPARK_LORA_NOT_LOADED, "LoRA"),
     (dict(mm_info={"images": []}), E.ALLSPARK_PARAM_ERROR, "mm_info"),
-    (dict(response_format={"type": "json_object"}), E.ALLSPARK_PARAM_ERROR, "guided decoding"),
+    (dict(response_format={"type": "xml"}), E.ALLSPARK_PARAM_ERROR, "response_format: type must be"),
     (dict(max_length=65), E.ALLSPARK_EXCEED_LIMIT_ERROR, "65 exceeds the engine's 64"),
     (dict(max_length=10), E.ALLSPARK_EXCEED_LIMIT_ERROR, "leaves no room after the 10-token prompt"),
     (dict(top_p=2.0), E.ALLSPARK_PARAM_ERROR, "generate_config: top_p"),

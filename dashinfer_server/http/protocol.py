@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from .errors import bad_request
 
 # OpenAI name -> the engine's (ASGenerationConfigBuilder) name, passed through unchanged.
+# response_format: OpenAI's forms ("text", "json_object", "json_schema") are the engine's own
+# (dashinfer_server/guided.py compiles them), so /v1/completions takes it too.
 _SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                  "repetition_penalty": "repetition_penalty", "n": "num_return_sequences",

@@ -1,0 +1,193 @@
+"""Guided decoding (response_format): the output parses as JSON and follows the schema, on the
+in-process Engine and on ClientEngine over gRPC (2 tensor-parallel ranks for the default model);
+a bad schema is refused with ALLSPARK_PARAM_ERROR by both; an unguided request batched with a
+guided one generates what it generates alone; the mask is llguidance's own."""
+import json
+
+import jsonschema
+import llguidance
+import numpy as np
+import pytest
+
+import dashinfer_client as allspark
+from dashinfer_client import AsStatus, default_model
+from dashinfer_client.generation_config import response_format_schema
+from dashinfer_server.guided import Grammars
+from tests.api_helpers import OK, alone, engine_error, prompt_of, run
+from tests.engine_helpers import collect, greedy
+from tests.helpers import chat_prompt_ids
+
+# Bounded everywhere, so that even a random tiny model completes it within its max_length.
+TINY_SCHEMA = {"type": "object",
+               "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                              "ok": {"type": "boolean"},
+                              "tag": {"type": "string", "enum": ["a", "b"]},
+                              "s": {"type": "string", "maxLength": 3}},
+               "required": ["n", "ok", "tag", "s"], "additionalProperties": False}
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 40},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                         "city": {"type": "string", "maxLength": 40}},
+          "required": ["name", "age", "city"]}
+QUESTION = "Give the name, age and city of a fictional person as JSON."
+
+# Each form of response_format, and the schema it constrains to.
+FORMS = [({"type": "json_object"}, {"type": "object"}),
+         ({"type": "json_object", "json_schema": json.dumps(PERSON)}, PERSON),  # DashInfer's
+         ({"type": "json_object", "json_schema": PERSON}, PERSON),
+         ({"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}, PERSON),  # OpenAI's
+         ({"type": "text"}, None)]
+
+
+@pytest.mark.parametrize("response_format,schema", FORMS)
+def test_forms(response_format, schema):
+    assert response_format_schema(response_format) == schema
+    built = allspark.ASGenerationConfigBuilder().response_format(response_format).build()
+    assert built["response_format"] == response_format
+
+
+@pytest.mark.parametrize("bad", [{"type": "xml"}, {"json_schema": PERSON}, "json",
+                                 {"type": "json_object", "json_schema": "{not json"},
+                                 {"type": "json_object", "json_schema": [1]},
+                                 {"type": "json_schema"}, {"type": "text", "json_schema": PERSON},
+                                 {"type": "json_object", "schema": PERSON}])
+def test_malformed_refused_by_the_builder(bad):
+    with pytest.raises(ValueError, match="response_format"):
+        allspark.ASGenerationConfigBuilder().response_format(bad)
+
+
+def test_mask_is_llguidances(serialized_tiny):
+    """Guide.apply leaves exactly the tokens llguidance allows (its own byte-per-token mask),
+    with the request's eos in place of the tokenizer's where the grammar may end."""
+    loader = serialized_tiny("llama")
+    tok = loader.get_tokenizer()
+    vocab = loader.config.vocab_size
+    grammars = Grammars(lambda: tok, vocab)
+    request_eos = 5
+    guide = grammars.guide({"type": "json_object", "json_schema": TINY_SCHEMA}, [request_eos])
+    reference = llguidance.LLMatcher(llguidance.LLTokenizer(tok.backend_tokenizer.to_str(), n_vocab=vocab,
+                                                            eos_token=tok.eos_token_id),
+                                     llguidance.LLMatcher.grammar_from_json_schema(json.dumps(TINY_SCHEMA)))
+    rng = np.random.default_rng(0)
+    for token in tok.encode('{"n": 7, "ok": true, "tag": "b", "s": "xy"}', add_special_tokens=False):
+        row = rng.standard_normal(vocab).astype(np.float32)
+        before = row.copy()
+        guide.apply(row)
+        allowed = np.frombuffer(reference.compute_logit_bias(), np.uint8)[:vocab] > 0
+        assert np.array_equal(row[allowed], before[allowed]) and np.all(row[~allowed] == -np.inf)
+        guide.advance(token)
+        assert reference.consume_token(token)
+    assert guide.ended and reference.is_stopped()
+
+
+def test_eos_where_the_grammar_may_end_and_the_grammar_wins_over_bans(serialized_tiny):
+    """A top-level integer may end after any digit: there the request's eos (not the tokenizer's)
+    is allowed, and taking it ends the request. If the penalties banned every allowed token, the
+    allowed ones come back, equally likely."""
+    loader = serialized_tiny("llama")
+    tok, vocab = loader.get_tokenizer(), loader.config.vocab_size
+    guide = Grammars(lambda: tok, vocab).guide({"type": "json_object", "json_schema": {"type": "integer"}}, [5])
+    digits = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
+    row = np.full(vocab, -np.inf, np.float32)  # every token banned, as penalties could
+    guide.apply(row)
+    allowed = set(np.flatnonzero(row == 0))
+    assert set(digits) <= allowed and tok.convert_tokens_to_ids("a") not in allowed
+    assert np.all(row[row != 0] == -np.inf)
+    guide.advance(digits[4])
+    row = np.zeros(vocab, np.float32)
+    guide.apply(row)
+    assert row[5] == 0 and row[tok.eos_token_id] == -np.inf and not guide.ended
+    guide.advance(5)
+    assert guide.ended and guide.error is None
+
+
+def _tiny_request(api, rf, **options):
+    engine, name, loader = api
+    prompt = prompt_of(9, 5)
+    ids, _, queue, handle = run(api, prompt, greedy(len(prompt) + 400, response_format=rf, **options))
+    engine.release_request(name, handle)
+    return ids, queue.RequestStatInfo()["finish_reason"], loader.get_tokenizer()
+
+
+@pytest.mark.parametrize("form", ["dashinfer", "openai"])
+def test_tiny_model_follows_the_schema(api_engine, form):
+    rf = ({"type": "json_object", "json_schema": json.dumps(TINY_SCHEMA)} if form == "dashinfer" else
+          {"type": "json_schema", "json_schema": {"name": "t", "schema": TINY_SCHEMA}})
+    ids, reason, tok = _tiny_request(api_engine, rf)
+    jsonschema.validate(json.loads(tok.decode(ids)), TINY_SCHEMA)
+    assert reason == "eos"  # ended by the grammar, early_stopping off notwithstanding
+
+
+def test_sampling_and_min_length_still_parse(api_engine):
+    """Sampling (upstream's test samples: temperature 0.7, top_k 20, top_p 0.9), and a min_length
+    past the grammar's end: the grammar wins over the eos ban."""
+    rf = {"type": "json_object", "json_schema": TINY_SCHEMA}
+    for options in (dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, seed=1234),
+                    dict(min_length=9 + 390)):
+        ids, reason, tok = _tiny_request(api_engine, rf, **options)
+        jsonschema.validate(json.loads(tok.decode(ids)), TINY_SCHEMA)
+
+
+@pytest.mark.parametrize("schema", ['{"type": "objectx"}',
+                                    {"type": "object", "properties": {"a": {"type": "string", "pattern": "[("}}}])
+def test_bad_schema_refused(api_engine, schema):
+    engine, name, loader = api_engine
+    gen = greedy(40, response_format={"type": "json_object", "json_schema": schema})
+    status, handle, queue = engine.start_request_ids(name, loader, prompt_of(9, 5), gen)
+    assert status == AsStatus.ALLSPARK_PARAM_ERROR and handle is None
+    assert "response_format" in engine_error(engine)
+    ids, _, _ = _tiny_request(api_engine, {"type": "json_object", "json_schema": TINY_SCHEMA})  # still serving
+    assert ids
+
+
+def test_unguided_neighbour_unchanged(api_engine):
+    """A guided and an unguided request in one continuous batch: the unguided one generates
+    what it generates alone, the guided one still follows its schema."""
+    engine, name, loader = api_engine
+    plain = prompt_of(13, 8)
+    expected = alone(api_engine, plain, 60)
+    rf = {"type": "json_object", "json_schema": TINY_SCHEMA}
+    guided_prompt = prompt_of(9, 5)
+    s1, h1, q1 = engine.start_request_ids(name, loader, guided_prompt,
+                                          greedy(len(guided_prompt) + 400, response_format=rf))
+    s2, h2, q2 = engine.start_request_ids(name, loader, plain, greedy(len(plain) + 60))
+    assert s1 == s2 == OK
+    guided_ids, _ = collect(q1)
+    assert collect(q2)[0] == expected
+    jsonschema.validate(json.loads(loader.get_tokenizer().decode(guided_ids)), TINY_SCHEMA)
+    engine.release_request(name, h1)
+    engine.release_request(name, h2)
+
+
+# ---- the default model: real JSON, on Engine and on ClientEngine over 2 ranks -------------------
+
+@pytest.fixture(scope="module", params=["engine", "client-tp2"])
+def smollm2(request):
+    model = allspark.DashInferModel(*default_model.ensure_default_model("bfloat16", progress=False))
+    engine = (allspark.Engine() if request.param == "engine" else
+              allspark.ClientEngine(nodes=2, env={"DASHINFER_NUMA_NODES": "0:0;1:1"}, startup_timeout=180))
+    cfg = model.create_reference_runtime_config_builder("smol", max_batch=4).max_length(1024).build()
+    assert engine.install_model(cfg) == OK and engine.start_model("smol") == OK
+    yield engine, model
+    engine.release_model("smol")
+    if request.param != "engine":
+        engine.close()
+
+
+def test_default_model_answers_valid_json(smollm2):
+    """Every form at once, in one continuous batch: each answer parses and follows its schema."""
+    engine, model = smollm2
+    tok = model.get_tokenizer()
+    prompt = chat_prompt_ids(tok, QUESTION)
+    started = []
+    for response_format, schema in FORMS[:4]:
+        gen = model.create_reference_generation_config_builder().update(
+            {"do_sample": False, "max_length": len(prompt) + 200, "response_format": response_format})
+        status, handle, queue = engine.start_request_ids("smol", None, prompt, gen)
+        assert status == OK, engine_error(engine)
+        started.append((handle, queue, schema))
+    for handle, queue, schema in started:
+        ids, _ = collect(queue)
+        jsonschema.validate(json.loads(tok.decode(ids, skip_special_tokens=True)), schema)
+        assert queue.RequestStatInfo()["finish_reason"] == "eos"
+        engine.release_request("smol", handle)
