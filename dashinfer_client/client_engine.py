@@ -43,7 +43,8 @@ class ClientEngine(EngineAPI):
     """The Engine API over gRPC; see the module docstring.
 
     address: the server's address (unix:///path or HOST:PORT). None: spawn a local server on a
-    new private unix socket (nodes ranks, threads_per_rank threads each) and stop it on close(),
+    new private unix socket (nodes ranks, threads_per_rank threads each; DashInfer's AS_NUMA_NUM,
+    AS_NUMA_OFFSET and AS_DAEMON_PATH are honoured: spawned.upstream_settings) and stop it on close(),
     at exit or when this object is garbage-collected. startup_timeout: seconds to wait for the
     server to answer its health check (at start, and when a spawned server is started again).
     reconnect_timeout: seconds a call waits for a server at `address` to answer again after the
@@ -57,8 +58,9 @@ class ClientEngine(EngineAPI):
         super().__init__()
         self._spawn = address is None
         self.address = wire.default_address(unique=True) if self._spawn else address
-        self._command = spawned.launch_command(self.address, nodes, threads_per_rank) if self._spawn else None
         self._env = dict(os.environ, **(env or {}))
+        self._command = (spawned.launch_command(self.address, nodes, threads_per_rank, self._env)
+                         if self._spawn else None)
         if self._spawn:
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             self._env["PYTHONPATH"] = os.pathsep.join(

@@ -156,6 +156,8 @@ class ModelLoop:
         try:
             self.load()
             self.warm_up()  # here too: kernel scratch buffers belong to the thread that runs steps
+            if self.profiler is not None:
+                self.profiler.reset()  # requests' steps only
         except Exception as e:
             log.exception("loading or warm-up failed")
             self._start_error = e

@@ -53,6 +53,10 @@ class OpProfiler:
         setattr(self, name, timed)  # found directly from now on: __getattr__ runs once per kernel
         return timed
 
+    def reset(self) -> None:
+        with self._lock:
+            self._stats.clear()
+
     def snapshot(self) -> dict:
         """{kernel: (calls, total s, min s, max s)}."""
         with self._lock:
@@ -69,4 +73,4 @@ class OpProfiler:
         for name, (calls, spent, low, high) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
             rows.append(f"{rank:<10}{name:<20}{calls:<10}{low * 1e3:<10.3f}{high * 1e3:<10.3f}"
                         f"{spent / calls * 1e3:<10.3f}{spent * 1e3:<15.3f}{spent / total * 100:<10.2f}\n")
-        return "*** forward: kernel calls of rank 0's model loop ***\n" + rule + head + rule + "".join(rows) + rule
+        return f"*** forward: kernel calls of rank {rank} ***\n" + rule + head + rule + "".join(rows) + rule
