@@ -231,16 +231,6 @@ class EngineAPI:
         """True when the models are served by another process (ClientEngine), False in-process."""
         return bool(self._query("is_allspark_work_as_service"))
 
-    def load_lora(self, model_name: str, lora_name: str) -> AsStatus:
-        """Refused: this runtime has no LoRA adapters (ALLSPARK_INVALID_CALL_ERROR; an empty name
-        is ALLSPARK_PARAM_ERROR, as DashInfer)."""
-        return self._lora("load_lora", model_name, lora_name)
-
-    def unload_lora(self, model_name: str, lora_name: str) -> AsStatus:
-        """No adapter is ever loaded: ALLSPARK_LORA_NOT_FOUND, DashInfer's answer for one it does
-        not hold."""
-        return self._lora("unload_lora", model_name, lora_name)
-
     def unload_device_mem(self, model_name: str) -> AsStatus:
         """DashInfer moves a model's weights out of GPU memory; its CPU ClientEngine does nothing.
         Here too: ALLSPARK_SUCCESS for an installed model, nothing moves."""
@@ -259,14 +249,6 @@ class EngineAPI:
             checked = (_model_name(args[0]), *args[1:]) if args else ()
             return self._introspect(primitive or what, *checked)
         return self._guarded(what, ask)[1]
-
-    def _lora(self, what, model_name, lora_name) -> AsStatus:
-        def refuse():
-            name = _model_name(model_name)
-            if not isinstance(lora_name, str) or not lora_name:
-                raise Refused(PARAM_ERROR, f"a LoRA name is a non-empty str, got {lora_name!r}")
-            return self._introspect(what, name, lora_name)
-        return self._guarded(what, refuse)[0]
 
     def _introspect(self, what: str, *args):
         """The answer to DashInfer query `what` (a public method's name) with checked arguments, as
@@ -318,14 +300,6 @@ def unknown_handle(name, handle) -> Refused:
 
 def _text_or_empty(name) -> str:
     return name if isinstance(name, str) else ""
-
-
-def refuse_lora(what, lora_name):
-    """The refusal of load_lora / unload_lora of an installed model (both engines raise it)."""
-    if what == "load_lora":
-        raise Refused(AsStatus.ALLSPARK_INVALID_CALL_ERROR,
-                      f"cannot load LoRA adapter {lora_name!r}: this runtime serves no LoRA adapters")
-    raise Refused(AsStatus.ALLSPARK_LORA_NOT_FOUND, f"LoRA adapter {lora_name!r} is not loaded")
 
 
 def _model_name(name) -> str:

@@ -23,7 +23,7 @@ import gc
 import logging
 import threading
 
-from dashinfer_client.api import EngineAPI, ModelState, Refused, refuse_lora, unknown_handle, unknown_model
+from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
 from dashinfer_client.introspection import file_information, version_full
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
@@ -209,8 +209,6 @@ class Engine(EngineAPI):
                             "%s=ON in the environment of the serving process", args[0], op_profile.ENV)
                 return ""
             return profiler.report(self._group.rank)
-        if what in ("load_lora", "unload_lora"):
-            refuse_lora(what, args[1])
         if what in ("unload_device_mem", "load_device_mem"):
             return None
         raise ValueError(f"unknown query {what!r}")

@@ -27,7 +27,7 @@ SUCCESS = AsStatus.ALLSPARK_SUCCESS
 DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
 # The Engine's introspection methods the Query RPC runs (EngineAPI's "introspection" block).
 QUERIES = frozenset({"get_as_engine_stat", "get_op_profiling_info", "get_model_info", "get_file_information",
-                     "get_version_full", "load_lora", "unload_lora", "unload_device_mem", "load_device_mem"})
+                     "get_version_full", "unload_device_mem", "load_device_mem"})
 
 
 class _Held:
