@@ -21,7 +21,7 @@ def engine_version() -> str:
 
 def version_full() -> str:
     """DashInfer's GetVersionFull layout, "<major>.<minor>.<patch>/(GitSha1:<sha>)": the package
-    version, and the commit when the installed metadata names one (else "unknown")."""
+    version; the commit is "unknown" (a pip install records none)."""
     return f"{engine_version()}/(GitSha1:unknown)"
 
 
