@@ -8,6 +8,7 @@ import importlib
 
 from .api import ModelState
 from .as_model_config import AsModelConfig
+from .introspection import AsEngineStat, AsFileInfo
 from .config import (ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig,
                      AsModelRuntimeConfigBuilder)
 from .prompt import PromptTemplate
@@ -29,7 +30,8 @@ _LAZY = {
         "CpuEngineConfig", "ChatTemplateConfig", "Response")},
 }
 
-__all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsModelConfig", "AsModelRuntimeConfig",
+__all__ = ["ASGenerationConfig", "ASGenerationConfigBuilder", "AsEngineStat", "AsFileInfo", "AsModelConfig",
+           "AsModelRuntimeConfig",
            "AsModelRuntimeConfigBuilder", "ModelState", "PromptTemplate", "AsCacheMode", "AsEvictionStrategy",
            "AsMHAPrefill", "AsSchedulingStrategy", "AsStatus", "GeneratedElements", "GenerateRequestStatus",
            "MultiMediaInfo", "RequestStatInfo", "ResultQueue", "RoPEScaleMethod", "TargetDevice",

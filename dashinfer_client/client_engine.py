@@ -43,7 +43,8 @@ class ClientEngine(EngineAPI):
     """The Engine API over gRPC; see the module docstring.
 
     address: the server's address (unix:///path or HOST:PORT). None: spawn a local server on a
-    new private unix socket (nodes ranks, threads_per_rank threads each) and stop it on close(),
+    new private unix socket (nodes ranks, threads_per_rank threads each; DashInfer's AS_NUMA_NUM,
+    AS_NUMA_OFFSET and AS_DAEMON_PATH are honoured: spawned.upstream_settings) and stop it on close(),
     at exit or when this object is garbage-collected. startup_timeout: seconds to wait for the
     server to answer its health check (at start, and when a spawned server is started again).
     reconnect_timeout: seconds a call waits for a server at `address` to answer again after the
@@ -64,8 +65,9 @@ class ClientEngine(EngineAPI):
         self.address = wire.default_address(unique=True) if self._spawn else address
         tcp = wire.unix_socket_path(self.address) is None  # the environment's CA is for TCP servers
         self._tls_ca = tls_ca or (tcp and os.environ.get("DASHINFER_TLS_CA")) or None
-        self._command = spawned.launch_command(self.address, nodes, threads_per_rank) if self._spawn else None
         self._env = dict(os.environ, **(env or {}))
+        self._command = (spawned.launch_command(self.address, nodes, threads_per_rank, self._env)
+                         if self._spawn else None)
         if self._spawn:
             if self._token:  # in its environment, not its command line (ps shows that to everyone)
                 self._env["DASHINFER_TOKEN"] = self._token
@@ -197,6 +199,24 @@ class ClientEngine(EngineAPI):
                           f"cannot read the tokenizer of {name!r} here ({e}); pass its loader as `model`") from e
         self._tokenizers[name] = loader
         return loader
+
+    # ---- introspection ----------------------------------------------------------------------------
+
+    def _introspect(self, what, *args):
+        """Rank 0's answer (the Query RPC runs the server Engine's method), but for what this
+        process knows itself: it works as a client of a service, and rank 0 answers."""
+        if what == "is_allspark_work_as_service":
+            return True
+        if what == "get_rank_id":
+            return 0
+        conn = self._connected()
+        try:
+            reply = conn.stub.Query(wire.encode_query(what, args))
+        except conn.RpcError as e:
+            raise Refused(FAILED, conn.lost(e)) from e
+        if reply.reply.status != SUCCESS:
+            raise Refused(reply.reply.status, reply.reply.message, named=True)
+        return wire.decode_query_result(reply)
 
     # ---- internals ------------------------------------------------------------------------------
 

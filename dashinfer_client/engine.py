@@ -4,9 +4,11 @@ import importlib
 
 from .config import ASGenerationConfigBuilder
 from .as_model_config import AsModelConfig
+from .introspection import AsEngineStat
 from .types import AsCacheMode, AsStatus, GenerateRequestStatus, RequestStatInfo, RoPEScaleMethod, TargetDevice
 
-__all__ = ["Engine", "TargetDevice", "RoPEScaleMethod", "RequestStatInfo", "AsStatus", "AsModelConfig",
+__all__ = ["Engine", "TargetDevice", "RoPEScaleMethod", "RequestStatInfo", "AsStatus", "AsEngineStat",
+           "AsModelConfig",
            "AsCacheMode", "GenerateRequestStatus", "ASGenerationConfigBuilder"]
 
 

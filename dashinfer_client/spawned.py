@@ -16,16 +16,51 @@ log = logging.getLogger("dashinfer_client")
 server_log = logging.getLogger("dashinfer_client.server")
 
 
-def launch_command(address, nodes=None, threads_per_rank=None) -> list:
+def launch_command(address, nodes=None, threads_per_rank=None, env=None) -> list:
     """The command that starts a local server serving on `address`: the launcher, one rank per NUMA
-    node (nodes: how many; default every node), threads_per_rank OpenMP threads each (default: the
-    cores of its node). Rank 0 shuts the ranks down when our end of its stdin closes."""
+    node (nodes: how many; default AS_NUMA_NUM, else every node), threads_per_rank OpenMP threads
+    each (default: the cores of its node). env: the server's environment, where DashInfer's
+    ClientEngine variables are read (upstream_settings). Rank 0 shuts the ranks down when our end of
+    its stdin closes."""
+    upstream = upstream_settings(os.environ if env is None else env)
+    nodes = nodes or upstream.get("nodes")
     cmd = [sys.executable, "-m", "dashinfer_server.launch", "--address", address]
     if nodes:
         cmd += ["--nodes", str(int(nodes))]
+    if upstream.get("first_node"):
+        cmd += ["--first-node", str(upstream["first_node"])]
+    if upstream.get("mpiexec"):
+        cmd += ["--mpiexec", upstream["mpiexec"]]
     if threads_per_rank:
         cmd += ["--threads-per-rank", str(int(threads_per_rank))]
     return cmd + ["--exit-on-stdin-eof"]
+
+
+def upstream_settings(env) -> dict:
+    """DashInfer's ClientEngine variables, as launch settings: AS_NUMA_NUM (ranks, one per NUMA
+    node) -> "nodes", AS_NUMA_OFFSET (the first node they take) -> "first_node", AS_DAEMON_PATH
+    (the directory of DashInfer's mpirun) -> "mpiexec", its mpiexec or mpirun when it has one (a
+    DashInfer install's directory has neither here: the default mpiexec is kept, with a warning).
+    DASHINFER_NUMA_NODES, the node simulation, wins over AS_NUMA_NUM and AS_NUMA_OFFSET."""
+    settings = {}
+    numa = {k: env[k].strip() for k in ("AS_NUMA_NUM", "AS_NUMA_OFFSET") if env.get(k, "").strip()}
+    if numa and env.get("DASHINFER_NUMA_NODES", "").strip():
+        log.info("DASHINFER_NUMA_NODES is set: it places the ranks, %s ignored", " and ".join(numa))
+    else:
+        for key, name, least in (("AS_NUMA_NUM", "nodes", 1), ("AS_NUMA_OFFSET", "first_node", 0)):
+            if key in numa:
+                if not numa[key].isdigit() or int(numa[key]) < least:
+                    raise ValueError(f"{key}={numa[key]!r}: not a node {'count' if least else 'id'}")
+                settings[name] = int(numa[key])
+    folder = env.get("AS_DAEMON_PATH", "").strip()
+    if folder:
+        found = [p for p in (os.path.join(folder, n) for n in ("mpiexec", "mpirun")) if os.access(p, os.X_OK)]
+        if found:
+            settings["mpiexec"] = found[0]
+        else:
+            log.warning("AS_DAEMON_PATH=%s has no mpiexec or mpirun: the group starts with the mpiexec "
+                        "beside %s", folder, sys.executable)
+    return settings
 
 
 class SpawnedServer:

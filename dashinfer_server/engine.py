@@ -24,9 +24,12 @@ import logging
 import threading
 
 from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
+from dashinfer_client.introspection import file_information, version_full
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 
+from . import op_profile
+from .engine_stat import engine_stat, model_info
 from .group import LocalGroup
 from .guided import Grammars
 from .model_loop import ModelLoop
@@ -184,6 +187,34 @@ class Engine(EngineAPI):
                               m.cfg.model_name)
                     return
 
+    # ---- introspection -----------------------------------------------------------------------
+
+    def _introspect(self, what, *args):
+        if what == "get_version_full":
+            return version_full()
+        if what == "get_rank_id":
+            return self._group.rank
+        if what == "is_allspark_work_as_service":
+            return False
+        if what == "get_file_information":
+            return _file_information(*args)
+        with self._lock:
+            m = self._model(args[0])
+        if what == "get_as_engine_stat":
+            return engine_stat(args[0], m.model.config.num_hidden_layers, m.loop).to_dict()
+        if what == "get_model_info":
+            return model_info(args[0], m.model, m.cfg)
+        if what == "get_op_profiling_info":
+            profiler = m.loop.profiler if m.loop is not None else None
+            if profiler is None:
+                log.warning("get_op_profiling_info(%r): the model runs unprofiled; start it with "
+                            "%s=ON in the environment of the serving process", args[0], op_profile.ENV)
+                return ""
+            return profiler.report(self._group.rank)
+        if what in ("unload_device_mem", "load_device_mem"):
+            return None
+        raise ValueError(f"unknown query {what!r}")
+
     # ---- checks ----------------------------------------------------------------------------
 
     def _model(self, name, states=None) -> _Installed:
@@ -213,6 +244,15 @@ def _model_stats(m) -> dict:
             "kv_blocks_total": len(loop.pool.blocks) if loop else 0,
             "kv_blocks_free": loop.pool.num_available if loop else 0,
             "runtime_config": m.cfg.to_dict()}
+
+
+def _file_information(graph, param) -> dict:
+    try:
+        return file_information(graph, param).to_dict()
+    except OSError as e:
+        raise Refused(AsStatus.ALLSPARK_IO_ERROR, f"cannot read {e.filename}: {e.strerror}") from e
+    except ValueError as e:
+        raise Refused(AsStatus.ALLSPARK_PARAM_ERROR, str(e)) from e
 
 
 def _return_memory_to_os() -> None:

@@ -41,6 +41,11 @@ def parse_args(argv, env):
     p = argparse.ArgumentParser(prog="dashinfer-launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=int(env.get("DASHINFER_NODES") or 0),
                    help="ranks, one per NUMA node (default: every node)")
+    p.add_argument("--first-node", type=int, default=0,
+                   help="the ranks take the nodes from this node id on (DashInfer's AS_NUMA_OFFSET)")
+    p.add_argument("--mpiexec", default=None,
+                   help="the mpiexec that starts the ranks (default: the one beside this Python); it must "
+                        "be of the MPI mpi4py was built with")
     p.add_argument("--threads-per-rank", type=int, default=int(env.get("DASHINFER_THREADS_PER_RANK") or 0),
                    help="OpenMP threads per rank (default: the cores of its node)")
     p.add_argument("--address", default=env.get("DASHINFER_ADDRESS") or None,
@@ -61,9 +66,12 @@ def build_command(args, rest, env=None, sysfs: str = topology.SYSFS, numactl=Non
     errors raise topology.PlacementError here, before anything starts."""
     env = os.environ if env is None else env
     nodes = topology.numa_nodes(env, sysfs)
+    if args.first_node:
+        nodes = [n for n in nodes if n.id >= args.first_node]
     count = args.nodes or len(nodes)
-    if count > len(nodes):
-        raise topology.PlacementError(f"--nodes {count}: this machine has {len(nodes)} NUMA node(s) "
+    if count > len(nodes) or not nodes:
+        from_node = f" from node {args.first_node} on" if args.first_node else ""
+        raise topology.PlacementError(f"--nodes {count}: this machine has {len(nodes)} NUMA node(s){from_node} "
                                       f"(DASHINFER_NUMA_NODES simulates more)")
     rank_args = ["-m", "dashinfer_server", "--address", args.address or default_address()]
     for flag, value in (("--threads", args.threads_per_rank), ("--model-dir", args.model_dir),
@@ -80,7 +88,7 @@ def build_command(args, rest, env=None, sysfs: str = topology.SYSFS, numactl=Non
         blocks.append((rank_env, _numactl(place, numactl) + [sys.executable] + rank_args))
     if count == 1:
         return blocks[0][1], blocks[0][0]
-    cmd = [mpiexec_path()]
+    cmd = [args.mpiexec or mpiexec_path()]
     for i, (rank_env, argv) in enumerate(blocks):
         if i:
             cmd.append(":")

@@ -18,6 +18,7 @@ import numpy as np
 from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 
 from . import kernels as K
+from . import op_profile
 from .cpu_share import CpuShare
 from .group import LocalGroup
 from .kv_cache import KVCache
@@ -203,4 +204,5 @@ def build_decoder(model, cfg, group=None) -> DecoderModel:
     block_size = cfg.kv_cache_span_size
     return DecoderModel(model, kv_format(cfg, model),
                         num_kv_blocks(cfg, model, block_size), block_size,
-                        max_step_tokens(cfg), cfg.max_batch, group)
+                        max_step_tokens(cfg), cfg.max_batch, group,
+                        fused=not op_profile.enabled())  # profiled: op by op on every rank

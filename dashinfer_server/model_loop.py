@@ -16,7 +16,9 @@ import time
 
 from dashinfer_client.types import FinishReason, GenerateRequestStatus
 
+from . import op_profile
 from .block_pool import BlockPool, BlockTable
+from .engine_stat import StatCounters
 from .model import apply_thread_num, build_decoder, max_step_tokens
 from .plan import build_plan
 from .sampler import Sampler
@@ -73,6 +75,8 @@ class ModelLoop:
         self._ready = threading.Event()
         self._start_error = None
         self.throughput = Throughput()
+        self.counters = StatCounters()  # what get_as_engine_stat reports
+        self.profiler = None  # an OpProfiler when AS_PROFILE=ON (get_op_profiling_info)
 
     def load(self) -> None:
         """Build the decoder (weights packed, KV cache, workspaces), its block pool and its
@@ -82,6 +86,8 @@ class ModelLoop:
         if self.model is not None:
             return
         self.model = build_decoder(self._files, self.cfg, self._group)
+        if op_profile.enabled():
+            self.profiler = self.model.kernels = op_profile.OpProfiler(self.model.kernels)
         self.pool = BlockPool(self.model.kv.num_blocks, self.cfg.kv_cache_span_size, self.cfg.prefill_cache,
                               self.cfg.prefix_cache_ttl)
         self.scheduler = Scheduler(self.pool, self.cfg.max_batch, self.max_step_tokens)
@@ -150,6 +156,8 @@ class ModelLoop:
         try:
             self.load()
             self.warm_up()  # here too: kernel scratch buffers belong to the thread that runs steps
+            if self.profiler is not None:
+                self.profiler.reset()  # requests' steps only
         except Exception as e:
             log.exception("loading or warm-up failed")
             self._start_error = e
@@ -198,6 +206,7 @@ class ModelLoop:
         bookkeeping), then for each sampled request its new token, its delivery, and whether it
         has finished."""
         self.throughput.count(chunks)
+        self.counters.count(chunks, self.pool.prefix_cache)
         self.scheduler.advance(chunks)
         for row, seq in enumerate(sampled):
             token = int(result.ids[row])

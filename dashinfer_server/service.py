@@ -32,6 +32,9 @@ log = logging.getLogger("dashinfer_server.service")
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
+# The Engine's introspection methods the Query RPC runs (EngineAPI's "introspection" block).
+QUERIES = frozenset({"get_as_engine_stat", "get_op_profiling_info", "get_model_info", "get_file_information",
+                     "get_version_full", "unload_device_mem", "load_device_mem"})
 
 
 class _Held:
@@ -271,6 +274,20 @@ class DashInferService(pb_grpc.DashInferServicer):
             stats.update(streams=sum(h.streaming for h in self._held.values()),
                          sessions=len(self._sessions), draining=bool(self._draining))
         return wire.encode_stats(stats, _reply(SUCCESS))
+
+    def Query(self, request, context):
+        if request.method not in QUERIES:
+            return wire.encode_query_reply(None, _reply(AsStatus.ALLSPARK_PARAM_ERROR,
+                                                        f"no query named {request.method!r}"))
+        try:
+            args = wire.decode_query_args(request)
+        except ValueError as e:
+            return wire.encode_query_reply(None, _reply(AsStatus.ALLSPARK_PARAM_ERROR, f"{request.method}: {e}"))
+        try:
+            result, status, why = self.engine.call_with_status(request.method, *args)
+        except TypeError as e:  # arguments the method does not take
+            return wire.encode_query_reply(None, _reply(AsStatus.ALLSPARK_PARAM_ERROR, f"{request.method}: {e}"))
+        return wire.encode_query_reply(result, _reply(status, why))
 
     # ---- shutdown ------------------------------------------------------------------------------
 

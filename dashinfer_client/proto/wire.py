@@ -277,3 +277,28 @@ def decode_stats(reply) -> dict:
                              "runtime_config": json.loads(m.runtime_config_json)}
               for m in reply.models}
     return {"models": models, **{k: getattr(reply, k) for k in _SERVICE_KEYS}}
+
+
+# ---- introspection queries -------------------------------------------------------------------------
+
+
+def encode_query(method: str, args) -> pb.QueryRequest:
+    return pb.QueryRequest(method=method, args_json=json.dumps(list(args)))
+
+
+def decode_query_args(request) -> list:
+    """The arguments of a QueryRequest; ValueError when they are not a JSON list."""
+    args = _loads(request.args_json or "[]")
+    if not isinstance(args, list):
+        raise ValueError("query arguments: not a JSON list")
+    return args
+
+
+def encode_query_reply(result, reply) -> pb.QueryReply:
+    """A query's value (an object with to_dict(), or JSON-able data) and its Reply."""
+    value = result.to_dict() if hasattr(result, "to_dict") else result
+    return pb.QueryReply(reply=reply, result_json=json.dumps(value))
+
+
+def decode_query_result(reply):
+    return _loads(reply.result_json or "null")
