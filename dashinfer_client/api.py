@@ -15,43 +15,24 @@ NotImplementedError, plus get_stats, close and world_size). They get checked arg
 refuse by raising Refused; any other exception is reported as ALLSPARK_RUNTIME_ERROR (a bug,
 logged with its traceback) and the engine keeps serving.
 
+DashInfer's raw request API and LoRA refusals (raw_requests.RawRequestAPI) and its queries
+(queries.QueryAPI) are mixins of EngineAPI, over the same primitives; refusals.py has Refused and
+the checks that do not depend on the engine.
+
 serialize_model_from_torch is DashInfer 1.3's conversion, not an engine call: like the loaders'
 serialize_to_path it raises ModelSerializerException for what it cannot convert.
 """
-import enum
 import logging
 import threading
 
 from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
-from .raw_inputs import InputError, input_ids_of
-from .result_queue import ResultQueue
-from .introspection import AsEngineStat, AsFileInfo
-from .types import AsStatus
-
-SUCCESS = AsStatus.ALLSPARK_SUCCESS
-PARAM_ERROR = AsStatus.ALLSPARK_PARAM_ERROR
+from .queries import QueryAPI
+from .raw_requests import RawRequestAPI
+from .refusals import PARAM_ERROR, SUCCESS, Refused, checked_model_name, unknown_handle
+from .types import AsStatus, ModelState
 
 
-class ModelState(str, enum.Enum):
-    """Initial (installed) -> Running (start_model) -> Stopped (stop_model) -> Released. A str, so
-    it compares equal to its name."""
-    Initial = "Initial"
-    Running = "Running"
-    Stopped = "Stopped"
-    Released = "Released"
-
-
-class Refused(Exception):
-    """A refused call: its status and why. named: the message already names the call (a server's
-    refusal, relayed as it is)."""
-
-    def __init__(self, status: AsStatus, message: str, named: bool = False):
-        super().__init__(message)
-        self.status = AsStatus(status)
-        self.named = named
-
-
-class EngineAPI:
+class EngineAPI(RawRequestAPI, QueryAPI):
     log = logging.getLogger("dashinfer_client")
 
     def __init__(self):
@@ -102,13 +83,13 @@ class EngineAPI:
             seqlen_extrapolation, rotary_base, **options)
 
     def start_model(self, model_name: str) -> AsStatus:
-        return self._guarded("start_model", lambda: self._start_model(_model_name(model_name)))[0]
+        return self._guarded("start_model", lambda: self._start_model(checked_model_name(model_name)))[0]
 
     def stop_model(self, model_name: str) -> AsStatus:
-        return self._guarded("stop_model", lambda: self._stop_model(_model_name(model_name)))[0]
+        return self._guarded("stop_model", lambda: self._stop_model(checked_model_name(model_name)))[0]
 
     def release_model(self, model_name: str) -> AsStatus:
-        return self._guarded("release_model", lambda: self._release_model(_model_name(model_name)))[0]
+        return self._guarded("release_model", lambda: self._release_model(checked_model_name(model_name)))[0]
 
     def get_model_state(self, model_name: str) -> ModelState:
         """The model's state; Released for a model not installed. A query, not a call: like
@@ -151,63 +132,9 @@ class EngineAPI:
         """Block until the request (None: every request of the model) has ended."""
         def sync():
             if request_handle is None:
-                return self._sync_request(_model_name(model_name), None)
+                return self._sync_request(checked_model_name(model_name), None)
             return self._sync_request(*_request(model_name, request_handle))
         return self._guarded("sync_request", sync)[0]
-
-    # ---- DashInfer's raw request API: the prompt as a tensor dict, results read through the engine
-
-    def start_request(self, model_name: str, inputs, generate_config=None):
-        """DashInfer's general form: inputs {"input_ids": a DLPack capsule, an object with
-        __dlpack__ (torch tensor), a numpy array or a list (of one list) of ids}, generate_config a
-        dict of options (a built ASGenerationConfig; None: the defaults) or a builder.
-        -> (AsStatus, handle, ResultQueue), as start_request_ids."""
-        return self._start(model_name, None, lambda: _raw_input_ids(inputs),
-                           {} if generate_config is None else generate_config)
-
-    def get_no_wait(self, model_name: str, result_queue) -> list:
-        """The ids generated since the last read, [] when there are none (ResultQueue.GetNoWait,
-        ids only, as DashInfer's binding returns them). model_name is not read, as in DashInfer."""
-        return _ids(_queue("get_no_wait", result_queue).GetNoWait())
-
-    def get_wait(self, model_name: str, result_queue) -> list:
-        """As get_no_wait, but blocks until there are new ids or the request has ended ([] then)."""
-        return _ids(_queue("get_wait", result_queue).Get())
-
-    def get_output_no_wait(self, model_name: str, result_queue):
-        """v1's name: the GeneratedElements since the last read (ids, logprobs, prefix lengths), or
-        None. DashInfer 1.x declared it but its binding never defined it (AttributeError there);
-        here it is ResultQueue.GetNoWait, the whole output where get_no_wait gives the ids."""
-        return _queue("get_output_no_wait", result_queue).GetNoWait()
-
-    def get_output_wait(self, model_name: str, result_queue):
-        """v1's name: ResultQueue.Get (blocks; None once the request has ended and all was read)."""
-        return _queue("get_output_wait", result_queue).Get()
-
-    def get_request_status(self, model_name: str, result_queue):
-        """The request's GenerateRequestStatus (ResultQueue.GenerateStatus)."""
-        return _queue("get_request_status", result_queue).GenerateStatus()
-
-    # ---- LoRA: refused (DashInfer's statuses), the same on both engines
-
-    def load_lora(self, model_name: str, lora_name: str) -> AsStatus:
-        """Refused: this runtime loads no LoRA adapters. An installed model and a non-empty name
-        get ALLSPARK_LORA_NOT_FOUND (no adapter can be found here); else DashInfer's
-        PARAM_ERROR."""
-        return self._guarded("load_lora", lambda: self._no_lora(model_name, lora_name, "load"))[0]
-
-    def unload_lora(self, model_name: str, lora_name: str) -> AsStatus:
-        """Refused as in DashInfer for an adapter never loaded: ALLSPARK_LORA_NOT_FOUND."""
-        return self._guarded("unload_lora", lambda: self._no_lora(model_name, lora_name, "unload"))[0]
-
-    def _no_lora(self, model_name, lora_name, verb):
-        name = _model_name(model_name)
-        if self.get_model_state(name) == ModelState.Released:
-            raise unknown_model(name)
-        if not isinstance(lora_name, str) or not lora_name:
-            raise Refused(PARAM_ERROR, f"lora_name must be a non-empty str, got {lora_name!r}")
-        raise Refused(AsStatus.ALLSPARK_LORA_NOT_FOUND,
-                      f"cannot {verb} LoRA {lora_name!r}: this runtime loads no LoRA adapters")
 
     # ---- primitives --------------------------------------------------------------------------------
 
@@ -255,99 +182,16 @@ class EngineAPI:
         """The loader whose tokenizer start_request_text uses when it is given none."""
         raise NotImplementedError
 
-    # ---- introspection: DashInfer's queries, over the one primitive _introspect --------------------
-    # A query refused (bad argument, unknown model, no server) returns DashInfer's empty value (an
-    # empty str, 0, an AsEngineStat of zeros) and is recorded like any refused call: last_error,
-    # the log, and call_with_status for its AsStatus.
-
-    def call_with_status(self, method: str, *args):
-        """(what `method(*args)` returns, its AsStatus, why it was refused or ""): this thread's own
-        call, as call_with_reason, with the status of a query that returns a value, not a status."""
-        self._reason.text, self._reason.status = "", SUCCESS
-        result = getattr(self, method)(*args)
-        return result, self._reason.status, self._reason.text
-
-    def get_as_engine_stat(self, model_name: str) -> AsEngineStat:
-        """The model's KV pool, queues, token counts and throughput (AsEngineStat's docstring)."""
-        stat = self._query("get_as_engine_stat", model_name)
-        return AsEngineStat.from_dict(stat) if stat is not None else AsEngineStat(_text_or_empty(model_name))
-
-    def get_free_frame(self, model_name: str) -> int:
-        """KV spans a new request can take: get_as_engine_stat's free_span (DashInfer's ClientEngine
-        declares this method but its binding lacks the call, so there it raises AttributeError)."""
-        stat = self._query("get_free_frame", model_name, primitive="get_as_engine_stat")
-        return int(stat["free_span"]) if stat is not None else 0
-
-    def get_op_profiling_info(self, model_name: str) -> str:
-        """The model's kernel timings (rank 0) as a table, when it was started with AS_PROFILE=ON in
-        the serving process's environment; else "" (and a warning naming the variable), as
-        DashInfer. dashinfer_server/op_profile.py says what is timed."""
-        return self._query("get_op_profiling_info", model_name) or ""
-
-    def get_model_info(self, model_name: str) -> str:
-        """A description of the model: its type (DashInfer's first line, "Model Type : ..."),
-        shape, weights, inputs and outputs, and how it is served."""
-        return self._query("get_model_info", model_name) or ""
-
-    def get_file_information(self, as_graph_path: str, as_param_path: str) -> AsFileInfo:
-        """The versions that wrote a serialized model's two files, and this engine's (AsFileInfo).
-        Read where the model is served (a ClientEngine asks its server). Unreadable files:
-        ALLSPARK_IO_ERROR; files of another format: ALLSPARK_PARAM_ERROR."""
-        def ask():
-            for what, path in (("as_graph_path", as_graph_path), ("as_param_path", as_param_path)):
-                if not isinstance(path, str):
-                    raise Refused(PARAM_ERROR, f"{what} is a str, got {type(path).__name__}")
-            return self._introspect("get_file_information", as_graph_path, as_param_path)
-        status, info = self._guarded("get_file_information", ask)
-        return AsFileInfo.from_dict(info) if status == SUCCESS else AsFileInfo()
-
-    def get_version_full(self) -> str:
-        """The serving engine's version, "<version>/(GitSha1:<commit>)" as DashInfer prints it."""
-        return self._query("get_version_full") or ""
-
-    def get_rank_id(self) -> int:
-        """The tensor-parallel rank answering the calls: 0 (rank 0 serves the API; the other ranks
-        only run the steps it hands them)."""
-        return self._query("get_rank_id") or 0
-
-    def is_allspark_work_as_service(self) -> bool:
-        """True when the models are served by another process (ClientEngine), False in-process."""
-        return bool(self._query("is_allspark_work_as_service"))
-
-    def unload_device_mem(self, model_name: str) -> AsStatus:
-        """DashInfer moves a model's weights out of GPU memory; its CPU ClientEngine does nothing.
-        Here too: ALLSPARK_SUCCESS for an installed model, nothing moves."""
-        return self._guarded("unload_device_mem", lambda: self._introspect(
-            "unload_device_mem", _model_name(model_name)))[0]
-
-    def load_device_mem(self, model_name: str) -> AsStatus:
-        """The pair of unload_device_mem: nothing to load back on CPU."""
-        return self._guarded("load_device_mem", lambda: self._introspect(
-            "load_device_mem", _model_name(model_name)))[0]
-
-    def _query(self, what, *args, primitive=None):
-        """_introspect(primitive or what, *args) with the model name (if any) checked; None when
-        refused."""
-        def ask():
-            checked = (_model_name(args[0]), *args[1:]) if args else ()
-            return self._introspect(primitive or what, *checked)
-        return self._guarded(what, ask)[1]
-
-    def _introspect(self, what: str, *args):
-        """The answer to DashInfer query `what` (a public method's name) with checked arguments, as
-        JSON-able data (AsEngineStat.to_dict() for get_as_engine_stat); refuses with Refused."""
-        raise NotImplementedError
-
     # ---- internals ---------------------------------------------------------------------------------
 
     def _start(self, model_name, model, input_ids, gen):
         """The request of start_request(_ids): input_ids() -> the ids (it may refuse)."""
         status, started = self._guarded("start_request", lambda: self._start_request(
-            _model_name(model_name), model, input_ids(), _generation_config(gen)))
+            checked_model_name(model_name), model, input_ids(), _generation_config(gen)))
         return (status, *started) if started is not None else (status, None, None)
 
     def _tokenize(self, model_name, model, text) -> list:
-        name = _model_name(model_name)
+        name = checked_model_name(model_name)
         loader = model if model is not None and hasattr(model, "get_tokenizer") else self._tokenizer_loader(name)
         if not isinstance(text, str):
             raise Refused(PARAM_ERROR, f"start_request_text takes a str or a list of str, got {type(text).__name__}")
@@ -379,31 +223,9 @@ class EngineAPI:
 
 # ---- the checks that do not depend on the engine -------------------------------------------------------
 
-def unknown_model(name) -> Refused:
-    return Refused(PARAM_ERROR, f"unknown model {name!r}")
-
-
-def unknown_handle(name, handle) -> Refused:
-    return Refused(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID, f"unknown request handle {handle!r} for model {name!r}")
-
-
-def _text_or_empty(name) -> str:
-    return name if isinstance(name, str) else ""
-
-
-def _model_name(name) -> str:
-    if not isinstance(name, str):
-        raise Refused(PARAM_ERROR, f"a model name is a str, got {type(name).__name__} {name!r}")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise Refused(PARAM_ERROR, f"model name {name!r} is not valid text ({e.reason})") from e
-    return name
-
-
 def _request(model_name, handle):
     """(model name, handle) checked: the handle must be an int (one this engine gave out)."""
-    name = _model_name(model_name)
+    name = checked_model_name(model_name)
     if not isinstance(handle, int) or isinstance(handle, bool):
         raise unknown_handle(name, handle)
     return name, handle
@@ -417,27 +239,8 @@ def _runtime_config(cfg) -> AsModelRuntimeConfig:
             raise Refused(PARAM_ERROR, f"the runtime config does not build: {type(e).__name__}: {e}") from e
     if not isinstance(cfg, AsModelRuntimeConfig):
         raise Refused(PARAM_ERROR, f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
-    _model_name(cfg.model_name)
+    checked_model_name(cfg.model_name)
     return cfg
-
-
-def _raw_input_ids(inputs):
-    try:
-        return input_ids_of(inputs)
-    except InputError as e:
-        raise Refused(PARAM_ERROR, str(e)) from e
-
-
-def _queue(call, result_queue) -> ResultQueue:
-    """The queue a get_* call reads; a TypeError for anything else (these calls return data, not
-    a status: there is no status to refuse with)."""
-    if not isinstance(result_queue, ResultQueue):
-        raise TypeError(f"{call} takes the ResultQueue start_request returned, got {type(result_queue).__name__}")
-    return result_queue
-
-
-def _ids(elements) -> list:
-    return list(elements.ids_from_generate) if elements is not None else []
 
 
 def _generation_config(gen):

@@ -26,7 +26,8 @@ import threading
 import weakref
 
 from . import spawned
-from .api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
+from .api import EngineAPI, ModelState
+from .refusals import Refused, unknown_handle, unknown_model
 from .connection import Connection, Unavailable
 from .proto import wire
 from .types import AsStatus, ResultQueue

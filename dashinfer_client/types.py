@@ -100,6 +100,15 @@ IMPLIED_REASON = {GenerateRequestStatus.GenerateFinished: FinishReason.STOPPED,
                    GenerateRequestStatus.InternalError: FinishReason.INTERRUPTED}
 
 
+class ModelState(str, enum.Enum):
+    """Initial (installed) -> Running (start_model) -> Stopped (stop_model) -> Released. A str, so
+    it compares equal to its name."""
+    Initial = "Initial"
+    Running = "Running"
+    Stopped = "Stopped"
+    Released = "Released"
+
+
 class RoPEScaleMethod(enum.Enum):
     """RoPE scaling. NO_SCALE, YaRN and NTK carry DashInfer's values; LINEAR and LLAMA3 are the
     scalings this runtime implements (named in Hugging Face configs as "linear" and "llama3")."""

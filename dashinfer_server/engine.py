@@ -23,7 +23,8 @@ import gc
 import logging
 import threading
 
-from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
+from dashinfer_client.api import EngineAPI, ModelState
+from dashinfer_client.refusals import Refused, unknown_handle, unknown_model
 from dashinfer_client.introspection import file_information, version_full
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus

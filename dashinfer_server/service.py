@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 
-from dashinfer_client.api import unknown_handle, unknown_model
+from dashinfer_client.refusals import unknown_handle, unknown_model
 from dashinfer_client.proto import wire
 from dashinfer_client.proto.wire import pb, pb_grpc
 from dashinfer_client.types import AsStatus
