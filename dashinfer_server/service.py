@@ -27,6 +27,7 @@ from dashinfer_client.types import AsStatus
 
 from .access import caller_session, new_handle
 from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, open_or_abort
+from .sessions import ClientSession, HeldRequest
 
 log = logging.getLogger("dashinfer_server.service")
 
@@ -35,46 +36,6 @@ DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
 # The Engine's introspection methods the Query RPC runs (EngineAPI's "introspection" block).
 QUERIES = frozenset({"get_as_engine_stat", "get_op_profiling_info", "get_model_info", "get_file_information",
                      "get_version_full", "unload_device_mem", "load_device_mem"})
-
-
-class _Held:
-    """A request the service started: the Engine's handle, its queue, the session owning it (None:
-    the holder of its handle), whether it streams, when its own stream ended (no session)."""
-    __slots__ = ("engine_handle", "queue", "session", "streaming", "ended_at")
-
-    def __init__(self, engine_handle, queue, session):
-        self.engine_handle, self.queue, self.session, self.streaming = engine_handle, queue, session, True
-        self.ended_at = None
-
-
-class _Session:
-    __slots__ = ("wake", "left", "requests", "routed", "dirty", "lock")
-
-    def __init__(self):
-        self.wake = threading.Event()
-        self.left = False
-        self.requests = set()  # (model_name, handle)
-        self.routed = {}  # key -> (queue, stats sent): requests whose events go on this stream
-        self.dirty = {}  # keys of routed requests with news, in order (a dict as ordered set)
-        self.lock = threading.Lock()
-
-    def route(self, key, queue, sent) -> None:
-        """Carry the events of request `key` from now on; `sent`: the statistics already sent."""
-        with self.lock:
-            self.routed[key] = (queue, sent)
-        queue.listen(lambda: self.mark(key))
-
-    def mark(self, key) -> None:
-        """A routed queue changed (called under that queue's lock: only sets and wakes)."""
-        with self.lock:
-            self.dirty[key] = None
-        self.wake.set()
-
-    def take_dirty(self) -> list:
-        """[(key, queue, sent)] of the routed requests with news since the last call."""
-        with self.lock:
-            keys, self.dirty = list(self.dirty), {}
-            return [(k, *self.routed[k]) for k in keys if k in self.routed]
 
 
 def _reply(status, message=""):
@@ -95,7 +56,7 @@ class DashInferService(pb_grpc.DashInferServicer):
         self._lock = threading.Lock()
         self._draining = ""  # why new work is refused, once shutdown has begun
         self._closing = threading.Event()
-        self._held = {}  # (model_name, handle on the wire) -> _Held
+        self._held = {}  # (model_name, handle on the wire) -> HeldRequest
         self._sessions = {}  # session id -> _Session
         threading.Thread(target=self._expire_finished, name="dashinfer-expiry", daemon=True).start()
 
@@ -161,7 +122,7 @@ class DashInferService(pb_grpc.DashInferServicer):
                 return
             handle = new_handle(lambda h: (model, h) in self._held)
             key = (model, handle)
-            self._held[key] = held = _Held(engine_handle, queue, request.session_id if session else None)
+            self._held[key] = held = HeldRequest(engine_handle, queue, request.session_id if session else None)
             if session:
                 session.requests.add(key)
         routed = session is not None and request.events_on_session
@@ -239,7 +200,7 @@ class DashInferService(pb_grpc.DashInferServicer):
 
     def _session(self, context):
         sid = uuid.uuid4().hex  # it names the session's requests: random, not to be guessed
-        session = _Session()
+        session = ClientSession()
         with self._lock:
             self._sessions[sid] = session
         if not context.add_callback(lambda: self._session_ended(sid)):
