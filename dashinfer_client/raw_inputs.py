@@ -2,8 +2,9 @@
 
 DashInfer's callers pass a DLPack capsule (torch.utils.dlpack.to_dlpack(ids)); here an object
 with __dlpack__ (a torch tensor, a numpy array), a numpy array or a list (of lists) of ints works
-too. numpy reads DLPack, so no torch is needed at run time. A capsule is one-shot: numpy takes it
-over (DLPack renames it "used_dltensor") and frees the producer's tensor with the array.
+too. numpy reads DLPack, so no torch is needed at run time. A bare capsule is read as DashInfer reads
+it: its ids are copied and the capsule is left as it was (not marked used), so the same capsule can
+start several requests, as DashInfer's own examples do.
 """
 import ctypes
 
@@ -16,10 +17,17 @@ _api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-# Where DLDevice {int32 device_type, int32 device_id} sits in a capsule's struct: after the data
-# pointer of a DLManagedTensor's DLTensor; after version, manager_ctx, deleter and flags, then the
-# data pointer, in a DLManagedTensorVersioned.
-_DEVICE_OFFSET = {b"dltensor": 8, b"dltensor_versioned": 40}
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+# Where the DLTensor sits in a capsule's struct: first in a DLManagedTensor; after version,
+# manager_ctx, deleter and flags in a DLManagedTensorVersioned.
+_TENSOR_OFFSET = {b"dltensor": 0, b"dltensor_versioned": 32}
+_INT_CODES = {0: "i", 1: "u"}  # DLPack's kDLInt, kDLUInt
 
 
 class InputError(ValueError):
@@ -38,7 +46,7 @@ def input_ids_of(inputs):
         raise InputError("inputs has no 'input_ids'")
     ids = inputs["input_ids"]
     if type(ids).__name__ == "PyCapsule":
-        ids = _Capsule(ids)
+        return _copy_capsule(ids)
     if hasattr(ids, "__dlpack__") and not isinstance(ids, np.ndarray):
         try:
             return np.from_dlpack(ids)
@@ -49,23 +57,25 @@ def input_ids_of(inputs):
     return ids
 
 
-class _Capsule:
-    """A bare DLPack capsule as the object numpy.from_dlpack asks for."""
-
-    def __init__(self, capsule):
-        self.capsule = capsule
-        self.name = next((n for n in _DEVICE_OFFSET if _api.PyCapsule_IsValid(capsule, n)), None)
-        if self.name is None:
-            raise InputError("input_ids: a capsule that is not an unused DLPack tensor "
-                             "(a DLPack capsule can be read once)")
-
-    def __dlpack__(self, **_):
-        return self.capsule
-
-    def __dlpack_device__(self):
-        address = _api.PyCapsule_GetPointer(self.capsule, self.name) + _DEVICE_OFFSET[self.name]
-        kind, index = (ctypes.c_int32 * 2).from_address(address)
-        if kind != 1:
-            raise InputError(f"input_ids: the tensor is on {_DEVICE_NAMES.get(kind, kind)}:{index}; "
-                             f"this runtime reads CPU tensors (call .cpu() first)")
-        return kind, index
+def _copy_capsule(capsule) -> np.ndarray:
+    """A copy of the integer tensor a DLPack capsule holds (on the CPU); the capsule is unchanged."""
+    name = next((n for n in _TENSOR_OFFSET if _api.PyCapsule_IsValid(capsule, n)), None)
+    if name is None:
+        raise InputError("input_ids: a capsule that is not an unused DLPack tensor")
+    t = _DLTensor.from_address(_api.PyCapsule_GetPointer(capsule, name) + _TENSOR_OFFSET[name])
+    if t.device_type != 1:
+        raise InputError(f"input_ids: the tensor is on {_DEVICE_NAMES.get(t.device_type, t.device_type)}:"
+                         f"{t.device_id}; this runtime reads CPU tensors (call .cpu() first)")
+    if t.code not in _INT_CODES or t.bits not in (8, 16, 32, 64) or t.lanes != 1 or not 1 <= t.ndim <= 2:
+        raise InputError(f"input_ids: a DLPack tensor of {t.ndim} dimension(s) and type code {t.code}, "
+                         f"{t.bits} bits: token ids are a 1-D or 2-D integer tensor")
+    dtype = np.dtype(f"{_INT_CODES[t.code]}{t.bits // 8}")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    steps = (tuple(t.strides[i] for i in range(t.ndim)) if t.strides
+             else tuple(int(np.prod(shape[i + 1:])) for i in range(t.ndim)))
+    if 0 in shape:
+        return np.zeros(shape, dtype)
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, steps))  # elements the view reaches
+    base = np.ctypeslib.as_array((ctypes.c_byte * (span * dtype.itemsize)).from_address(t.data + t.byte_offset))
+    view = np.lib.stride_tricks.as_strided(base.view(dtype), shape, tuple(s * dtype.itemsize for s in steps))
+    return view.copy()

@@ -26,6 +26,7 @@ def _forms(ids):
     return {
         "dlpack capsule of a [1, n] tensor": lambda: dlpack.to_dlpack(torch.tensor([ids])),
         "dlpack capsule of an int32 [n] tensor": lambda: dlpack.to_dlpack(torch.tensor(ids, dtype=torch.int32)),
+        "dlpack capsule of a strided view": lambda: dlpack.to_dlpack(torch.tensor([[i, -1] for i in ids])[:, 0]),
         "torch tensor (__dlpack__)": lambda: torch.Tensor([ids]).to(torch.int64),
         "numpy array": lambda: np.array([ids], dtype=np.int64),
         "capsule numpy made": lambda: np.array(ids, dtype=np.int64).__dlpack__(),
@@ -55,11 +56,26 @@ def test_start_request_refusals(api_engine):
     gen = greedy(40).build()
     for inputs, words in [([1, 2], "inputs must be a dict"), ({}, "no 'input_ids'"),
                           ({"input_ids": PROMPT, "attention_mask": [1] * 9}, "'attention_mask'"),
-                          ({"input_ids": used}, "can be read once"),
+                          ({"input_ids": used}, "not an unused DLPack tensor"),
                           ({"input_ids": [[1, 2], [3, 4]]}, "one sequence")]:
         status, handle, queue = engine.start_request(name, inputs, gen)
         assert (status, handle, queue) == (AsStatus.ALLSPARK_PARAM_ERROR, None, None), inputs
         assert words in engine.last_error, (inputs, engine.last_error)
+
+
+def test_one_capsule_starts_several_requests(api_engine):
+    """DashInfer copies a capsule's ids and leaves it unused: its performance examples pass one
+    capsule to every request of a batch."""
+    engine, name, _ = api_engine
+    from torch.utils import dlpack
+    import torch
+    capsule = dlpack.to_dlpack(torch.tensor([PROMPT]))
+    expected = alone(api_engine, PROMPT, NEW)
+    for _ in range(2):
+        status, handle, queue = engine.start_request(name, {"input_ids": capsule}, greedy(len(PROMPT) + NEW).build())
+        assert status == OK, engine.last_error
+        assert collect(queue)[0] == expected
+        assert engine.release_request(name, handle) == OK
 
 
 def test_dlpack_input_needs_no_torch():
