@@ -20,7 +20,7 @@ from .block_pool import BlockPool, BlockTable
 from .model import apply_thread_num, build_decoder, max_step_tokens
 from .plan import build_plan
 from .sampler import Sampler
-from .scheduler import Chunk, Scheduler
+from .scheduler import Chunk, Scheduler, max_wait_steps
 from .sequence import Phase, Sequence
 from .stopping import check_stop
 
@@ -84,7 +84,7 @@ class ModelLoop:
         self.model = build_decoder(self._files, self.cfg, self._group)
         self.pool = BlockPool(self.model.kv.num_blocks, self.cfg.kv_cache_span_size, self.cfg.prefill_cache,
                               self.cfg.prefix_cache_ttl)
-        self.scheduler = Scheduler(self.pool, self.cfg.max_batch, self.max_step_tokens)
+        self.scheduler = Scheduler(self.pool, self.cfg.max_batch, self.max_step_tokens, max_wait_steps())
 
     @property
     def block_capacity(self) -> int:
