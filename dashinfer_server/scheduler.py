@@ -2,8 +2,8 @@
 
 A step holds at most max_step_tokens tokens: one for each decoding sequence, then prompt chunks.
 Prompts go shortest first (fewest tokens left to compute), so a short prompt is not held behind
-a long one, with bounded unfairness: a prompt that has waited max_wait_steps steps since it came
-is aged, and aged prompts go before all others, first come first served. A prompt starts in a
+a long one, with bounded unfairness: a prompt passed over in max_wait_steps steps is aged, and
+aged prompts go before all others, first come first served (max_wait_steps 0: all of them). A prompt starts in a
 step only if it finishes there, unless prompts fill less than half of the room decodes leave
 (long prompts are cut into chunks then): its first token then comes at the end of the step its last chunk ran in,
 not a step later. Decodes never crowd prompts out: when more sequences decode than half a step
@@ -24,7 +24,7 @@ from .sequence import Phase, Sequence
 
 log = logging.getLogger("dashinfer_server")
 
-MAX_WAIT_STEPS = 16  # steps a prompt can be overtaken by shorter ones before it goes first
+MAX_WAIT_STEPS = 4  # steps in which shorter prompts may overtake a prompt before it goes first
 
 
 def max_wait_steps() -> int:
@@ -95,7 +95,7 @@ class Scheduler:
         step's budget: aged first by arrival, then fewest tokens left first."""
         def key(seq):
             came = self._came[seq]
-            if self.steps - came >= self.max_wait_steps:
+            if self.steps - came > self.max_wait_steps:  # passed over in max_wait_steps steps
                 return (0, came, 0)
             return (1, seq.num_uncomputed, came)
         pending = [s for s in self.running if s.phase == Phase.PREFILL] + self.waiting
@@ -166,4 +166,5 @@ class Scheduler:
             self.pool.register_full_blocks(seq.table, seq.tokens, seq.num_computed)
             if c.sample and seq.phase == Phase.PREFILL:
                 seq.phase = Phase.DECODE
+                self._decoded[seq] = self.steps
                 self._came.pop(seq, None)
