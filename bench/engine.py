@@ -16,6 +16,8 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
     decode_tok_s     tokens after each request's first / (earliest first token -> last token)
     total_tok_s      new tokens / (submission -> last token)
     peak_rss_mb      the workload process's peak resident memory (VmHWM)
+    host             what the host did to this process meanwhile (bench/host.py: run-queue wait,
+                     steal, migrations, the busiest threads' cpus, memory on huge pages)
 and the bounds of bench/bounds.py, with bench/machine.py's limits (bf16 peak measured once,
 bw_gbs just before and just after each run, the mean used):
     prefill_bound_tok_s, prefill_fraction    prefill512: the bf16 peak over flops per token
@@ -59,7 +61,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     import numpy as np
 
     import dashinfer_client as allspark
-    from bench import models
+    from bench import host, models
     from dashinfer_client import ASGenerationConfigBuilder, AsStatus
 
     requests = WORKLOADS[name]
@@ -77,6 +79,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     assert engine.start_model("bench") == AsStatus.ALLSPARK_SUCCESS
     start_s = time.perf_counter() - t
 
+    before = host.sample()
     t0 = time.time() * 1000.0
     queues = []
     for prompt, (_, new) in zip(prompts, requests):
@@ -86,6 +89,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
         assert status == AsStatus.ALLSPARK_SUCCESS
         queues.append(queue)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
+    seen = host.since(before)  # in-process only: a rank's threads are not this process's
     stats = [q.RequestStatInfo() for q in queues]
     rss = server_peak_rss_mb() if ranks else peak_rss_mb()
     engine.release_model("bench")
@@ -109,6 +113,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
         "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
         "peak_rss_mb": rss,
         "start_model_s": round(start_s, 2),
+        "host": seen,
     }
 
 
