@@ -1,6 +1,8 @@
 """The scheduler's order and budget, step by step (no model, no clock): prompts shortest first,
 aged prompts first come first served, a prompt not started where it cannot finish, decodes held
 to half a step while prompts wait."""
+import logging
+
 from dashinfer_server.block_pool import BlockPool
 from dashinfer_server.scheduler import MAX_WAIT_STEPS, Scheduler, max_wait_steps
 from dashinfer_server.sequence import Phase, Sequence
@@ -110,6 +112,7 @@ def test_decodes_hold_at_most_half_a_step_while_prompts_wait():
 
 
 def test_max_wait_steps_from_the_environment(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="dashinfer_server")
     monkeypatch.setenv("DASHINFER_MAX_WAIT_STEPS", "0")
     assert max_wait_steps() == 0
     monkeypatch.setenv("DASHINFER_MAX_WAIT_STEPS", "soon")
