@@ -27,7 +27,8 @@ bw_gbs just before and just after each run, the mean used):
                                              (serve32: 32, its most) bound by bw or bf16 peak
     python bench/engine.py --neighbour [--workloads decode1,serve32]
 runs each workload quiet, then beside a busy-loop process (one core of two taken), and prints
-both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet).
+both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet), with the share of
+the cpu time each run wanted that it got (bench/host.py: below 1, the "quiet" run was not).
     python bench/engine.py --workloads serve32 --baseline-env DASHINFER_MAX_WAIT_STEPS=0 --pairs 3
 alternates runs with the variables set (A) and without (B) and prints every pair's B/A ratios
 (e.g. first come first served against the scheduler's default order).
@@ -315,7 +316,10 @@ def main():
                 busy.wait()
             print(json.dumps({"workload": name, "quiet_total_tok_s": result["total_tok_s"],
                               "neighbour_total_tok_s": beside["total_tok_s"],
-                              "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3)}), flush=True)
+                              "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3), "target": 0.4,
+                              "quiet_cpu_share": result["host"]["cpu_share"],
+                              "neighbour_cpu_share": beside["host"]["cpu_share"],
+                              "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
             continue
         bw = (bw_before + read_bandwidth(threads)) / 2
         result.update(model=os.path.basename(args.model.rstrip("/")), bw_gbs=round(bw, 1),

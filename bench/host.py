@@ -2,6 +2,8 @@
 
     before = host.sample(); ...run...; figures = host.since(before)
 
+cpu_share      cpu time / (cpu time + run-queue wait + steal): the share of the time its threads
+               wanted a cpu that they got one (1.0: nobody else took the cores)
 runq_wait_ms   time this process's threads were ready to run but waited for a cpu (summed over
                threads, /proc/self/task/*/schedstat): other processes of this VM took the cores
 steal_ms       time the hypervisor ran something else on this process's cpus (/proc/stat
@@ -76,7 +78,9 @@ def since(before: dict) -> dict:
         cpu, wait, moved = cpu + c - c0, wait + w - w0, moved + m - m0
         busy.append((c - c0, last))
     busy.sort(reverse=True)
-    tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
-    return {"runq_wait_ms": round(wait / 1e6), "cpu_ms": round(cpu / 1e6),
-            "steal_ms": round((now["steal"] - before["steal"]) * tick_ms), "migrations": moved,
+    steal = (now["steal"] - before["steal"]) * 1e9 / os.sysconf("SC_CLK_TCK")
+    wanted = cpu + wait + steal
+    return {"cpu_share": round(cpu / wanted, 3) if wanted else 1.0,
+            "runq_wait_ms": round(wait / 1e6), "cpu_ms": round(cpu / 1e6),
+            "steal_ms": round(steal / 1e6), "migrations": moved,
             "cpus_of_busy": ",".join(str(last) for _, last in busy[:2]), "huge_mb": huge_mb()}

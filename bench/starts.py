@@ -56,9 +56,8 @@ def main():
             result = start_once(name, args, env)
             value, seen = figure(result), result["host"]
             figures[name].append(value)
-            shares[name].append(cpu_share(seen))
-            print(json.dumps({"start": i, "workload": name, "tok_s": value, "cpu_share": shares[name][-1],
-                              **seen, "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
+            shares[name].append(seen["cpu_share"])
+            print(json.dumps({"start": i, "workload": name, "tok_s": value, **seen, "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
     for name, values in figures.items():
         quiet = [v for v, share in zip(values, shares[name]) if share >= UNDISTURBED]
         print(json.dumps({"workload": name, "starts": len(values), "min": min(values),
@@ -68,13 +67,6 @@ def main():
                           "undisturbed_starts": len(quiet),
                           "undisturbed_max_over_min": round(max(quiet) / min(quiet), 3) if quiet else None,
                           "env": args.env}))
-
-
-def cpu_share(seen: dict) -> float:
-    """The share of the time its threads wanted a cpu that the workload got one: below 1 when
-    other processes (run-queue wait) or other VMs (steal) took the cores."""
-    wanted = seen["cpu_ms"] + seen["runq_wait_ms"] + seen["steal_ms"]
-    return round(seen["cpu_ms"] / wanted, 3) if wanted else 1.0
 
 
 def correlation(xs, ys):
