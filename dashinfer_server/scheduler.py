@@ -3,11 +3,12 @@
 A step holds at most max_step_tokens tokens: one for each decoding sequence, then prompt chunks.
 Prompts go shortest first (fewest tokens left to compute), so a short prompt is not held behind
 a long one, with bounded unfairness: a prompt passed over in max_wait_steps steps is aged, and
-aged prompts go before all others, first come first served (max_wait_steps 0: all of them). A prompt starts in a
-step only if it finishes there, unless prompts fill less than half of the room decodes leave
-(long prompts are cut into chunks then): its first token then comes at the end of the step its last chunk ran in,
-not a step later. Decodes never crowd prompts out: when more sequences decode than half a step
-holds and prompts are pending, the decodes that ran least recently take the other half.
+aged prompts go before all others, first come first served (max_wait_steps 0: all of them).
+A prompt starts in a step only if it finishes there, unless prompts fill less than half of the
+room the decodes leave (long prompts are cut into chunks then): its first token comes at the end
+of the step its last chunk ran in, not a step later. Decodes never crowd prompts out: when more
+sequences decode than half a step holds and prompts are pending, the decodes that ran least
+recently take the other half.
 
 Waiting sequences are admitted (given KV blocks) in that order while max_batch and the KV pool
 allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
