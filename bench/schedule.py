@@ -99,10 +99,12 @@ def main():
         fifo = replay(requests, arrivals, step_seconds, step_tokens, 0)
         default = replay(requests, arrivals, step_seconds, step_tokens, args.max_wait_steps)
         # the bound holds for requests arriving together only
-        bound = None if args.arrivals_per_s else round(bounds.ttft_bound_ms([p for p, _ in requests], flops, peak), 1)
+        prompts = [p for p, _ in requests]
+        bound = None if args.arrivals_per_s else round(bounds.ttft_bound_ms(prompts, flops, peak), 1)
         print(json.dumps({
             "workload": name, "model": os.path.basename(args.model.rstrip("/")), "bw_gbs": round(bw, 1),
-            "bf16_gflops": round(peak), "max_step_tokens": step_tokens, "max_wait_steps": args.max_wait_steps, "arrivals_per_s": args.arrivals_per_s,
+            "bf16_gflops": round(peak), "max_step_tokens": step_tokens,
+            "max_wait_steps": args.max_wait_steps, "arrivals_per_s": args.arrivals_per_s,
             "fifo": fifo, "default": default, "ttft_bound_ms": bound,
             "default_over_fifo": {k: round(default[k] / fifo[k], 3) for k in
                                   ("ttft_ms", "ttft_p99_ms", "total_tok_s")}}), flush=True)

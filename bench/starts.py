@@ -57,7 +57,8 @@ def main():
             value, seen = figure(result), result["host"]
             figures[name].append(value)
             shares[name].append(seen["cpu_share"])
-            print(json.dumps({"start": i, "workload": name, "tok_s": value, **seen, "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
+            print(json.dumps({"start": i, "workload": name, "tok_s": value, **seen,
+                              "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
     for name, values in figures.items():
         quiet = [v for v, share in zip(values, shares[name]) if share >= UNDISTURBED]
         print(json.dumps({"workload": name, "starts": len(values), "min": min(values),
