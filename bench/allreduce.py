@@ -18,8 +18,10 @@ import numpy as np  # noqa: E402
 from bench.timing import best_seconds  # noqa: E402
 from dashinfer_server.group import init_group  # noqa: E402
 
-SIZES = (576, 4096, 65536, 576 * 512)
+SIZES = (576, 1536, 4096, 65536, 576 * 512, 1536 * 512)
 RUNS = 10
+# (name, hidden, layers): a step makes 2 allreduces of hidden x rows floats per layer
+SHAPES = (("SmolLM2-135M", 576, 30), ("Qwen2-1.5B", 1536, 28))
 
 
 def per_call_us(g, reduce, x, reps):
@@ -57,6 +59,11 @@ def main():
         print(f"{'floats':>8} {'MPI':>9} {'shm':>9} {'speed-up':>8}")
         for n, m, s in rows:
             print(f"{n:>8} {m:9.2f} {s:9.2f} {m / s:7.1f}x")
+        fastest = {n: min(m, s) if s == s else m for n, m, s in rows}
+        for name, hidden, layers in SHAPES:
+            decode, prefill = (2 * layers * fastest[hidden * r] / 1e3 for r in (1, 512))
+            print(f"{name}: allreduce per step {decode:.2f} ms (decode, 1 row), {prefill:.1f} ms "
+                  f"(prefill512); compare with the step times of bench/engine.py --ranks {g.world}")
     g.close()
 
 

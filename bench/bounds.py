@@ -3,7 +3,8 @@
 A decode step of B rows streams every linear weight once (bytes at the read bandwidth) and does
 2 flops per weight per row (at the bf16 peak): the step lasts at least the longer of the two,
 so decode tok/s <= B / max(bytes / bw, B * flops / peak). Prefill is compute-bound:
-tok/s <= peak / flops per token. Attention and the elementwise kernels are left out (a few %
+tok/s <= peak / flops per token, and requests arriving together get their first tokens no sooner
+than shortest first at that rate. Attention and the elementwise kernels are left out (a few %
 at these context lengths): the bound is optimistic, a fraction is honest.
 """
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -40,3 +41,15 @@ def decode_bound(rows: int, nbytes: float, flops: float, bw_gbs: float, peak_gfl
 
 def prefill_bound(flops: float, peak_gflops: float) -> float:
     return peak_gflops * 1e9 / flops
+
+
+def ttft_bound_ms(prompt_lens, flops: float, peak_gflops: float) -> float:
+    """Median time to first token of requests arriving together whose prompts run shortest first
+    at the bf16 peak, nothing else in the steps: no order of the same work has a lower median
+    (a request's first token needs its prompt and every prompt before it computed)."""
+    import statistics
+    done, firsts = 0, []
+    for n in sorted(prompt_lens):
+        done += n
+        firsts.append(done * flops / (peak_gflops * 1e9) * 1e3)
+    return statistics.median(firsts)

@@ -10,19 +10,28 @@ Workloads (token-level random prompts, greedy, eos ignored, every request submit
     serve32     32 requests: prompt 16 + (37 i mod 241), new 32 + (29 i mod 97)
 Each runs in its own process (so peak_rss_mb is that workload's own peak: weights, KV cache,
 workspaces, Python; with --ranks, the largest rank's), on --threads kernel threads. Figures:
-    ttft_ms          median over requests of submission -> first token
+    ttft_ms          median over requests of submission -> first token (ttft_p99_ms: the 99th
+                     percentile, interpolated)
     prefill_tok_s    prompt tokens / (submission -> the last request's first token)
     decode_tok_s     tokens after each request's first / (earliest first token -> last token)
     total_tok_s      new tokens / (submission -> last token)
     peak_rss_mb      the workload process's peak resident memory (VmHWM)
+    host             what the host did to this process meanwhile (bench/host.py: run-queue wait,
+                     steal, migrations, the busiest threads' cpus, memory on huge pages)
 and the bounds of bench/bounds.py, with bench/machine.py's limits (bf16 peak measured once,
 bw_gbs just before and just after each run, the mean used):
     prefill_bound_tok_s, prefill_fraction    prefill512: the bf16 peak over flops per token
+    ttft_bound_ms, ttft_over_bound           several requests: the median TTFT of their prompts
+                                             run shortest first at the bf16 peak (bounds.py)
     decode_bound_tok_s, decode_fraction      decode workloads: a step of as many rows as requests
                                              (serve32: 32, its most) bound by bw or bf16 peak
     python bench/engine.py --neighbour [--workloads decode1,serve32]
 runs each workload quiet, then beside a busy-loop process (one core of two taken), and prints
-both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet).
+both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet), with the share of
+the cpu time each run wanted that it got (bench/host.py: below 1, the "quiet" run was not).
+    python bench/engine.py --workloads serve32 --baseline-env DASHINFER_MAX_WAIT_STEPS=0 --pairs 3
+alternates runs with the variables set (A) and without (B) and prints every pair's B/A ratios
+(e.g. first come first served against the scheduler's default order).
 
 --model: default (SmolLM2-135M-Instruct), a Hugging Face directory, a .gguf file or a serialized
 DIR/PREFIX (bench/models.py); bench/make_model.py writes random-weight models of real shapes.
@@ -53,7 +62,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     import numpy as np
 
     import dashinfer_client as allspark
-    from bench import models
+    from bench import host, models
     from dashinfer_client import ASGenerationConfigBuilder, AsStatus
 
     requests = WORKLOADS[name]
@@ -71,6 +80,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     assert engine.start_model("bench") == AsStatus.ALLSPARK_SUCCESS
     start_s = time.perf_counter() - t
 
+    before = host.sample()
     t0 = time.time() * 1000.0
     queues = []
     for prompt, (_, new) in zip(prompts, requests):
@@ -80,6 +90,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
         assert status == AsStatus.ALLSPARK_SUCCESS
         queues.append(queue)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
+    seen = host.since(before)  # in-process only: a rank's threads are not this process's
     stats = [q.RequestStatInfo() for q in queues]
     rss = server_peak_rss_mb() if ranks else peak_rss_mb()
     engine.release_model("bench")
@@ -87,6 +98,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
         engine.close()
 
     first = [s["first_token_time"] for s in stats]
+    ttft = [s["time_to_first_token"] for s in stats]
     last = max(s["last_token_time"] for s in stats)
     new_tokens = sum(s["generated_token_length"] for s in stats)
     after_first = new_tokens - len(stats)
@@ -94,12 +106,15 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
         "workload": name, "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
         "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
         "new_tokens": new_tokens,
-        "ttft_ms": round(statistics.median(s["time_to_first_token"] for s in stats), 1),
+        "ttft_ms": round(statistics.median(ttft), 1),
+        "ttft_p99_ms": round(statistics.quantiles(ttft, n=100, method="inclusive")[98], 1)
+        if len(ttft) > 1 else round(ttft[0], 1),
         "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
         "decode_tok_s": round(after_first / (last - min(first)) * 1e3, 1) if after_first else None,
         "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
         "peak_rss_mb": rss,
         "start_model_s": round(start_s, 2),
+        "host": seen,
     }
 
 
@@ -206,6 +221,30 @@ def run_child(cmd, env, name) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def ab_pairs(cmd, env, name, baseline_env, pairs) -> None:
+    """Interleaved runs of A (`baseline_env` set) and B (as is), in the order ABBAAB...: the
+    host's load drifts from one minute to the next, so only ratios of neighbouring runs say what
+    a change did."""
+    env_a = dict(env, **dict(item.split("=", 1) for item in baseline_env))
+    keys = ("ttft_ms", "ttft_p99_ms", "total_tok_s", "decode_tok_s", "prefill_tok_s")
+    ratios = {k: [] for k in keys}
+    for i in range(pairs):
+        if i % 2:  # ABBA: a drift in load weighs on both sides alike
+            b, a = run_child(cmd, env, name), run_child(cmd, env_a, name)
+        else:
+            a, b = run_child(cmd, env_a, name), run_child(cmd, env, name)
+        pair = {k: round(b[k] / a[k], 3) for k in keys if a.get(k) and b.get(k)}
+        for k, v in pair.items():
+            ratios[k].append(v)
+        print(json.dumps({"workload": name, "pair": i, "A": {k: a.get(k) for k in keys},
+                          "B": {k: b.get(k) for k in keys}, "B_over_A": pair,
+                          "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
+    print(json.dumps({"workload": name, "A_env": baseline_env, "pairs": pairs,
+                      "median_B_over_A": {k: statistics.median(v) for k, v in ratios.items() if v},
+                      "min_B_over_A": {k: min(v) for k, v in ratios.items() if v},
+                      "max_B_over_A": {k: max(v) for k, v in ratios.items() if v}}), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default",
@@ -227,6 +266,10 @@ def main():
                         help="with --profile: run the layers op by op (each kernel timed on its own)")
     parser.add_argument("--neighbour", action="store_true",
                         help="run each workload quiet and beside a busy-loop process; print the ratio")
+    parser.add_argument("--baseline-env", nargs="*", default=None, metavar="NAME=VALUE",
+                        help="A/B: alternate runs with these variables set (A) and without (B), "
+                             "--pairs times, and print the B/A ratios of every pair")
+    parser.add_argument("--pairs", type=int, default=3, help="with --baseline-env: A/B pairs per workload")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
@@ -260,6 +303,9 @@ def main():
                "--ranks", str(args.ranks)]
         cmd += ["--quant", args.quant] if args.quant else []
         cmd += ["--group-size", str(args.group_size)] if args.group_size else []
+        if args.baseline_env is not None:
+            ab_pairs(cmd, env, name, args.baseline_env, args.pairs)
+            continue
         result = run_child(cmd, env, name)
         if args.neighbour:
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -270,11 +316,17 @@ def main():
                 busy.wait()
             print(json.dumps({"workload": name, "quiet_total_tok_s": result["total_tok_s"],
                               "neighbour_total_tok_s": beside["total_tok_s"],
-                              "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3)}), flush=True)
+                              "ratio": round(beside["total_tok_s"] / result["total_tok_s"], 3), "target": 0.4,
+                              "quiet_cpu_share": result["host"]["cpu_share"],
+                              "neighbour_cpu_share": beside["host"]["cpu_share"],
+                              "load_avg_1min": round(os.getloadavg()[0], 2)}), flush=True)
             continue
         bw = (bw_before + read_bandwidth(threads)) / 2
         result.update(model=os.path.basename(args.model.rstrip("/")), bw_gbs=round(bw, 1),
                       bf16_gflops=round(peak), weight_mb_per_token=round(per_token / 2**20, 1))
+        if len(WORKLOADS[name]) > 1:
+            bound = bounds.ttft_bound_ms([p for p, _ in WORKLOADS[name]], flops, peak)
+            result.update(ttft_bound_ms=round(bound, 1), ttft_over_bound=round(result["ttft_ms"] / bound, 2))
         if name == "prefill512":
             bound = bounds.prefill_bound(flops, peak)
             result.update(prefill_bound_tok_s=round(bound, 1),

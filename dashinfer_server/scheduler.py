@@ -1,20 +1,41 @@
 """Continuous batching policy: which tokens of which sequences run in the next step.
 
-Every step runs one token for each decoding sequence, then fills a token budget with prompt
-chunks: first of sequences already admitted, then of waiting ones, admitted first come first
-served while max_batch and the KV pool allow. When the pool cannot give a decoding sequence
-its next block, the most recently admitted sequence is interrupted and its blocks freed.
-Pure policy: no tensors, no threads. Its decisions are logged at DEBUG.
+A step holds at most max_step_tokens tokens: one for each decoding sequence, then prompt chunks.
+Prompts go shortest first (fewest tokens left to compute), so a short prompt is not held behind
+a long one, with bounded unfairness: a prompt passed over in max_wait_steps steps is aged, and
+aged prompts go before all others, first come first served (max_wait_steps 0: all of them).
+A prompt starts in a step only if it finishes there, unless prompts fill less than half of the
+room the decodes leave (long prompts are cut into chunks then): its first token comes at the end
+of the step its last chunk ran in, not a step later. Decodes never crowd prompts out: when more
+sequences decode than half a step holds and prompts are pending, the decodes that ran least
+recently take the other half.
+
+Waiting sequences are admitted (given KV blocks) in that order while max_batch and the KV pool
+allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
+decoding sequence its next block, the most recently admitted sequence is interrupted and its
+blocks freed. Pure policy: no tensors, no threads. Its decisions are logged at DEBUG.
 """
 import logging
+import os
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from .block_pool import BlockPool
 from .sequence import Phase, Sequence
 
 log = logging.getLogger("dashinfer_server")
+
+MAX_WAIT_STEPS = 4  # steps in which shorter prompts may overtake a prompt before it goes first
+
+
+def max_wait_steps() -> int:
+    """DASHINFER_MAX_WAIT_STEPS, or MAX_WAIT_STEPS; 0 is first come first served."""
+    value = os.environ.get("DASHINFER_MAX_WAIT_STEPS", "")
+    if not value.isdigit():
+        if value:
+            log.warning("DASHINFER_MAX_WAIT_STEPS=%r is not a step count: using %d", value, MAX_WAIT_STEPS)
+        return MAX_WAIT_STEPS
+    return int(value)
 
 
 @dataclass
@@ -28,15 +49,21 @@ class Chunk:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_batch: int, max_step_tokens: int):
+    def __init__(self, pool: BlockPool, max_batch: int, max_step_tokens: int,
+                 max_wait_steps: int = MAX_WAIT_STEPS):
         self.pool = pool
         self.max_batch = max_batch
         self.max_step_tokens = max_step_tokens
-        self.waiting: deque = deque()
+        self.max_wait_steps = max_wait_steps
+        self.waiting: list = []  # arrival order
         self.running: list = []  # admission order: the last one is interrupted first
+        self.steps = 0           # steps scheduled so far: the clock of aging
+        self._came = {}          # sequence -> the step it came in (until its first token)
+        self._decoded = {}       # decoding sequence -> the last step that ran it
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._came[seq] = self.steps
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -48,12 +75,37 @@ class Scheduler:
         elif seq in self.running:
             self.running.remove(seq)
             self.pool.free(seq.table)
+        self._came.pop(seq, None)
+        self._decoded.pop(seq, None)
         seq.phase = Phase.DONE
 
     def schedule(self) -> tuple[list, list]:
         """The next step's chunks, and the sequences interrupted to make room for it."""
-        interrupted = []
-        decodes = []
+        self.steps += 1
+        decodes, interrupted = self._grow_decodes()
+        prompts = self.prompt_order()
+        if prompts and len(decodes) > self.max_step_tokens - self.max_step_tokens // 2:
+            decodes.sort(key=lambda c: self._decoded.get(c.seq, 0))  # least recently run first
+            decodes = decodes[:self.max_step_tokens - self.max_step_tokens // 2]
+        for c in decodes:
+            self._decoded[c.seq] = self.steps
+        return decodes + self._fill(prompts, len(decodes)), interrupted
+
+    def prompt_order(self) -> list:
+        """Sequences with prompt tokens left (admitted or waiting), in the order they get the
+        step's budget: aged first by arrival, then fewest tokens left first."""
+        def key(seq):
+            came = self._came[seq]
+            if self.steps - came > self.max_wait_steps:  # passed over in max_wait_steps steps
+                return (0, came, 0)
+            return (1, seq.num_uncomputed, came)
+        pending = [s for s in self.running if s.phase == Phase.PREFILL] + self.waiting
+        return sorted(pending, key=key)
+
+    def _grow_decodes(self) -> tuple[list, list]:
+        """A block for the next token of every decoding sequence, interrupting the latest
+        admitted while the pool is short."""
+        interrupted, decodes = [], []
         for seq in list(self.running):
             if seq.phase != Phase.DECODE:
                 continue
@@ -67,29 +119,40 @@ class Scheduler:
                     break
             if seq.phase != Phase.DONE:
                 decodes.append(Chunk(seq, len(seq.tokens) - 1, 1, True))
-        decodes = [c for c in decodes if c.seq.phase != Phase.DONE]
+        return [c for c in decodes if c.seq.phase != Phase.DONE], interrupted
 
-        budget = self.max_step_tokens - len(decodes)
-        prefills = []
-        for seq in self.running:
-            if seq.phase == Phase.PREFILL and budget > 0:
-                prefills.append(self._chunk(seq, budget))
-                budget -= prefills[-1].count
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
-            seq = self.waiting[0]
-            table = self.pool.allocate(seq.tokens)
-            if table is None:
-                break  # first come first served: nobody overtakes the head of the queue
-            self.waiting.popleft()
-            seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
-            seq.admitted = time.perf_counter()
-            self.running.append(seq)
-            log.debug("admit request %d: %d prompt tokens (%d cached), %d running, %d waiting, "
-                      "%d KV blocks free", seq.handle, len(seq.tokens), table.cached_len,
-                      len(self.running), len(self.waiting), self.pool.num_available)
-            prefills.append(self._chunk(seq, budget))
-            budget -= prefills[-1].count
-        return decodes + prefills, interrupted
+    def _fill(self, prompts: list, decodes: int) -> list:
+        """Prompt chunks for the room the step's `decodes` leave."""
+        room = self.max_step_tokens - decodes
+        chunks, used, admitting = [], 0, True
+        for seq in prompts:
+            budget = room - used
+            if budget <= 0:
+                break
+            if seq.num_uncomputed > budget and used >= room // 2:
+                break  # would not finish here: it starts a step that has room for more of it
+            if seq.phase == Phase.WAITING:
+                admitting = admitting and self._admit(seq)
+                if not admitting:
+                    continue  # nobody overtakes it; admitted prompts still go on
+            chunks.append(self._chunk(seq, budget))
+            used += chunks[-1].count
+        return chunks
+
+    def _admit(self, seq: Sequence) -> bool:
+        if len(self.running) >= self.max_batch:
+            return False
+        table = self.pool.allocate(seq.tokens)
+        if table is None:
+            return False
+        self.waiting.remove(seq)
+        seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
+        seq.admitted = time.perf_counter()
+        self.running.append(seq)
+        log.debug("admit request %d: %d prompt tokens (%d cached), %d running, %d waiting, "
+                  "%d KV blocks free", seq.handle, len(seq.tokens), table.cached_len,
+                  len(self.running), len(self.waiting), self.pool.num_available)
+        return True
 
     @staticmethod
     def _chunk(seq: Sequence, budget: int) -> Chunk:
@@ -102,5 +165,7 @@ class Scheduler:
             seq = c.seq
             seq.num_computed = c.start + c.count
             self.pool.register_full_blocks(seq.table, seq.tokens, seq.num_computed)
-            if c.sample:
+            if c.sample and seq.phase == Phase.PREFILL:
                 seq.phase = Phase.DECODE
+                self._decoded[seq] = self.steps
+                self._came.pop(seq, None)

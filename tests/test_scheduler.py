@@ -50,17 +50,20 @@ def test_max_batch_and_fifo_admission():
     assert [c.seq for c in chunks] == [seqs[1], seqs[2]]
 
 
-def test_head_of_queue_is_not_overtaken_when_the_pool_is_short():
-    sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
-    big, small = Sequence(list(range(13)), 64), Sequence([1, 2], 64)
-    running = Sequence(list(range(8)), 64)
+def test_first_in_line_is_not_overtaken_when_the_pool_is_short():
+    """The shortest prompt is first in line; when the pool cannot hold it yet, longer ones wait
+    behind it rather than take the blocks it needs."""
+    sched = Scheduler(BlockPool(5, 4), max_batch=8, max_step_tokens=100)
+    running = Sequence(list(range(12)), 64)
     sched.add(running)
-    run_step(sched)  # 2 blocks used, then a 3rd for its first decode token
+    run_step(sched)  # 3 blocks used, then a 4th for its first decode token: 1 left
+    small, big = Sequence(list(range(20, 27)), 64), Sequence(list(range(30, 43)), 64)
     sched.add(big)
     sched.add(small)
+    assert sched.prompt_order() == [small, big]
     chunks, _ = run_step(sched)
     assert [c.seq for c in chunks] == [running]
-    assert list(sched.waiting) == [big, small]
+    assert sched.waiting == [big, small]
 
 
 def test_pool_exhaustion_interrupts_the_latest_admitted(caplog):

@@ -1,0 +1,77 @@
+"""Whatever order the scheduler picks (shortest first, aging, prompts cut where they do not
+finish, decodes taking turns), every greedy request gets the tokens it gets alone."""
+import numpy as np
+import pytest
+
+from dashinfer_client import AsModelRuntimeConfigBuilder
+from dashinfer_client.model import DashInferModel
+from dashinfer_server.model_loop import ModelLoop
+from dashinfer_server.request import ModelLimits, new_request
+from dashinfer_server.sequence import Phase
+
+
+@pytest.fixture(scope="module")
+def loop(serialized_tiny):
+    """A loaded loop (no thread) of steps of at most 13 tokens beside up to 12 requests: more
+    decoding requests than half a step holds."""
+    loader = serialized_tiny("llama")
+    model = DashInferModel(loader.model_output_dir, loader.serialize_model_name)
+    cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
+           .max_batch(12).max_length(96).max_prefill_length(8).kv_cache_span_size(16).build())
+    loop = ModelLoop(model, cfg)
+    loop.load()
+    loop.scheduler.max_wait_steps = 4
+    return loop
+
+
+def start(loop, prompt, new):
+    limits = ModelLimits(loop.model.cfg.vocab_size, loop.cfg.max_length, loop.block_capacity)
+    seq = new_request(prompt, {"max_length": len(prompt) + new, "do_sample": False,
+                               "early_stopping": False}, limits)
+    loop.scheduler.add(seq)
+    return seq
+
+
+def drain(loop, arrivals=()):
+    """Step until idle; arrivals: (step, prompt, new) started before that step. Returns the
+    sequences of the arrivals and every step as (requests decoding before it, decodes it ran,
+    its chunks as (sequence, count))."""
+    pending, seqs, steps = sorted(arrivals, key=lambda a: a[0]), [], []
+    scheduler = loop.scheduler
+    while pending or scheduler.has_work():
+        while pending and pending[0][0] <= len(steps):
+            _, prompt, new = pending.pop(0)
+            seqs.append(start(loop, prompt, new))
+        decoding = sum(s.phase == Phase.DECODE for s in scheduler.running)
+        chunks, interrupted = scheduler.schedule()
+        assert not interrupted
+        ran = sum(c.seq.phase == Phase.DECODE for c in chunks)
+        steps.append((decoding, ran, [(c.seq, c.count) for c in chunks]))
+        scheduler.schedule = lambda: (chunks, [])  # loop.step runs these chunks
+        try:
+            loop.step()
+        finally:
+            del scheduler.schedule
+    return seqs, steps
+
+
+def test_every_request_gets_its_solo_tokens(loop):
+    rng = np.random.default_rng(5)
+    vocab = loop.model.cfg.vocab_size
+    arrivals = [(step, rng.integers(3, vocab, n).tolist(), new) for step, n, new in
+                [(0, 30, 6), (0, 3, 20), (0, 11, 9), (0, 5, 14), (1, 2, 18), (1, 25, 5), (2, 4, 16),
+                 (2, 7, 12), (3, 1, 22), (3, 19, 8), (4, 6, 15), (5, 9, 10)]]
+    seqs, steps = drain(loop, arrivals)
+    solo = []
+    for _, prompt, new in arrivals:
+        (seq,), _ = drain(loop, [(0, prompt, new)])
+        solo.append(seq.tokens)
+    assert [s.tokens for s in seqs] == solo
+    # the orders under test happened: a later, shorter prompt ran before the 30-token one, a
+    # prompt was cut into chunks, and a step ran fewer decodes than requests were decoding
+    def first_step(seq):
+        return next(i for i, (_, _, chunks) in enumerate(steps) if any(s is seq for s, _ in chunks))
+    assert first_step(seqs[4]) < first_step(seqs[0])
+    assert any(s is seqs[0] and 1 < n < seqs[0].prompt_len for _, _, chunks in steps for s, n in chunks)
+    assert any(ran < decoding for decoding, ran, _ in steps)
+    assert all(sum(n for _, n in chunks) <= loop.max_step_tokens for _, _, chunks in steps)
