@@ -14,11 +14,14 @@ NotImplementedError, plus get_stats, close and world_size). They get checked arg
 refuse by raising Refused; any other exception is reported as ALLSPARK_RUNTIME_ERROR (a bug,
 logged with its traceback) and the engine keeps serving.
 """
+import dataclasses
 import enum
 import logging
 import threading
 
 from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
+from .checks import brief
+from .generation_config import check_generation
 from .types import AsStatus
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
@@ -206,20 +209,21 @@ class EngineAPI:
 # ---- the checks that do not depend on the engine -------------------------------------------------------
 
 def unknown_model(name) -> Refused:
-    return Refused(PARAM_ERROR, f"unknown model {name!r}")
+    return Refused(PARAM_ERROR, f"unknown model {brief(name)}")
 
 
 def unknown_handle(name, handle) -> Refused:
-    return Refused(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID, f"unknown request handle {handle!r} for model {name!r}")
+    return Refused(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID,
+                   f"unknown request handle {brief(handle)} for model {brief(name)}")
 
 
 def _model_name(name) -> str:
     if not isinstance(name, str):
-        raise Refused(PARAM_ERROR, f"a model name is a str, got {type(name).__name__} {name!r}")
+        raise Refused(PARAM_ERROR, f"a model name is a str, got {type(name).__name__} {brief(name)}")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise Refused(PARAM_ERROR, f"model name {name!r} is not valid text ({e.reason})") from e
+        raise Refused(PARAM_ERROR, f"model name {brief(name)} is not valid text ({e.reason})") from e
     return name
 
 
@@ -239,12 +243,19 @@ def _runtime_config(cfg) -> AsModelRuntimeConfig:
             raise Refused(PARAM_ERROR, f"the runtime config does not build: {type(e).__name__}: {e}") from e
     if not isinstance(cfg, AsModelRuntimeConfig):
         raise Refused(PARAM_ERROR, f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
+    try:  # checked again: its fields can be set after build(); a checked copy, the caller's stays
+        cfg = dataclasses.replace(cfg)
+    except (ValueError, TypeError) as e:
+        raise Refused(PARAM_ERROR, f"the runtime config: {e}") from e
     _model_name(cfg.model_name)
     return cfg
 
 
-def _generation_config(gen):
-    """A builder built; an ASGenerationConfig or a dict of options (checked by the engine) passes."""
+def _generation_config(gen) -> dict:
+    """A builder built, an ASGenerationConfig or a dict of options checked -> a plain dict of
+    every option in its normal form (ints, floats, lists: what a ClientEngine sends as JSON
+    unchanged; a set, a numpy scalar or bytes would not survive the trip). The engine checks it
+    again against the model."""
     if isinstance(gen, ASGenerationConfigBuilder):
         try:
             gen = gen.build()
@@ -253,7 +264,7 @@ def _generation_config(gen):
     if not isinstance(gen, (ASGenerationConfig, dict)):
         raise Refused(PARAM_ERROR,
                       f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
-    odd = [k for k in gen if not isinstance(k, str)]
-    if odd:  # JSON has str keys only: a ClientEngine could not send them as they are
-        raise Refused(PARAM_ERROR, f"generate_config: option names are str, got {odd[0]!r}")
-    return gen
+    try:
+        return check_generation(gen)
+    except ValueError as e:
+        raise Refused(PARAM_ERROR, f"generate_config: {e}") from e
