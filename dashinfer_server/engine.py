@@ -21,6 +21,7 @@ Semantics follow DashInfer's AsEngine:
 import ctypes
 import gc
 import logging
+import os
 import threading
 
 from dashinfer_client.api import EngineAPI, ModelState, Refused, unknown_handle, unknown_model
@@ -28,6 +29,7 @@ from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.types import AsStatus
 
 from .group import LocalGroup
+from .model import memory_bound
 from .model_loop import ModelLoop
 from .request import ModelLimits, RequestError, new_request
 
@@ -84,6 +86,12 @@ class Engine(EngineAPI):
             if cfg.max_length > context:
                 raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
                               f"max_length {cfg.max_length} exceeds the model's context {context}")
+            need, ram = memory_bound(cfg, model), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            if need > ram:  # refused now rather than failing (or crawling for minutes) in start_model
+                raise Refused(AsStatus.ALLSPARK_MEMORY_ERROR,
+                              f"max_batch {cfg.max_batch} x max_length {cfg.max_length} (KV cache and step "
+                              f"workspaces) needs {need / 2**30:.3g} GiB, more than this machine's "
+                              f"{ram / 2**30:.3g} GiB; lower max_batch, max_prefill_length or kv_cache_memory_mb")
             self._group.command("install_model", cfg.to_dict())
             self._models[cfg.model_name] = _Installed(cfg, model)
 
