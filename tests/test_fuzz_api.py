@@ -26,8 +26,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import dashinfer_client as allspark
-from dashinfer_client import AsModelRuntimeConfigBuilder, ASGenerationConfigBuilder, AsStatus
+from dashinfer_client import ASGenerationConfigBuilder, AsStatus
 from dashinfer_client.api import ModelState
+from dashinfer_client.generation_config import OPTIONS
 from tests.engine_helpers import API_CONTEXT, collect, greedy
 
 MAIN, SPARE = "tiny-fuzz", "fz"  # MAIN serves throughout; SPARE's lifecycle is fuzzed
@@ -127,7 +128,7 @@ gen_values = mostly(st.sampled_from(ODD_VALUES), junk, share_bad=0.4)
 
 @st.composite
 def generation_configs(draw):
-    kind = draw(st.sampled_from([0, 1, 1, 1, 2, 2, 3, 4]))
+    kind = draw(st.sampled_from([0, 1, 1, 1, 2, 2, 3, 4, 4, 5]))
     if kind == 0:
         return draw(junk)
     if kind == 1:  # a dict as built, then changed: the engine checks it again
@@ -140,6 +141,9 @@ def generation_configs(draw):
                                     gen_values, max_size=3))
     if kind == 3:
         return _RaisingBuilder(seed=1)
+    if kind == 4:  # a builder's setter with an odd value: ValueError, or the builder it returns
+        setter = getattr(greedy(len(PROMPT) + 4), draw(st.sampled_from(list(OPTIONS))))
+        return _Deferred(setter, draw(gen_values))
     return greedy(draw(st.sampled_from([len(PROMPT), len(PROMPT) + 3, 513, 10**9])))
 
 
@@ -188,6 +192,7 @@ def calls(loader):
         st.tuples(st.sampled_from(["GetWithTimeout"]), st.tuples(queue_timeouts)),
         st.tuples(st.sampled_from(["GetNoWait", "GenerateStatus", "GeneratedLength", "RequestStatInfo"]),
                   st.just(())),
+        st.tuples(st.just("get_stats"), st.just(())),
         st.tuples(st.just("arity"), st.tuples(  # the wrong number of arguments
             st.sampled_from(ENGINE_METHODS + ("get_model_state",)),
             st.lists(junk, max_size=5).filter(lambda a: len(a) not in (1, 2, 4)).map(tuple))),
@@ -263,6 +268,8 @@ def outcome(side, method, args):
     if method == "get_model_state":
         assert isinstance(result, ModelState), what
         return result
+    if method == "get_stats":  # the models and their states (the counts move with timing)
+        return engine.world_size, sorted((name, m["state"]) for name, m in result["models"].items())
     if method == "call_with_reason":
         result, reason = result
         assert isinstance(reason, str) and bool(reason) == (result != OK), (what, reason)
