@@ -22,10 +22,12 @@ the checks that do not depend on the engine.
 serialize_model_from_torch is DashInfer 1.3's conversion, not an engine call: like the loaders'
 serialize_to_path it raises ModelSerializerException for what it cannot convert.
 """
+import dataclasses
 import logging
 import threading
 
 from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
+from .generation_config import check_generation
 from .queries import QueryAPI
 from .raw_requests import RawRequestAPI
 from .refusals import PARAM_ERROR, SUCCESS, Refused, checked_model_name, unknown_handle
@@ -239,12 +241,19 @@ def _runtime_config(cfg) -> AsModelRuntimeConfig:
             raise Refused(PARAM_ERROR, f"the runtime config does not build: {type(e).__name__}: {e}") from e
     if not isinstance(cfg, AsModelRuntimeConfig):
         raise Refused(PARAM_ERROR, f"install_model takes an AsModelRuntimeConfig, got {type(cfg).__name__}")
+    try:  # checked again: its fields can be set after build(); a checked copy, the caller's stays
+        cfg = dataclasses.replace(cfg)
+    except (ValueError, TypeError) as e:
+        raise Refused(PARAM_ERROR, f"the runtime config: {e}") from e
     checked_model_name(cfg.model_name)
     return cfg
 
 
-def _generation_config(gen):
-    """A builder built; an ASGenerationConfig or a dict of options (checked by the engine) passes."""
+def _generation_config(gen) -> dict:
+    """A builder built, an ASGenerationConfig or a dict of options checked -> a plain dict of
+    every option in its normal form (ints, floats, lists: what a ClientEngine sends as JSON
+    unchanged; a set, a numpy scalar or bytes would not survive the trip). The engine checks it
+    again against the model."""
     if isinstance(gen, ASGenerationConfigBuilder):
         try:
             gen = gen.build()
@@ -253,7 +262,7 @@ def _generation_config(gen):
     if not isinstance(gen, (ASGenerationConfig, dict)):
         raise Refused(PARAM_ERROR,
                       f"generate_config must be an ASGenerationConfig(Builder), got {type(gen).__name__}")
-    odd = [k for k in gen if not isinstance(k, str)]
-    if odd:  # JSON has str keys only: a ClientEngine could not send them as they are
-        raise Refused(PARAM_ERROR, f"generate_config: option names are str, got {odd[0]!r}")
-    return gen
+    try:
+        return check_generation(gen)
+    except ValueError as e:
+        raise Refused(PARAM_ERROR, f"generate_config: {e}") from e

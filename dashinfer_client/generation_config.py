@@ -12,7 +12,7 @@ import json
 import numbers
 import random
 
-from .checks import check_bool, check_enum, check_float, check_ids, check_int, check_keys, check_str
+from .checks import brief, check_bool, check_enum, check_float, check_ids, check_int, check_keys, check_str
 from .options import VocabType
 
 SEED_MAX = 2**31 - 1   # DashInfer draws default seeds from [1, int32 max]
@@ -24,7 +24,7 @@ def _eos(key, v):
         return check_int(key, v, 0)
     ids = check_ids(key, v)
     if not ids:
-        raise ValueError(f"{key} must be a token id or a non-empty list of them, got {v!r}")
+        raise ValueError(f"{key} must be a token id or a non-empty list of them, got {brief(v)}")
     return ids
 
 
@@ -32,10 +32,10 @@ def _id_sequences(key, v):
     if v is None and key == "bad_words_ids":  # transformers' and DashInfer's "none"
         return []
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
-        raise ValueError(f"{key} must be a list of lists of token ids, got {v!r}")
+        raise ValueError(f"{key} must be a list of lists of token ids, got {brief(v)}")
     out = [check_ids(f"{key}[{i}]", words) for i, words in enumerate(v)]
     if any(not words for words in out):
-        raise ValueError(f"{key}: each sequence needs at least one token id, got {v!r}")
+        raise ValueError(f"{key}: each sequence needs at least one token id, got {brief(v)}")
     return out
 
 
@@ -43,7 +43,7 @@ def _response_format(key, v):
     if v is None:
         return None
     if not isinstance(v, dict):
-        raise ValueError(f"{key} must be a dict (e.g. {{'type': 'json_object'}}) or None, got {v!r}")
+        raise ValueError(f"{key} must be a dict (e.g. {{'type': 'json_object'}}) or None, got {brief(v)}")
     response_format_schema(v, key)
     return dict(v)
 
@@ -165,7 +165,7 @@ def check_value(key, value):
         neutral, why = NEUTRAL_ONLY[key]
         if value == neutral or (neutral is None and not value):
             return None
-        raise ValueError(f"{key}={value!r} is not supported ({why}); only {neutral!r} is accepted")
+        raise ValueError(f"{key}={brief(value)} is not supported ({why}); only {neutral!r} is accepted")
     return OPTIONS[key][1](key, value)
 
 

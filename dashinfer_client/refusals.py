@@ -1,5 +1,6 @@
 """How a call of DashInfer's API is refused: the Refused exception an engine's primitive raises,
 and the checks every engine makes the same way (a model name, an unknown model or handle)."""
+from .checks import brief
 from .types import AsStatus
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
@@ -17,11 +18,12 @@ class Refused(Exception):
 
 
 def unknown_model(name) -> Refused:
-    return Refused(PARAM_ERROR, f"unknown model {name!r}")
+    return Refused(PARAM_ERROR, f"unknown model {brief(name)}")
 
 
 def unknown_handle(name, handle) -> Refused:
-    return Refused(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID, f"unknown request handle {handle!r} for model {name!r}")
+    return Refused(AsStatus.ALLSPARK_ILLEGAL_REQUEST_ID,
+                   f"unknown request handle {brief(handle)} for model {brief(name)}")
 
 
 def text_or_empty(name) -> str:
@@ -30,9 +32,9 @@ def text_or_empty(name) -> str:
 
 def checked_model_name(name) -> str:
     if not isinstance(name, str):
-        raise Refused(PARAM_ERROR, f"a model name is a str, got {type(name).__name__} {name!r}")
+        raise Refused(PARAM_ERROR, f"a model name is a str, got {type(name).__name__} {brief(name)}")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise Refused(PARAM_ERROR, f"model name {name!r} is not valid text ({e.reason})") from e
+        raise Refused(PARAM_ERROR, f"model name {brief(name)} is not valid text ({e.reason})") from e
     return name

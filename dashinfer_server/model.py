@@ -187,6 +187,16 @@ def num_kv_blocks(cfg, model, block_size) -> int:
     return cfg.max_batch * -(-cfg.max_length // block_size)
 
 
+def memory_bound(cfg, model) -> int:
+    """Bytes the model's KV pool and step workspaces can reach on one rank at most (fp32
+    activations of a whole step's rows: hidden states, MLP, logits), weights left out."""
+    mc = model.config
+    kv = num_kv_blocks(cfg, model, cfg.kv_cache_span_size) * bytes_per_block(
+        kv_format(cfg, model), mc.num_hidden_layers, mc.num_key_value_heads, cfg.kv_cache_span_size, mc.head_dim)
+    step = max_step_tokens(cfg) * 4 * (4 * mc.hidden_size + 2 * mc.intermediate_size + mc.vocab_size)
+    return kv + step
+
+
 def apply_thread_num(cfg) -> None:
     """Run the kernels on cfg.thread_num threads, at most one per cpu this process may use: a
     server rank is pinned to its NUMA node's cores, and more threads than cores only take turns."""

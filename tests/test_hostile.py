@@ -1,7 +1,6 @@
 """A client that dies without closing: a ClientEngine process killed (SIGKILL) while its spawned
 two-rank group runs a request leaves nothing behind, neither the group's socket nor its MPICH
 segments in /dev/shm."""
-import glob
 import os
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import sys
 import dashinfer_client as allspark
 from dashinfer_client.proto.wire import encode_runtime_config
 from tests.engine_helpers import API_CONTEXT
+from tests.group_helpers import process_tree
 from tests.helpers import eventually
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,23 +32,6 @@ sys.stdin.read()
 """
 
 
-def _tree(pid):
-    """`pid` and its descendants (mpiexec, its proxy and the ranks: the proxy starts its own session)."""
-    parents = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                parents[int(stat.split("/")[2])] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    tree = {pid} if pid in parents else set()
-    while True:
-        more = {child for child, parent in parents.items() if parent in tree} - tree
-        if not more:
-            return tree
-        tree |= more
-
-
 def _mapped_segments(pids):
     segments = set()
     for pid in pids:
@@ -68,7 +51,7 @@ def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
                               stdout=subprocess.PIPE, env=env, text=True)
     try:
         socket_path, leader = client.stdout.readline().split()
-        group = _tree(int(leader))
+        group = process_tree(int(leader))
         segments = _mapped_segments(group)
         assert os.path.exists(socket_path) and segments, "the group should be serving with two ranks"
         client.send_signal(signal.SIGKILL)

@@ -11,6 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.group_helpers import rank_pids
 from tests.http_server import API_KEY, MAX_MODEL_LEN, Server, http_status, wait_for
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
@@ -238,34 +239,6 @@ def test_a_client_that_gives_up_on_a_whole_answer_frees_its_request(server):
     assert reason == "stopped" and generated < long_answer
 
 
-def _rank_pids(server_pid, rank):
-    """Pids of the processes descending from server_pid that run MPI rank `rank` of dashinfer_server."""
-    children = {}
-    for stat in os.listdir("/proc"):
-        if stat.isdigit():
-            try:
-                with open(f"/proc/{stat}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(stat))
-    found, todo = [], [server_pid]
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, []):
-            todo.append(child)
-            try:
-                with open(f"/proc/{child}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                with open(f"/proc/{child}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if f"PMI_RANK={rank}".encode() in env and b"dashinfer_server\0" in cmd:
-                found.append(child)
-    return found
-
-
 def test_health_after_a_rank_is_killed(server, client):
     """Last in this module: the group restarts under the server."""
     assert http_status(server.url + "/health") == 200
@@ -276,7 +249,7 @@ def test_health_after_a_rank_is_killed(server, client):
                       headers={"Authorization": f"Bearer {API_KEY}"}) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: {")
-        (rank1,) = _rank_pids(server.proc.pid, 1)
+        rank1 = rank_pids(server.proc.pid)[1]
         os.kill(rank1, signal.SIGKILL)
         events = [line for line in lines if line]
     # the stream in flight ends with an error event, then [DONE]
