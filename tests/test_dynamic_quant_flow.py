@@ -94,3 +94,12 @@ def test_unsupported_setting_is_refused_naming_it(name, flow, tmp_path):
         greedy_ids(engine, hf_dir, tmp_path, quant_config)
     assert not list(tmp_path.iterdir())  # nothing half-written
     assert greedy_ids(engine, hf_dir, tmp_path / "after") == reference  # the engine still serves
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_activate_quant_computes_with_int8_activations_on_every_cpu(vnni, monkeypatch):
+    from dashinfer_server import weights
+    monkeypatch.setattr(weights.K, "linear_vnni", lambda: vnni)
+    assert weights.quantized_wtype("i8", 576, activate_quant=True) == "i8q"
+    # weight-only int8 takes the int8-activation path only where VNNI makes it pay
+    assert weights.quantized_wtype("i8", 576) == ("i8q" if vnni else "i8")
