@@ -32,9 +32,10 @@ from .queries import QueryAPI
 from .raw_requests import RawRequestAPI
 from .refusals import PARAM_ERROR, SUCCESS, Refused, checked_model_name, unknown_handle
 from .types import AsStatus, ModelState
+from .unserved import UnservedAPI
 
 
-class EngineAPI(RawRequestAPI, QueryAPI):
+class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
     log = logging.getLogger("dashinfer_client")
 
     def __init__(self):

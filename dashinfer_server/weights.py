@@ -86,6 +86,7 @@ class WeightLoader:
         self.names = set(model.tensor_names())
         quant = model.quantization or {}
         self.wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
+        self.activate_quant = quant.get("compute_method") == "activate_quant"
         self._read = []  # tensors read since the last release_read()
         self.arena = HugePageArena()
 
@@ -133,7 +134,7 @@ class WeightLoader:
             zeros = np.concatenate([p[2] for p in pieces])
             k = w.shape[1] * (2 if self.wtype == "u4" else 1)
             group = k // scales.shape[1]
-            packed = K.pack_linear(w, quantized_wtype(self.wtype, group), group, scales, zeros)
+            packed = K.pack_linear(w, quantized_wtype(self.wtype, group, self.activate_quant), group, scales, zeros)
         self.release_read()
         return self.arena.copy(packed)
 
@@ -175,10 +176,12 @@ class WeightLoader:
         )
 
 
-def quantized_wtype(wtype: str, group: int) -> str:
+def quantized_wtype(wtype: str, group: int, activate_quant: bool = False) -> str:
     """i8/u4 codes computed with int8 activations (i8q/u4q: ~2x/3x faster than bf16 at decode,
-    native/linear.h) where the CPU has VNNI and the group is whole blocks of 32; else exact."""
-    return wtype + "q" if K.linear_vnni() and group % 32 == 0 else wtype
+    native/linear.h) where the CPU has VNNI and the group is whole blocks of 32; else exact.
+    activate_quant (DashInfer's A8W8, checked at serialization: groups of whole blocks) asks
+    for int8 activations on every CPU, on the portable kernel where there is no VNNI."""
+    return wtype + "q" if (K.linear_vnni() or activate_quant) and group % 32 == 0 else wtype
 
 
 def drop_mapped_pages(t: np.ndarray) -> None:

@@ -191,3 +191,13 @@ def test_op_profiling_times_every_kernel_call(api_engine, monkeypatch):
     finally:
         if spawned is not None:
             spawned.close()
+
+
+def test_v13_methods_without_a_runtime_behind_them_are_refused_alike(api_engine, tmp_path):
+    engine, name, _ = api_engine
+    for call, args in (("get_model_config", ({},)), ("reset_stream", (name,)),
+                       ("save_model", (name, str(tmp_path))), ("dump_build_meta_to_proto", (None, "w", {}))):
+        assert getattr(engine, call)(*args) == AsStatus.ALLSPARK_INVALID_CALL_ERROR
+        assert engine.last_error.startswith(f"{call}: not served by this runtime")
+    assert not list(tmp_path.iterdir())  # save_model wrote nothing
+    assert engine.get_model_state(name) == "Running"  # and the model serves on

@@ -99,5 +99,10 @@ def test_customized_quant_config():
         InstantQuantSettings.from_config({"quant_method": "instant_quant", "group_settings": {}})
     with pytest.raises(ModelSerializerException, match="quant_method 'gptq' is not supported"):
         InstantQuantSettings.from_config({"quant_method": "gptq"})
-    with pytest.raises(ModelSerializerException, match="compute_method 'activate_quant' is not supported"):
-        InstantQuantSettings.from_config({"quant_method": "instant_quant", "compute_method": "activate_quant"})
+    a8w8 = InstantQuantSettings.from_config({"quant_method": "instant_quant", "compute_method": "activate_quant"})
+    assert (a8w8.weight_format, a8w8.group_size, a8w8.compute_method) == ("int8", -1, "activate_quant")
+    with pytest.raises(ModelSerializerException, match="compute_method 'activate_quant' needs weight_format 'int8'"):
+        InstantQuantSettings.from_config({"quant_method": "instant_quant", "compute_method": "activate_quant",
+                                          "weight_format": "uint4"})
+    with pytest.raises(ModelSerializerException, match="compute_method 'fp8' is not supported"):
+        InstantQuantSettings.from_config({"quant_method": "instant_quant", "compute_method": "fp8"})

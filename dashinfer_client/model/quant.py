@@ -19,6 +19,8 @@ _DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default
 PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names none
 _CHUNK_ELEMENTS = 1 << 22
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
+ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
+ACT_BLOCK = 32  # k per activation quantization block (native/linear.h DN_Q8_BLOCK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,7 @@ class InstantQuantSettings:
     weight_format: str = "int8"
     group_size: int = _DEFAULT_GROUP
     quantize_lm_head: bool = False
+    compute_method: str = "weight_only"
 
     @classmethod
     def from_config(cls, config):
@@ -43,11 +46,6 @@ class InstantQuantSettings:
         if method != "instant_quant":
             raise ModelSerializerException(
                 f"customized_quant_config: quant_method {method!r} is not supported (only 'instant_quant')")
-        if config.get("compute_method", "weight_only") != "weight_only":
-            raise ModelSerializerException(
-                f"customized_quant_config: compute_method {config['compute_method']!r} is not supported on CPU "
-                "(only 'weight_only': the weights stay quantized; on CPUs with AVX512-VNNI the activations are "
-                "quantized to int8 on the fly for the integer dot products, elsewhere they stay float)")
         fmt = config.get("weight_format", "int8")
         if fmt not in BITS:
             raise ModelSerializerException(
@@ -58,7 +56,8 @@ class InstantQuantSettings:
                 f"customized_quant_config: group_size must be a positive integer or -1 (per channel), got {group!r}")
         if fmt == "uint4" and group > 0 and group % 2:
             raise ModelSerializerException(f"customized_quant_config: uint4 needs an even group_size, got {group}")
-        return cls(fmt, group, bool(config.get("quantize_lm_head", False)))
+        compute = _check_compute_method(config.get("compute_method", "weight_only"), fmt, group)
+        return cls(fmt, group, bool(config.get("quantize_lm_head", False)), compute)
 
     def quantized_names(self, num_layers, has_lm_head):
         names = [f"model.layers.{i}.{'self_attn' if p[1:] == '_proj' else 'mlp'}.{p}.weight"
@@ -78,10 +77,29 @@ class InstantQuantSettings:
             raise ModelSerializerException(
                 f"InstantQuant: input size {k} is not divisible by group_size {g}; choose a group_size that "
                 f"divides {k} or -1 (per channel)")
+        if self.compute_method == ACTIVATE_QUANT and k % ACT_BLOCK:
+            raise ModelSerializerException(
+                f"customized_quant_config: compute_method 'activate_quant' needs input sizes that are whole "
+                f"blocks of {ACT_BLOCK} (activations are quantized per block), got {k}")
         if self.weight_format == "uint4" and k % 2:
             raise ModelSerializerException(f"InstantQuant uint4: input size {k} must be even (two codes a byte)")
         q_cols = k if self.weight_format == "int8" else k // 2
         return (n, q_cols), (n, k // g), (n, k // g)
+
+
+def _check_compute_method(compute, fmt, group):
+    """'weight_only', or 'activate_quant' as DashInfer has it: int8 weights per channel only."""
+    if compute == "weight_only":
+        return compute
+    if compute != ACTIVATE_QUANT:
+        raise ModelSerializerException(
+            f"customized_quant_config: compute_method {compute!r} is not supported (use 'weight_only' or "
+            f"'{ACTIVATE_QUANT}')")
+    if fmt != "int8" or group != PER_CHANNEL:
+        raise ModelSerializerException(
+            f"customized_quant_config: compute_method '{ACTIVATE_QUANT}' needs weight_format 'int8' and "
+            f"group_size -1 (per channel), as DashInfer's A8W8; got weight_format {fmt!r}, group_size {group}")
+    return compute
 
 
 def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):

@@ -127,6 +127,7 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     if quant_settings is not None:
         quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
                         "group_size": quant_settings.group_size,
+                        "compute_method": quant_settings.compute_method,
                         "quantized": quant_settings.quantized_names(config.num_hidden_layers,
                                                                     not config.tie_word_embeddings)}
     manifest = expected_tensors(config, dtype, quantization)

@@ -186,7 +186,8 @@ class SourceModel(ModelHandle):
                       "source_format": self.source_format, "architecture": self.architecture,
                       "data_type": self.data_type, "config": self.config.to_dict()},
             "quantization": None if q is None else {"quant_method": "instant_quant", "weight_format": q.weight_format,
-                                                    "group_size": q.group_size, "quantize_lm_head": q.quantize_lm_head},
+                                                    "group_size": q.group_size, "quantize_lm_head": q.quantize_lm_head,
+                                                    "compute_method": q.compute_method},
             "serialized": None if not self.model_output_dir else {"model_dir": self.model_output_dir,
                                                                   "prefix": self.serialize_model_name},
             "generation_config": dict(self.generation_config),
@@ -228,6 +229,7 @@ class SourceModel(ModelHandle):
         same_quant = (q is None and eq is None) or (
             q is not None and eq is not None and eq.get("weight_format") == q.weight_format
             and eq.get("group_size") == q.group_size
+            and eq.get("compute_method", "weight_only") == q.compute_method
             and ("lm_head.weight" in eq.get("quantized", [])) == (q.quantize_lm_head and not self.config.tie_word_embeddings))
         return existing.dtype == self.data_type and same_quant
 
