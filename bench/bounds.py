@@ -7,6 +7,8 @@ tok/s <= peak / flops per token, and requests arriving together get their first 
 than shortest first at that rate. Attention and the elementwise kernels are left out (a few %
 at these context lengths): the bound is optimistic, a fraction is honest.
 """
+from dashinfer_server.weights import head_group
+
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -19,10 +21,15 @@ def weight_bytes_per_token(model) -> int:
              for i in range(model.config.num_hidden_layers) for p in LINEARS]
     head = "lm_head.weight" if any(n.startswith("lm_head.weight") for n in names) else "model.embed_tokens.weight"
     total = 0
-    for base in bases + [head]:
+    for base in bases:
         parts = [base] if base in names else [base + s for s in (".qweight", ".scales", ".zeros")]
         total += sum(model.tensor(p).nbytes for p in parts)
-    return total
+    if head in names and model.quantization:  # a float head of a quantized model is int8 in memory
+        n, k = model.tensor(head).shape      # (dashinfer_server/weights.py): codes + scale, zero
+        group = head_group(model.quantization["group_size"], k)
+        return total + n * k + 8 * n * (k // group)
+    parts = [head] if head in names else [head + s for s in (".qweight", ".scales", ".zeros")]
+    return total + sum(model.tensor(p).nbytes for p in parts)
 
 
 def flops_per_token(config) -> float:

@@ -252,7 +252,7 @@ def main():
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--quant", default=None, choices=["int8", "uint4"])
     parser.add_argument("--group-size", type=int, default=None,
-                        help="with --quant: InstantQuant group_size (-1: per channel; default 64)")
+                        help="with --quant: InstantQuant group_size (-1: per channel; default int8 64, uint4 32)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=0, help="max_prefill_length (0: the engine's)")

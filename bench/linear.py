@@ -3,10 +3,11 @@
     PYTHONPATH=. python bench/linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
 
 rows(limits) returns one dict per (shape, wtype): time, GB/s over the packed weight bytes
-(scales and zeros included; i8/u4 groups of 128 along K, 64 when K = 576), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
+(scales and zeros included; i8 groups of 64, u4 of 32: quant.DEFAULT_GROUPS), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
 bw_gbs, flops at the bf16 peak, or the fp32 peak for f32 weights) over the measured time, and
 `vs_torch` = torch time / our time (torch bf16 matmul for bf16/i8/u4, fp32 for f32, 2 threads).
-Decode shapes (M = 1, 16) cycle through copies of the weight 8x bigger than the LLC, so each
+Decode shapes (M = 1 and the batched decode steps M = 8, 32; SmolLM2's, Qwen2-1.5B's gate/up and
+down, an 8B-like square) cycle through copies of the weight 8x bigger than the LLC, so each
 call streams its weights from DRAM, as in a real decode step.
 """
 import argparse
@@ -15,6 +16,7 @@ import numpy as np
 
 from bench.timing import best_seconds
 from dashinfer_client.dtypes import to_bf16
+from dashinfer_client.model.quant import DEFAULT_GROUPS
 from dashinfer_server import kernels as K
 
 K.load()  # a bench runs where it was started: nothing to place first
@@ -23,14 +25,14 @@ LIMITS = {"bw_gbs": 43.0, "bf16_gflops": 915.0, "fp32_gflops": 457.0}
 LLC_BYTES = 32 << 20
 THREADS = 2
 
-DECODE = [(576, 1536), (576, 49152), (4096, 4096)]  # (K, N)
+DECODE = [(576, 1536), (576, 49152), (1536, 17920), (8960, 1536), (4096, 4096)]  # (K, N)
 PREFILL = [(576, 1536), (4096, 4096)]
 WTYPES = ["bf16", "i8", "i8q", "u4", "u4q", "f32"]
 
 
-def _group(k):
-    """The quantization group: 128 where K allows it (576 = 9 x 64 does not)."""
-    return 128 if k % 128 == 0 else 64
+def _group(wtype):
+    """The quantization group this runtime converts with by default."""
+    return DEFAULT_GROUPS["int8" if wtype[:2] == "i8" else "uint4"]
 
 
 def _pack(wtype, n, k, rng):
@@ -39,7 +41,7 @@ def _pack(wtype, n, k, rng):
         return K.pack_linear(w, "f32")
     if wtype == "bf16":
         return K.pack_linear(to_bf16(w), "bf16")
-    group = _group(k)
+    group = _group(wtype)
     g = k // group
     scales = np.full((n, g), 0.01, np.float32)
     zeros = np.full((n, g), 128.0 if wtype[:2] == "i8" else 8.0, np.float32)
@@ -73,7 +75,7 @@ def _torch_time(wtype, m, k, n, cold):
 def _row(case, wtype, m, k, n, limits, rng, with_torch):
     packed0 = _pack(wtype, n, k, rng)
     nbytes = packed0.nbytes
-    cold = m <= 16
+    cold = m <= 32
     copies = _copies(nbytes, cold)
     packs = [packed0] + [_pack(wtype, n, k, rng) for _ in range(copies - 1)]
     x = rng.standard_normal((m, k), dtype=np.float32)
@@ -83,7 +85,7 @@ def _row(case, wtype, m, k, n, limits, rng, with_torch):
     peak = limits["fp32_gflops"] if wtype == "f32" else limits["bf16_gflops"]
     t_bw, t_flop = nbytes / (limits["bw_gbs"] * 1e9), flops / (peak * 1e9)
     row = {
-        "case": case, "wtype": wtype, "group": _group(k) if wtype not in ("f32", "bf16") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
+        "case": case, "wtype": wtype, "group": _group(wtype) if wtype not in ("f32", "bf16") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,
         "GB/s": nbytes / t / 1e9, "GFLOP/s": flops / t / 1e9,
         "bound": "bw" if t_bw >= t_flop else "flops", "roofline": max(t_bw, t_flop) / t,
     }
@@ -101,7 +103,7 @@ def rows(limits: dict, quick: bool = False, with_torch: bool = True) -> list:
     K.set_num_threads(THREADS)
     try:
         out = []
-        for m, shapes in ((1, DECODE), (16, DECODE), (512, PREFILL)):
+        for m, shapes in ((1, DECODE), (8, DECODE), (32, DECODE), (512, PREFILL)):
             for k, n in shapes[:1] if quick else shapes:
                 for wtype in WTYPES:
                     case = f"M={m} [{m}x{k}]x[{k}x{n}]"

@@ -13,6 +13,7 @@ import os
 
 from dashinfer_client import default_model
 from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
+from dashinfer_client.model.quant import DEFAULT_GROUPS
 from dashinfer_client.model.serialized import graph_path
 
 
@@ -20,8 +21,7 @@ def quant_config(quant, group_size=None):
     """DashInfer's customized_quant_config for InstantQuant, or None for float weights."""
     if quant is None:
         return None
-    return {"quant_method": "instant_quant", "weight_format": quant,
-            **({"group_size": group_size} if group_size else {})}
+    return {"quant_method": "instant_quant", "weight_format": quant, "group_size": group_size or DEFAULT_GROUPS[quant]}
 
 
 def resolve(model: str, dtype="bfloat16", quant=None, group_size=None) -> tuple:
@@ -44,7 +44,7 @@ def resolve(model: str, dtype="bfloat16", quant=None, group_size=None) -> tuple:
                          "DIR/PREFIX")
     tag = hashlib.sha1(path.encode()).hexdigest()[:8]
     prefix = "-".join([os.path.basename(path.rstrip("/")).replace(".gguf", ""), tag, dtype]
-                      + ([quant] if quant else []) + ([f"g{group_size}"] if group_size else []))
+                      + ([quant, f"g{group_size or DEFAULT_GROUPS[quant]}"] if quant else []))
     out = os.path.join(default_model.cache_root(), "bench")
     if not os.path.exists(graph_path(out, prefix)):
         loader = source(path, prefix, user_set_data_type=dtype, progress=False)

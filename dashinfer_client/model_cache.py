@@ -20,6 +20,7 @@ import os
 import re
 
 from .errors import ModelSerializerException
+from .model.quant import DEFAULT_GROUPS
 
 QUANT_FORMATS = ("int8", "uint4")
 DEFAULT_DTYPE = "bfloat16"
@@ -66,9 +67,9 @@ def convert_once(make_loader, root, model_dir, prefix, quant):
     with cache_lock(root):
         if not is_converted(model_dir, prefix):
             loader = make_loader()
-            # group 64: our measured default (DashInfer's API defaults to per-channel)
+            # our measured default groups (DashInfer's API defaults to per-channel)
             quant_config = None if quant is None else {"quant_method": "instant_quant", "weight_format": quant,
-                                                       "group_size": 64}
+                                                       "group_size": DEFAULT_GROUPS[quant]}
             loader.load_model().read_model_config().serialize_to_path(
                 None, model_dir, enable_quant=quant is not None, weight_only_quant=True,
                 customized_quant_config=quant_config)
@@ -119,7 +120,12 @@ def cached_prefix(path, dtype, quant):
     if name.lower().endswith(".gguf"):
         name = name[:-5]
     digest = hashlib.sha256(json.dumps([path, _fingerprint(path)]).encode()).hexdigest()[:12]
-    return f"{name}-{dtype}" + (f"-{quant}" if quant else "") + f"-{digest}"
+    return f"{name}-{dtype}" + quant_suffix(quant) + f"-{digest}"
+
+
+def quant_suffix(quant):
+    """The part of a cached model's name that says how it was quantized (format and group)."""
+    return f"-{quant}-g{DEFAULT_GROUPS[quant]}" if quant else ""
 
 
 def _fingerprint(path):

@@ -96,6 +96,11 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);
  * Returns 0, or -1 when its scratch memory cannot be allocated. */
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y);
 
+/* Quantize w (bf16 bits when `bf16`, else float) [n][k] to int8 codes [n][k] with per-group
+ * scales, zeros [n][k/group], as InstantQuant does (dashinfer_client/model/quant.py). */
+void dn_quantize_i8(const void *w, int bf16, int64_t n, int64_t k, int64_t group, uint8_t *codes,
+                    float *scales, float *zeros);
+
 /* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
  * in portable C, slowly: pack i8/u4 instead. */
 int dn_linear_vnni(void);

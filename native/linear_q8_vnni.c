@@ -33,10 +33,18 @@ INLINE int32_t quad(const int8_t *p) {
     return v;
 }
 
+/* Cache lines of the panel a thread reads next, fetched into L2 a few per group while this
+ * panel's row tiles run: with several tiles per panel (batched decode) the first would otherwise
+ * wait on DRAM for every line while the later ones compute from L2, the two never overlapping. */
+typedef struct {
+    const char *at;
+    int lines; /* per group */
+} ahead;
+
 /* y[r][0..valid) = x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide. */
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int64_t group,
                  int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy, const float *bias,
-                 int valid) {
+                 int valid, ahead pf) {
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK, gb = dn_linear_group_bytes(u4 ? DN_W_U4Q : DN_W_I8Q, group, width);
     const __m512i low = _mm512_set1_epi8(15);
     __m512 total[MR][4];
@@ -47,6 +55,7 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
         const float *scale = (const float *)blk, *sz = scale + width;
         __m512 s[4];
         for (int v = 0; v < nv; v++) s[v] = _mm512_loadu_ps(scale + 16 * v);
+        for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
             /* one row: two sums per column (even / odd steps), so no chain of 8 dependent vpdpbusd */
@@ -125,10 +134,10 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
 
 #define NV_TILES(MR_, U4)                                                                         \
     switch (nv) {                                                                                  \
-    case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
-    case 2: tile(MR_, 2, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
-    case 3: tile(MR_, 3, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
-    default: tile(MR_, 4, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid); break; \
+    case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
+    case 2: tile(MR_, 2, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
+    case 3: tile(MR_, 3, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
+    default: tile(MR_, 4, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
     }
 
 static void run(const dn_linear_call *c, int t, int nt) {
@@ -144,7 +153,17 @@ static void run(const dn_linear_call *c, int t, int nt) {
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p), nv = width / 16;
         int64_t col0 = p * DN_LINEAR_NR;
         const float *bias = c->bias ? c->bias + col0 : NULL;
+        /* the next panel's bytes, shared out over this panel's tiles: u4 only, none for a lone
+         * tile (the hardware prefetcher keeps up with one) nor above 8 tiles (M > 16: compute-
+         * bound). Kernel alone, 1 thread, K 1536 x N 17920, u4 group 32: M = 8 1.3x, M = 16 1.17x
+         * faster; i8 (group 64) measured 3-5% slower with it */
+        int64_t tiles = (m1 - m0 + MR - 1) / MR, ng = w->k / w->group;
+        int64_t lines = u4 && p + 1 < p1 && tiles > 1 && tiles <= 8 ? w->panel_bytes / 64 : 0;
+        int per_group = (int)((lines + tiles * ng - 1) / (tiles * ng));
         for (int64_t i = m0; i < m1; i += MR) {
+            int64_t first = (i - m0) / MR * ng * per_group;
+            ahead pf = {(const char *)dn_linear_panel(w, p + 1) + first * 64,
+                        first < lines ? per_group : 0}; /* a prefetch past the panel cannot fault */
             if (m1 - i >= 2) {
                 if (u4) NV_TILES(2, 1) else NV_TILES(2, 0)
             } else {
