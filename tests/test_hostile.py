@@ -43,6 +43,21 @@ def _mapped_segments(pids):
     return segments
 
 
+def _who_maps(paths) -> dict:
+    """{path: [(pid, command line) of each process mapping it]}, to say why a segment stayed."""
+    found = {p: [] for p in paths}
+    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+        mapped = _mapped_segments([pid])
+        for path in found:
+            if path in mapped:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        found[path].append((pid, f.read().replace(b"\0", b" ")[:200].decode(errors="replace")))
+                except OSError:
+                    continue
+    return found
+
+
 def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
     cfg = serialized_tiny("llama", max_position_embeddings=API_CONTEXT).create_reference_runtime_config_builder(
         "tiny", allspark.TargetDevice.CPU, [0], max_batch=2).max_length(4096).build()
@@ -60,7 +75,7 @@ def test_a_killed_client_leaves_no_socket_and_no_shared_memory(serialized_tiny):
             "the group outlived its client"
         assert not os.path.exists(socket_path), "the killed client's group left its socket"
         assert eventually(lambda: not any(os.path.exists(s) for s in segments), 30), \
-            "the group left MPICH segments"
+            f"the group left MPICH segments: {_who_maps([s for s in segments if os.path.exists(s)])}"
     finally:
         client.kill()
         client.wait()
