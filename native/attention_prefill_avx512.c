@@ -106,14 +106,7 @@ static void prefill_tile_f32(const attn_tile_t *t) {
     float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
     int32_t *limit = (int32_t *)(alpha + mp);
 
-    for (int i = 0; i < mp; i++) {
-        const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
-        for (int d = 0; d < D; d++) qt[d * mp + i] = src ? src[d] * t->scale : 0.0f;
-        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
-        mx[i] = -INFINITY;
-        sum[i] = 0.0f;
-    }
-    memset(acc, 0, (size_t)mp * D * 4);
+    attn_tile_start(t, mp, qt, limit, mx, sum, acc);
     const int first_limit = t->first_pos;
 
     for (int pos = t->kv_begin; pos < t->kv_end;) {

@@ -1,6 +1,9 @@
 /* Inside attention: the unit of work every ISA path implements, and helpers they share. */
 #pragma once
+#include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "attention.h"
 
@@ -41,6 +44,22 @@ void attn_finish(const attn_tile_t *t,
 static inline int64_t attn_cache_row(const attn_tile_t *t, int pos) {
     int bs = t->kv->block_size;
     return ((int64_t)t->blocks[pos / bs] * t->kv->n_kv_heads + t->kv_head) * bs + pos % bs;
+}
+
+/* Start a one-head tile of M = n_q_heads * n_rows query vectors padded to mp: qt [head_dim][mp]
+ * the scaled queries transposed (padding 0), limit[i] the last position vector i sees (padding:
+ * every one), running max -inf, sum 0 and acc [mp][head_dim] 0. */
+static inline void attn_tile_start(const attn_tile_t *t, int mp, float *qt, int32_t *limit,
+                                   float *mx, float *sum, float *acc) {
+    const int D = t->kv->head_dim, nh = t->n_q_heads, M = nh * t->n_rows;
+    for (int i = 0; i < mp; i++) {
+        const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+        for (int d = 0; d < D; d++) qt[d * mp + i] = src ? src[d] * t->scale : 0.0f;
+        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    memset(acc, 0, (size_t)mp * D * sizeof *acc);
 }
 
 /* Tiles of one kv head (n_kv = 1). */

@@ -149,14 +149,7 @@ void TILE_FN(const attn_tile_t *t) {
     float *mx = s + bs * mp, *sum = mx + mp, *alpha = sum + mp;
     int32_t *limit = (int32_t *)(alpha + mp);
 
-    for (int i = 0; i < mp; i++) {
-        const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
-        for (int d = 0; d < D; d++) qt[d * mp + i] = src ? src[d] * t->scale : 0.0f;
-        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
-        mx[i] = -INFINITY;
-        sum[i] = 0.0f;
-    }
-    memset(acc, 0, (size_t)mp * D * sizeof *acc);
+    attn_tile_start(t, mp, qt, limit, mx, sum, acc);
 
     for (int pos = t->kv_begin; pos < t->kv_end;) {
         const int n = bs - pos % bs < t->kv_end - pos ? bs - pos % bs : t->kv_end - pos;
