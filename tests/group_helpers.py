@@ -3,6 +3,8 @@ the files in /tmp and /dev/shm they hold."""
 import glob
 import os
 
+from dashinfer_client.proto.wire import private_socket_dir
+
 SHARED_DIRS = ("/tmp", "/dev/shm")
 
 
@@ -64,3 +66,8 @@ def held_files(pids) -> set:
                     and not p.endswith("(deleted)"))
     return held
 
+
+def our_files() -> set:
+    """The sockets of the servers this process spawned, and the shared memory named after us."""
+    return set(glob.glob(f"{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}-*")
+               + glob.glob("/dev/shm/*dashinfer*"))

@@ -13,7 +13,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.client_engine import Unavailable
-from dashinfer_client.proto.wire import private_socket_dir
+from tests.group_helpers import our_files
 from tests.helpers import build_tiny_model, eventually
 
 MAX_LENGTH = 4096  # a request of this length runs for seconds: long enough to be caught running
@@ -41,11 +41,6 @@ def _drain(queue):
     return ids, top, tok, gets
 
 
-def _our_files():
-    return set(glob.glob(f"{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}-*")
-               + glob.glob("/dev/shm/*dashinfer*"))
-
-
 @pytest.fixture(scope="module")
 def local(tiny_model):
     from dashinfer_server.engine import Engine
@@ -58,13 +53,13 @@ def local(tiny_model):
 
 @pytest.fixture(scope="module")
 def remote(tiny_model):
-    before = _our_files()
+    before = our_files()
     engine = allspark.ClientEngine(startup_timeout=60)
     assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS
     assert engine.start_model("tiny") == AsStatus.ALLSPARK_SUCCESS
     yield engine
     engine.close()
-    assert _our_files() <= before, "the spawned server left files behind"
+    assert our_files() <= before, "the spawned server left files behind"
 
 
 def _server_pid(engine):
@@ -254,7 +249,7 @@ def test_cancelled_stream_frees_its_request(remote):
 # ---- faults: the server killed, SIGTERM ----------------------------------------------------------
 
 def test_killed_server_interrupts_requests_and_the_next_call_respawns(tiny_model, local):
-    before = _our_files()
+    before = our_files()
     engine = allspark.ClientEngine(startup_timeout=60)
     watcher = allspark.ClientEngine(engine.address, reconnect_timeout=0.5)  # connected by address
     try:
@@ -291,7 +286,7 @@ def test_killed_server_interrupts_requests_and_the_next_call_respawns(tiny_model
     finally:
         watcher.close()
         engine.close()
-    assert _our_files() <= before
+    assert our_files() <= before
 
 
 def _rank_pid(address, rank):
@@ -311,7 +306,7 @@ def _rank_pid(address, rank):
 
 def test_two_ranks_same_tokens_and_a_killed_rank_interrupts_then_respawns(tiny_model, local):
     """2 ranks on simulated NUMA nodes (one core each) through the launcher."""
-    before = _our_files() | set(glob.glob("/dev/shm/mpich_sh*"))
+    before = our_files() | set(glob.glob("/dev/shm/mpich_sh*"))
     engine = allspark.ClientEngine(nodes=2, env={"DASHINFER_NUMA_NODES": "0:0;1:1"}, startup_timeout=60)
     try:
         assert engine.install_model(_runtime(tiny_model)) == AsStatus.ALLSPARK_SUCCESS, engine.last_error
@@ -333,7 +328,7 @@ def test_two_ranks_same_tokens_and_a_killed_rank_interrupts_then_respawns(tiny_m
         assert queue.GenerateStatus() == S.GenerateFinished
     finally:
         engine.close()
-    assert _our_files() | set(glob.glob("/dev/shm/mpich_sh*")) <= before, "the groups left files behind"
+    assert our_files() | set(glob.glob("/dev/shm/mpich_sh*")) <= before, "the groups left files behind"
 
 
 def test_nothing_at_the_address_is_a_clear_error():

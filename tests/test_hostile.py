@@ -8,6 +8,7 @@ import sys
 
 import dashinfer_client as allspark
 from dashinfer_client.proto.wire import encode_runtime_config
+from dashinfer_server.launch import mapped_mpich_segments
 from tests.engine_helpers import API_CONTEXT
 from tests.group_helpers import process_tree
 from tests.helpers import eventually
@@ -33,14 +34,7 @@ sys.stdin.read()
 
 
 def _mapped_segments(pids):
-    segments = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                segments.update(line.split(None, 5)[5].strip() for line in f if "mpich_sh" in line)
-        except (OSError, IndexError):
-            continue
-    return segments
+    return set().union(*(mapped_mpich_segments(f"/proc/{pid}/maps") for pid in pids))
 
 
 def _who_maps(paths) -> dict:

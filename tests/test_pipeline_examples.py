@@ -8,7 +8,7 @@ import pytest
 
 from dashinfer_client import (GenerationConfig, PytorchEngineConfig, Response, TurbomindEngineConfig,
                               default_model, pipeline)
-from dashinfer_client.proto.wire import private_socket_dir
+from tests.group_helpers import our_files
 
 PROMPTS = ['Hi, pls intro yourself', 'Shanghai is']
 CHATS = [[{'role': 'user', 'content': 'Hi, pls intro yourself'}], [{'role': 'user', 'content': 'Shanghai is'}]]
@@ -26,17 +26,12 @@ def two_nodes(monkeypatch):
     memory of ours is left (mpich's own /dev/shm files cannot be told apart from other jobs')."""
     monkeypatch.setenv("DASHINFER_NUMA_NODES", "0:0;1:1")
     pipes = []
-    before = _our_files()
+    before = our_files()
     yield pipes
     for p in pipes:
         p.close()
-    assert _our_files() <= before, "the ranks left files behind"
+    assert our_files() <= before, "the ranks left files behind"
     assert not _children(), "a rank group is still running"
-
-
-def _our_files():
-    return set(glob.glob(f"{private_socket_dir()}/dashinfer-{os.getuid()}-{os.getpid()}-*")
-               + glob.glob("/dev/shm/*dashinfer*"))
 
 
 def _children():
