@@ -47,9 +47,16 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
         """(what `method(*args)` returns, why it was refused or "" when it was not); the reason
         is this call's own, even when other threads call the engine at the same time (for the
         gRPC service; last_error may already hold another call's reason)."""
-        self._reason.text = ""
+        result, _, reason = self.call_with_status(method, *args)
+        return result, reason
+
+    def call_with_status(self, method: str, *args):
+        """(what `method(*args)` returns, its AsStatus, why it was refused or ""): as
+        call_with_reason, with the status too, for the calls that return a value, not a status
+        (DashInfer's queries)."""
+        self._reason.text, self._reason.status = "", SUCCESS
         result = getattr(self, method)(*args)
-        return result, self._reason.text
+        return result, self._reason.status, self._reason.text
 
     def __enter__(self):
         return self

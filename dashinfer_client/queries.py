@@ -1,20 +1,13 @@
 """DashInfer's queries (get_as_engine_stat, get_model_info, ...), for both engines, over the one
 primitive _introspect. A query refused (bad argument, unknown model, no server) returns DashInfer's
 empty value (an empty str, 0, an AsEngineStat of zeros) and is recorded like any refused call:
-last_error, the log, and call_with_status for its AsStatus. A mixin of EngineAPI."""
+last_error, the log, and EngineAPI.call_with_status for its AsStatus. A mixin of EngineAPI."""
 from .introspection import AsEngineStat, AsFileInfo
 from .refusals import PARAM_ERROR, SUCCESS, Refused, checked_model_name, text_or_empty
 from .types import AsStatus
 
 
 class QueryAPI:
-    def call_with_status(self, method: str, *args):
-        """(what `method(*args)` returns, its AsStatus, why it was refused or ""): this thread's own
-        call, as call_with_reason, with the status of a query that returns a value, not a status."""
-        self._reason.text, self._reason.status = "", SUCCESS
-        result = getattr(self, method)(*args)
-        return result, self._reason.status, self._reason.text
-
     def get_as_engine_stat(self, model_name: str) -> AsEngineStat:
         """The model's KV pool, queues, token counts and throughput (AsEngineStat's docstring)."""
         stat = self._query("get_as_engine_stat", model_name)
