@@ -3,7 +3,8 @@
 A decode step of B rows streams every linear weight once (bytes at the read bandwidth) and does
 2 flops per weight per row (at the bf16 peak): the step lasts at least the longer of the two,
 so decode tok/s <= B / max(bytes / bw, B * flops / peak). Prefill is compute-bound:
-tok/s <= peak / flops per token, and requests arriving together get their first tokens no sooner
+tok/s <= peak / flops per prompt token (the layers, causal attention, logits of the last token
+only), and requests arriving together get their first tokens no sooner
 than shortest first at that rate. Attention and the elementwise kernels are left out (a few %
 at these context lengths): the bound is optimistic, a fraction is honest.
 """
@@ -33,11 +34,28 @@ def weight_bytes_per_token(model) -> int:
 
 
 def flops_per_token(config) -> float:
-    """2 flops per weight of every linear and of the lm_head."""
+    """2 flops per weight of every linear and of the lm_head: a decode token."""
+    return layer_flops_per_token(config) + head_flops(config)
+
+
+def layer_flops_per_token(config) -> float:
+    """2 flops per weight of every linear of the layers: a prompt token, whose logits (but the
+    last's) no one computes."""
     h, d = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    return 2.0 * (config.num_hidden_layers * per_layer + config.vocab_size * h)
+    return 2.0 * config.num_hidden_layers * per_layer
+
+
+def head_flops(config) -> float:
+    return 2.0 * config.vocab_size * config.hidden_size
+
+
+def prompt_flops(config, n: int) -> float:
+    """Flops of prefilling one prompt of n tokens: the layers' linears for every token, causal
+    attention (q.k and p.v over the i tokens before token i, every query head) and the head once."""
+    attention = 4.0 * config.num_attention_heads * config.head_dim * n * (n + 1) / 2
+    return n * layer_flops_per_token(config) + config.num_hidden_layers * attention + head_flops(config)
 
 
 def decode_bound(rows: int, nbytes: float, flops: float, bw_gbs: float, peak_gflops: float) -> tuple:
@@ -46,8 +64,36 @@ def decode_bound(rows: int, nbytes: float, flops: float, bw_gbs: float, peak_gfl
     return rows / max(t_bw, t_flops), "bw" if t_bw >= t_flops else "bf16 peak"
 
 
-def prefill_bound(flops: float, peak_gflops: float) -> float:
-    return peak_gflops * 1e9 / flops
+def decode_window_bound(decode_tokens: int, steps: int, prompt_tokens: int, before_s: float,
+                        nbytes: float, config, bw_gbs: float, peak_gflops: float) -> tuple:
+    """(tok/s bound of decode measured from the first request's first token to the last token,
+    which limit binds). That window also computes every prompt not yet prefilled when it opens:
+    at most `before_s` (submission -> first token) at the bf16 peak of them were, so the rest,
+    with the `decode_tokens`, is the window's compute; its `steps` (at least the longest
+    request's decode steps) each read the weights once. When prompts arrive together and
+    prefill first (batch8) this is decode_bound; when they are spread over the decodes (serve32)
+    the window's prefill takes more of it than its decodes do."""
+    peak, bw = peak_gflops * 1e9, bw_gbs * 1e9
+    layers = layer_flops_per_token(config)  # a prompt token's flops, attention left out
+    late_prompt = max(0.0, prompt_tokens - before_s * peak / layers)
+    t_flops = (decode_tokens * flops_per_token(config) + late_prompt * layers) / peak
+    t_bw = steps * nbytes / bw
+    return decode_tokens / max(t_flops, t_bw), "bw" if t_bw >= t_flops else "bf16 peak"
+
+
+def total_bound(prompt_tokens: int, new_tokens: int, requests: int, steps: int, nbytes: float,
+                config, bw_gbs: float, peak_gflops: float) -> float:
+    """new tok/s bound of a whole workload: its prompts (their layers, and the head once per
+    request) and its decode tokens (every new token but each request's first) computed at the
+    bf16 peak, and at least `steps` steps (the longest request's) each reading the weights once."""
+    work = (prompt_tokens * layer_flops_per_token(config) + requests * head_flops(config)
+            + (new_tokens - requests) * flops_per_token(config))
+    return new_tokens / max(work / (peak_gflops * 1e9), steps * nbytes / (bw_gbs * 1e9))
+
+
+def prefill_bound(config, n: int, peak_gflops: float) -> float:
+    """Prompt tok/s of one n-token prompt at the bf16 peak (prompt_flops)."""
+    return n * peak_gflops * 1e9 / prompt_flops(config, n)
 
 
 def ttft_bound_ms(prompt_lens, flops: float, peak_gflops: float) -> float:

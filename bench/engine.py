@@ -20,11 +20,14 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
                      steal, migrations, the busiest threads' cpus, memory on huge pages)
 and the bounds of bench/bounds.py, with bench/machine.py's limits (bf16 peak measured once,
 bw_gbs just before and just after each run, the mean used):
-    prefill_bound_tok_s, prefill_fraction    prefill512: the bf16 peak over flops per token
+    prefill_bound_tok_s, prefill_fraction    prefill512: the bf16 peak over flops per prompt token
     ttft_bound_ms, ttft_over_bound           several requests: the median TTFT of their prompts
                                              run shortest first at the bf16 peak (bounds.py)
-    decode_bound_tok_s, decode_fraction      decode workloads: a step of as many rows as requests
-                                             (serve32: 32, its most) bound by bw or bf16 peak
+    decode_bound_tok_s, decode_fraction      decode workloads: from the first first token to the last
+                                             token, the decode steps and the prompts prefilled meanwhile
+                                             at bw and bf16 peak (bounds.decode_window_bound)
+    total_bound_tok_s, total_fraction        every prompt and new token at the bf16 peak, every step
+                                             reading the weights at bw (bounds.total_bound)
     python bench/engine.py --neighbour [--workloads decode1,serve32]
 runs each workload quiet, then beside a busy-loop process (one core of two taken), and prints
 both figures and their ratio (total_tok_s; the target is >= 0.4 of quiet), with the share of
@@ -36,8 +39,8 @@ alternates runs with the variables set (A) and without (B) and prints every pair
 --model: default (SmolLM2-135M-Instruct), a Hugging Face directory, a .gguf file or a serialized
 DIR/PREFIX (bench/models.py); bench/make_model.py writes random-weight models of real shapes.
 
-    python bench/engine.py --profile [--quant int8] [--threads N] [--by-op]
-times every kernel call and model-loop stage of 100 decode1 steps instead (ms per step); the layers
+    python bench/engine.py --profile [--quant int8] [--threads N] [--by-op] [--rows 8]
+times every kernel call and model-loop stage of 100 decode steps (of --rows requests) instead (ms per step); the layers
 are one native call (kernel decoder_run) unless --by-op runs them op by op from Python.
 """
 import argparse
@@ -107,6 +110,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
         "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
         "new_tokens": new_tokens,
         "ttft_ms": round(statistics.median(ttft), 1),
+        "ttft_min_ms": round(min(ttft), 1),
         "ttft_p99_ms": round(statistics.quantiles(ttft, n=100, method="inclusive")[98], 1)
         if len(ttft) > 1 else round(ttft[0], 1),
         "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
@@ -118,9 +122,9 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     }
 
 
-def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=100):
-    """Where a decode1 step goes: the ModelLoop stepped in this thread (no loop thread), every
-    kernel call and every loop stage timed -> ms per step."""
+def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, rows=1, steps=100):
+    """Where a decode step of `rows` requests goes: the ModelLoop stepped in this thread (no loop
+    thread), every kernel call and every loop stage timed -> ms per step."""
     import collections
 
     import numpy as np
@@ -132,7 +136,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=1
     from dashinfer_server.request import ModelLimits, new_request
 
     model = models.load(model_spec, dtype, quant, group_size)
-    cfg = (runtime_builder(model).model_name("profile").max_batch(1).max_length(32 + steps + 8)
+    cfg = (runtime_builder(model).model_name("profile").max_batch(rows).max_length(32 + steps + 8)
            .thread_num(threads).build())
     K.load()
     K.set_num_threads(threads)
@@ -154,12 +158,14 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=1
         def __getattr__(self, name):
             return timed("kernel " + name, getattr(K, name))
 
-    prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, 32).tolist()
+    rng = np.random.default_rng(0)
     gen = ASGenerationConfigBuilder(seed=0).update(
         {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4})
-    loop.scheduler.add(new_request(prompt, gen, ModelLimits(model.config.vocab_size, cfg.max_length,
-                                                            loop.block_capacity)))
-    loop.step()  # the prompt
+    for _ in range(rows):
+        prompt = rng.integers(3, model.config.vocab_size, 32).tolist()
+        loop.scheduler.add(new_request(prompt, gen.build(), ModelLimits(model.config.vocab_size, cfg.max_length,
+                                                                loop.block_capacity)))
+    loop.step()  # the prompts
     loop.step()  # a first decode, untimed
     loop.model.kernels = TimedKernels()
     loop.scheduler.schedule = timed("loop schedule", loop.scheduler.schedule)
@@ -177,7 +183,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=1
     kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
     loop_parts = sum(v for k, v in per_step.items() if k.startswith("loop "))
     return {
-        "profile": "decode1", "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
+        "profile": f"decode, {rows} rows", "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
         "step_ms": round(step * 1e3, 3),
         "kernels_ms": round(kernels, 3),
         "forward_python_ms": round(per_step["forward"] - kernels, 3),
@@ -262,6 +268,7 @@ def main():
                              "evenly into that many simulated nodes, --threads is then per rank")
     parser.add_argument("--profile", action="store_true",
                         help="instead: time every kernel and model-loop stage of decode1 steps")
+    parser.add_argument("--rows", type=int, default=1, help="with --profile: requests decoded together")
     parser.add_argument("--by-op", action="store_true",
                         help="with --profile: run the layers op by op (each kernel timed on its own)")
     parser.add_argument("--neighbour", action="store_true",
@@ -275,7 +282,7 @@ def main():
     if args.profile:
         sys.path.insert(0, ROOT)
         print(json.dumps(profile_decode(args.model, args.dtype, args.quant, args.group_size, args.threads,
-                                        args.by_op)))
+                                        args.by_op, args.rows)))
         return
     if args.child:
         print(json.dumps(run_workload(args.child, args.model, args.dtype, args.quant, args.group_size,
@@ -293,7 +300,7 @@ def main():
     from bench import bounds, models
     from bench.machine import peak_gflops, read_bandwidth
     model = models.load(args.model, args.dtype, args.quant, args.group_size)  # converted once, here
-    per_token, flops = bounds.weight_bytes_per_token(model), bounds.flops_per_token(model.config)
+    per_token = bounds.weight_bytes_per_token(model)
     threads = args.threads * max(1, args.ranks)
     peak = peak_gflops(True, threads)
     for name in names:
@@ -325,16 +332,22 @@ def main():
         result.update(model=os.path.basename(args.model.rstrip("/")), bw_gbs=round(bw, 1),
                       bf16_gflops=round(peak), weight_mb_per_token=round(per_token / 2**20, 1))
         if len(WORKLOADS[name]) > 1:
-            bound = bounds.ttft_bound_ms([p for p, _ in WORKLOADS[name]], flops, peak)
+            bound = bounds.ttft_bound_ms([p for p, _ in WORKLOADS[name]], bounds.layer_flops_per_token(model.config), peak)
             result.update(ttft_bound_ms=round(bound, 1), ttft_over_bound=round(result["ttft_ms"] / bound, 2))
         if name == "prefill512":
-            bound = bounds.prefill_bound(flops, peak)
+            bound = bounds.prefill_bound(model.config, WORKLOADS[name][0][0], peak)
             result.update(prefill_bound_tok_s=round(bound, 1),
                           prefill_fraction=round(result["prefill_tok_s"] / bound, 3))
+        steps = max(new for _, new in WORKLOADS[name]) - 1  # the longest request's decode steps
         if result["decode_tok_s"]:
-            bound, kind = bounds.decode_bound(len(WORKLOADS[name]), per_token, flops, bw, peak)
+            bound, kind = bounds.decode_window_bound(
+                result["new_tokens"] - result["requests"], steps, result["prompt_tokens"],
+                result["ttft_min_ms"] / 1e3, per_token, model.config, bw, peak)
             result.update(decode_bound_tok_s=round(bound, 1), decode_bound=kind,
                           decode_fraction=round(result["decode_tok_s"] / bound, 3))
+        bound = bounds.total_bound(result["prompt_tokens"], result["new_tokens"], result["requests"],
+                                   steps + 1, per_token, model.config, bw, peak)
+        result.update(total_bound_tok_s=round(bound, 1), total_fraction=round(result["total_tok_s"] / bound, 3))
         print(json.dumps(result), flush=True)
 
 
