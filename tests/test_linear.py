@@ -129,6 +129,26 @@ def test_threads_agree(isa, wtype, threads):
         K.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("wtype", ["bf16", "u4", "f32"])
+def test_batched_decode_rows(isa, wtype, threads):
+    """Every M of a batched decode step's row blocks (7..12 rows over one k block: two near-equal
+    blocks, 8 = 4 + 4; else blocks of 6 and the rest), with a narrow last panel (200 = 3 x 64 + 8
+    columns), bias, K within one k block and past it (bf16), odd (f32)."""
+    rng = np.random.default_rng(8)
+    for k in {"f32": (77,), "bf16": (1030, 4210), "u4": (256,)}[wtype]:
+        packed, wexact = make_weight(wtype, 200, k, 32 if wtype == "u4" else 0, rng)
+        bias = rng.standard_normal(200).astype(np.float32)
+        before = K.num_threads()
+        K.set_num_threads(threads)
+        try:
+            for m in (5, 6, 7, 8, 10, 11, 12, 13, 16, 17, 23, 24, 31, 32, 33):
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                check(K.linear(x, packed, bias), x, wexact, bias, wtype, isa)
+        finally:
+            K.set_num_threads(before)
+
+
 def test_i8_odd_k_single_group(isa):
     """group_size = K allows an odd K for i8; the padded k must not leak into the result."""
     rng = np.random.default_rng(3)
