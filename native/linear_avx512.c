@@ -209,19 +209,13 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
         convert_x(c->x, m, k, kp, mpad, xb, r0 * MR, r1 * MR);
 #pragma omp barrier
     }
-    int64_t p0, p1;
+    int64_t p0, p1, m0, m1;
     dn_linear_part share = dn_linear_share(w, m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
     int64_t kend = f32 ? k : kp;
-    /* Batched decode of 7..12 rows over panels of one k block (K <= KC): two near-equal row
-     * blocks (8 = 4 + 4, not 6 + 2) that share out the prefetch of the next panel, so its DRAM
-     * stream overlaps the compute of this one (1 thread, K 1536, M = 8: 1.10-1.17x faster). With
-     * K > KC (K 8960) the same measured 0.92x: there the blocks stay MR + rest, unprefetched. */
-    const int even = share.mblocks == 2 && kend <= KC;
     for (int64_t p = p0; p < p1; p++) {
-        int64_t b0, b1;
-        dn_linear_blocks(&share, p, &b0, &b1);
-        int64_t calls = b1 - b0;
+        dn_linear_rows(&share, p, &m0, &m1);
+        int64_t calls = (m1 - m0 + MR - 1) / MR;
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), nv = width / 16;
         mk_args a = {.ldx = k, .ldy = n, .ldw = nv, .valid = dn_linear_valid(w, p)};
@@ -241,13 +235,12 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
             int64_t next_bytes = 0, np = k0 + KC < kend ? p : p + 1, nk0 = np == p ? k0 + KC : 0;
             const char *next = NULL;
             if (np < p1) next = slice_span(w, np, nk0, kend - nk0 < KC ? kend - nk0 : KC, &next_bytes);
-            for (int64_t b = b0; b < b1; b++) {
-                int64_t r = even ? m * b / 2 : b * MR;
-                int mr = (int)((even ? m * (b + 1) / 2 : (r + MR < m ? r + MR : m)) - r);
+            for (int64_t r = m0, i = 0; r < m1; r += MR, i++) {
+                int mr = m1 - r < MR ? (int)(m1 - r) : MR;
                 a.y = c->y + r * n + p * NR;
-                /* otherwise, with one or two row blocks a slice is read too briefly for this to
-                 * pay: the hardware prefetcher alone streams it faster (M = 5..8: 4-8% a call) */
-                a.pf = calls >= 3 || (even && calls == 2) ? prefetch_share(next, next_bytes, b - b0, calls, f32 ? a.kc : a.kc / 2)
+                /* with one or two row blocks a slice is read too briefly for this to pay:
+                 * the hardware prefetcher alone streams it faster (M = 5..8: 4-8% a call) */
+                a.pf = calls >= 3 ? prefetch_share(next, next_bytes, i, calls, f32 ? a.kc : a.kc / 2)
                                   : (prefetch){NULL, 0, 0};
                 if (f32) {
                     a.x = c->x + r * k + k0;

@@ -77,13 +77,6 @@ static inline void dn_linear_panels(const dn_linear_part *s, int64_t *p0, int64_
     *p1 = s->u1 > s->u0 ? (s->u1 + s->mblocks - 1) / s->mblocks : *p0;
 }
 
-/* The row blocks [*b0, *b1) of panel p that a share computes. */
-static inline void dn_linear_blocks(const dn_linear_part *s, int64_t p, int64_t *b0, int64_t *b1) {
-    int64_t first = p * s->mblocks;
-    *b0 = s->u0 > first ? s->u0 - first : 0;
-    *b1 = s->u1 - first < s->mblocks ? s->u1 - first : s->mblocks;
-}
-
 /* The rows [*m0, *m1) of panel p that a share computes. */
 static inline void dn_linear_rows(const dn_linear_part *s, int64_t p, int64_t *m0, int64_t *m1) {
     int64_t first = p * s->mblocks, b0 = s->u0 > first ? s->u0 - first : 0;
