@@ -117,6 +117,6 @@ def test_max_wait_steps_from_the_environment(monkeypatch, caplog):
     assert max_wait_steps() == 0
     monkeypatch.setenv("DASHINFER_MAX_WAIT_STEPS", "soon")
     assert max_wait_steps() == MAX_WAIT_STEPS
-    assert "DASHINFER_MAX_WAIT_STEPS='soon' is not a step count" in caplog.text
+    assert "DASHINFER_MAX_WAIT_STEPS='soon' is not a count" in caplog.text
     monkeypatch.delenv("DASHINFER_MAX_WAIT_STEPS")
     assert max_wait_steps() == MAX_WAIT_STEPS
