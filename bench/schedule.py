@@ -1,13 +1,16 @@
 """The scheduler's order replayed without the model: time to first token and throughput of a
 workload when every step lasts what the machine's limits allow, first come first served
-against the default order (shortest first with aging).
+(today's steps: decodes in every one) against shortest first with aging, each with and without
+prompt-only steps (DASHINFER_PROMPT_STEP_TOKENS); the default is shortest first with them.
 
     python bench/schedule.py [--model PATH] [--workloads serve32] [--max-prefill 0]
-        [--bw 73 --peak 1050] [--arrivals-per-s 0]
+        [--bw 73 --peak 1050] [--token-ms 0 --decode-ms 0] [--arrivals-per-s 0]
 
-Each step's chunks come from the real Scheduler; the step lasts max(weight bytes / bw, rows *
-flops per token / bf16 peak) (bench/bounds.py: a step reads every weight once and is otherwise
-compute-bound), and its sampled rows get their tokens at its end. On a host shared with other
+Each step's chunks come from the real Scheduler; the step lasts max(weight bytes / bw, its rows'
+flops / bf16 peak) (bench/bounds.py: a step reads every weight once and is otherwise
+compute-bound; the output head runs for sampled rows only), or, calibrated, max(weight bytes /
+bw, prompt tokens * --token-ms + decode rows * --decode-ms) with the costs an engine step
+measured; its sampled rows get their tokens at its end. On a host shared with other
 work the engine's own timings swing by 2x from one run to the next; this replay gives the
 same figures every time, so the ratio between two orders is the scheduler's alone
 (bench/engine.py --baseline-env DASHINFER_MAX_WAIT_STEPS=0 measures the same pair on the engine).
@@ -87,7 +90,7 @@ def main():
     from bench import models
     model = models.load(args.model, "bfloat16", None, None)
     nbytes, flops = bounds.weight_bytes_per_token(model), bounds.flops_per_token(model.config)
-    head = 2.0 * model.config.vocab_size * model.config.hidden_size  # only sampled rows run the head
+    head = bounds.head_flops(model.config)  # only sampled rows run it
     bw, peak = args.bw, args.peak
     if not bw or not peak:
         from bench.machine import peak_gflops, read_bandwidth
@@ -115,9 +118,11 @@ def main():
                     ("default", args.max_wait_steps, args.prompt_step_tokens))}
         # the bound holds for requests arriving together only
         prompts = [p for p, _ in requests]
-        per_token = args.token_ms / 1e3 * peak * 1e9 if args.token_ms else flops - head  # as flops
-        bound = None if args.arrivals_per_s else round(bounds.ttft_bound_ms(
-            prompts, per_token, peak) + step_seconds(0, 1, 0) * 1e3, 1)
+        if args.token_ms:  # the measured cost of a prompt token, as flops at the peak
+            per_token, once = args.token_ms / 1e3 * peak * 1e9, 0.0
+        else:
+            per_token, once = flops, head
+        bound = None if args.arrivals_per_s else round(bounds.ttft_bound_ms(prompts, per_token, peak, once), 1)
         print(json.dumps({
             "workload": name, "model": os.path.basename(args.model.rstrip("/")), "bw_gbs": round(bw, 1),
             "bf16_gflops": round(peak), "token_ms": args.token_ms, "decode_ms": args.decode_ms,
