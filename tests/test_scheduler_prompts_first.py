@@ -1,10 +1,8 @@
 """Prompts first (prompt_step_tokens): while prompts wait, steps run whole prompts shortest first
 until they reach prompt_step_tokens, decodes wait at most a whole step's tokens, aging still
 bounds a long prompt's wait (no model, no clock)."""
-import logging
-
 from dashinfer_server.block_pool import BlockPool
-from dashinfer_server.scheduler import PROMPT_STEP_TOKENS, Scheduler, prompt_step_tokens
+from dashinfer_server.scheduler import Scheduler
 from dashinfer_server.sequence import Phase
 from tests.test_scheduler import run_step
 from tests.test_scheduler_order import prompt
@@ -79,19 +77,6 @@ def test_aging_counts_whole_steps_of_work():
             started = step
             break
     assert started == wait * k + 1
-
-
-def test_prompt_step_tokens_from_the_environment(monkeypatch, caplog):
-    caplog.set_level(logging.WARNING, logger="dashinfer_server")
-    monkeypatch.setenv("DASHINFER_PROMPT_STEP_TOKENS", "0")
-    assert prompt_step_tokens() == 0
-    monkeypatch.setenv("DASHINFER_PROMPT_STEP_TOKENS", "64")
-    assert prompt_step_tokens() == 64
-    monkeypatch.setenv("DASHINFER_PROMPT_STEP_TOKENS", "-1")
-    assert prompt_step_tokens() == PROMPT_STEP_TOKENS
-    assert "DASHINFER_PROMPT_STEP_TOKENS='-1' is not a count" in caplog.text
-    monkeypatch.delenv("DASHINFER_PROMPT_STEP_TOKENS")
-    assert prompt_step_tokens() == PROMPT_STEP_TOKENS
 
 
 def test_prompt_steps_off_when_a_whole_step_is_no_longer():
