@@ -15,8 +15,8 @@ shortest first until the step reaches prompt_step_tokens, so each step ends at a
 (a big step gives all of its prompts the time of the last one). Every such step reads the
 weights once like any other, so above a few dozen rows it costs what its tokens cost. Decodes
 wait for them at most a whole step's tokens (max_step_tokens since their last token), then
-run in a step beside prompt_step_tokens of prompts; aging counts max_step_tokens //
-prompt_step_tokens times as many steps, so the unfairness bound stays the same in work.
+run in a step beside prompt_step_tokens of prompts. Aging then counts tokens: a prompt is aged
+once max_wait_steps whole steps of tokens (max_step_tokens each) ran since it came.
 
 Waiting sequences are admitted (given KV blocks) in that order while max_batch and the KV pool
 allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
@@ -74,18 +74,18 @@ class Scheduler:
         self.max_step_tokens = max_step_tokens
         # prompt-only steps are this long; 0 (or a whole step or more): decodes run every step
         self.prompt_step_tokens = prompt_step_tokens if 0 < prompt_step_tokens < max_step_tokens else 0
-        # aging counts steps: with k prompt-only steps to a whole step's work, k times as many
-        self.max_wait_steps = max_wait_steps * (max_step_tokens // (self.prompt_step_tokens or max_step_tokens))
+        self.max_wait_steps = max_wait_steps
         self.waiting: list = []  # arrival order
         self.running: list = []  # admission order: the last one is interrupted first
         self.steps = 0           # steps scheduled so far: the clock of aging
-        self.work = 0            # tokens scheduled so far: the clock of decode gaps
-        self._came = {}          # sequence -> the step it came in (until its first token)
+        self.work = 0            # tokens scheduled so far: the clock of decode gaps (and of aging
+        #                          with prompt-only steps: max_wait_steps whole steps of tokens)
+        self._came = {}          # sequence -> (step, work) it came in (until its first token)
         self._decoded = {}       # decoding sequence -> self.work after the last step that ran it
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        self._came[seq] = self.steps
+        self._came[seq] = (self.steps, self.work)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -136,8 +136,12 @@ class Scheduler:
         """Sequences with prompt tokens left (admitted or waiting), in the order they get the
         step's budget: aged first by arrival, then fewest tokens left first."""
         def key(seq):
-            came = self._came[seq]
-            if self.steps - came > self.max_wait_steps:  # passed over in max_wait_steps steps
+            came, came_work = self._came[seq]
+            if self.prompt_step_tokens:  # passed over in max_wait_steps whole steps of tokens
+                aged = self.work - came_work >= self.max_wait_steps * self.max_step_tokens
+            else:  # passed over in max_wait_steps steps
+                aged = self.steps - came > self.max_wait_steps
+            if aged:
                 return (0, came, 0)
             return (1, seq.num_uncomputed, came)
         pending = [s for s in self.running if s.phase == Phase.PREFILL] + self.waiting
