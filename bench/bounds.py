@@ -48,6 +48,7 @@ def layer_flops_per_token(config) -> float:
 
 
 def head_flops(config) -> float:
+    """2 flops per weight of the lm_head: a prompt runs it for its last token only."""
     return 2.0 * config.vocab_size * config.hidden_size
 
 
@@ -96,13 +97,14 @@ def prefill_bound(config, n: int, peak_gflops: float) -> float:
     return n * peak_gflops * 1e9 / prompt_flops(config, n)
 
 
-def ttft_bound_ms(prompt_lens, flops: float, peak_gflops: float) -> float:
+def ttft_bound_ms(prompt_lens, flops: float, peak_gflops: float, head: float = 0.0) -> float:
     """Median time to first token of requests arriving together whose prompts run shortest first
     at the bf16 peak, nothing else in the steps: no order of the same work has a lower median
-    (a request's first token needs its prompt and every prompt before it computed)."""
+    (a request's first token needs its prompt and every prompt before it computed). `head`: the
+    part of `flops` a prompt spends once, not per token."""
     import statistics
-    done, firsts = 0, []
+    done, firsts = 0.0, []
     for n in sorted(prompt_lens):
-        done += n
-        firsts.append(done * flops / (peak_gflops * 1e9) * 1e3)
+        done += n * (flops - head) + head
+        firsts.append(done / (peak_gflops * 1e9) * 1e3)
     return statistics.median(firsts)

@@ -332,7 +332,8 @@ def main():
         result.update(model=os.path.basename(args.model.rstrip("/")), bw_gbs=round(bw, 1),
                       bf16_gflops=round(peak), weight_mb_per_token=round(per_token / 2**20, 1))
         if len(WORKLOADS[name]) > 1:
-            bound = bounds.ttft_bound_ms([p for p, _ in WORKLOADS[name]], bounds.layer_flops_per_token(model.config), peak)
+            bound = bounds.ttft_bound_ms([p for p, _ in WORKLOADS[name]], bounds.flops_per_token(model.config),
+                                         peak, bounds.head_flops(model.config))
             result.update(ttft_bound_ms=round(bound, 1), ttft_over_bound=round(result["ttft_ms"] / bound, 2))
         if name == "prefill512":
             bound = bounds.prefill_bound(model.config, WORKLOADS[name][0][0], peak)

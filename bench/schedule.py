@@ -1,13 +1,16 @@
 """The scheduler's order replayed without the model: time to first token and throughput of a
 workload when every step lasts what the machine's limits allow, first come first served
-against the default order (shortest first with aging).
+(today's steps: decodes in every one) against shortest first with aging, each with and without
+prompt-only steps (DASHINFER_PROMPT_STEP_TOKENS); the default is shortest first with them.
 
     python bench/schedule.py [--model PATH] [--workloads serve32] [--max-prefill 0]
-        [--bw 73 --peak 1050] [--arrivals-per-s 0]
+        [--bw 73 --peak 1050] [--token-ms 0 --decode-ms 0] [--arrivals-per-s 0]
 
-Each step's chunks come from the real Scheduler; the step lasts max(weight bytes / bw, rows *
-flops per token / bf16 peak) (bench/bounds.py: a step reads every weight once and is otherwise
-compute-bound), and its sampled rows get their tokens at its end. On a host shared with other
+Each step's chunks come from the real Scheduler; the step lasts max(weight bytes / bw, its rows'
+flops / bf16 peak) (bench/bounds.py: a step reads every weight once and is otherwise
+compute-bound; the output head runs for sampled rows only), or, calibrated, max(weight bytes /
+bw, prompt tokens * --token-ms + decode rows * --decode-ms) with the costs an engine step
+measured; its sampled rows get their tokens at its end. On a host shared with other
 work the engine's own timings swing by 2x from one run to the next; this replay gives the
 same figures every time, so the ratio between two orders is the scheduler's alone
 (bench/engine.py --baseline-env DASHINFER_MAX_WAIT_STEPS=0 measures the same pair on the engine).
@@ -28,13 +31,13 @@ from bench import bounds  # noqa: E402
 from bench.engine import WORKLOADS  # noqa: E402
 from dashinfer_server.block_pool import BlockPool  # noqa: E402
 from dashinfer_server.model import DEFAULT_STEP_TOKENS  # noqa: E402
-from dashinfer_server.scheduler import MAX_WAIT_STEPS, Scheduler  # noqa: E402
+from dashinfer_server.scheduler import MAX_WAIT_STEPS, PROMPT_STEP_TOKENS, Scheduler  # noqa: E402
 from dashinfer_server.sequence import Phase, Sequence  # noqa: E402
 
 
-def replay(requests, arrivals, step_seconds, max_step_tokens, max_wait_steps) -> dict:
+def replay(requests, arrivals, step_seconds, max_step_tokens, max_wait_steps, prompt_step_tokens) -> dict:
     """Serve `requests` [(prompt, new)] arriving at `arrivals` seconds -> TTFT and throughput."""
-    sched = Scheduler(BlockPool(10**6, 16), len(requests), max_step_tokens, max_wait_steps)
+    sched = Scheduler(BlockPool(10**6, 16), len(requests), max_step_tokens, max_wait_steps, prompt_step_tokens)
     seqs = [Sequence(list(range(i << 20, (i << 20) + p)), p + n) for i, (p, n) in enumerate(requests)]
     order = sorted(range(len(seqs)), key=lambda i: arrivals[i])
     now, steps, first, last = 0.0, 0, {}, {}
@@ -46,7 +49,8 @@ def replay(requests, arrivals, step_seconds, max_step_tokens, max_wait_steps) ->
             continue
         chunks, interrupted = sched.schedule()
         assert not interrupted
-        now += step_seconds(sum(c.count for c in chunks))
+        decodes = sum(c.seq.phase == Phase.DECODE for c in chunks)
+        now += step_seconds(sum(c.count for c in chunks), sum(c.sample for c in chunks), decodes)
         steps += 1
         sched.advance(chunks)
         for c in chunks:
@@ -76,17 +80,28 @@ def main():
     parser.add_argument("--arrivals-per-s", type=float, default=0.0)
     parser.add_argument("--max-wait-steps", type=int, default=MAX_WAIT_STEPS,
                         help="the default order's aging bound (DASHINFER_MAX_WAIT_STEPS)")
+    parser.add_argument("--prompt-step-tokens", type=int, default=PROMPT_STEP_TOKENS,
+                        help="the default's prompt-only steps (DASHINFER_PROMPT_STEP_TOKENS)")
+    parser.add_argument("--token-ms", type=float, default=0.0,
+                        help="measured cost of a prompt token in a step (0: flops at the bf16 peak)")
+    parser.add_argument("--decode-ms", type=float, default=0.0,
+                        help="measured cost of a decode row in a step (0: flops at the bf16 peak)")
     args = parser.parse_args()
     from bench import models
     model = models.load(args.model, "bfloat16", None, None)
     nbytes, flops = bounds.weight_bytes_per_token(model), bounds.flops_per_token(model.config)
+    head = bounds.head_flops(model.config)  # only sampled rows run it
     bw, peak = args.bw, args.peak
     if not bw or not peak:
         from bench.machine import peak_gflops, read_bandwidth
         bw, peak = bw or read_bandwidth(args.threads), peak or peak_gflops(True, args.threads)
 
-    def step_seconds(rows):
-        return max(nbytes / (bw * 1e9), rows * flops / (peak * 1e9))
+    def step_seconds(rows, sampled, decodes):
+        if args.token_ms and args.decode_ms:
+            compute = ((rows - decodes) * args.token_ms + decodes * args.decode_ms) / 1e3
+        else:
+            compute = (rows * (flops - head) + sampled * head) / (peak * 1e9)
+        return max(nbytes / (bw * 1e9), compute)
 
     for name in args.workloads.split(","):
         requests = WORKLOADS[name]
@@ -96,18 +111,27 @@ def main():
         for _ in requests:
             arrivals.append(t)
             t += rng.expovariate(args.arrivals_per_s) if args.arrivals_per_s else 0.0
-        fifo = replay(requests, arrivals, step_seconds, step_tokens, 0)
-        default = replay(requests, arrivals, step_seconds, step_tokens, args.max_wait_steps)
+        runs = {label: replay(requests, arrivals, step_seconds, step_tokens, wait, prompt_steps)
+                for label, wait, prompt_steps in (
+                    ("fifo", 0, 0), ("fifo_prompt_steps", 0, args.prompt_step_tokens),
+                    ("shortest_first", args.max_wait_steps, 0),
+                    ("default", args.max_wait_steps, args.prompt_step_tokens))}
         # the bound holds for requests arriving together only
         prompts = [p for p, _ in requests]
-        bound = None if args.arrivals_per_s else round(bounds.ttft_bound_ms(prompts, flops, peak), 1)
+        if args.token_ms:  # the measured cost of a prompt token, as flops at the peak
+            per_token, once = args.token_ms / 1e3 * peak * 1e9, 0.0
+        else:
+            per_token, once = flops, head
+        bound = None if args.arrivals_per_s else round(bounds.ttft_bound_ms(prompts, per_token, peak, once), 1)
         print(json.dumps({
             "workload": name, "model": os.path.basename(args.model.rstrip("/")), "bw_gbs": round(bw, 1),
-            "bf16_gflops": round(peak), "max_step_tokens": step_tokens,
+            "bf16_gflops": round(peak), "token_ms": args.token_ms, "decode_ms": args.decode_ms,
+            "max_step_tokens": step_tokens, "prompt_step_tokens": args.prompt_step_tokens,
             "max_wait_steps": args.max_wait_steps, "arrivals_per_s": args.arrivals_per_s,
-            "fifo": fifo, "default": default, "ttft_bound_ms": bound,
-            "default_over_fifo": {k: round(default[k] / fifo[k], 3) for k in
-                                  ("ttft_ms", "ttft_p99_ms", "total_tok_s")}}), flush=True)
+            **runs, "ttft_bound_ms": bound,
+            "over_fifo": {label: {k: round(r[k] / runs["fifo"][k], 3) for k in
+                                  ("ttft_ms", "ttft_p99_ms", "total_tok_s")}
+                          for label, r in runs.items() if label != "fifo"}}), flush=True)
 
 
 if __name__ == "__main__":

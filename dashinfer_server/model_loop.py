@@ -22,7 +22,7 @@ from .engine_stat import StatCounters
 from .model import apply_thread_num, build_decoder, max_step_tokens
 from .plan import build_plan
 from .sampler import Sampler
-from .scheduler import Chunk, Scheduler, max_wait_steps
+from .scheduler import Chunk, Scheduler, max_wait_steps, prompt_step_tokens
 from .sequence import Phase, Sequence
 from .stopping import check_stop
 
@@ -90,7 +90,8 @@ class ModelLoop:
             self.profiler = self.model.kernels = op_profile.OpProfiler(self.model.kernels)
         self.pool = BlockPool(self.model.kv.num_blocks, self.cfg.kv_cache_span_size, self.cfg.prefill_cache,
                               self.cfg.prefix_cache_ttl)
-        self.scheduler = Scheduler(self.pool, self.cfg.max_batch, self.max_step_tokens, max_wait_steps())
+        self.scheduler = Scheduler(self.pool, self.cfg.max_batch, self.max_step_tokens, max_wait_steps(),
+                                   prompt_step_tokens())
 
     @property
     def block_capacity(self) -> int:

@@ -10,6 +10,14 @@ of the step its last chunk ran in, not a step later. Decodes never crowd prompts
 sequences decode than half a step holds and prompts are pending, the decodes that ran least
 recently take the other half.
 
+Prompts first (prompt_step_tokens > 0): while prompts wait, steps run prompts only, whole ones
+shortest first until the step reaches prompt_step_tokens, so each step ends at a first token
+(a big step gives all of its prompts the time of the last one). Every such step reads the
+weights once like any other, so above a few dozen rows it costs what its tokens cost. Decodes
+wait for them at most a whole step's tokens (max_step_tokens since their last token), then
+run in a step beside prompt_step_tokens of prompts. Aging then counts tokens: a prompt is aged
+once max_wait_steps whole steps of tokens (max_step_tokens each) ran since it came.
+
 Waiting sequences are admitted (given KV blocks) in that order while max_batch and the KV pool
 allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
 decoding sequence its next block, the most recently admitted sequence is interrupted and its
@@ -26,16 +34,26 @@ from .sequence import Phase, Sequence
 log = logging.getLogger("dashinfer_server")
 
 MAX_WAIT_STEPS = 4  # steps in which shorter prompts may overtake a prompt before it goes first
+PROMPT_STEP_TOKENS = 32  # a prompt-only step ends with the prompt that brings it to this many tokens
+
+
+def _env_count(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value.isdigit():
+        if value:
+            log.warning("%s=%r is not a count: using %d", name, value, default)
+        return default
+    return int(value)
 
 
 def max_wait_steps() -> int:
     """DASHINFER_MAX_WAIT_STEPS, or MAX_WAIT_STEPS; 0 is first come first served."""
-    value = os.environ.get("DASHINFER_MAX_WAIT_STEPS", "")
-    if not value.isdigit():
-        if value:
-            log.warning("DASHINFER_MAX_WAIT_STEPS=%r is not a step count: using %d", value, MAX_WAIT_STEPS)
-        return MAX_WAIT_STEPS
-    return int(value)
+    return _env_count("DASHINFER_MAX_WAIT_STEPS", MAX_WAIT_STEPS)
+
+
+def prompt_step_tokens() -> int:
+    """DASHINFER_PROMPT_STEP_TOKENS, or PROMPT_STEP_TOKENS; 0 runs decodes in every step."""
+    return _env_count("DASHINFER_PROMPT_STEP_TOKENS", PROMPT_STEP_TOKENS)
 
 
 @dataclass
@@ -50,20 +68,24 @@ class Chunk:
 
 class Scheduler:
     def __init__(self, pool: BlockPool, max_batch: int, max_step_tokens: int,
-                 max_wait_steps: int = MAX_WAIT_STEPS):
+                 max_wait_steps: int = MAX_WAIT_STEPS, prompt_step_tokens: int = 0):
         self.pool = pool
         self.max_batch = max_batch
         self.max_step_tokens = max_step_tokens
+        # prompt-only steps are this long; 0 (or a whole step or more): decodes run every step
+        self.prompt_step_tokens = prompt_step_tokens if 0 < prompt_step_tokens < max_step_tokens else 0
         self.max_wait_steps = max_wait_steps
         self.waiting: list = []  # arrival order
         self.running: list = []  # admission order: the last one is interrupted first
         self.steps = 0           # steps scheduled so far: the clock of aging
-        self._came = {}          # sequence -> the step it came in (until its first token)
-        self._decoded = {}       # decoding sequence -> the last step that ran it
+        self.work = 0            # tokens scheduled so far: the clock of decode gaps (and of aging
+        #                          with prompt-only steps: max_wait_steps whole steps of tokens)
+        self._came = {}          # sequence -> (step, work) it came in (until its first token)
+        self._decoded = {}       # decoding sequence -> self.work after the last step that ran it
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        self._came[seq] = self.steps
+        self._came[seq] = (self.steps, self.work)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -84,19 +106,42 @@ class Scheduler:
         self.steps += 1
         decodes, interrupted = self._grow_decodes()
         prompts = self.prompt_order()
-        if prompts and len(decodes) > self.max_step_tokens - self.max_step_tokens // 2:
-            decodes.sort(key=lambda c: self._decoded.get(c.seq, 0))  # least recently run first
-            decodes = decodes[:self.max_step_tokens - self.max_step_tokens // 2]
-        for c in decodes:
-            self._decoded[c.seq] = self.steps
-        return decodes + self._fill(prompts, len(decodes)), interrupted
+        target = self.prompt_step_tokens or self.max_step_tokens
+        chunks = []
+        if prompts and self.prompt_step_tokens and self._gap_room(decodes) >= target:
+            chunks = self._fill(prompts, self._gap_room(decodes), target)  # prompts only
+        if not chunks:  # no prompt waits, decodes are due, or no prompt could start
+            if prompts:
+                decodes = self._take_turns(decodes)
+            chunks = decodes + self._fill(prompts, min(target, self.max_step_tokens - len(decodes)), target)
+        self.work += sum(c.count for c in chunks)
+        for c in chunks:
+            if c.seq.phase == Phase.DECODE:
+                self._decoded[c.seq] = self.work
+        return chunks, interrupted
+
+    def _gap_room(self, decodes: list) -> int:
+        """Tokens a prompt-only step may hold before some decode waits more than a whole step's
+        tokens for its next token."""
+        return self.max_step_tokens - max((self.work - self._decoded[c.seq] for c in decodes), default=0)
+
+    def _take_turns(self, decodes: list) -> list:
+        """At most half a step of decodes while prompts wait: those that ran least recently."""
+        half = self.max_step_tokens - self.max_step_tokens // 2
+        if len(decodes) > half:
+            decodes = sorted(decodes, key=lambda c: self._decoded.get(c.seq, 0))[:half]
+        return decodes
 
     def prompt_order(self) -> list:
         """Sequences with prompt tokens left (admitted or waiting), in the order they get the
         step's budget: aged first by arrival, then fewest tokens left first."""
         def key(seq):
-            came = self._came[seq]
-            if self.steps - came > self.max_wait_steps:  # passed over in max_wait_steps steps
+            came, came_work = self._came[seq]
+            if self.prompt_step_tokens:  # passed over in max_wait_steps whole steps of tokens
+                aged = self.work - came_work >= self.max_wait_steps * self.max_step_tokens
+            else:  # passed over in max_wait_steps steps
+                aged = self.steps - came > self.max_wait_steps
+            if aged:
                 return (0, came, 0)
             return (1, seq.num_uncomputed, came)
         pending = [s for s in self.running if s.phase == Phase.PREFILL] + self.waiting
@@ -121,13 +166,12 @@ class Scheduler:
                 decodes.append(Chunk(seq, len(seq.tokens) - 1, 1, True))
         return [c for c in decodes if c.seq.phase != Phase.DONE], interrupted
 
-    def _fill(self, prompts: list, decodes: int) -> list:
-        """Prompt chunks for the room the step's `decodes` leave."""
-        room = self.max_step_tokens - decodes
+    def _fill(self, prompts: list, room: int, target: int) -> list:
+        """Prompt chunks for `room` tokens, whole prompts until they reach `target` tokens."""
         chunks, used, admitting = [], 0, True
         for seq in prompts:
             budget = room - used
-            if budget <= 0:
+            if budget <= 0 or used >= target:
                 break
             if seq.num_uncomputed > budget and used >= room // 2:
                 break  # would not finish here: it starts a step that has room for more of it
@@ -167,5 +211,5 @@ class Scheduler:
             self.pool.register_full_blocks(seq.table, seq.tokens, seq.num_computed)
             if c.sample and seq.phase == Phase.PREFILL:
                 seq.phase = Phase.DECODE
-                self._decoded[seq] = self.steps
+                self._decoded[seq] = self.work
                 self._came.pop(seq, None)

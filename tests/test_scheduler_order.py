@@ -3,8 +3,11 @@ aged prompts first come first served, a prompt not started where it cannot finis
 to half a step while prompts wait."""
 import logging
 
+import pytest
+
 from dashinfer_server.block_pool import BlockPool
-from dashinfer_server.scheduler import MAX_WAIT_STEPS, Scheduler, max_wait_steps
+from dashinfer_server.scheduler import (MAX_WAIT_STEPS, PROMPT_STEP_TOKENS, Scheduler, max_wait_steps,
+                                        prompt_step_tokens)
 from dashinfer_server.sequence import Phase, Sequence
 from tests.test_scheduler import run_step
 
@@ -111,12 +114,17 @@ def test_decodes_hold_at_most_half_a_step_while_prompts_wait():
     assert late.phase == Phase.DECODE and len(chunks) == 9
 
 
-def test_max_wait_steps_from_the_environment(monkeypatch, caplog):
+@pytest.mark.parametrize("name, read, default", [
+    ("DASHINFER_MAX_WAIT_STEPS", max_wait_steps, MAX_WAIT_STEPS),
+    ("DASHINFER_PROMPT_STEP_TOKENS", prompt_step_tokens, PROMPT_STEP_TOKENS)])
+def test_counts_from_the_environment(monkeypatch, caplog, name, read, default):
     caplog.set_level(logging.WARNING, logger="dashinfer_server")
-    monkeypatch.setenv("DASHINFER_MAX_WAIT_STEPS", "0")
-    assert max_wait_steps() == 0
-    monkeypatch.setenv("DASHINFER_MAX_WAIT_STEPS", "soon")
-    assert max_wait_steps() == MAX_WAIT_STEPS
-    assert "DASHINFER_MAX_WAIT_STEPS='soon' is not a step count" in caplog.text
-    monkeypatch.delenv("DASHINFER_MAX_WAIT_STEPS")
-    assert max_wait_steps() == MAX_WAIT_STEPS
+    monkeypatch.setenv(name, "0")
+    assert read() == 0
+    monkeypatch.setenv(name, "64")
+    assert read() == 64
+    monkeypatch.setenv(name, "soon")
+    assert read() == default
+    assert f"{name}='soon' is not a count" in caplog.text
+    monkeypatch.delenv(name)
+    assert read() == default

@@ -7,6 +7,7 @@ from dashinfer_client import AsModelRuntimeConfigBuilder
 from dashinfer_client.model import DashInferModel
 from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.request import ModelLimits, new_request
+from dashinfer_server.scheduler import Scheduler
 from dashinfer_server.sequence import Phase
 
 
@@ -55,18 +56,25 @@ def drain(loop, arrivals=()):
     return seqs, steps
 
 
-def test_every_request_gets_its_solo_tokens(loop):
+def arrivals(vocab):
     rng = np.random.default_rng(5)
-    vocab = loop.model.cfg.vocab_size
-    arrivals = [(step, rng.integers(3, vocab, n).tolist(), new) for step, n, new in
-                [(0, 30, 6), (0, 3, 20), (0, 11, 9), (0, 5, 14), (1, 2, 18), (1, 25, 5), (2, 4, 16),
-                 (2, 7, 12), (3, 1, 22), (3, 19, 8), (4, 6, 15), (5, 9, 10)]]
-    seqs, steps = drain(loop, arrivals)
+    return [(step, rng.integers(3, vocab, n).tolist(), new) for step, n, new in
+            [(0, 30, 6), (0, 3, 20), (0, 11, 9), (0, 5, 14), (1, 2, 18), (1, 25, 5), (2, 4, 16),
+             (2, 7, 12), (3, 1, 22), (3, 19, 8), (4, 6, 15), (5, 9, 10)]]
+
+
+def solo_tokens(loop, arrivals):
     solo = []
     for _, prompt, new in arrivals:
         (seq,), _ = drain(loop, [(0, prompt, new)])
         solo.append(seq.tokens)
-    assert [s.tokens for s in seqs] == solo
+    return solo
+
+
+def test_every_request_gets_its_solo_tokens(loop):
+    arrivals_ = arrivals(loop.model.cfg.vocab_size)
+    seqs, steps = drain(loop, arrivals_)
+    assert [s.tokens for s in seqs] == solo_tokens(loop, arrivals_)
     # the orders under test happened: a later, shorter prompt ran before the 30-token one, a
     # prompt was cut into chunks, and a step ran fewer decodes than requests were decoding
     def first_step(seq):
@@ -75,3 +83,16 @@ def test_every_request_gets_its_solo_tokens(loop):
     assert any(s is seqs[0] and 1 < n < seqs[0].prompt_len for _, _, chunks in steps for s, n in chunks)
     assert any(ran < decoding for decoding, ran, _ in steps)
     assert all(sum(n for _, n in chunks) <= loop.max_step_tokens for _, _, chunks in steps)
+
+
+def test_prompts_first_gives_the_solo_tokens(loop):
+    """Prompt-only steps of 4 tokens (decodes held back for up to a whole step): same tokens."""
+    default = loop.scheduler
+    loop.scheduler = Scheduler(loop.pool, loop.cfg.max_batch, loop.max_step_tokens, 4, prompt_step_tokens=4)
+    try:
+        arrivals_ = arrivals(loop.model.cfg.vocab_size)
+        seqs, steps = drain(loop, arrivals_)
+        assert [s.tokens for s in seqs] == solo_tokens(loop, arrivals_)
+        assert any(decoding and not ran for decoding, ran, _ in steps)  # decodes were held back
+    finally:
+        loop.scheduler = default
