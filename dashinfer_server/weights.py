@@ -130,7 +130,7 @@ class WeightLoader:
         w = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]
         if pieces[0][1] is None and quantize_float and self.wtype:
             group = head_group(self.model.quantization["group_size"], w.shape[1])
-            codes, scales, zeros = K.quantize_i8(w, group)
+            codes, scales, zeros = K.quantize(w, group)
             packed = K.pack_linear(codes, quantized_wtype("i8", group), group, scales, zeros)
         elif pieces[0][1] is None:
             packed = K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")

@@ -11,16 +11,17 @@ from dashinfer_server.weights import WeightLoader
 from tests.helpers import TINY, serialize
 
 
-def test_quantize_i8_is_instant_quant_bit_for_bit():
+@pytest.mark.parametrize("fmt,bits", [("int8", 8), ("uint4", 4)])
+def test_native_quantize_is_instant_quant_bit_for_bit(fmt, bits):
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((37, 192)) * rng.uniform(0.01, 3, (37, 1))).astype(np.float32)
     w[2, :64] = 0.25  # a constant group: scale 1
-    for source, ref_w, group in ((w, w, 64), (to_bf16(w), from_bf16(to_bf16(w)), 192)):
-        codes, scales, zeros = K.quantize_i8(source, group)
-        for got, want in zip((codes, scales, zeros), quantize(ref_w, "int8", group)):
+    for source, ref_w, group in ((w, w, 64), (to_bf16(w), from_bf16(to_bf16(w)), 192), (w, w, 32)):
+        codes, scales, zeros = K.quantize(source, group, bits)
+        for got, want in zip((codes, scales, zeros), quantize(ref_w, fmt, group)):
             assert got.dtype == want.dtype and np.array_equal(got, want)
     with pytest.raises(ValueError, match="does not divide"):
-        K.quantize_i8(w, 100)
+        K.quantize(w, 100, bits)
 
 
 def q8_error_bound(x, w):
