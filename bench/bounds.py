@@ -8,29 +8,44 @@ only), and requests arriving together get their first tokens no sooner
 than shortest first at that rate. Attention and the elementwise kernels are left out (a few %
 at these context lengths): the bound is optimistic, a fraction is honest.
 """
-from dashinfer_server.weights import head_group
+from dashinfer_server import kernels as K
+from dashinfer_server.weights import head_bits, head_group, quantized_wtype
+
+K.load()  # which packed type a weight gets (quantized_wtype) depends on the CPU; a bench runs where started
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def weight_bytes_per_token(model) -> int:
-    """Bytes of linear weights (codes, scales and zeros when quantized) and of the lm_head one
-    decode step reads, from the serialized model's tensors (the packed layout adds only
-    padding to 16 columns)."""
+    """Bytes of linear weights and of the lm_head one decode step reads, from the serialized
+    model's tensors as they are packed in memory (dashinfer_server/weights.py; the packed layout
+    adds only padding to 16 columns): codes, and per group a scale and a scale*zero, fp16 pairs
+    on the int8-activation path (i8q/u4q), fp32 pairs elsewhere."""
     names = set(model.tensor_names())
     bases = [f"model.layers.{i}.{'self_attn' if p[1:] == '_proj' else 'mlp'}.{p}.weight"
              for i in range(model.config.num_hidden_layers) for p in LINEARS]
     head = "lm_head.weight" if any(n.startswith("lm_head.weight") for n in names) else "model.embed_tokens.weight"
+    quant = model.quantization or {}
+    wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
+    act = quant.get("compute_method") == "activate_quant"
+
+    def scale_bytes(t, k, group):  # of one row's groups
+        return k // group * (4 if quantized_wtype(t, group, act).endswith("q") else 8)
+
     total = 0
-    for base in bases:
-        parts = [base] if base in names else [base + s for s in (".qweight", ".scales", ".zeros")]
-        total += sum(model.tensor(p).nbytes for p in parts)
-    if head in names and model.quantization:  # a float head of a quantized model is int8 in memory
-        n, k = model.tensor(head).shape      # (dashinfer_server/weights.py): codes + scale, zero
-        group = head_group(model.quantization["group_size"], k)
-        return total + n * k + 8 * n * (k // group)
-    parts = [head] if head in names else [head + s for s in (".qweight", ".scales", ".zeros")]
-    return total + sum(model.tensor(p).nbytes for p in parts)
+    for base in bases + [head]:
+        if base in names and not (base == head and wtype):
+            total += model.tensor(base).nbytes
+        elif base in names:  # a float head of a quantized model is quantized at load
+            n, k = model.tensor(head).shape
+            group = head_group(quant["group_size"], k)
+            bits = head_bits(wtype, group)
+            total += n * (k * bits // 8 + scale_bytes("i8" if bits == 8 else "u4", k, group))
+        else:
+            q, ngroups = model.tensor(base + ".qweight"), model.tensor(base + ".scales").shape[1]
+            k = q.shape[1] * (2 if wtype == "u4" else 1)
+            total += q.nbytes + q.shape[0] * scale_bytes(wtype, k, k // ngroups)
+    return total
 
 
 def flops_per_token(config) -> float:

@@ -95,8 +95,9 @@ def _row(case, wtype, m, k, n, limits, rng, with_torch):
     return row
 
 
-def rows(limits: dict, quick: bool = False, with_torch: bool = True) -> list:
-    """Every shape x wtype of the brief; `limits` has bw_gbs, bf16_gflops, fp32_gflops."""
+def rows(limits: dict, quick: bool = False, with_torch: bool = True, wtypes=WTYPES, ms=(1, 8, 32, 512)) -> list:
+    """Every shape x wtype of the brief (or of `wtypes` and the M in `ms`); `limits` has bw_gbs,
+    bf16_gflops, fp32_gflops."""
     limits = {**LIMITS, **limits}
     rng = np.random.default_rng(0)
     threads = K.num_threads()
@@ -104,8 +105,8 @@ def rows(limits: dict, quick: bool = False, with_torch: bool = True) -> list:
     try:
         out = []
         for m, shapes in ((1, DECODE), (8, DECODE), (32, DECODE), (512, PREFILL)):
-            for k, n in shapes[:1] if quick else shapes:
-                for wtype in WTYPES:
+            for k, n in (shapes[:1] if quick else shapes) if m in ms else ():
+                for wtype in wtypes:
                     case = f"M={m} [{m}x{k}]x[{k}x{n}]"
                     out.append(_row(case, wtype, m, k, n, limits, rng, with_torch))
                     print_row(out[-1])
@@ -141,10 +142,13 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="first shape of each M only")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--runs", type=int, default=1, help="repeat and keep each row's best (busy machines)")
+    ap.add_argument("--wtypes", default=",".join(WTYPES), help="comma-separated weight types")
+    ap.add_argument("--m", default="1,8,32,512", help="comma-separated M of the cases to run")
     a = ap.parse_args()
     print(f"isa {K.isa()}, {THREADS} threads")
     limits = {"bw_gbs": a.bw, "bf16_gflops": a.bf16, "fp32_gflops": a.fp32}
-    runs = [rows(limits, a.quick, not a.no_torch) for _ in range(a.runs)]
+    picked = dict(wtypes=a.wtypes.split(","), ms=[int(m) for m in a.m.split(",")])
+    runs = [rows(limits, a.quick, not a.no_torch, **picked) for _ in range(a.runs)]
     if a.runs > 1:
         print(f"best of {a.runs} runs:")
         for r in best_of(runs):

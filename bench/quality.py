@@ -1,7 +1,10 @@
 """What quantized weights cost in quality: next-token negative log-likelihood of the default model
 (SmolLM2-135M-Instruct) on the text in bench/data/project_docs.txt (this project's README and
 design notes, ~3,900 tokens), bf16 weights against int8 and uint4, per group and per channel. The
-output head is int8 whenever the layers are quantized (dashinfer_server/weights.py).
+output head is quantized whenever the layers are, in the model's group, to the bits of
+dashinfer_server/weights.py head_bits (int8 under int8 layers; 4-bit under uint4 in groups of 32,
+else int8); the "head" rows force an int8 or a 4-bit head under uint4 layers, so the head's share
+of the loss shows.
 
     PYTHONPATH=. python -m bench.quality [--window 512] [--threads 2]
 
@@ -23,22 +26,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = os.path.join(ROOT, "bench", "data", "project_docs.txt")
 BLOCK = 64
 TARGET_PCT = {"int8": 0.5, "uint4": 3.0}  # issue 14: NLL within this much of bf16
-# (label, quant, group_size); None: this runtime's default group (quant.DEFAULT_GROUPS: int8 64,
-# uint4 32); the DashInfer settings: a group_size (64, 128, ...) or -1 (per channel, its default)
-SETTINGS = [("bf16", None, None), ("int8 g64", "int8", None), ("int8 per-channel", "int8", -1),
-            ("uint4 g32", "uint4", None), ("uint4 g64", "uint4", 64),
-            ("uint4 per-channel", "uint4", -1)]
+# (label, quant, group_size, head bits); group None: this runtime's default group
+# (quant.DEFAULT_GROUPS: int8 64, uint4 32); the DashInfer settings: a group_size (64, 128, ...) or
+# -1 (per channel, its default); head bits None: weights.head_bits
+SETTINGS = [("bf16", None, None, None), ("int8 g64", "int8", None, None), ("int8 per-channel", "int8", -1, None),
+            ("uint4 g32", "uint4", None, None), ("uint4 g32, int8 head", "uint4", None, 8),
+            ("uint4 g64", "uint4", 64, None), ("uint4 g64, 4-bit head", "uint4", 64, 4),
+            ("uint4 per-channel", "uint4", -1, None), ("uint4 per-channel, 4-bit head", "uint4", -1, 4)]
 
 
-def nll(quant, group_size, window, threads) -> dict:
+def nll(quant, group_size, head_bits, window, threads) -> dict:
     """In the child: mean next-token NLL over the text, with the model's forward run directly."""
     import numpy as np
 
     from bench import models
     from dashinfer_server import kernels as K
+    from dashinfer_server import weights
     from dashinfer_server.model import DecoderModel
     from dashinfer_server.plan import StepPlan
 
+    if head_bits:
+        weights.HEAD_BITS["u4"] = (head_bits, None)
     K.load()
     K.set_num_threads(threads)
     model = models.load("default", "bfloat16", quant, group_size)
@@ -69,22 +77,23 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=int, default=512, help="tokens per window (a multiple of 64)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         quant = None if args.child[0] == "-" else args.child[0]
-        group = None if args.child[1] == "-" else int(args.child[1])
-        print(json.dumps(nll(quant, group, args.window, args.threads)))
+        group, head = (None if v == "-" else int(v) for v in args.child[1:])
+        print(json.dumps(nll(quant, group, head, args.window, args.threads)))
         return
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = None
-    for label, quant, group in SETTINGS:
+    for label, quant, group, head in SETTINGS:
         for path in (["vnni", "exact"] if quant else ["bf16"]):
             run_env = dict(env, DASHINFER_ISA="avx2") if path == "exact" else env
             # -m, not the script's path: bench/ on sys.path would shadow the standard library's
             # `http` (bench/http.py) for transformers when the model is converted here
             cmd = [sys.executable, "-m", "bench.quality", "--window", str(args.window), "--threads",
-                   str(args.threads), "--child", quant or "-", "-" if group is None else str(group)]
+                   str(args.threads), "--child", quant or "-", "-" if group is None else str(group),
+                   "-" if head is None else str(head)]
             out = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit(f"{label} ({path}) failed:\n{out.stderr[-3000:]}")

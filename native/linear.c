@@ -1,5 +1,6 @@
 /* Linear layer: packing, header checks, and the driver that runs one ISA's kernels in one
  * parallel region per call (the kernels themselves live in linear_<isa>.c). */
+#include <math.h>
 #include <omp.h>
 
 #include "linear_kernels.h"
@@ -42,7 +43,7 @@ int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group) 
 /* One panel: columns [n0, n0 + width) of W, zero past N (scale and zero 0 too, so padded
  * quantized columns dequantize to 0). */
 static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
-                       int width, const void *w, const float *scales, const float *zeros) {
+                       int width, const void *w, const float *scales, const float *zeros, int e) {
     int64_t kp = (k + 1) / 2 * 2;
     if (t == DN_W_F32) {
         const float *src = w; /* [n][k] */
@@ -62,7 +63,7 @@ static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t g
         return;
     }
     if (dn_linear_act_quantized(t)) {
-        dn_linear_pack_q8_panel(dst, t, n, k, group, n0, width, w, scales, zeros);
+        dn_linear_pack_q8_panel(dst, t, n, k, group, n0, width, w, scales, zeros, e);
         return;
     }
     int64_t ngroups = k / group, pairs = (group + 1) / 2;
@@ -106,6 +107,7 @@ void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t grou
     h.wtype = (uint32_t)t;
     h.n = n, h.k = k, h.group = group;
     h.nr = DN_LINEAR_NR;
+    h.scale_exp = dn_linear_act_quantized(t) ? dn_q8_scale_exp(n, k / group, scales, zeros) : 0;
     h.panel_bytes = panel_bytes(t, k, group, DN_LINEAR_NR);
     h.data_bytes = data_bytes(t, n, k, group);
     memcpy(dst, &h, sizeof h);
@@ -116,7 +118,7 @@ void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t grou
         int64_t n0 = p * DN_LINEAR_NR, n16 = (n + 15) / 16 * 16;
         int width = (int)(n16 - n0 < DN_LINEAR_NR ? n16 - n0 : DN_LINEAR_NR);
         pack_panel(dst + DN_LINEAR_HEADER + p * h.panel_bytes, t, n, k, group, n0, width, w,
-                   scales, zeros);
+                   scales, zeros, h.scale_exp);
     }
 }
 
@@ -134,12 +136,15 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
         h.data_bytes != data_bytes(t, h.n, h.k, h.group))
         return "corrupt header (sizes do not match the shape)";
     if ((uint64_t)h.data_bytes > len - DN_LINEAR_HEADER) return "truncated packed weight";
+    if (dn_linear_act_quantized(t) ? h.scale_exp < -DN_Q8_MAX_EXP || h.scale_exp > DN_Q8_MAX_EXP : h.scale_exp != 0)
+        return "corrupt header (bad scale exponent)";
     w->wtype = t;
     w->n = h.n, w->k = h.k, w->group = h.group;
     w->kp = (h.k + 1) / 2 * 2;
     w->npanels = (h.n + DN_LINEAR_NR - 1) / DN_LINEAR_NR;
     w->panel_bytes = h.panel_bytes;
     w->data = buf + DN_LINEAR_HEADER;
+    w->unscale = ldexpf(1.0f, -h.scale_exp);
     return NULL;
 }
 

@@ -10,10 +10,16 @@
  *   u4    per group: scale[w] float, zero[w] float, codes [G/2][w/16][16] bytes; byte j of a
  *         16-column chunk holds element j of (cols 0..7 x k pair) in its low nibble and of
  *         (cols 8..15 x k pair) in its high nibble, so one byte load feeds two 16-lane registers.
- *   i8q   per group: scale[w] float, scale*zero[w] float, codes [G/4][w][4] uint8: quads of
+ *   i8q   per group: scale[w] fp16, scale*zero[w] fp16, codes [G/4][w][4] uint8: quads of
  *         consecutive k per column, the vpdpbusd operand order
- *   u4q   per group: scale[w], scale*zero[w], codes [G/8][w][4] bytes: byte i of column c in
- *         row j holds k = 8j + i in its low nibble and k = 8j + 4 + i in its high nibble
+ *   u4q   per group: scale[w] fp16, scale*zero[w] fp16, codes [G/8][w][4] bytes: byte i of
+ *         column c in row j holds k = 8j + i in its low nibble and k = 8j + 4 + i in its high one
+ *   The fp16 pairs of i8q/u4q hold scale * 2^e and scale*zero * 2^e, e (header scale_exp) one
+ *   power of two per weight that puts its largest such value in [2^14, 2^15): fp16's 5-bit
+ *   exponent then spans the weight's own range (no overflow, no underflow for the 2^28 below it)
+ *   and the kernels multiply each output by 2^-e (exact). Half the bytes of fp32 scales: int8 g64
+ *   streams 8.5 bits a weight instead of 9, uint4 g32 5 instead of 6; the rounding costs at most
+ *   2^-11 of each scale, 1/16 of an int8 code step.
  * K is padded to even with zero weights (and zero activations). The layout does not depend on
  * the ISA: a buffer packed once runs on every path.
  *
@@ -30,7 +36,7 @@ typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3, DN_W_I8Q =
 
 #define DN_LINEAR_NR 64          /* output columns per panel */
 #define DN_LINEAR_HEADER 64      /* header bytes; panels start 64-byte aligned after it */
-#define DN_LINEAR_VERSION 1
+#define DN_LINEAR_VERSION 2  /* 2: fp16 group scales of i8q/u4q */
 #define DN_Q8_BLOCK 32           /* k per activation quantization block of i8q/u4q */
 
 typedef struct {
@@ -40,7 +46,7 @@ typedef struct {
     int64_t n, k;
     int64_t group;        /* quantization group along K; 0 for f32/bf16 */
     int32_t nr;           /* DN_LINEAR_NR at pack time */
-    int32_t reserved;
+    int32_t scale_exp;    /* e of i8q/u4q (layout above); 0 for the others */
     int64_t panel_bytes;  /* bytes of one full-width panel */
     int64_t data_bytes;   /* bytes after the header */
 } dn_linear_header;
@@ -52,6 +58,7 @@ typedef struct {
     int64_t kp;           /* K rounded up to even */
     int64_t npanels;
     int64_t panel_bytes;  /* stride between panels */
+    float unscale;        /* i8q/u4q: 2^-scale_exp, the factor of every output; else 1 */
     const uint8_t *data;  /* first panel */
 } dn_linear_w;
 
@@ -70,10 +77,16 @@ static inline int dn_linear_valid(const dn_linear_w *w, int64_t p) {
     return (int)(left < DN_LINEAR_NR ? left : DN_LINEAR_NR);
 }
 
+/* Bytes of a group block's scales (and zeros) ahead of its codes: fp32 pairs for i8/u4, fp16
+ * pairs for i8q/u4q. */
+static inline int64_t dn_linear_group_head(dn_wtype t, int width) {
+    return (dn_linear_act_quantized(t) ? 4 : 8) * (int64_t)width;
+}
+
 /* Bytes of one quantization group block of a panel `width` wide (i8/u4/i8q/u4q). */
 static inline int64_t dn_linear_group_bytes(dn_wtype t, int64_t group, int width) {
     int64_t pairs = (group + 1) / 2;
-    return 8 * (int64_t)width + pairs * 2 * width / (dn_linear_nibbles(t) ? 2 : 1);
+    return dn_linear_group_head(t, width) + pairs * 2 * width / (dn_linear_nibbles(t) ? 2 : 1);
 }
 
 /* Why (wtype, n, k, group) cannot be packed, or NULL when it can. */
@@ -96,10 +109,11 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);
  * Returns 0, or -1 when its scratch memory cannot be allocated. */
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y);
 
-/* Quantize w (bf16 bits when `bf16`, else float) [n][k] to int8 codes [n][k] with per-group
- * scales, zeros [n][k/group], as InstantQuant does (dashinfer_client/model/quant.py). */
-void dn_quantize_i8(const void *w, int bf16, int64_t n, int64_t k, int64_t group, uint8_t *codes,
-                    float *scales, float *zeros);
+/* Quantize w (bf16 bits when `bf16`, else float) [n][k] to `bits` (8 or 4) codes with per-group
+ * scales, zeros [n][k/group], as InstantQuant does (dashinfer_client/model/quant.py): codes
+ * [n][k] for 8 bits, [n][k/2] two a byte (even k in the low nibble) for 4. */
+void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
+                 float *scales, float *zeros);
 
 /* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
  * in portable C, slowly: pack i8/u4 instead. */

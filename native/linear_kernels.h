@@ -24,9 +24,12 @@ extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx
 /* i8q/u4q (linear_q8.c, linear_q8_vnni.c) */
 extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_vnni;
 
-/* One i8q/u4q panel (the rest of dn_linear_pack, linear_q8.c). */
+/* One i8q/u4q panel (the rest of dn_linear_pack, linear_q8.c); e: dn_q8_scale_exp. */
 void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
-                             int width, const void *w, const float *scales, const float *zeros);
+                             int width, const void *w, const float *scales, const float *zeros, int e);
+/* The header's scale_exp of i8q/u4q scales, zeros [n][ng] (linear.h), within DN_Q8_MAX_EXP. */
+#define DN_Q8_MAX_EXP 120
+int dn_q8_scale_exp(int64_t n, int64_t ng, const float *scales, const float *zeros);
 
 /* The activations of an i8q/u4q call, quantized (scratch shared by the team): xq [m][k] int8,
  * xd [m][k/32] block scales, xg [m][k/group] per-group sums of xhat = xd * xq. */

@@ -5,20 +5,50 @@
 
 #include "linear_kernels.h"
 
+/* fp16 bits of f, rounded to nearest even (as numpy's float16 and vcvtps2ph); |f| < 65520. */
+static uint16_t f16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7fffffffu;
+    if (mag < 0x38800000u) { /* below 2^-14: a subnormal step of 2^-24, rounded by the FPU */
+        float a;
+        memcpy(&a, &mag, 4);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
+    }
+    mag += 0xfffu + ((mag >> 13) & 1u) - (112u << 23); /* rebias 127 -> 15, round 13 bits off */
+    return (uint16_t)(sign | (mag >> 13));
+}
+
+static float dn_f16_to_f32(uint16_t h) {
+    uint32_t exp = (h >> 10) & 31u, frac = h & 1023u;
+    float mag = exp ? ldexpf((float)(frac | 1024u), (int)exp - 25) : ldexpf((float)frac, -24);
+    return h & 0x8000u ? -mag : mag;
+}
+
+int dn_q8_scale_exp(int64_t n, int64_t ng, const float *scales, const float *zeros) {
+    float top = 0;
+    for (int64_t i = 0; i < n * ng; i++)
+        top = fmaxf(top, fmaxf(fabsf(scales[i]), fabsf(scales[i] * zeros[i])));
+    if (!(top > 0) || isinf(top)) return 0;
+    int e = 14 - ilogbf(top); /* top * 2^e in [2^14, 2^15) */
+    return e < -DN_Q8_MAX_EXP ? -DN_Q8_MAX_EXP : e > DN_Q8_MAX_EXP ? DN_Q8_MAX_EXP : e;
+}
+
 void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
-                             int width, const void *w, const float *scales, const float *zeros) {
+                             int width, const void *w, const float *scales, const float *zeros, int e) {
     const uint8_t *src = w; /* i8q: [n][k]; u4q: [n][k/2], low nibble = even k */
-    int64_t ngroups = k / group, gb = dn_linear_group_bytes(t, group, width);
+    int64_t ngroups = k / group, gb = dn_linear_group_bytes(t, group, width), head = dn_linear_group_head(t, width);
     for (int64_t g = 0; g < ngroups; g++) {
         uint8_t *blk = dst + g * gb;
-        float *scale = (float *)blk, *sz = scale + width;
-        uint8_t *codes = blk + 8 * width;
+        uint16_t *scale = (uint16_t *)blk, *sz = scale + width;
+        uint8_t *codes = blk + head;
         for (int c = 0; c < width; c++) {
             int real = n0 + c < n;
-            scale[c] = real ? scales[(n0 + c) * ngroups + g] : 0.0f;
-            sz[c] = real ? scale[c] * zeros[(n0 + c) * ngroups + g] : 0.0f;
+            float s = real ? scales[(n0 + c) * ngroups + g] : 0.0f;
+            scale[c] = f16_bits(ldexpf(s, e));
+            sz[c] = f16_bits(real ? ldexpf(s * zeros[(n0 + c) * ngroups + g], e) : 0.0f);
         }
-        memset(codes, 0, gb - 8 * width);
+        memset(codes, 0, gb - head);
         for (int64_t kk = 0; kk < group; kk++) {
             int64_t kg = g * group + kk;
             for (int c = 0; c < width && n0 + c < n; c++) {
@@ -103,23 +133,25 @@ static void run(const dn_linear_call *c, int t, int nt) {
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
         int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width), col0 = p * DN_LINEAR_NR;
+        int64_t head = dn_linear_group_head(w->wtype, width);
         for (int64_t i = m0; i < m1; i++)
             for (int j = 0; j < valid; j++) {
                 float acc = 0;
                 for (int64_t g = 0; g < ng; g++) {
                     const uint8_t *blk = panel + g * gb;
-                    const float *scale = (const float *)blk, *sz = scale + width;
+                    const uint16_t *s16 = (const uint16_t *)blk;
+                    float scale = dn_f16_to_f32(s16[j]), sz = dn_f16_to_f32(s16[width + j]);
                     for (int64_t b = 0; b < w->group / DN_Q8_BLOCK; b++) {
                         int64_t k0 = g * w->group + b * DN_Q8_BLOCK;
                         int32_t dot = 0;
                         for (int kk = 0; kk < DN_Q8_BLOCK; kk++)
-                            dot += code_at(w->wtype, blk + 8 * width, width, j, b * DN_Q8_BLOCK + kk) *
+                            dot += code_at(w->wtype, blk + head, width, j, b * DN_Q8_BLOCK + kk) *
                                    a.xq[i * k + k0 + kk];
-                        acc += (float)dot * (scale[j] * a.xd[i * nb + k0 / DN_Q8_BLOCK]);
+                        acc += (float)dot * (scale * a.xd[i * nb + k0 / DN_Q8_BLOCK]);
                     }
-                    acc -= sz[j] * a.xg[i * ng + g];
+                    acc -= sz * a.xg[i * ng + g];
                 }
-                c->y[i * n + col0 + j] = acc + (c->bias ? c->bias[col0 + j] : 0.0f);
+                c->y[i * n + col0 + j] = acc * w->unscale + (c->bias ? c->bias[col0 + j] : 0.0f);
             }
     }
 }

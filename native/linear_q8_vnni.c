@@ -5,7 +5,7 @@
  * MR rows; int8 codes are half the bytes of bf16, uint4 a quarter, and the arithmetic stays far
  * below the memory time, so a decode step runs at the speed of its bytes. */
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
 
 #include "linear_kernels.h"
@@ -27,6 +27,9 @@ INLINE __mmask16 col_mask(int valid, int v) {
     return left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
 }
 
+/* 16 fp16 scales -> fp32 (vcvtph2ps) */
+INLINE __m512 half16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
 INLINE int32_t quad(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -44,17 +47,17 @@ typedef struct {
 /* y[r][0..valid) = x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide. */
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int64_t group,
                  int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy, const float *bias,
-                 int valid, ahead pf) {
+                 int valid, ahead pf, __m512 unscale) {
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK, gb = dn_linear_group_bytes(u4 ? DN_W_U4Q : DN_W_I8Q, group, width);
     const __m512i low = _mm512_set1_epi8(15);
     __m512 total[MR][4];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *blk = panel + g * gb, *codes = blk + 8 * width;
-        const float *scale = (const float *)blk, *sz = scale + width;
+        const uint8_t *blk = panel + g * gb, *codes = blk + dn_linear_group_head(DN_W_I8Q, width);
+        const uint16_t *scale = (const uint16_t *)blk, *sz = scale + width; /* fp16 */
         __m512 s[4];
-        for (int v = 0; v < nv; v++) s[v] = _mm512_loadu_ps(scale + 16 * v);
+        for (int v = 0; v < nv; v++) s[v] = half16(scale + 16 * v);
         for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
@@ -107,7 +110,7 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
             }
         }
         for (int v = 0; v < nv; v++) {
-            __m512 z = _mm512_loadu_ps(sz + 16 * v);
+            __m512 z = half16(sz + 16 * v);
             for (int r = 0; r < mr; r++)
                 total[r][v] = _mm512_fnmadd_ps(z, _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
         }
@@ -116,7 +119,7 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
         __mmask16 m = col_mask(valid, v);
         __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
         for (int r = 0; r < mr; r++)
-            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * v, m, _mm512_add_ps(total[r][v], bv));
+            _mm512_mask_storeu_ps(y + (row0 + r) * ldy + 16 * v, m, _mm512_fmadd_ps(total[r][v], unscale, bv));
     }
 }
 
@@ -134,10 +137,10 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
 
 #define NV_TILES(MR_, U4)                                                                         \
     switch (nv) {                                                                                  \
-    case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
-    case 2: tile(MR_, 2, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
-    case 3: tile(MR_, 3, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
-    default: tile(MR_, 4, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf); break; \
+    case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
+    case 2: tile(MR_, 2, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
+    case 3: tile(MR_, 3, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
+    default: tile(MR_, 4, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
     }
 
 static void run(const dn_linear_call *c, int t, int nt) {
@@ -153,6 +156,7 @@ static void run(const dn_linear_call *c, int t, int nt) {
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p), nv = width / 16;
         int64_t col0 = p * DN_LINEAR_NR;
         const float *bias = c->bias ? c->bias + col0 : NULL;
+        const __m512 unscale = _mm512_set1_ps(w->unscale);
         /* the next panel's bytes, shared out over this panel's tiles: u4 only, none for a lone
          * tile (the hardware prefetcher keeps up with one) nor above 8 tiles (M > 16: compute-
          * bound). Kernel alone, 1 thread, K 1536 x N 17920, u4 group 32: M = 8 1.3x, M = 16 1.17x

@@ -172,11 +172,13 @@ static PyObject *new_array(const char *dtype, int64_t n, int64_t k) {
     return out;
 }
 
-static PyObject *py_quantize_i8(PyObject *self, PyObject *args) {
+static PyObject *py_quantize(PyObject *self, PyObject *args) {
     PyObject *w_obj;
     Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "On:quantize_i8", &w_obj, &group)) return NULL;
-    dn_args a = {.fn = "quantize_i8"};
+    int bits = 8;
+    if (!PyArg_ParseTuple(args, "On|i:quantize", &w_obj, &group, &bits)) return NULL;
+    dn_args a = {.fn = "quantize"};
+    if (bits != 8 && bits != 4) return dn_fail(&a, PyExc_ValueError, "bits must be 8 or 4, got %d", bits);
     Py_buffer probe; /* the item size picks the format: 2 bytes are bf16 bits, else float32 */
     if (PyObject_GetBuffer(w_obj, &probe, PyBUF_RECORDS_RO) != 0) return NULL;
     int bf16 = probe.itemsize == 2;
@@ -184,9 +186,10 @@ static PyObject *py_quantize_i8(PyObject *self, PyObject *args) {
     Py_buffer *w = dn_take(&a, w_obj, "w", bf16 ? 'H' : 'f', 2, 0);
     if (!w) return dn_done(&a, NULL);
     int64_t n = w->shape[0], k = w->shape[1];
-    if (group < 1 || k % group)
-        return dn_fail(&a, PyExc_ValueError, "group_size %zd does not divide K=%lld", group, (long long)k);
-    PyObject *codes = new_array("uint8", n, k), *scales = new_array("float32", n, k / group);
+    if (group < 1 || k % group || (bits == 4 && group % 2))
+        return dn_fail(&a, PyExc_ValueError, "group_size %zd does not divide K=%lld%s", group, (long long)k,
+                       bits == 4 ? " in even groups" : "");
+    PyObject *codes = new_array("uint8", n, bits == 8 ? k : k / 2), *scales = new_array("float32", n, k / group);
     PyObject *zeros = new_array("float32", n, k / group);
     Py_buffer *c = codes ? dn_take(&a, codes, "codes", 'B', 2, 1) : NULL;
     Py_buffer *s = c && scales ? dn_take(&a, scales, "scales", 'f', 2, 1) : NULL;
@@ -196,7 +199,7 @@ static PyObject *py_quantize_i8(PyObject *self, PyObject *args) {
         return dn_done(&a, NULL);
     }
     Py_BEGIN_ALLOW_THREADS;
-    dn_quantize_i8(w->buf, bf16, n, k, group, c->buf, s->buf, z->buf);
+    dn_quantize(w->buf, bf16, n, k, group, bits, c->buf, s->buf, z->buf);
     Py_END_ALLOW_THREADS;
     return dn_done(&a, Py_BuildValue("(NNN)", codes, scales, zeros));
 }
@@ -216,9 +219,10 @@ PyMethodDef dn_linear_methods[] = {
      "linear(x, packed, bias=None, out=None) -> out: out[M,N] = x[M,K] . W^T (+ bias), float32.\n"
      "Releases the GIL. On the avx512 path with M > 4, activations are rounded to bf16 for\n"
      "vdpbf16ps (and i8/u4 weights dequantized to bf16); M <= 4 and the other paths stay fp32."},
-    {"quantize_i8", py_quantize_i8, METH_VARARGS,
-     "quantize_i8(w, group_size) -> (codes uint8 [N,K], scales, zeros float32 [N, K/group_size]):\n"
-     "InstantQuant int8 of w (float32, or uint16 bf16 bits) [N,K], the rule of quant.quantize"},
+    {"quantize", py_quantize, METH_VARARGS,
+     "quantize(w, group_size, bits=8) -> (codes uint8, scales, zeros float32 [N, K/group_size]):\n"
+     "InstantQuant int8 (codes [N,K]) or uint4 (bits=4: [N,K/2], even k in the low nibble) of w\n"
+     "(float32, or uint16 bf16 bits) [N,K], the rule of quant.quantize"},
     {"linear_vnni", py_linear_vnni, METH_NOARGS,
      "linear_vnni() -> True when i8q/u4q weights run on AVX512-VNNI integer dot products here\n"
      "(else they run in portable C: pack i8/u4, which stay exact and fast, instead)"},

@@ -21,11 +21,19 @@ def pack(wtype, n, k, group, rng):
     return K.pack_linear(stored, wtype, group, scale, zero), unpack_codes(stored, fmt), scale, zero
 
 
+def stored_scales(scale, zero):
+    """(scale, scale*zero) as the packed weight keeps them (native/linear.h): both times 2^e in
+    fp16 (numpy's rounding), e putting the largest of them all in [2^14, 2^15)."""
+    sz = (scale * zero).astype(np.float32)
+    top = max(np.abs(scale).max(), np.abs(sz).max())
+    e = 15 - int(np.frexp(top)[1])  # frexp: top = f * 2^x, f in [0.5, 1)
+    return tuple(np.ldexp(np.ldexp(v.astype(np.float64), e).astype(np.float16).astype(np.float64), -e)
+                 for v in (scale, sz))
+
+
 def weight(q, scale, zero, group):
-    """The weight the kernels compute with: q * scale - (scale * zero rounded to fp32)."""
-    n, k = q.shape
-    s = np.repeat(scale, group, axis=1).astype(np.float64)
-    sz = np.repeat((scale * zero).astype(np.float32), group, axis=1).astype(np.float64)
+    """The weight the kernels compute with: q * scale - scale*zero, both as stored."""
+    s, sz = (np.repeat(v, group, axis=1) for v in stored_scales(scale, zero))
     return q.astype(np.float64) * s - sz
 
 
@@ -111,3 +119,38 @@ def test_refuses_groups_that_are_not_whole_blocks():
     with pytest.raises(ValueError, match="multiple of 32"):
         K.pack_linear(q, "i8q", 48, ones, ones)
     assert K.unpack_linear(K.pack_linear(np.zeros((4, 32), np.uint8), "u4q", 64, ones, ones))[0] == "u4q"
+
+
+def test_fp16_scales_round_within_half_an_ulp():
+    """Every stored scale and scale*zero is within 2^-11 of the fp32 value (a normal fp16 after the
+    shift), so a weight moves by at most 2^-11 of its group's range: 1/16 of an int8 code step."""
+    rng = np.random.default_rng(6)
+    for spread in (1e-3, 1.0, 1e3):  # groups whose ranges differ by up to 10^6 in one weight
+        w = rng.standard_normal((64, 256)) * np.exp(rng.uniform(-0.5, 0.5, (64, 1)) * np.log(spread))
+        _, scale, zero = quantize(w.astype(np.float32), "int8", 32)
+        for stored, want in zip(stored_scales(scale, zero), (scale, (scale * zero).astype(np.float32))):
+            assert np.all(np.abs(stored - want) <= 2.0**-11 * np.abs(want))
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-6, 1e6, 1e30])
+def test_scales_far_outside_fp16_range(isa, magnitude):
+    """The per-weight exponent keeps fp16 scales normal for weights of any fp32 magnitude."""
+    rng = np.random.default_rng(7)
+    stored, scale, zero = quantize((rng.standard_normal((40, 128)) * magnitude).astype(np.float32), "uint4", 32)
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    for wtype in ("u4q",):
+        check(K.linear(x, K.pack_linear(stored, wtype, 32, scale, zero)), x, unpack_codes(stored, "uint4"),
+              scale, zero, 32, None)
+
+
+def test_refuses_a_buffer_of_another_layout_version():
+    rng = np.random.default_rng(8)
+    packed, *_ = pack("i8q", 16, 64, 32, rng)
+    stale = packed.copy()
+    stale[8:12] = np.frombuffer(np.uint32(1).tobytes(), np.uint8)  # version 1: fp32 scales
+    with pytest.raises(ValueError, match="another version"):
+        K.linear(np.ones((1, 64), np.float32), stale)
+    bad_exp = packed.copy()
+    bad_exp[44:48] = np.frombuffer(np.int32(1000).tobytes(), np.uint8)
+    with pytest.raises(ValueError, match="scale exponent"):
+        K.unpack_linear(bad_exp)
