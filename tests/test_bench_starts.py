@@ -29,7 +29,7 @@ def test_correlation_matches_numpy_and_needs_variation():
 def test_summary_spreads_the_figure_over_its_limit():
     rows = [row("decode1", 100.0, 40.0, 400, cpu_share=1.0, migrations=3, huge_share=0.9),
             row("decode1", 150.0, 60.0, 420, cpu_share=0.99, migrations=5, huge_share=0.9),
-            row("decode1", 120.0, 50.0, 410, cpu_share=0.98, migrations=4, huge_share=0.8)]
+            row("decode1", 125.0, 50.0, 410, cpu_share=0.98, migrations=4, huge_share=0.8)]
 
     class Args:
         model, env = "default", []
