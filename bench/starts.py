@@ -4,10 +4,10 @@
         [--model PATH] [--quant int8] [--env GOMP_SPINCOUNT=0 ...]
 
 Each start is one fresh process (its own interpreter, kernels, weights and KV cache) that
-serves the workload with bench/engine.py's code and, just before and just after it, asks the
-host what it gives this process now (bench/machine.py now(): the median of short bandwidth and
-bf16-peak probes). `probe` is a start that only probes: the host's own spread over the same
-minutes. The starts of the workloads are interleaved (decode1, prefill512, probe, decode1, ...)
+serves the workload with bench/engine.py's code; just before and just after it, this process
+asks the host what it gives now (bench/machine.py now(): the median of short bandwidth and
+bf16-peak probes). `probe` is a start that serves nothing: the host's own spread over the same
+minutes, and the huge-page share of a fresh process's probe buffer. The starts of the workloads are interleaved (decode1, prefill512, probe, decode1, ...)
 so that a change of the host's load shows in all of them rather than in one.
 
 One line per start: its figure (decode1: decode tok/s, else prefill tok/s), the probes, and what
@@ -31,33 +31,34 @@ sys.path.insert(0, ROOT)
 
 
 def child(args) -> dict:
-    """In the fresh process: probe, serve the workload, probe."""
-    from bench import host, machine
-    before = machine.now(args.threads)
-    result = {"workload": args.child}
-    if args.child != "probe":
-        from bench.engine import run_workload
-        result = run_workload(args.child, args.model, "bfloat16", args.quant, None, args.threads, 0, 0)
-    after = machine.now(args.threads)
-    figures = {k: round((before[k] + after[k]) / 2, 1) for k in before}
-    figures.update(probe_before=before, probe_after=after)
+    """In the fresh process: serve the workload (a probe start only looks at its memory)."""
+    from bench import host
     if args.child == "probe":
-        figures["host"] = {"huge_share": host.huge_share()}
-        figures["tok_s"] = None
-    else:
-        figures["host"] = result["host"]
-        figures["tok_s"] = result["decode_tok_s" if args.child in BANDWIDTH_BOUND else "prefill_tok_s"]
-    return {"workload": args.child, **figures}
+        from bench import machine
+        machine.now(args.threads)
+        return {"workload": "probe", "tok_s": None, "host": {"huge_share": host.huge_share()}}
+    from bench.engine import run_workload
+    result = run_workload(args.child, args.model, "bfloat16", args.quant, None, args.threads, 0, 0)
+    return {"workload": args.child, "host": result["host"],
+            "tok_s": result["decode_tok_s" if args.child in BANDWIDTH_BOUND else "prefill_tok_s"]}
 
 
 def start_once(workload: str, args, env) -> dict:
+    """One fresh process, with the host probed from this one just before and just after it (a
+    probe inside the start would leave a second OpenMP team there, and libgomp stops spinning
+    when its threads outnumber the cpus: decode1 fell from ~150 to 59 tok/s)."""
+    from bench import machine
+    before = machine.now(args.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, "--threads", str(args.threads),
            "--model", args.model]
     cmd += ["--quant", args.quant] if args.quant else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{workload} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    after = machine.now(args.threads)
+    row.update({k: round((before[k] + after[k]) / 2, 1) for k in before}, probe_before=before, probe_after=after)
+    return row
 
 
 def normalised(row: dict):
