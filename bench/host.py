@@ -11,6 +11,7 @@ steal_ms       time the hypervisor ran something else on this process's cpus (/p
 migrations     thread moves between cpus (/proc/self/task/*/sched, when the kernel has it)
 cpus_of_busy   the cpu each of the busiest threads last ran on ("0,1": two threads on two cpus)
 huge_mb        anonymous memory on transparent huge pages now (/proc/self/smaps_rollup)
+huge_share     huge_mb over all anonymous memory of the process (weights, KV cache, workspaces)
 """
 import os
 
@@ -62,11 +63,21 @@ def sample() -> dict:
     return {"threads": _threads(), "steal": _steal_ticks(os.sched_getaffinity(0))}
 
 
-def huge_mb() -> float:
+def _rollup_mb(field: str):
     for line in _read("/proc/self/smaps_rollup").splitlines():
-        if line.startswith("AnonHugePages:"):
-            return round(int(line.split()[1]) / 1024)
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
     return None
+
+
+def huge_mb() -> float:
+    huge = _rollup_mb("AnonHugePages")
+    return None if huge is None else round(huge)
+
+
+def huge_share():
+    huge, anon = _rollup_mb("AnonHugePages"), _rollup_mb("Anonymous")
+    return round(huge / anon, 3) if huge is not None and anon else None
 
 
 def since(before: dict) -> dict:
@@ -83,4 +94,5 @@ def since(before: dict) -> dict:
     return {"cpu_share": round(cpu / wanted, 3) if wanted else 1.0,
             "runq_wait_ms": round(wait / 1e6), "cpu_ms": round(cpu / 1e6),
             "steal_ms": round(steal / 1e6), "migrations": moved,
-            "cpus_of_busy": ",".join(str(last) for _, last in busy[:2]), "huge_mb": huge_mb()}
+            "cpus_of_busy": ",".join(str(last) for _, last in busy[:2]), "huge_mb": huge_mb(),
+            "huge_share": huge_share()}
