@@ -195,9 +195,7 @@ static void qk_block_bf16(const uint16_t *kp, int t0, int n, int D, const uint32
     case 3: QK(R, 3); break;            \
     default: QK(R, 4); break;           \
     }
-    /* a block of 32 tokens: 4 x 6 + 2 x 4 (one-token calls load 4 q vectors per 4 products) */
-    for (; n - j >= 6 && n - j != 8 && n - j != 4; j += 6) QK_IC(6);
-    for (; j + 4 <= n; j += 4) QK_IC(4);
+    for (; j + 6 <= n; j += 6) QK_IC(6);
     for (; j < n; j++) QK_IC(1);
 #undef QK_IC
 #undef QK
@@ -238,7 +236,6 @@ static void pv_block_bf16(const uint32_t *pp, int mp, int np, const uint32_t *vp
     if (dc == 4) pv_kernel_bf16(pp, mp, i, np, vp, D, d0, alpha, acc, R, 4);         \
     else pv_kernel_bf16(pp, mp, i, np, vp, D, d0, alpha, acc, R, 2)
         for (; i + 6 <= mp; i += 6) PV(6);
-        for (; i + 4 <= mp; i += 4) PV(4);
         for (; i + 2 <= mp; i += 2) PV(2);
         for (; i < mp; i++) PV(1);
 #undef PV
@@ -247,60 +244,9 @@ static void pv_block_bf16(const uint32_t *pp, int mp, int np, const uint32_t *vp
 
 /* two fp32 vectors to bf16 (round to nearest even), interleaved: lane l = (a[l], b[l]) */
 static inline __m512i pair_bf16(__m512 a, __m512 b) {
-    /* words 0..15 of the conversion are a's, 16..31 b's: word 2l takes a's l, 2l + 1 b's l */
-    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                           24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                           16, 0);
-    return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-}
-
-/* 2^t of the softmax's t = (score - max) log2(e) <= 0: 2^round(t) times a degree-5 Taylor
- * polynomial of the rest (relative error < 3e-6: the weights are rounded to bf16 next, 2e-3),
- * 0 where t < -126 (a masked score is -inf). Cheaper than exp512, whose fp32 accuracy the
- * bf16 weights cannot keep: a score costs fewer operations than one of its 64-wide products. */
-static inline __m512 exp2_weight(__m512 t) {
-    __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n); /* [-1/2, 1/2] */
-    __m512 p = _mm512_set1_ps(1.3333558e-3f);                 /* ln2^5 / 5! */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f)); /* ln2^4 / 4! */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f)); /* ln2^3 / 3! */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f)); /* ln2^2 / 2! */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f)); /* ln2 */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(live, p, n);
-}
-
-/* The tile's M query vectors scaled, rounded to bf16 and transposed in d pairs: qp [D/2][mp]
- * (padding vectors 0), and qsum[i] the sum of vector i's rounded values (for the uint4 K zero
- * points). Each vector converts in whole rows; only the transposing stores are scalar. */
-static void q_pairs_bf16(const attn_tile_t *t, int mp, uint32_t *qp, float *qsum) {
-    const int D = t->kv->head_dim, nh = t->n_q_heads, M = nh * t->n_rows;
-    const __m512 scale = _mm512_set1_ps(t->scale);
-    for (int i = 0; i < mp; i++) {
-        if (i >= M) {
-            for (int j = 0; j < D / 2; j++) qp[j * mp + i] = 0;
-            qsum[i] = 0.0f;
-            continue;
-        }
-        const float *src = t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D;
-        float qs = 0.0f;
-        for (int d = 0; d < D; d += 32) {
-            uint32_t pairs[16];
-            _mm512_storeu_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(
-                                           _mm512_mul_ps(_mm512_loadu_ps(src + d + 16), scale),
-                                           _mm512_mul_ps(_mm512_loadu_ps(src + d), scale)));
-            for (int l = 0; l < 16; l++) {
-                uint32_t lo = pairs[l] << 16, hi = pairs[l] & 0xffff0000u;
-                float a, b;
-                memcpy(&a, &lo, 4);
-                memcpy(&b, &hi, 4);
-                qs += a + b;
-                qp[(d / 2 + l) * mp + i] = pairs[l];
-            }
-        }
-        qsum[i] = qs;
-    }
+    __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+    __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
 /* K of the groups covering tokens 0..n of an int8 / uint4 slice: the codes in bf16 (exact: at
@@ -402,7 +348,23 @@ static void prefill_tile_dpbf16(const attn_tile_t *t) {
         sum[i] = 0.0f;
         zt[i] = 0.0f;
     }
-    q_pairs_bf16(t, mp, qp, qsum);
+    for (int c = 0; c < mp; c += 16) { /* q transposed in d pairs, 16 vectors at a time */
+        __m512 qs = zero; /* the sum of the rounded q, for the uint4 K zero points */
+        for (int j = 0; j < D / 2; j++) {
+            float e[16], o[16];
+            for (int l = 0; l < 16; l++) {
+                int i = c + l;
+                const float *src = i < M ? t->q + (i / nh) * t->q_stride + (int64_t)(i % nh) * D : NULL;
+                e[l] = src ? src[2 * j] * t->scale : 0.0f;
+                o[l] = src ? src[2 * j + 1] * t->scale : 0.0f;
+            }
+            __m512i pair = pair_bf16(_mm512_loadu_ps(e), _mm512_loadu_ps(o));
+            _mm512_store_si512(qp + j * mp + c, pair);
+            qs = _mm512_add_ps(qs, _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)),
+                                                 _mm512_castsi512_ps(_mm512_and_si512(pair, hi16))));
+        }
+        _mm512_store_ps(qsum + c, qs);
+    }
     memset(acc, 0, (size_t)mp * D * 4);
     const int first_limit = t->first_pos;
 
@@ -440,13 +402,11 @@ static void prefill_tile_dpbf16(const attn_tile_t *t) {
             /* vectors that saw nothing yet subtract 0, keeping exp(-inf) = 0 and no NaN */
             __m512 muse = _mm512_mask_blend_ps(
                 _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), mnew, zero);
-            const __m512 log2e = _mm512_set1_ps(1.44269504f), mlog = _mm512_mul_ps(muse, log2e);
-            __m512 al = exp2_weight(_mm512_fmsub_ps(mold, log2e, mlog));
+            __m512 al = exp512(_mm512_sub_ps(mold, muse));
             __m512 ps = zero, zs = _mm512_mul_ps(_mm512_load_ps(zt + c), al);
             for (int j = 0; j < 2 * np; j += 2) {
-                __m512 p0 = exp2_weight(_mm512_fmsub_ps(_mm512_load_ps(s + j * mp + c), log2e, mlog));
-                __m512 p1 = j + 1 < n ? exp2_weight(_mm512_fmsub_ps(_mm512_load_ps(s + (j + 1) * mp + c), log2e, mlog))
-                                      : zero;
+                __m512 p0 = exp512(_mm512_sub_ps(_mm512_load_ps(s + j * mp + c), muse));
+                __m512 p1 = j + 1 < n ? exp512(_mm512_sub_ps(_mm512_load_ps(s + (j + 1) * mp + c), muse)) : zero;
                 ps = _mm512_add_ps(ps, _mm512_add_ps(p0, p1));
                 if (vs) { /* the V scales into the weights */
                     p0 = _mm512_mul_ps(p0, _mm512_set1_ps(vs[j]));
