@@ -170,6 +170,8 @@ CASES = {
     "many_heads_d32_g4_bs16": dict(seqs=[(1, 100), (1, 40), (2, 17)], n_kv=20, group=4, d=32,
                                    bs=16),
     "odd_d48_g2_bs32": dict(seqs=[(2, 70), (1, 33)], n_kv=2, group=2, d=48, bs=32),
+    # SmolLM2's prefill: 21-row tiles of 63 vectors, 32-token blocks, a chunk after a prefix
+    "prefill_d64_g3_bs32": dict(seqs=[(150, 150), (37, 101)], n_kv=3, group=3, d=64, bs=32),
 }
 
 
