@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 
 from bench.timing import best_seconds  # noqa: E402
 from dashinfer_server import kernels as K  # noqa: E402
+from dashinfer_server.kv_cache import bytes_per_block  # noqa: E402
 
 K.load()  # a bench runs where it was started: nothing to place first
 
@@ -33,7 +34,7 @@ THREADS = 2
 
 def _bytes_per_token_head(fmt, d):
     """KV cache bytes read per token and kv head, K and V together (scales included)."""
-    return 2 * {"fp32": 4 * d, "bf16": 2 * d, "int8": d + 4, "uint4": d // 2 + 8}[fmt]
+    return bytes_per_block(fmt, 1, 1, 1, d)
 
 
 def _pages_zeros(shape, dtype, huge):

@@ -60,3 +60,16 @@ def ttft_bound_ms(prompt_lens, flops: float, peak_gflops: float) -> float:
         done += n
         firsts.append(done * flops / (peak_gflops * 1e9) * 1e3)
     return statistics.median(firsts)
+
+
+def attention_flops(config, context: float) -> float:
+    """Flops of one token's attention over `context` cached tokens, every layer: q.k and the
+    weighted v, 2 flops per value each."""
+    return 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context
+
+
+def kv_bytes_per_token(config, kv_format: str) -> int:
+    """Bytes of K and V (codes and scales) one decode step reads per cached token, every layer."""
+    from dashinfer_server.kv_cache import bytes_per_block
+    return bytes_per_block(kv_format, config.num_hidden_layers, config.num_key_value_heads, 1,
+                           config.head_dim)
