@@ -164,7 +164,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
     prompt = np.random.default_rng(0).integers(3, model.config.vocab_size, prompt_len).tolist()
     gen = ASGenerationConfigBuilder(seed=0).update(
         {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": prompt_len + steps + 4})
-    seq = new_request(prompt, gen, ModelLimits(model.config.vocab_size, cfg.max_length,
+    seq = new_request(prompt, dict(gen.build()), ModelLimits(model.config.vocab_size, cfg.max_length,
                                                loop.block_capacity))
     loop.scheduler.add(seq)
     while seq.num_generated < 2:  # the prompt (in chunks) and a first decode, untimed
