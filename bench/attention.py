@@ -5,6 +5,8 @@ both against torch SDPA doing the same math with 2 threads.
         [--shape smollm2,llama] [--batch 1,16] [--ctx 1024,4096] [--fmt fp32,bf16,int8,uint4]
         [--only decode|prefill] [--no-torch] [--small-pages] [--isa avx2] [--json FILE]
 
+Decode figures are against the streaming read bandwidth (bench/machine.py) measured just before
+each (shape, batch, context) group of rows: this host's bandwidth drifts from minute to minute.
 Decode streams from DRAM, not cache: every timed call reads KV blocks that the previous calls
 did not touch. The cache holds several disjoint sets of blocks (each a random block table over a
 shuffled pool, together >= 4x the 32 MiB L3) and the calls rotate through them; torch gets as many
@@ -21,10 +23,12 @@ import numpy as np  # noqa: E402
 
 from bench.timing import best_seconds  # noqa: E402
 from dashinfer_server import kernels as K  # noqa: E402
+from dashinfer_server.kv_cache import bytes_per_block  # noqa: E402
 
 K.load()  # a bench runs where it was started: nothing to place first
 
-SHAPES = {"smollm2": (9, 3, 64), "llama": (32, 8, 128)}  # n_heads, n_kv_heads, head_dim
+# n_heads, n_kv_heads, head_dim
+SHAPES = {"smollm2": (9, 3, 64), "qwen2-1.5b": (12, 2, 128), "llama": (32, 8, 128)}
 FORMATS = ("fp32", "bf16", "int8", "uint4")
 BLOCK = 32  # the engine's default kv_cache_span_size
 L3_BYTES = 32 << 20
@@ -33,7 +37,7 @@ THREADS = 2
 
 def _bytes_per_token_head(fmt, d):
     """KV cache bytes read per token and kv head, K and V together (scales included)."""
-    return 2 * {"fp32": 4 * d, "bf16": 2 * d, "int8": d + 4, "uint4": d // 2 + 8}[fmt]
+    return bytes_per_block(fmt, 1, 1, 1, d)
 
 
 def _pages_zeros(shape, dtype, huge):
@@ -137,7 +141,9 @@ def _load():
 
 def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES),
          batches=(1, 16), ctxs=(1024, 4096), formats=FORMATS, only=None, torch=True,
-         huge=True):
+         huge=True, measure_bw=None):
+    """measure_bw: a function giving GB/s now, called before each group of decode rows (None:
+    limits["bw_gbs"] throughout)."""
     bw = limits["bw_gbs"]
     K.set_num_threads(THREADS)
     rng = np.random.default_rng(0)
@@ -153,6 +159,9 @@ def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES
             for ctx in ctxs:
                 if quick and (batch, ctx) != (1, 4096):
                     continue
+                if measure_bw:
+                    bw = measure_bw()
+                    print(f"bandwidth {bw:.1f} GB/s", flush=True)
                 if torch:
                     torch_rot = max(2, -(-4 * L3_BYTES // (batch * ctx * n_kv * d * 8)))
                     t32 = _torch_time(1, ctx, batch, n_heads, n_kv, d, _dtype("f32"), torch_rot,
@@ -168,7 +177,7 @@ def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES
                         del call
                         gbs = kv_bytes / t / 1e9
                         row = dict(kind="decode", shape=name, batch=batch, ctx=ctx, block=bs,
-                                   fmt=fmt, ms=t * 1e3, gbs=gbs, of_bw=gbs / bw,
+                                   fmt=fmt, ms=t * 1e3, gbs=gbs, bw_gbs=bw, of_bw=gbs / bw,
                                    vs_torch_f32=t32 / t, vs_torch_bf16=t16 / t)
                         result.append(row)
                         label = f"decode {name} b={batch} ctx={ctx} bs={bs} {fmt}"
@@ -230,7 +239,8 @@ def _main():
     bw = a.bw or read_bandwidth(THREADS)
     result = rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
                   batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,
-                  torch=not a.no_torch, huge=not a.small_pages)
+                  torch=not a.no_torch, huge=not a.small_pages,
+                  measure_bw=None if a.bw else lambda: read_bandwidth(THREADS))
     if a.json:
         import json
 

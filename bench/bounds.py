@@ -123,3 +123,10 @@ def ttft_bound_ms(prompt_lens, flops: float, peak_gflops: float, head: float = 0
         done += n * (flops - head) + head
         firsts.append(done / (peak_gflops * 1e9) * 1e3)
     return statistics.median(firsts)
+
+
+def kv_bytes_per_token(config, kv_format: str) -> int:
+    """Bytes of K and V (codes and scales) one decode step reads per cached token, every layer."""
+    from dashinfer_server.kv_cache import bytes_per_block
+    return bytes_per_block(kv_format, config.num_hidden_layers, config.num_key_value_heads, 1,
+                           config.head_dim)

@@ -8,6 +8,7 @@ Workloads (token-level random prompts, greedy, eos ignored, every request submit
     decode1     1 request: 32 prompt tokens, 128 new
     batch8      8 requests: 64 prompt tokens, 128 new
     serve32     32 requests: prompt 16 + (37 i mod 241), new 32 + (29 i mod 97)
+    long4096    1 request: 4096 prompt tokens, 64 new (--kv-cache-mode AsCacheQuantI8: int8 K/V)
 Each runs in its own process (so peak_rss_mb is that workload's own peak: weights, KV cache,
 workspaces, Python; with --ranks, the largest rank's), on --threads kernel threads. Figures:
     ttft_ms          median over requests of submission -> first token (ttft_p99_ms: the 99th
@@ -20,12 +21,15 @@ workspaces, Python; with --ranks, the largest rank's), on --threads kernel threa
                      steal, migrations, the busiest threads' cpus, memory on huge pages)
 and the bounds of bench/bounds.py, with bench/machine.py's limits (bf16 peak measured once,
 bw_gbs just before and just after each run, the mean used):
-    prefill_bound_tok_s, prefill_fraction    prefill512: the bf16 peak over flops per prompt token
+    prefill_bound_tok_s, prefill_fraction    prefill512, long4096: the bf16 peak over the prompt's flops
+                                             (every token through the layers, causal attention, the
+                                             head once: bounds.prompt_flops)
     ttft_bound_ms, ttft_over_bound           several requests: the median TTFT of their prompts
                                              run shortest first at the bf16 peak (bounds.py)
     decode_bound_tok_s, decode_fraction      decode workloads: from the first first token to the last
                                              token, the decode steps and the prompts prefilled meanwhile
-                                             at bw and bf16 peak (bounds.decode_window_bound)
+                                             at bw and bf16 peak (bounds.decode_window_bound); long4096
+                                             reads the K/V bytes of its context besides the weights
     total_bound_tok_s, total_fraction        every prompt and new token at the bf16 peak, every step
                                              reading the weights at bw (bounds.total_bound)
     python bench/engine.py --neighbour [--workloads decode1,serve32]
@@ -39,9 +43,10 @@ alternates runs with the variables set (A) and without (B) and prints every pair
 --model: default (SmolLM2-135M-Instruct), a Hugging Face directory, a .gguf file or a serialized
 DIR/PREFIX (bench/models.py); bench/make_model.py writes random-weight models of real shapes.
 
-    python bench/engine.py --profile [--quant int8] [--threads N] [--by-op] [--rows 8]
-times every kernel call and model-loop stage of 100 decode steps (of --rows requests) instead (ms per step); the layers
-are one native call (kernel decoder_run) unless --by-op runs them op by op from Python.
+    python bench/engine.py --profile [--quant int8] [--threads N] [--by-op] [--rows 8] [--prompt 4096]
+times every kernel call and model-loop stage of 100 decode steps (of --rows requests after prompts
+of --prompt tokens) instead (ms per step); the layers are one native call (kernel decoder_run)
+unless --by-op runs them op by op from Python (then "kernel attention" is attention's share).
 """
 import argparse
 import json
@@ -57,10 +62,12 @@ WORKLOADS = {
     "decode1": [(32, 128)],
     "batch8": [(64, 128)] * 8,
     "serve32": [(16 + 37 * i % 241, 32 + 29 * i % 97) for i in range(32)],
+    "long4096": [(4096, 64)],
 }
+KV_FORMATS = {"AsCacheDefault": None, "AsCacheQuantI8": "int8", "AsCacheQuantU4": "uint4"}
 
 
-def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ranks):
+def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ranks, kv_mode):
     """In the child process: serve the workload, return its figures."""
     import numpy as np
 
@@ -75,7 +82,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     engine = allspark.ClientEngine(nodes=ranks) if ranks else allspark.Engine()
     builder = loader.create_reference_runtime_config_builder(
         "bench", allspark.TargetDevice.CPU, [0], max_batch=len(requests))
-    builder.max_length(max(p + n for p, n in requests)).thread_num(threads)
+    builder.max_length(max(p + n for p, n in requests)).thread_num(threads).kv_cache_mode(kv_mode)
     if max_prefill:
         builder.max_prefill_length(max_prefill)
     t = time.perf_counter()
@@ -107,7 +114,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     after_first = new_tokens - len(stats)
     return {
         "workload": name, "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
-        "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
+        "kv_cache_mode": kv_mode, "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
         "new_tokens": new_tokens,
         "ttft_ms": round(statistics.median(ttft), 1),
         "ttft_min_ms": round(min(ttft), 1),
@@ -122,9 +129,11 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     }
 
 
-def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, rows=1, steps=100):
-    """Where a decode step of `rows` requests goes: the ModelLoop stepped in this thread (no loop
-    thread), every kernel call and every loop stage timed -> ms per step."""
+def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode, rows=1, prompt_len=32,
+                   steps=100):
+    """Where a decode step of `rows` requests goes after prompts of `prompt_len` tokens: the
+    ModelLoop stepped in this thread (no loop thread), every kernel call and every loop stage
+    timed -> ms per step."""
     import collections
 
     import numpy as np
@@ -136,8 +145,8 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, rows=1,
     from dashinfer_server.request import ModelLimits, new_request
 
     model = models.load(model_spec, dtype, quant, group_size)
-    cfg = (runtime_builder(model).model_name("profile").max_batch(rows).max_length(32 + steps + 8)
-           .thread_num(threads).build())
+    cfg = (runtime_builder(model).model_name("profile").max_batch(rows)
+           .max_length(prompt_len + steps + 8).thread_num(threads).kv_cache_mode(kv_mode).build())
     K.load()
     K.set_num_threads(threads)
     loop = loop_module.ModelLoop(model, cfg)
@@ -160,13 +169,14 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, rows=1,
 
     rng = np.random.default_rng(0)
     gen = ASGenerationConfigBuilder(seed=0).update(
-        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": 32 + steps + 4})
-    for _ in range(rows):
-        prompt = rng.integers(3, model.config.vocab_size, 32).tolist()
-        loop.scheduler.add(new_request(prompt, gen.build(), ModelLimits(model.config.vocab_size, cfg.max_length,
-                                                                loop.block_capacity)))
-    loop.step()  # the prompts
-    loop.step()  # a first decode, untimed
+        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": prompt_len + steps + 4})
+    seqs = [new_request(rng.integers(3, model.config.vocab_size, prompt_len).tolist(), dict(gen.build()),
+                        ModelLimits(model.config.vocab_size, cfg.max_length, loop.block_capacity))
+            for _ in range(rows)]
+    for seq in seqs:
+        loop.scheduler.add(seq)
+    while min(seq.num_generated for seq in seqs) < 2:  # the prompts (in chunks) and a first decode, untimed
+        loop.step()
     loop.model.kernels = TimedKernels()
     loop.scheduler.schedule = timed("loop schedule", loop.scheduler.schedule)
     loop.scheduler.advance = timed("loop advance", loop.scheduler.advance)
@@ -184,6 +194,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, rows=1,
     loop_parts = sum(v for k, v in per_step.items() if k.startswith("loop "))
     return {
         "profile": f"decode, {rows} rows", "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
+        "context": prompt_len + 2, "kv_cache_mode": kv_mode,
         "step_ms": round(step * 1e3, 3),
         "kernels_ms": round(kernels, 3),
         "forward_python_ms": round(per_step["forward"] - kernels, 3),
@@ -259,7 +270,10 @@ def main():
     parser.add_argument("--quant", default=None, choices=["int8", "uint4"])
     parser.add_argument("--group-size", type=int, default=None,
                         help="with --quant: InstantQuant group_size (-1: per channel; default int8 64, uint4 32)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(w for w in WORKLOADS if w != "long4096"),
+                        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all but long4096)")
+    parser.add_argument("--kv-cache-mode", default="AsCacheDefault", choices=list(KV_FORMATS))
+    parser.add_argument("--prompt", type=int, default=32, help="with --profile: prompt tokens")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=0, help="max_prefill_length (0: the engine's)")
     parser.add_argument("--ranks", type=int, default=0,
@@ -282,11 +296,11 @@ def main():
     if args.profile:
         sys.path.insert(0, ROOT)
         print(json.dumps(profile_decode(args.model, args.dtype, args.quant, args.group_size, args.threads,
-                                        args.by_op, args.rows)))
+                                        args.by_op, args.kv_cache_mode, args.rows, args.prompt)))
         return
     if args.child:
         print(json.dumps(run_workload(args.child, args.model, args.dtype, args.quant, args.group_size,
-                                      args.threads, args.max_prefill, args.ranks)))
+                                      args.threads, args.max_prefill, args.ranks, args.kv_cache_mode)))
         return
     names = args.workloads.split(",")
     unknown = [n for n in names if n not in WORKLOADS]
@@ -307,7 +321,7 @@ def main():
         bw_before = read_bandwidth(threads)  # this host's bandwidth drifts: measure it around the run
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--model", args.model,
                "--dtype", args.dtype, "--threads", str(args.threads), "--max-prefill", str(args.max_prefill),
-               "--ranks", str(args.ranks)]
+               "--ranks", str(args.ranks), "--kv-cache-mode", args.kv_cache_mode]
         cmd += ["--quant", args.quant] if args.quant else []
         cmd += ["--group-size", str(args.group_size)] if args.group_size else []
         if args.baseline_env is not None:
@@ -335,15 +349,20 @@ def main():
             bound = bounds.ttft_bound_ms([p for p, _ in WORKLOADS[name]], bounds.flops_per_token(model.config),
                                          peak, bounds.head_flops(model.config))
             result.update(ttft_bound_ms=round(bound, 1), ttft_over_bound=round(result["ttft_ms"] / bound, 2))
-        if name == "prefill512":
-            bound = bounds.prefill_bound(model.config, WORKLOADS[name][0][0], peak)
+        kv_format = KV_FORMATS[args.kv_cache_mode] or ("fp32" if args.dtype == "float32" else "bf16")
+        prompt, new = WORKLOADS[name][0]
+        # long4096 reads its context's K/V every step besides the weights (at the mean context)
+        step_bytes = per_token + (bounds.kv_bytes_per_token(model.config, kv_format) * (prompt + new / 2)
+                                  if name == "long4096" else 0)
+        if name in ("prefill512", "long4096"):
+            bound = bounds.prefill_bound(model.config, prompt, peak)
             result.update(prefill_bound_tok_s=round(bound, 1),
                           prefill_fraction=round(result["prefill_tok_s"] / bound, 3))
         steps = max(new for _, new in WORKLOADS[name]) - 1  # the longest request's decode steps
         if result["decode_tok_s"]:
             bound, kind = bounds.decode_window_bound(
                 result["new_tokens"] - result["requests"], steps, result["prompt_tokens"],
-                result["ttft_min_ms"] / 1e3, per_token, model.config, bw, peak)
+                result["ttft_min_ms"] / 1e3, step_bytes, model.config, bw, peak)
             result.update(decode_bound_tok_s=round(bound, 1), decode_bound=kind,
                           decode_fraction=round(result["decode_tok_s"] / bound, 3))
         bound = bounds.total_bound(result["prompt_tokens"], result["new_tokens"], result["requests"],
