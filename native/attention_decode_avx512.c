@@ -11,14 +11,12 @@
  * Products, per slice (layouts: kv_cache_layout.h).
  *   Scores: K holds 16 tokens side by side, so q . k of 16 tokens accumulates in the 16 lanes of
  *   one register per query vector, q broadcast: no horizontal sums.
- *     fp32: FMA per d.  bf16: vpdpbf16ps on a d pair, q rounded to bf16 as the prefill tile and
- *     bf16 attention do (one instruction per 64 bytes and vector: fp32 FMAs on the even/odd
- *     halves took four, and kept two cores below the bandwidth at GQA groups of 6).  int8: vpdpwssd on the d pair, q quantized to int16 per vector (rel. error
+ *     fp32: FMA per d.  bf16: a 64-byte load of a d pair gives d even by a shift, d odd by a mask;
+ *     exact fp32 math.  int8: vpdpwssd on the d pair, q quantized to int16 per vector (rel. error
  *     2^-16, negligible next to the cache's own 8-bit error).  uint4: vpdpbusd on a d quad of
  *     codes, q quantized to int8 per vector (error 1/254 of its largest value: an order of
  *     magnitude below the 4-bit cache's own 1/30 of its range).
- *   Weighted sum of V: fp32 rows times a broadcast weight.  bf16: two rows interleaved into token
- *   pairs, vpdpbf16ps with the weights rounded to bf16.  int8:
+ *   Weighted sum of V: fp32 / bf16 rows times a broadcast weight (bf16: even/odd lanes).  int8:
  *   vpdpwssd over token pairs, weights (softmax weight times the V scale) quantized to int16 per
  *   vector and slice.  uint4: vpdpbusd over token quads, weights quantized to uint8 (as q).
  *   Scores, the running max and sum, and the output stay fp32. */
@@ -43,10 +41,8 @@ static inline int64_t row_bytes(dn_kv_format_t f, int D) {
 /* Where accumulator lane `pos` of a 32-value chunk lives in head_dim. */
 static int acc_lane_d(dn_kv_format_t f, int pos) {
     switch (f) {
-    case DN_KV_BF16: { /* 128-bit lane k of the rows' unpack: d 8k..8k+3 (lo), 8k+4.. (hi) */
-        int l = pos % 16;
-        return 8 * (l / 4) + l % 4 + (pos < 16 ? 0 : 4);
-    }
+    case DN_KV_BF16: /* even d, then odd d */
+        return pos < 16 ? 2 * pos : 2 * (pos - 16) + 1;
     case DN_KV_UINT4: { /* low nibbles: d 0..7, 16..23; high nibbles: d 8..15, 24..31 */
         int l = pos % 16;
         return (l < 8 ? l : l + 8) + (pos < 16 ? 0 : 8);
@@ -101,11 +97,11 @@ static inline __attribute__((always_inline)) void scores_f32(const float *kg, co
                                                      _mm512_add_ps(a[i][2], a[i][3])));
 }
 
-/* bf16: qb [M][2 * D] bf16 pairs (the first D used); vpdpbf16ps on the d pair of 16 tokens */
 static inline __attribute__((always_inline)) void scores_bf16(const uint16_t *kg, const int D,
-                                                            const uint16_t *qb, const int M,
+                                                            const float *qf, const int M,
                                                             float *s, int ld_s, const char *pf) {
     enum { U = 2 };
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
     __m512 a[MAX_M][U];
     for (int i = 0; i < M; i++)
         for (int u = 0; u < U; u++) a[i][u] = _mm512_setzero_ps();
@@ -113,9 +109,13 @@ static inline __attribute__((always_inline)) void scores_bf16(const uint16_t *kg
         for (int u = 0; u < U; u++) {
             const int j = j0 + u;
             if (pf) prefetch_line(pf + 64 * j);
-            __m512bh x = (__m512bh)_mm512_loadu_si512(kg + 32 * j);
-            for (int i = 0; i < M; i++)
-                a[i][u] = _mm512_dpbf16_ps(a[i][u], x, (__m512bh)bcast32(qb + i * 2 * D + 2 * j));
+            __m512i x = _mm512_loadu_si512(kg + 32 * j);
+            __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            __m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
+            for (int i = 0; i < M; i++) {
+                a[i][u] = _mm512_fmadd_ps(ev, _mm512_set1_ps(qf[i * D + 2 * j]), a[i][u]);
+                a[i][u] = _mm512_fmadd_ps(od, _mm512_set1_ps(qf[i * D + 2 * j + 1]), a[i][u]);
+            }
         }
     for (int i = 0; i < M; i++) _mm512_storeu_ps(s + i * ld_s, _mm512_add_ps(a[i][0], a[i][1]));
 }
@@ -203,30 +203,26 @@ static inline __attribute__((always_inline)) void pv_f32(const float *v, const i
     }
 }
 
-/* bf16, token pairs: wb [M][ld] bf16 weights, t0 even; rows t and t + 1 interleaved in each
- * 128-bit lane feed vpdpbf16ps (accumulator lanes: acc_lane_d); a last row t1 - 1 without its
- * pair meets a row of zeros, not the unwritten row after it */
 static inline __attribute__((always_inline)) void pv_bf16(const uint16_t *v, const int D,
-                                                        const uint16_t *wb, int ld, const int M,
+                                                        const float *p, int ld_p, const int M,
                                                         int t0, int t1, float *acc,
                                                         const char *pf) {
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
     for (int c = 0; c < D; c += 32) {
         __m512 a0[MAX_M], a1[MAX_M];
         for (int i = 0; i < M; i++) {
             a0[i] = _mm512_load_ps(acc + i * D + c);
             a1[i] = _mm512_load_ps(acc + i * D + c + 16);
         }
-        for (int t = t0; t < t1; t += 2) {
-            if (pf && c == 0) prefetch_bytes(pf + (int64_t)t * 2 * D, 4 * D);
-            __m512i x0 = _mm512_loadu_si512(v + (int64_t)t * D + c);
-            __m512i x1 = t + 1 < t1 ? _mm512_loadu_si512(v + (int64_t)(t + 1) * D + c)
-                                    : _mm512_setzero_si512();
-            __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x0, x1);
-            __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(x0, x1);
+        for (int t = t0; t < t1; t++) {
+            if (pf && c == 0) prefetch_bytes(pf + (int64_t)t * 2 * D, 2 * D);
+            __m512i x = _mm512_loadu_si512(v + (int64_t)t * D + c);
+            __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            __m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
             for (int i = 0; i < M; i++) {
-                __m512bh w = (__m512bh)bcast32(wb + i * ld + t);
-                a0[i] = _mm512_dpbf16_ps(a0[i], lo, w);
-                a1[i] = _mm512_dpbf16_ps(a1[i], hi, w);
+                __m512 w = _mm512_set1_ps(p[i * ld_p + t]);
+                a0[i] = _mm512_fmadd_ps(w, ev, a0[i]);
+                a1[i] = _mm512_fmadd_ps(w, od, a1[i]);
             }
         }
         for (int i = 0; i < M; i++) {
@@ -298,8 +294,8 @@ static inline __attribute__((always_inline)) void pv_uint4(const uint8_t *v, con
 /* Per-vector state of a tile, H heads x M vectors, in the scratch. Sums are kept as 16 lanes
  * and added up at the end: no horizontal sum per slice. */
 typedef struct {
-    char *q;       /* [H][M] query vectors, scaled, as the scores read them: fp32 [D] (fp32),
-                    * bf16 [D] (bf16), int16 [D] (int8), int8 [D] (uint4) */
+    char *q;       /* [H][M] query vectors, scaled, as the scores read them: fp32 [D] (fp32,
+                    * bf16), int16 [D] (int8), int8 [D] (uint4) */
     float *acc;    /* [H][M][D] weighted V sums in the lane order of V */
     float *sumv;   /* [H * M][16] lanes of the running sum of exp(score - max) */
     float *ztv;    /* [H * M][16] uint4: lanes of sum weight * v_zero * v_scale, subtracted at the end */
@@ -318,12 +314,8 @@ static void load_queries(const attn_tile_t *t, int head, const int M, const int 
         const float *src = t->q + (i / nh) * t->q_stride + (int64_t)(head * nh + i % nh) * D;
         for (int d = 0; d < D; d++) stage[d] = src[d] * t->scale;
         char *q = st->q + (int64_t)v * D * 4;
-        if (f == DN_KV_F32) {
+        if (f == DN_KV_F32 || f == DN_KV_BF16) {
             memcpy(q, stage, (size_t)D * 4);
-        } else if (f == DN_KV_BF16) {
-            for (int d = 0; d < D; d += 16)
-                _mm256_storeu_si256((__m256i *)((uint16_t *)q + d),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(stage + d)));
         } else if (f == DN_KV_INT8) {
             st->qscale[v] = quantize_i16(stage, D, (int16_t *)q, 32767.0f);
         } else {
@@ -383,7 +375,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         if (f == DN_KV_F32)
             scores_f32((const float *)kg, D, (const float *)q, M, s + g, bs, pf);
         else if (f == DN_KV_BF16)
-            scores_bf16((const uint16_t *)kg, D, (const uint16_t *)q, M, s + g, bs, pf);
+            scores_bf16((const uint16_t *)kg, D, (const float *)q, M, s + g, bs, pf);
         else if (f == DN_KV_INT8)
             scores_int8((const int8_t *)kg, D, (const int16_t *)q, M, s + g, bs,
                         kv->k_scale + slice + g, st->qscale + v0, pf);
@@ -444,12 +436,8 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
             const __mmask16 msk = ok[i][k];
             __m512 p = _mm512_maskz_mov_ps(msk, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * bs + g), m)));
             psum = _mm512_add_ps(psum, p);
-            if (f == DN_KV_F32) {
+            if (!vs) {
                 _mm512_storeu_ps(s + i * bs + g, p);
-                continue;
-            }
-            if (f == DN_KV_BF16) {
-                _mm256_storeu_si256((__m256i *)(wq + i * ldw + g), (__m256i)_mm512_cvtneps_pbh(p));
                 continue;
             }
             /* int formats: the weights times the V scales, to int16 */
@@ -475,7 +463,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
     if (f == DN_KV_F32)
         pv_f32((const float *)vsl, D, s, bs, M, off, tmax, acc, vn);
     else if (f == DN_KV_BF16)
-        pv_bf16((const uint16_t *)vsl, D, (const uint16_t *)wq, ldw, M, off & ~1, tmax, acc, vn);
+        pv_bf16((const uint16_t *)vsl, D, s, bs, M, off, tmax, acc, vn);
     else if (f == DN_KV_INT8)
         pv_int8((const int8_t *)vsl, D, wq, ldw, M, off & ~1, (tmax + 1) & ~1, wsc, acc, vn);
     else
