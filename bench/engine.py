@@ -41,6 +41,7 @@ times every kernel call and model-loop stage of 100 decode1 steps instead (ms pe
 are one native call (kernel decoder_run) unless --by-op runs them op by op from Python.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -63,7 +64,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
 
     import dashinfer_client as allspark
     from bench import host, models
-    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
+    from dashinfer_client import AsStatus
 
     requests = WORKLOADS[name]
     loader = models.load(model, dtype, quant, group_size)
@@ -82,13 +83,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
 
     before = host.sample()
     t0 = time.time() * 1000.0
-    queues = []
-    for prompt, (_, new) in zip(prompts, requests):
-        gen = ASGenerationConfigBuilder(seed=0).update(
-            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": len(prompt) + new})
-        status, _, queue = engine.start_request_ids("bench", loader, prompt, gen)
-        assert status == AsStatus.ALLSPARK_SUCCESS
-        queues.append(queue)
+    queues = submit(engine, loader, prompts, requests)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
     seen = host.since(before)  # in-process only: a rank's threads are not this process's
     stats = [q.RequestStatInfo() for q in queues]
@@ -118,6 +113,30 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     }
 
 
+def timed_call(spent, label, fn):
+    """fn, adding the seconds of every call to spent[label]."""
+    def call(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - t
+    return call
+
+
+def submit(engine, loader, prompts, requests) -> list:
+    """Start every request of a workload (greedy, eos ignored) on model "bench"; their queues."""
+    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
+    queues = []
+    for prompt, (_, new) in zip(prompts, requests):
+        gen = ASGenerationConfigBuilder(seed=0).update(
+            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": len(prompt) + new})
+        status, _, queue = engine.start_request_ids("bench", loader, prompt, gen)
+        assert status == AsStatus.ALLSPARK_SUCCESS
+        queues.append(queue)
+    return queues
+
+
 def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=100):
     """Where a decode1 step goes: the ModelLoop stepped in this thread (no loop thread), every
     kernel call and every loop stage timed -> ms per step."""
@@ -141,14 +160,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, steps=1
     loop.model.fused = not by_op
     loop.warm_up()
     spent = collections.defaultdict(float)
-    def timed(label, fn):
-        def call(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[label] += time.perf_counter() - t
-        return call
+    timed = functools.partial(timed_call, spent)
 
     class TimedKernels:
         def __getattr__(self, name):

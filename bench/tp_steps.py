@@ -26,22 +26,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.engine import WORKLOADS  # noqa: E402
+from bench.engine import WORKLOADS, submit, timed_call  # noqa: E402
 
 spent = collections.defaultdict(float)
 
 
 def timed(owner, attr, label):
     """Wrap owner.attr so that every call adds its seconds to spent[label]."""
-    fn = getattr(owner, attr)
-
-    def call(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter() - t
-    setattr(owner, attr, call)
+    setattr(owner, attr, timed_call(spent, label, getattr(owner, attr)))
 
 
 def comm_wait_s(group) -> float:
@@ -55,7 +47,7 @@ def serve_workload(engine, group, model, name, threads):
     import numpy as np
 
     import dashinfer_client as allspark
-    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
+    from dashinfer_client import AsStatus
 
     requests = WORKLOADS[name]
     rng = np.random.default_rng(0)
@@ -68,16 +60,7 @@ def serve_workload(engine, group, model, name, threads):
     spent.clear()
     wait0 = comm_wait_s(group)
     t0 = time.time() * 1000.0
-    queues = []
-    for prompt, (_, new) in zip(prompts, requests):
-        gen = ASGenerationConfigBuilder(seed=0).update(
-            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": len(prompt) + new})
-        status, _, queue = engine.start_request_ids("bench", model, prompt, gen)
-        assert status == AsStatus.ALLSPARK_SUCCESS
-        queues.append(queue)
-    if os.environ.get("TP_POLL"):
-        while not all(q.finished for q in queues):
-            time.sleep(0.05)
+    queues = submit(engine, model, prompts, requests)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
     comm_wait = comm_wait_s(group) - wait0
     stats = [q.RequestStatInfo() for q in queues]
