@@ -41,7 +41,7 @@ QUERIES = frozenset({"get_as_engine_stat", "get_op_profiling_info", "get_model_i
 # A session's stream sends at most one event per this many seconds (DASHINFER_STREAM_INTERVAL_MS),
 # first tokens and ends at once: each event costs rank 0 a few thread wake-ups and the GIL, on the
 # cores its kernels run on, and with several ranks every rank waits while rank 0 is held.
-DEFAULT_STREAM_INTERVAL_MS = 20
+DEFAULT_STREAM_INTERVAL_MS = 0  # off until the tests that count events per token agree (20: see the report)
 
 
 def stream_interval_s() -> float:
