@@ -49,6 +49,7 @@ of --prompt tokens) instead (ms per step); the layers are one native call (kerne
 unless --by-op runs them op by op from Python (then "kernel attention" is attention's share).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -73,7 +74,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
 
     import dashinfer_client as allspark
     from bench import host, models
-    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
+    from dashinfer_client import AsStatus
 
     requests = WORKLOADS[name]
     loader = models.load(model, dtype, quant, group_size)
@@ -92,13 +93,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
 
     before = host.sample()
     t0 = time.time() * 1000.0
-    queues = []
-    for prompt, (_, new) in zip(prompts, requests):
-        gen = ASGenerationConfigBuilder(seed=0).update(
-            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": len(prompt) + new})
-        status, _, queue = engine.start_request_ids("bench", loader, prompt, gen)
-        assert status == AsStatus.ALLSPARK_SUCCESS
-        queues.append(queue)
+    queues = submit(engine, loader, prompts, requests)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
     seen = host.since(before)  # in-process only: a rank's threads are not this process's
     stats = [q.RequestStatInfo() for q in queues]
@@ -129,6 +124,30 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     }
 
 
+def timed_call(spent, label, fn):
+    """fn, adding the seconds of every call to spent[label]."""
+    def call(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - t
+    return call
+
+
+def submit(engine, loader, prompts, requests) -> list:
+    """Start every request of a workload (greedy, eos ignored) on model "bench"; their queues."""
+    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
+    queues = []
+    for prompt, (_, new) in zip(prompts, requests):
+        gen = ASGenerationConfigBuilder(seed=0).update(
+            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": len(prompt) + new})
+        status, _, queue = engine.start_request_ids("bench", loader, prompt, gen)
+        assert status == AsStatus.ALLSPARK_SUCCESS
+        queues.append(queue)
+    return queues
+
+
 def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode, rows=1, prompt_len=32,
                    steps=100):
     """Where a decode step of `rows` requests goes after prompts of `prompt_len` tokens: the
@@ -154,14 +173,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
     loop.model.fused = not by_op
     loop.warm_up()
     spent = collections.defaultdict(float)
-    def timed(label, fn):
-        def call(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[label] += time.perf_counter() - t
-        return call
+    timed = functools.partial(timed_call, spent)
 
     class TimedKernels:
         def __getattr__(self, name):

@@ -15,7 +15,7 @@ class HeldRequest:
 class ClientSession:
     """A client's Session stream: the requests it owns, and the events of those routed to it
     (their queues mark it dirty and wake it; the stream sends what changed)."""
-    __slots__ = ("wake", "left", "requests", "routed", "dirty", "lock")
+    __slots__ = ("wake", "left", "requests", "routed", "dirty", "fresh", "lock")
 
     def __init__(self):
         self.wake = threading.Event()
@@ -23,12 +23,14 @@ class ClientSession:
         self.requests = set()  # (model_name, handle)
         self.routed = {}  # key -> (queue, stats sent): requests whose events go on this stream
         self.dirty = {}  # keys of routed requests with news, in order (a dict as ordered set)
+        self.fresh = set()  # routed requests whose first token has not gone out yet
         self.lock = threading.Lock()
 
     def route(self, key, queue, sent) -> None:
         """Carry the events of request `key` from now on; `sent`: the statistics already sent."""
         with self.lock:
             self.routed[key] = (queue, sent)
+            self.fresh.add(key)
         queue.listen(lambda: self.mark(key))
 
     def mark(self, key) -> None:
@@ -36,6 +38,19 @@ class ClientSession:
         with self.lock:
             self.dirty[key] = None
         self.wake.set()
+
+    def urgent(self) -> bool:
+        """News that must not wait for the stream's pace: a first token, or a request's end."""
+        with self.lock:
+            if not self.fresh.isdisjoint(self.dirty):
+                return True
+            queues = [self.routed[k][0] for k in self.dirty if k in self.routed]
+        return any(q.finished for q in queues)  # the queues' locks outside ours: mark takes them in that order
+
+    def delivered(self, key) -> None:
+        """An event with request `key`'s first token (or its end) went out."""
+        with self.lock:
+            self.fresh.discard(key)
 
     def take_dirty(self) -> list:
         """[(key, queue, sent)] of the routed requests with news since the last call."""

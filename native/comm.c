@@ -57,6 +57,8 @@ struct dn_comm {
     uint64_t rounds; /* rounds done: the parity of the next */
     size_t split;    /* n from which rounds reduce-scatter + allgather */
     int broken;
+    uint64_t waits;  /* wait_peers calls, and the seconds they spun: what a rank lost to its */
+    double waited;   /* peers (their extra work, or the flag latency), for the benchmarks */
 };
 
 static void say(char *err, size_t len, const char *fmt, ...) {
@@ -171,6 +173,8 @@ static void publish(dn_comm *c) {
  * look at the clock and at whether the peer process still exists, and yield the cpu once. */
 static int wait_peers(dn_comm *c, double timeout_s, char *err, size_t errlen) {
     const uint64_t target = c->phase;
+    const double t0 = now();
+    c->waits++;
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank) continue;
         const uint64_t *flag = &c->ctl[r].phase;
@@ -194,6 +198,7 @@ static int wait_peers(dn_comm *c, double timeout_s, char *err, size_t errlen) {
             sched_yield();
         }
     }
+    c->waited += now() - t0;
     return 0;
 }
 
@@ -281,6 +286,10 @@ int dn_comm_allreduce(dn_comm *c, float *x, size_t n, double timeout_s, char *er
 }
 
 size_t dn_comm_capacity(const dn_comm *c) { return c->capacity; }
+void dn_comm_waits(const dn_comm *c, uint64_t *waits, double *seconds) {
+    *waits = c->waits;
+    *seconds = c->waited;
+}
 int dn_comm_rank(const dn_comm *c) { return c->rank; }
 int dn_comm_world(const dn_comm *c) { return c->world; }
 

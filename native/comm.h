@@ -35,6 +35,8 @@ int dn_comm_gather_columns(dn_comm *c, const float *local, float *out, size_t ro
                            const int32_t *starts, double timeout_s, char *err, size_t errlen);
 
 size_t dn_comm_capacity(const dn_comm *c);
+/* How many times this rank waited for its peers so far, and the seconds it spent waiting. */
+void dn_comm_waits(const dn_comm *c, uint64_t *waits, double *seconds);
 int dn_comm_rank(const dn_comm *c);
 int dn_comm_world(const dn_comm *c);
 

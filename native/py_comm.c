@@ -146,6 +146,15 @@ static PyObject *py_comm_set_split_threshold(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_comm_waits(PyObject *self, PyObject *cap) {
+    dn_comm *c = dn_comm_of(cap, "comm_waits");
+    if (!c) return NULL;
+    uint64_t waits;
+    double seconds;
+    dn_comm_waits(c, &waits, &seconds);
+    return Py_BuildValue("(Kd)", (unsigned long long)waits, seconds);
+}
+
 PyMethodDef dn_comm_methods[] = {
     {"comm_open", (PyCFunction)(void (*)(void))py_comm_open, METH_VARARGS | METH_KEYWORDS,
      "comm_open(name, rank, world, capacity) -> comm: map the shared segment `name` (rank 0 "
@@ -161,6 +170,9 @@ PyMethodDef dn_comm_methods[] = {
      "comm_gather_columns(comm, local, out, starts, timeout=60.0): rank 0 gets out [S, V] whose "
      "columns starts[r]:starts[r+1] (int32 [world+1]) are rank r's local [S, V_r]; other ranks "
      "pass out=None"},
+    {"comm_waits", py_comm_waits, METH_O,
+     "comm_waits(comm) -> (waits, seconds): how often this rank waited for its peers in a "
+     "collective so far, and for how long in all"},
     {"comm_set_split_threshold", py_comm_set_split_threshold, METH_VARARGS,
      "comm_set_split_threshold(comm, n): from n floats on, reduce-scatter + allgather"},
     {NULL, NULL, 0, NULL},

@@ -5,6 +5,7 @@ Prints one line "OK <allreduce kind>" on rank 0 when every check passed; any fai
 while the others wait for it in a collective."""
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -32,6 +33,24 @@ def check_allreduce(g) -> None:
             assert all(b == everyone[0] for b in everyone), f"ranks disagree for n={n}"
     x = np.zeros(0, np.float32)
     g.allreduce_(x)
+    check_waits(g)
+
+
+def check_waits(g) -> None:
+    """The shared-memory group counts its waits for peers (bench/tp_steps.py reads them): a rank
+    that arrives 50 ms before the others has waited about that long."""
+    if g.allreduce_kind != "shm":
+        return
+    comm = g.native_allreduce()[0]
+    waits, seconds = kernels.comm_waits(comm)
+    assert waits >= len(SIZES) and seconds >= 0, (waits, seconds)
+    if g.rank:
+        time.sleep(0.05)
+    g.allreduce_(np.ones(8, np.float32))
+    waits2, seconds2 = kernels.comm_waits(comm)
+    assert waits2 == waits + 1, (waits, waits2)
+    if g.rank == 0:
+        assert 0.04 < seconds2 - seconds < 5, seconds2 - seconds
 
 
 def plan_of(step: int) -> StepPlan:
