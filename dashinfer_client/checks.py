@@ -50,7 +50,11 @@ def check_str(key, v):
 def check_ids(key, v):
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
         raise ValueError(f"{key} must be a list of token ids, got {brief(v)}")
-    return [check_int(f"{key}[{i}]", x, 0) for i, x in enumerate(v)]
+    try:
+        items = list(v)
+    except Exception as e:  # a caller's object whose iteration fails: its input is bad, not ours
+        raise ValueError(f"{key} must be a list of token ids, got {brief(v)} ({type(e).__name__})") from None
+    return [check_int(f"{key}[{i}]", x, 0) for i, x in enumerate(items)]
 
 
 def check_enum(key, enum_cls, v):

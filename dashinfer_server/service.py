@@ -27,7 +27,7 @@ from dashinfer_client.types import AsStatus
 
 from .access import caller_session, new_handle
 from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, open_or_abort
-from .sessions import ClientSession, HeldRequest
+from .sessions import ClientSession, HeldRequest, stream_interval_s
 
 log = logging.getLogger("dashinfer_server.service")
 
@@ -36,23 +36,6 @@ DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
 # The Engine's introspection methods the Query RPC runs (EngineAPI's "introspection" block).
 QUERIES = frozenset({"get_as_engine_stat", "get_op_profiling_info", "get_model_info", "get_file_information",
                      "get_version_full", "unload_device_mem", "load_device_mem"})
-
-
-# A session's stream sends at most one event per this many seconds (DASHINFER_STREAM_INTERVAL_MS),
-# first tokens and ends at once: each event costs rank 0 a few thread wake-ups and the GIL, on the
-# cores its kernels run on, and with several ranks every rank waits while rank 0 is held.
-DEFAULT_STREAM_INTERVAL_MS = 0  # off until the tests that count events per token agree (20: see the report)
-
-
-def stream_interval_s() -> float:
-    value = os.environ.get("DASHINFER_STREAM_INTERVAL_MS", "").strip()
-    try:
-        ms = float(value) if value else DEFAULT_STREAM_INTERVAL_MS
-    except ValueError:
-        raise ValueError(f"DASHINFER_STREAM_INTERVAL_MS={value!r}: not a number of milliseconds") from None
-    if ms < 0:
-        raise ValueError(f"DASHINFER_STREAM_INTERVAL_MS={value!r}: must be >= 0")
-    return ms / 1000.0
 
 
 def _reply(status, message=""):

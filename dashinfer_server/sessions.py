@@ -1,5 +1,23 @@
 """What the gRPC service keeps per request it started and per client session (service.py)."""
+import os
 import threading
+
+
+# A session's stream sends at most one event per this many seconds (DASHINFER_STREAM_INTERVAL_MS),
+# first tokens and ends at once: each event costs rank 0 a few thread wake-ups and the GIL, on the
+# cores its kernels run on, and with several ranks every rank waits while rank 0 is held.
+DEFAULT_STREAM_INTERVAL_MS = 0  # off until the tests that count events per token agree
+
+
+def stream_interval_s() -> float:
+    value = os.environ.get("DASHINFER_STREAM_INTERVAL_MS", "").strip()
+    try:
+        ms = float(value) if value else DEFAULT_STREAM_INTERVAL_MS
+    except ValueError:
+        raise ValueError(f"DASHINFER_STREAM_INTERVAL_MS={value!r}: not a number of milliseconds") from None
+    if ms < 0:
+        raise ValueError(f"DASHINFER_STREAM_INTERVAL_MS={value!r}: must be >= 0")
+    return ms / 1000.0
 
 
 class HeldRequest:

@@ -109,6 +109,12 @@ def test_generation_neutral_dashinfer_keys_accepted():
     assert "num_beams" not in cfg.to_dict()
 
 
+class FailsToIterate:
+    """A caller's object that claims to be iterable and is not (hypothesis found one)."""
+    def __iter__(self):
+        raise RuntimeError("no")
+
+
 GEN_ERRORS = [
     ("top_p", 0), ("top_p", 1.5), ("top_p", -0.1), ("top_p", math.nan), ("top_p", "0.9"),
     ("temperature", -0.1), ("temperature", math.inf), ("temperature", None), ("temperature", "hot"),
@@ -125,6 +131,7 @@ GEN_ERRORS = [
     ("stop_words_ids", [[1, "x"]]), ("bad_words_ids", [[]]), ("bad_words_ids", [3]),
     ("do_sample", "yes"), ("do_sample", 1), ("early_stopping", None), ("logprobs", 1),
     ("suppress_repetition_in_generation", "true"), ("lora_name", 5), ("response_format", "json"),
+    ("eos_token_id", FailsToIterate()), ("stop_words_ids", [FailsToIterate()]),
 ]
 
 
