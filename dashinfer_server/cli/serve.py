@@ -60,9 +60,8 @@ def run(args) -> int:
     app = create_app(served, api_key=args.api_key)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=args.log_level == "DEBUG",
                             timeout_graceful_shutdown=args.grace_period, log_config=None)
-    server = _server(config, served)
     host, port = sock.getsockname()[:2]
-    log.info("listening on http://%s:%d (model %r loading)", host, port, name)
+    server = _server(config, served, f"listening on http://{host}:{port} (model {name!r} loading)")
     loader = threading.Thread(target=_load, args=(served, server), name="dashinfer-load", daemon=True)
     loader.start()
     try:
@@ -77,8 +76,9 @@ def run(args) -> int:
     return 0
 
 
-def _server(config, served):
-    """uvicorn's server, whose shutdown signals drain the model first and tell systemd."""
+def _server(config, served, listening: str):
+    """uvicorn's server, whose shutdown signals drain the model first and tell systemd; it logs
+    `listening` once it has them (a Ctrl-C before would interrupt its start with a traceback)."""
     import uvicorn
 
     from dashinfer_server.systemd import notify
@@ -87,6 +87,10 @@ def _server(config, served):
         load_error = ""
         load_error_code = 0
         interrupted = False
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            log.info("%s", listening)
 
         def handle_exit(self, sig, frame):  # uvicorn's, without raising the signal again at the end
             if not self.should_exit:
