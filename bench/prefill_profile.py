@@ -9,8 +9,9 @@ step is the whole prompt and its first token, as prefill512 runs it). It prints:
                          each kernel's share of that step (ms per step, summed over the layers)
     linear_gflops        flops the step's linear layers really do (the lm_head on one row) over
                          the fused step, against bf16_gflops, the peak measured in this process
-    bound_fraction       tokens/s over bench/bounds.py's prefill bound (what bench/engine.py
-                         prints as prefill_fraction, without the engine's queue and scheduling)
+    bound_fraction       tokens/s over bench/bounds.py's prefill bound (the layers, causal attention,
+                         the head once: what bench/engine.py prints as prefill_fraction, without the
+                         engine's queue and scheduling)
 """
 import argparse
 import collections
@@ -27,6 +28,7 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
 
     import dashinfer_server.model_loop as loop_module
     from bench import bounds, models
+    from bench.engine import timed_call
     from bench.machine import peak_gflops
     from dashinfer_client import ASGenerationConfigBuilder, AsModelRuntimeConfigBuilder
     from dashinfer_server import kernels as K
@@ -56,15 +58,7 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
 
     class TimedKernels:
         def __getattr__(self, name):
-            fn = getattr(K, name)
-
-            def call(*args, **kwargs):
-                t = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    spent[name] += time.perf_counter() - t
-            return call
+            return timed_call(spent, name, getattr(K, name))
 
     one_step()  # untimed: the first prompt step after warm-up
     fused = min(one_step() for _ in range(steps))
@@ -78,14 +72,13 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
     loop.model.kernels, loop.model.fused = K, True
 
     c = model.config
-    flops = bounds.flops_per_token(c)
-    real = tokens * (flops - 2.0 * c.vocab_size * c.hidden_size) + 2.0 * c.vocab_size * c.hidden_size
+    real = tokens * bounds.layer_flops_per_token(c) + bounds.head_flops(c)  # the linears' work
     peak = peak_gflops(True, threads)
     return {
         "profile": f"prefill{tokens}", "threads": threads, "bf16_gflops": round(peak),
         "fused_step_ms": round(fused * 1e3, 2), "by_op_step_ms": round(by_op_step * 1e3, 2),
         "linear_gflops": round(real / fused / 1e9, 1), "linear_fraction": round(real / fused / 1e9 / peak, 3),
-        "bound_fraction": round(tokens / fused / bounds.prefill_bound(flops, peak), 3),
+        "bound_fraction": round(tokens / fused / bounds.prefill_bound(c, tokens, peak), 3),
         "detail_ms": {k: round(v * 1e3, 2) for k, v in sorted(detail.items(), key=lambda kv: -kv[1])},
     }
 
