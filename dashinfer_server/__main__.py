@@ -119,7 +119,6 @@ def _watch_stdin(stop: threading.Event, address: str) -> None:
         except OSError:
             pass
         remove_socket(unix_socket_path(address) if address else None)
-        _sweep_segments_after_exit()
         devnull = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):
             os.dup2(devnull, fd)
@@ -130,12 +129,13 @@ def _watch_stdin(stop: threading.Event, address: str) -> None:
 
 
 def _sweep_segments_after_exit() -> None:
-    """Leave a detached process behind that removes this group's MPICH segments once its ranks
-    are gone: MPICH removes them only when the job ends cleanly, and a group whose client died may
-    not (mpiexec loses its output pipe and kills the ranks)."""
+    """Start a detached process that removes this group's MPICH segments once its ranks are gone:
+    MPICH removes them only when the job ends cleanly, and a group whose client died may not
+    (mpiexec loses its output pipe and kills the ranks, maybe before rank 0 could start anything,
+    so it starts now and sleeps on the ranks' exits)."""
     segments = sorted(mapped_mpich_segments("/proc/self/maps"))
     if segments:
-        code = "import sys; from dashinfer_server.launch import sweep_when_unmapped; sweep_when_unmapped(sys.argv[1:])"
+        code = "import sys; from dashinfer_server.launch import sweep_after_exit; sweep_after_exit(sys.argv[1:])"
         subprocess.Popen([sys.executable, "-c", code, *segments], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -159,6 +159,7 @@ def main(argv=None) -> int:
     notify = (lambda state: False) if args.exit_on_stdin_eof else systemd.notify
     if args.exit_on_stdin_eof:
         _watch_stdin(stop, args.address)
+        _sweep_segments_after_exit()
     if args.threads:
         K.set_num_threads(args.threads)
 

@@ -19,6 +19,7 @@ import argparse
 import glob
 import logging
 import os
+import select
 import shutil
 import sys
 import time
@@ -137,6 +138,23 @@ def sweep_when_unmapped(paths, timeout_s: float = 120.0) -> None:
                 pass
             paths.discard(path)
         time.sleep(0.2)
+
+
+def sweep_after_exit(paths) -> None:
+    """Wait, without polling, until every process that maps one of the MPICH segments `paths`
+    now has exited, then remove the segments once nothing maps them (sweep_when_unmapped)."""
+    holders = [maps.split("/")[2] for maps in glob.glob("/proc/[0-9]*/maps")
+               if mapped_mpich_segments(maps) & set(paths)]
+    for pid in holders:
+        try:
+            fd = os.pidfd_open(int(pid))
+        except OSError:  # gone already
+            continue
+        try:
+            select.select([fd], [], [])  # readable when the process exits
+        finally:
+            os.close(fd)
+    sweep_when_unmapped(paths)
 
 
 def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) -> list:
