@@ -128,15 +128,18 @@ def _watch_stdin(stop: threading.Event, address: str) -> None:
     threading.Thread(target=watch, name="dashinfer-stdin-watch", daemon=True).start()
 
 
-def _sweep_segments_after_exit() -> None:
-    """Start a detached process that removes this group's MPICH segments once its ranks are gone:
-    MPICH removes them only when the job ends cleanly, and a group whose client died may not
-    (mpiexec loses its output pipe and kills the ranks, maybe before rank 0 could start anything,
-    so it starts now and sleeps on the ranks' exits)."""
-    segments = sorted(mapped_mpich_segments("/proc/self/maps"))
-    if segments:
-        code = "import sys; from dashinfer_server.launch import sweep_after_exit; sweep_after_exit(sys.argv[1:])"
-        subprocess.Popen([sys.executable, "-c", code, *segments], stdin=subprocess.DEVNULL,
+def _sweep_after_exit(address: str) -> None:
+    """Start a detached process that removes this group's unix socket and MPICH segments once its
+    ranks are gone: MPICH removes its segments only when the job ends cleanly, and when the client
+    dies mpiexec loses its output pipe and may kill the ranks before rank 0 removes anything, so
+    the sweeper starts now and sleeps on the ranks' exits."""
+    paths = sorted(mapped_mpich_segments("/proc/self/maps"))
+    socket = unix_socket_path(address) if address else None
+    paths += [socket] if socket else []
+    if paths:
+        code = ("import sys; from dashinfer_server.launch import sweep_after_exit; "
+                "sweep_after_exit(int(sys.argv[1]), sys.argv[2:])")
+        subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), *paths], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
     notify = (lambda state: False) if args.exit_on_stdin_eof else systemd.notify
     if args.exit_on_stdin_eof:
         _watch_stdin(stop, args.address)
-        _sweep_segments_after_exit()
+        _sweep_after_exit(args.address)
     if args.threads:
         K.set_num_threads(args.threads)
 

@@ -126,8 +126,8 @@ def mapped_mpich_segments(maps_glob: str = "/proc/[0-9]*/maps") -> set:
 
 
 def sweep_when_unmapped(paths, timeout_s: float = 120.0) -> None:
-    """Remove the MPICH segments `paths` of a group on its way out as soon as no process maps
-    them (its ranks have exited, however they ended); give up after timeout_s."""
+    """Remove the files `paths` of a group on its way out (MPICH segments, a socket) as soon as no
+    process maps them (its ranks have exited, however they ended); give up after timeout_s."""
     paths = set(paths)
     deadline = time.monotonic() + timeout_s
     while paths and time.monotonic() < deadline:
@@ -140,14 +140,15 @@ def sweep_when_unmapped(paths, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def sweep_after_exit(paths) -> None:
-    """Wait, without polling, until every process that maps one of the MPICH segments `paths`
-    now has exited, then remove the segments once nothing maps them (sweep_when_unmapped)."""
-    holders = [maps.split("/")[2] for maps in glob.glob("/proc/[0-9]*/maps")
-               if mapped_mpich_segments(maps) & set(paths)]
-    for pid in holders:
+def sweep_after_exit(pid: int, paths) -> None:
+    """Wait, without polling, until process `pid` (a group's rank 0) and every process that maps
+    one of `paths` now have exited; then remove `paths` (the group's unix socket, its MPICH
+    segments) once nothing maps them (sweep_when_unmapped)."""
+    holders = {pid} | {int(maps.split("/")[2]) for maps in glob.glob("/proc/[0-9]*/maps")
+                       if mapped_mpich_segments(maps) & set(paths)}
+    for holder in holders:
         try:
-            fd = os.pidfd_open(int(pid))
+            fd = os.pidfd_open(holder)
         except OSError:  # gone already
             continue
         try:

@@ -37,6 +37,24 @@ def _mapped_segments(pids):
     return set().union(*(mapped_mpich_segments(f"/proc/{pid}/maps") for pid in pids))
 
 
+def test_a_group_killed_outright_leaves_no_socket_and_no_shared_memory():
+    """Every rank and mpiexec SIGKILLed at once (an OOM kill, a kill -9 of the tree): no rank gets
+    to clean up, so the sweeper the group started with removes its socket and segments."""
+    engine = allspark.ClientEngine(nodes=2, threads_per_rank=1, startup_timeout=90,
+                                   env={"DASHINFER_NUMA_NODES": "0:0;1:1"})
+    group = process_tree(engine.server.proc.pid)
+    segments = _mapped_segments(group)
+    assert os.path.exists(engine.server.socket) and segments, "the group should be serving with two ranks"
+    sweepers = {pid for pid in group if b"sweep_after_exit" in open(f"/proc/{pid}/cmdline", "rb").read()}
+    assert len(sweepers) == 1
+    for pid in set(group) - sweepers:
+        os.kill(pid, signal.SIGKILL)
+    assert eventually(lambda: not os.path.exists(engine.server.socket), 30), "the killed group left its socket"
+    assert eventually(lambda: not any(os.path.exists(s) for s in segments), 30), \
+        f"the group left MPICH segments: {_who_maps([s for s in segments if os.path.exists(s)])}"
+    assert eventually(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in sweepers), 30)
+
+
 def _who_maps(paths) -> dict:
     """{path: [(pid, command line) of each process mapping it]}, to say why a segment stayed."""
     found = {p: [] for p in paths}
