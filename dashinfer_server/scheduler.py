@@ -108,8 +108,9 @@ class Scheduler:
         prompts = self.prompt_order()
         target = self.prompt_step_tokens or self.max_step_tokens
         chunks = []
-        if prompts and self.prompt_step_tokens and self._gap_room(decodes) >= target:
-            chunks = self._fill(prompts, self._gap_room(decodes), target)  # prompts only
+        room = self._gap_room(decodes) if prompts and self.prompt_step_tokens else 0
+        if room >= target:
+            chunks = self._fill(prompts, room, target)  # prompts only
         if not chunks:  # no prompt waits, decodes are due, or no prompt could start
             if prompts:
                 decodes = self._take_turns(decodes)
