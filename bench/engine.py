@@ -102,25 +102,33 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     if ranks:
         engine.close()
 
-    first = [s["first_token_time"] for s in stats]
     ttft = [s["time_to_first_token"] for s in stats]
-    last = max(s["last_token_time"] for s in stats)
-    new_tokens = sum(s["generated_token_length"] for s in stats)
-    after_first = new_tokens - len(stats)
     return {
         "workload": name, "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
         "kv_cache_mode": kv_mode, "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
-        "new_tokens": new_tokens,
+        "new_tokens": sum(s["generated_token_length"] for s in stats),
         "ttft_ms": round(statistics.median(ttft), 1),
         "ttft_min_ms": round(min(ttft), 1),
         "ttft_p99_ms": round(statistics.quantiles(ttft, n=100, method="inclusive")[98], 1)
         if len(ttft) > 1 else round(ttft[0], 1),
-        "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
-        "decode_tok_s": round(after_first / (last - min(first)) * 1e3, 1) if after_first else None,
-        "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
+        **rates(stats, t0),
         "peak_rss_mb": rss,
         "start_model_s": round(start_s, 2),
         "host": seen,
+    }
+
+
+def rates(stats, t0: float) -> dict:
+    """prefill, decode and total tok/s of a workload's requests (RequestStatInfo dicts) submitted
+    at t0 (ms): the definitions in this module's docstring."""
+    first = [s["first_token_time"] for s in stats]
+    last = max(s["last_token_time"] for s in stats)
+    new_tokens = sum(s["generated_token_length"] for s in stats)
+    after_first = new_tokens - len(stats)
+    return {
+        "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
+        "decode_tok_s": round(after_first / (last - min(first)) * 1e3, 1) if after_first else None,
+        "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
     }
 
 

@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.engine import WORKLOADS, submit, timed_call  # noqa: E402
+from bench.engine import WORKLOADS, rates, submit, timed_call  # noqa: E402
 
 spent = collections.defaultdict(float)
 
@@ -65,10 +65,6 @@ def serve_workload(engine, group, model, name, threads):
     comm_wait = comm_wait_s(group) - wait0
     stats = [q.RequestStatInfo() for q in queues]
     engine.release_model("bench")
-    first = [s["first_token_time"] for s in stats]
-    last = max(s["last_token_time"] for s in stats)
-    new_tokens = sum(s["generated_token_length"] for s in stats)
-    after_first = new_tokens - len(stats)
     steps = spent.pop("steps", 0) or 1
     per_step = {k: round(v / steps * 1e3, 3) for k, v in spent.items() if k != "steps"}
     per_step["forward comm wait"] = round(comm_wait / steps * 1e3, 3)
@@ -76,9 +72,7 @@ def serve_workload(engine, group, model, name, threads):
         per_step.get(k, 0) for k in ("schedule", "plan broadcast", "forward", "sample", "postprocess")), 3)
     return {
         "workload": name, "steps": int(steps),
-        "prefill_tok_s": round(sum(s["context_token_length"] for s in stats) / (max(first) - t0) * 1e3, 1),
-        "decode_tok_s": round(after_first / (last - min(first)) * 1e3, 1) if after_first else None,
-        "total_tok_s": round(new_tokens / (last - t0) * 1e3, 1),
+        **rates(stats, t0),
         "rank0_ms_per_step": per_step,
     }
 
