@@ -147,8 +147,7 @@ class DecoderModel:
             linear(attn, layer.o, None, o)
             allreduce_(o)
             rms_norm(o, layer.post_norm, eps, h, residual=res)
-            linear(h, layer.gate_up, None, gate_up)
-            K.silu_mul(gate_up, act)
+            K.linear_silu(h, layer.gate_up, gate_up, act)
             linear(act, layer.down, None, o)
             allreduce_(o)
 

@@ -25,8 +25,7 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
             goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         dn_rms_norm(d->o, l->post_norm, d->res, d->h, T, H, d->eps);
-        if (dn_linear(&l->gate_up, d->h, T, NULL, d->gate_up)) goto no_memory;
-        dn_silu_mul(d->gate_up, d->act, T, d->inter);
+        if (dn_linear_silu(&l->gate_up, d->h, T, d->gate_up, d->act)) goto no_memory;
         if (dn_linear(&l->down, d->act, T, NULL, d->o)) goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
     }

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "common.h"
+#include "silu_avx512.h"
 
 /* Output floats below which a kernel runs on the calling thread. A parallel region costs
  * ~1-2 us on this 2-core VM even with spinning threads; these are the sizes where two threads
@@ -271,21 +272,6 @@ static void silu_span_portable(const float *gate, const float *up, float *out, i
     for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-/* exp(x) as 2^k * p(r), x = k ln2 + r, |r| <= ln2/2, with Cephes' degree-6 polynomial for p
- * (relative error ~1e-7 with FMA). x is clamped to where 2^k stays a normal float; silu then
- * zeroes the lanes whose exp(-g) was clamped at the top, where |silu(g)| < 4e-37 anyway. */
-#define EXP_HI 88.3762626647949f
-#define EXP_LO -87.3365447504019f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_LN2_HI 0.693359375f /* ln 2 split in two: k * LN2_HI is exact */
-#define EXP_LN2_LO -2.12194440e-4f
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
-
 DN_TARGET_AVX2 static inline __m256 exp_avx2(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
     __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
@@ -317,33 +303,12 @@ DN_TARGET_AVX2 static void silu_span_avx2(const float *gate, const float *up, fl
     if (i < n) silu_span_portable(gate + i, up + i, out + i, n - i);
 }
 
-DN_TARGET_AVX512 static inline __m512 exp_avx512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, k); /* p * 2^k in one instruction */
-}
-
 DN_TARGET_AVX512 static void silu_span_avx512(const float *gate, const float *up, float *out,
                                               int n) {
-    const __m512 one = _mm512_set1_ps(1.0f);
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-        __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), g);
-        __mmask16 keep = _mm512_cmp_ps_mask(neg, _mm512_set1_ps(EXP_HI), _CMP_NGT_UQ); /* NaN kept */
-        __m512 e = exp_avx512(neg);
-        __m512 s = _mm512_maskz_div_ps(keep, g, _mm512_add_ps(one, e));
-        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+        __m512 s = silu_mul_avx512(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
+        _mm512_mask_storeu_ps(out + i, m, s);
     }
 }
 

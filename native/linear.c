@@ -3,6 +3,7 @@
 #include <math.h>
 #include <omp.h>
 
+#include "elementwise.h"
 #include "linear_kernels.h"
 
 static const char magic[8] = {'D', 'N', 'L', 'I', 'N', 'E', 'A', 'R'};
@@ -151,21 +152,40 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
 static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear_avx2,
                                                  &dn_linear_avx512};
 
-int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y) {
-    if (m <= 0) return 0;
-    const dn_linear_kernels *kern = dn_linear_act_quantized(w->wtype)
-                                        ? (dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable)
-                                        : paths[dn_isa()];
+static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
+    return dn_linear_act_quantized(w->wtype) ? (dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable)
+                                             : paths[dn_isa()];
+}
+
+static int run_call(const dn_linear_kernels *kern, dn_linear_call *c) {
+    const dn_linear_w *w = c->w;
     int nt = dn_num_threads();
     /* Under ~100k multiply-adds a second thread costs more than it saves. */
-    if ((double)m * w->n * w->k < 1e5) nt = 1;
-    dn_linear_call c = {w, x, m, bias, y, NULL};
-    size_t need = kern->scratch_bytes(w, m, nt);
+    if ((double)c->m * w->n * w->k < 1e5) nt = 1;
+    size_t need = kern->scratch_bytes(w, c->m, nt);
     if (need) {
-        c.scratch = dn_scratch(DN_SCRATCH_LINEAR, need);
-        if (!c.scratch) return -1;
+        c->scratch = dn_scratch(DN_SCRATCH_LINEAR, need);
+        if (!c->scratch) return -1;
     }
 #pragma omp parallel num_threads(nt)
-    kern->run(&c, omp_get_thread_num(), omp_get_num_threads());
+    kern->run(c, omp_get_thread_num(), omp_get_num_threads());
+    return 0;
+}
+
+int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y) {
+    if (m <= 0) return 0;
+    dn_linear_call c = {w, x, m, bias, y, NULL, NULL};
+    return run_call(kernels_for(w), &c);
+}
+
+int dn_linear_silu(const dn_linear_w *w, const float *x, int64_t m, float *gate_up, float *act) {
+    if (m <= 0) return 0;
+    const dn_linear_kernels *kern = kernels_for(w);
+    if (kern->fuses_silu && w->n % (2 * DN_LINEAR_NR) == 0 && kern->fuses_silu(w, m)) {
+        dn_linear_call c = {w, x, m, NULL, gate_up, NULL, act};
+        return run_call(kern, &c);
+    }
+    if (dn_linear(w, x, m, NULL, gate_up)) return -1;
+    dn_silu_mul(gate_up, act, (int)m, (int)(w->n / 2));
     return 0;
 }

@@ -11,6 +11,9 @@ typedef struct {
     const float *bias;   /* [n] or NULL */
     float *y;            /* [m][n] */
     uint8_t *scratch;    /* scratch_bytes(w, m, nthreads) bytes, 64-byte aligned, shared by the team */
+    float *act;          /* NULL, or [m][n/2]: silu(gate) * up of a gate_up weight (gate rows
+                          * then up rows, n/2 a multiple of DN_LINEAR_NR); y then holds at
+                          * most the up half's partial sums across k blocks (dn_linear_silu) */
 } dn_linear_call;
 
 typedef struct {
@@ -18,6 +21,8 @@ typedef struct {
     size_t (*scratch_bytes)(const dn_linear_w *w, int64_t m, int nthreads);
     /* Called by every thread of one parallel region; may use `#pragma omp barrier`. */
     void (*run)(const dn_linear_call *c, int tid, int nthreads);
+    /* NULL, or whether run() applies SiLU*up as its store (dn_linear_call.act) at m rows. */
+    int (*fuses_silu)(const dn_linear_w *w, int64_t m);
 } dn_linear_kernels;
 
 extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx512;
@@ -68,10 +73,13 @@ typedef struct {
     int mr;
 } dn_linear_part;
 
-static inline dn_linear_part dn_linear_share(const dn_linear_w *w, int64_t m, int mr, int t, int nt) {
+static inline dn_linear_part dn_linear_share_of(int64_t npanels, int64_t m, int mr, int t, int nt) {
     dn_linear_part s = {0, 0, (m + mr - 1) / mr, m, mr};
-    dn_split(w->npanels * s.mblocks, t, nt, &s.u0, &s.u1);
+    dn_split(npanels * s.mblocks, t, nt, &s.u0, &s.u1);
     return s;
+}
+static inline dn_linear_part dn_linear_share(const dn_linear_w *w, int64_t m, int mr, int t, int nt) {
+    return dn_linear_share_of(w->npanels, m, mr, t, nt);
 }
 
 /* The panels [*p0, *p1) a share touches. */

@@ -165,6 +165,31 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
     return dn_done(&a, out);
 }
 
+static PyObject *py_linear_silu(PyObject *self, PyObject *args) {
+    PyObject *x_obj, *p_obj, *g_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:linear_silu", &x_obj, &p_obj, &g_obj, &o_obj)) return NULL;
+    dn_args a = {.fn = "linear_silu"};
+    dn_linear_w w;
+    Py_buffer *p = take_packed(&a, p_obj, &w), *x, *g, *o;
+    if (!p || !(x = dn_take(&a, x_obj, "x", 'f', 2, 0)) || dn_check_dim(&a, x, "x", 1, w.k))
+        return dn_done(&a, NULL);
+    if (w.n % 2) return dn_fail(&a, PyExc_ValueError, "packed: N=%lld is not gate and up rows", (long long)w.n);
+    int64_t m = x->shape[0];
+    if (!(g = dn_take(&a, g_obj, "gate_up", 'f', 2, 1)) || dn_check_dim(&a, g, "gate_up", 0, m) ||
+        dn_check_dim(&a, g, "gate_up", 1, w.n) || !(o = dn_take(&a, o_obj, "out", 'f', 2, 1)) ||
+        dn_check_dim(&a, o, "out", 0, m) || dn_check_dim(&a, o, "out", 1, w.n / 2))
+        return dn_done(&a, NULL);
+    if (overlaps(o, x) || overlaps(o, p) || overlaps(o, g) || overlaps(g, x) || overlaps(g, p))
+        return dn_fail(&a, PyExc_ValueError, "out, gate_up, x and packed must not share memory");
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = dn_linear_silu(&w, x->buf, m, g->buf, o->buf);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) return dn_fail(&a, PyExc_MemoryError, "cannot allocate scratch for M=%lld", (long long)m);
+    Py_INCREF(o_obj);
+    return dn_done(&a, o_obj);
+}
+
 static PyObject *new_array(const char *dtype, int64_t n, int64_t k) {
     PyObject *shape = Py_BuildValue("(LL)", (long long)n, (long long)k);
     PyObject *out = shape ? np_empty(shape, dtype) : NULL;
@@ -213,6 +238,10 @@ PyMethodDef dn_linear_methods[] = {
      "'u4' (w uint8 [N,K/2], low nibble = even k). i8/u4: scales, zeros float32 [N, K/group_size],\n"
      "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
      "codes, computed with x quantized to int8 per 32 k (see linear_vnni)."},
+    {"linear_silu", py_linear_silu, METH_VARARGS,
+     "linear_silu(x, packed, gate_up, out) -> out: out[M,I] = silu(x . Wg^T) * (x . Wu^T) of a\n"
+     "packed [2I,K] gate_up weight (gate rows, then up rows); gate_up [M,2I] is scratch (the\n"
+     "AVX-512 GEMM applies SiLU*up as it stores, where I is a multiple of 64)."},
     {"unpack_linear", py_unpack_linear, METH_O,
      "unpack_linear(packed) -> (wtype, N, K, group_size) of a packed weight"},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
