@@ -4,24 +4,24 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/* e^x for x <= 88, with e^x = 0 below -87 (-inf gives 0: masked scores). */
-static inline __m512 exp512(__m512 x) {
+/* e^x for x <= 88, with e^x = 0 below -87 (-inf gives 0: masked scores), e^r on the reduced
+ * argument as its Taylor polynomial of `degree` (<= 7; 7: relative error ~1e-7). */
+static inline __attribute__((always_inline)) __m512 exp512_degree(__m512 x, const int degree) {
+    static const float inv_factorial[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120,
+                                           1.0f / 720, 1.0f / 5040};
     __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(inv_factorial[degree]);
+#pragma GCC unroll 8
+    for (int i = degree - 1; i >= 0; i--) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(inv_factorial[i]));
     return _mm512_maskz_scalef_ps((__mmask16)~tiny, p, n);
 }
+
+static inline __m512 exp512(__m512 x) { return exp512_degree(x, 7); }
 
 /* Software prefetch of `bytes` from p into L2. L2, not L1: a slice ahead does not fit next to
  * the working set in L1, and the L2 has more miss buffers (measured on random 4-16 KiB reads:
