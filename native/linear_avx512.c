@@ -51,6 +51,8 @@ INLINE void mk_bf16(const int mr, const int nv, int64_t kcp, const uint32_t *xb,
                     const uint16_t *wb, int ldw, float *y, int64_t ldy, int accumulate,
                     const float *bias, int valid, float *act, int64_t lda, const prefetch *pf) {
     __m512 acc[MR * 4];
+    /* unrolled: a loop here becomes a rep stos into a stack copy of acc on every call */
+#pragma GCC unroll 24
     for (int i = 0; i < mr * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < kcp; kp++) {
         prefetch_step(pf, kp);
@@ -71,6 +73,8 @@ INLINE void mk_f32(const int mr, const int nv, int64_t kc, const float *x, int64
                    const float *wf, int ldw, float *y, int64_t ldy, int accumulate,
                    const float *bias, int valid, float *act, int64_t lda, const prefetch *pf) {
     __m512 acc[MR * 4];
+    /* unrolled: a loop here becomes a rep stos into a stack copy of acc on every call */
+#pragma GCC unroll 24
     for (int i = 0; i < mr * nv; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < kc; kk++) {
         prefetch_step(pf, kk);
