@@ -3,7 +3,8 @@ both against torch SDPA doing the same math with 2 threads.
 
     PYTHONPATH=. python bench/attention.py [--quick] [--block 32,64,128]
         [--shape smollm2,llama] [--batch 1,16] [--ctx 1024,4096] [--fmt fp32,bf16,int8,uint4]
-        [--only decode|prefill] [--no-torch] [--small-pages] [--isa avx2] [--json FILE]
+        [--only decode|prefill] [--no-torch] [--small-pages] [--contiguous] [--isa avx2]
+        [--json FILE]
 
 Decode figures are against the streaming read bandwidth (bench/machine.py) measured just before
 each (shape, batch, context) group of rows: this host's bandwidth drifts from minute to minute.
@@ -12,6 +13,8 @@ did not touch. The cache holds several disjoint sets of blocks (each a random bl
 shuffled pool, together >= 4x the 32 MiB L3) and the calls rotate through them; torch gets as many
 separate contiguous copies, rotated the same way. The caches are allocated as the engine does:
 anonymous mmap with MADV_HUGEPAGE (--small-pages: 4 KiB pages, to see what huge pages buy).
+--contiguous gives each sequence consecutive blocks (what a fresh pool hands out) instead of
+shuffled ones: the gap between the two is what the scattered reads cost, not the arithmetic.
 """
 import argparse
 import mmap
@@ -117,12 +120,13 @@ def _torch_time(q_len, ctx, batch, n_heads, n_kv, d, dtype, rotations, prefix_ma
         return _best(call, max(rotations, 4))
 
 
-def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, bs, rotations, rng, huge):
+def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, bs, rotations, rng, huge, contiguous=False):
     """Cache with `rotations` disjoint random block tables, and the attention call for each."""
     per_seq = (ctx + bs - 1) // bs
     num_blocks = per_seq * batch * rotations
     kc, vc, extra = _cache(fmt, num_blocks, n_kv, bs, d, rng, huge)
-    ids = rng.permutation(num_blocks).astype(np.int32).reshape(rotations, batch, per_seq)
+    ids = np.arange(num_blocks) if contiguous else rng.permutation(num_blocks)
+    ids = ids.astype(np.int32).reshape(rotations, batch, per_seq)
     q = rng.standard_normal((batch * q_len, n_heads, d)).astype(np.float32)
     out = np.empty_like(q)
     q_offsets = (np.arange(batch + 1) * q_len).astype(np.int32)
@@ -141,7 +145,7 @@ def _load():
 
 def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES),
          batches=(1, 16), ctxs=(1024, 4096), formats=FORMATS, only=None, torch=True,
-         huge=True, measure_bw=None):
+         huge=True, measure_bw=None, contiguous=False):
     """measure_bw: a function giving GB/s now, called before each group of decode rows (None:
     limits["bw_gbs"] throughout)."""
     bw = limits["bw_gbs"]
@@ -149,7 +153,8 @@ def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES
     rng = np.random.default_rng(0)
     result = []
     print(f"attention ({K.isa()}, {THREADS} threads, bandwidth {bw:.1f} GB/s, "
-          f"{'huge' if huge else '4 KiB'} pages; torch columns = torch time / ours; {_load()})")
+          f"{'huge' if huge else '4 KiB'} pages, {'contiguous' if contiguous else 'shuffled'} "
+          f"blocks; torch columns = torch time / ours; {_load()})")
     print(f"{'case':48s} {'ms':>8s} {'GB/s':>7s} {'of bw':>6s} {'GFLOP/s':>8s} "
           f"{'torch f32':>9s} {'torch bf16':>10s}")
     t32 = t16 = float("nan")
@@ -172,7 +177,8 @@ def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES
                     for fmt in formats:
                         kv_bytes = batch * ctx * n_kv * _bytes_per_token_head(fmt, d)
                         rot = max(2, -(-4 * L3_BYTES // kv_bytes))
-                        call = _step(fmt, batch, 1, ctx, n_heads, n_kv, d, bs, rot, rng, huge)
+                        call = _step(fmt, batch, 1, ctx, n_heads, n_kv, d, bs, rot, rng, huge,
+                                     contiguous)
                         t = _best(call, 4 * rot)
                         del call
                         gbs = kv_bytes / t / 1e9
@@ -196,7 +202,8 @@ def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES
                 for fmt in formats:
                     if quick and fmt != "bf16":
                         continue
-                    t = _best(_step(fmt, 1, q_len, ctx, n_heads, n_kv, d, bs, 1, rng, huge), 2)
+                    t = _best(_step(fmt, 1, q_len, ctx, n_heads, n_kv, d, bs, 1, rng, huge,
+                                    contiguous), 2)
                     row = dict(kind="prefill", shape=name, batch=1, ctx=ctx, prefix=prefix,
                                block=bs, fmt=fmt, ms=t * 1e3, gflops=flops / t / 1e9,
                                vs_torch_f32=t32 / t, vs_torch_bf16=t16 / t)
@@ -230,6 +237,7 @@ def _main():
     p.add_argument("--only", choices=("decode", "prefill"))
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--small-pages", action="store_true")
+    p.add_argument("--contiguous", action="store_true", help="consecutive blocks per sequence")
     p.add_argument("--bw", type=float, help="GB/s to compare with (default: measured now)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--isa", help="kernel path to time (default: the best this CPU runs)")
@@ -239,7 +247,7 @@ def _main():
     bw = a.bw or read_bandwidth(THREADS)
     result = rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
                   batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,
-                  torch=not a.no_torch, huge=not a.small_pages,
+                  torch=not a.no_torch, huge=not a.small_pages, contiguous=a.contiguous,
                   measure_bw=None if a.bw else lambda: read_bandwidth(THREADS))
     if a.json:
         import json

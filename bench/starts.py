@@ -38,7 +38,8 @@ def child(args) -> dict:
         machine.now(args.threads)
         return {"workload": "probe", "tok_s": None, "host": {"huge_share": host.huge_share()}}
     from bench.engine import run_workload
-    result = run_workload(args.child, args.model, "bfloat16", args.quant, None, args.threads, 0, 0)
+    result = run_workload(args.child, args.model, "bfloat16", args.quant, group_size=None, threads=args.threads,
+                          max_prefill=0, ranks=0, kv_mode="AsCacheDefault")
     return {"workload": args.child, "host": result["host"],
             "tok_s": result["decode_tok_s" if args.child in BANDWIDTH_BOUND else "prefill_tok_s"]}
 

@@ -79,10 +79,12 @@ static inline void prefetch_bytes(const char *p, int64_t bytes) {
 }
 
 static int quantize(const float *x, int n, int16_t *q, float qmax, float *scale) {
+    /* inline max and rounding (cvtss2si rounds to nearest, as lrintf): libm calls here cost
+     * the tiles of a split context, which load their queries again, a large share of their time */
     float m = 0.0f;
-    for (int j = 0; j < n; j++) m = fmaxf(m, fabsf(x[j]));
+    for (int j = 0; j < n; j++) m = fabsf(x[j]) > m ? fabsf(x[j]) : m;
     *scale = m / qmax;
-    for (int j = 0; j < n; j++) q[j] = m > 0.0f ? (int16_t)lrintf(x[j] * (qmax / m)) : 0;
+    for (int j = 0; j < n; j++) q[j] = m > 0.0f ? (int16_t)_mm_cvtss_si32(_mm_set_ss(x[j] * (qmax / m))) : 0;
     return 0;
 }
 

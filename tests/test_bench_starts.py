@@ -1,4 +1,6 @@
 """bench/starts.py's summary of fresh starts: spread, per-limit figures, correlations."""
+import os
+
 import numpy as np
 
 from bench import starts
@@ -38,3 +40,14 @@ def test_summary_spreads_the_figure_over_its_limit():
     assert out["per_limit"]["max_over_min"] == 1.0  # every start at 2.5 tok/s per GB/s
     assert out["corr_with"]["bw_gbs"] == 1.0
     assert out["probe_bw_gbs"]["max_over_min"] == 1.5
+
+
+def test_a_start_serves_its_workload(tiny_model):
+    """One start's child end to end: it serves decode1 and reports its figure and host readings
+    (the child once fell out of step with bench/engine.py's run_workload signature)."""
+    class Args:
+        child, model, quant, threads = "decode1", os.path.join(tiny_model, "tiny"), None, 1
+
+    result = starts.child(Args)
+    assert result["workload"] == "decode1" and result["tok_s"] > 0
+    assert 0 < result["host"]["cpu_share"] <= 1.5
