@@ -56,8 +56,7 @@ class DecoderModel:
         cfg = self.cfg = model.config
         self.shard = Shard(self.group.rank, self.group.world, cfg.num_attention_heads,
                            cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size,
-                           intermediate_align=max(32, (model.quantization or {}).get("group_size") or 1),
-                           head_dim=cfg.head_dim)
+                           intermediate_align=max(64, (model.quantization or {}).get("group_size") or 1))
         self.weights = WeightLoader(model, self.shard).load()
         d = cfg.head_dim
         heads = self.shard.heads[1] - self.shard.heads[0]
