@@ -5,8 +5,10 @@ import threading
 
 # A session's stream sends at most one event per this many seconds (DASHINFER_STREAM_INTERVAL_MS),
 # first tokens and ends at once: each event costs rank 0 a few thread wake-ups and the GIL, on the
-# cores its kernels run on, and with several ranks every rank waits while rank 0 is held.
-DEFAULT_STREAM_INTERVAL_MS = 0  # off until the tests that count events per token agree
+# cores its kernels run on, and with several ranks every rank waits while rank 0 is held. With 0 the
+# writer already sends every token ready when it wakes (about one event a step); fewer events means
+# holding tokens back. 20 ms against 0 on 2 ranks x 1 core: serve32 +3.5%, decode1 +4.5% tok/s.
+DEFAULT_STREAM_INTERVAL_MS = 20
 
 
 def stream_interval_s() -> float:
