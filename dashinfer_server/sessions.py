@@ -35,10 +35,11 @@ class HeldRequest:
 class ClientSession:
     """A client's Session stream: the requests it owns, and the events of those routed to it
     (their queues mark it dirty and wake it; the stream sends what changed)."""
-    __slots__ = ("wake", "left", "requests", "routed", "dirty", "fresh", "lock")
+    __slots__ = ("wake", "hurry", "left", "requests", "routed", "dirty", "fresh", "lock")
 
     def __init__(self):
         self.wake = threading.Event()
+        self.hurry = threading.Event()  # cuts the pace's wait short: urgent news, or the stream ends
         self.left = False
         self.requests = set()  # (model_name, handle)
         self.routed = {}  # key -> (queue, stats sent): requests whose events go on this stream
@@ -51,12 +52,21 @@ class ClientSession:
         with self.lock:
             self.routed[key] = (queue, sent)
             self.fresh.add(key)
-        queue.listen(lambda: self.mark(key))
+        queue.listen(lambda: self.mark(key, queue))
 
-    def mark(self, key) -> None:
+    def mark(self, key, queue) -> None:
         """A routed queue changed (called under that queue's lock: only sets and wakes)."""
         with self.lock:
             self.dirty[key] = None
+            urgent = key in self.fresh
+        if urgent or queue.ended_in_listener():
+            self.hurry.set()
+        self.wake.set()
+
+    def interrupt(self) -> None:
+        """Wake the stream's writer now, wherever it waits (the service drains or closes, or the
+        client left)."""
+        self.hurry.set()
         self.wake.set()
 
     def urgent(self) -> bool:
