@@ -94,6 +94,11 @@ class ResultQueue:
         with self._cond:
             return self._status in FINAL_STATUSES
 
+    def ended_in_listener(self) -> bool:
+        """finished, for a listener (see listen): it runs with the queue's lock held, so this
+        reads the status without taking it."""
+        return self._status in FINAL_STATUSES
+
     def RequestStatInfo(self) -> RequestStatInfo:
         with self._cond:
             return self._stats()

@@ -70,7 +70,7 @@ class DecoderModel:
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros
         self.kv_args = [{n: a for n, a in arrays.items() if not n.endswith("cache")}
-                        for arrays in self.kv.layers]
+                        | dict(group=self.shard.group, q_head0=self.shard.q_head0) for arrays in self.kv.layers]
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
                             vocab_r, cfg.vocab_size)
         self.scale = 1.0 / math.sqrt(d)
@@ -87,7 +87,7 @@ class DecoderModel:
         # each layer by name: its LayerWeights fields and its KV cache arrays
         layers = [dict(vars(weights), **cache) for weights, cache in zip(self.weights.layers, self.kv.layers)]
         self.native = K.decoder_new(layers, vars(self.ws), self.cos_sin, self.heads,
-                                    self.cfg.rms_norm_eps, self.scale)
+                                    self.cfg.rms_norm_eps, self.scale, self.shard.group, self.shard.q_head0)
 
     def forward(self, plan: StepPlan) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into

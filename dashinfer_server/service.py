@@ -212,7 +212,8 @@ class DashInferService(pb_grpc.DashInferServicer):
             session.wake.wait()
             delay = sent_at + pace - time.monotonic()
             if delay > 0 and not session.urgent():
-                self._closing.wait(delay)  # more tokens ride the same event
+                session.hurry.wait(delay)  # more tokens ride the same event; first ones and ends do not wait
+            session.hurry.clear()
             session.wake.clear()
             if session.left:
                 return
@@ -262,7 +263,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             self._draining = why
             sessions = list(self._sessions.values())
         for s in sessions:
-            s.wake.set()
+            s.interrupt()
 
     def unfinished(self) -> list:
         with self._lock:
@@ -273,7 +274,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             self._closing.set()
             sessions = list(self._sessions.values())
         for s in sessions:
-            s.wake.set()
+            s.interrupt()
 
     # ---- internals -----------------------------------------------------------------------------
 
@@ -376,7 +377,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             for key, h in zip(keys, held):
                 h.streaming = False
                 self._forget(key)
-        session.wake.set()
+        session.interrupt()
         for key, h in zip(keys, held):
             self.engine.call_with_reason("release_request", key[0], h.engine_handle)
         if keys:

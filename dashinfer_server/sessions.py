@@ -5,8 +5,10 @@ import threading
 
 # A session's stream sends at most one event per this many seconds (DASHINFER_STREAM_INTERVAL_MS),
 # first tokens and ends at once: each event costs rank 0 a few thread wake-ups and the GIL, on the
-# cores its kernels run on, and with several ranks every rank waits while rank 0 is held.
-DEFAULT_STREAM_INTERVAL_MS = 0  # off until the tests that count events per token agree
+# cores its kernels run on, and with several ranks every rank waits while rank 0 is held. With 0 the
+# writer already sends every token ready when it wakes (about one event a step); fewer events means
+# holding tokens back. 20 ms against 0 on 2 ranks x 1 core: serve32 +3.5%, decode1 +4.5% tok/s.
+DEFAULT_STREAM_INTERVAL_MS = 20
 
 
 def stream_interval_s() -> float:
@@ -33,10 +35,11 @@ class HeldRequest:
 class ClientSession:
     """A client's Session stream: the requests it owns, and the events of those routed to it
     (their queues mark it dirty and wake it; the stream sends what changed)."""
-    __slots__ = ("wake", "left", "requests", "routed", "dirty", "fresh", "lock")
+    __slots__ = ("wake", "hurry", "left", "requests", "routed", "dirty", "fresh", "lock")
 
     def __init__(self):
         self.wake = threading.Event()
+        self.hurry = threading.Event()  # cuts the pace's wait short: urgent news, or the stream ends
         self.left = False
         self.requests = set()  # (model_name, handle)
         self.routed = {}  # key -> (queue, stats sent): requests whose events go on this stream
@@ -49,12 +52,21 @@ class ClientSession:
         with self.lock:
             self.routed[key] = (queue, sent)
             self.fresh.add(key)
-        queue.listen(lambda: self.mark(key))
+        queue.listen(lambda: self.mark(key, queue))
 
-    def mark(self, key) -> None:
+    def mark(self, key, queue) -> None:
         """A routed queue changed (called under that queue's lock: only sets and wakes)."""
         with self.lock:
             self.dirty[key] = None
+            urgent = key in self.fresh
+        if urgent or queue.ended_in_listener():
+            self.hurry.set()
+        self.wake.set()
+
+    def interrupt(self) -> None:
+        """Wake the stream's writer now, wherever it waits (the service drains or closes, or the
+        client left)."""
+        self.hurry.set()
         self.wake.set()
 
     def urgent(self) -> bool:

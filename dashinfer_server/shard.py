@@ -1,7 +1,10 @@
 """Tensor parallelism's shard math: which slice of each weight and of the KV heads a rank owns.
 
-Attention is split by whole KV-head groups (a rank owns some KV heads and their query heads;
-uneven splits are fine), the MLP by the intermediate dimension, lm_head by vocabulary.
+Attention is split by query heads, as evenly as they go, and a rank holds the KV heads its query
+heads read: where a GQA group straddles two ranks, both compute and cache that KV head (SmolLM2's
+9 heads / 3 KV heads on 2 ranks: heads 0-4 over KV heads 0-1, heads 5-8 over KV heads 1-2, not
+whole groups 6+3, which left rank 1 idle for a quarter of a prefill step at every attention
+allreduce). The MLP is split by the intermediate dimension, lm_head by vocabulary.
 Row-parallel outputs (o_proj, down_proj) are then partial sums that the group's allreduce
 completes (parallel.py).
 """
@@ -41,14 +44,23 @@ class Shard:
                              f"{self.num_kv_heads} KV heads")
 
     @property
-    def kv_heads(self) -> tuple[int, int]:
-        return split_range(self.num_kv_heads, self.rank, self.world)
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
 
     @property
     def heads(self) -> tuple[int, int]:
-        group = self.num_heads // self.num_kv_heads
-        a, b = self.kv_heads
-        return a * group, b * group
+        return split_range(self.num_heads, self.rank, self.world)
+
+    @property
+    def kv_heads(self) -> tuple[int, int]:
+        """The KV heads the rank's query heads read."""
+        a, b = self.heads
+        return a // self.group, (b - 1) // self.group + 1
+
+    @property
+    def q_head0(self) -> int:
+        """Where the rank's first query head sits in its first KV head's group."""
+        return self.heads[0] - self.kv_heads[0] * self.group
 
     @property
     def intermediate(self) -> tuple[int, int]:

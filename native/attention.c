@@ -78,14 +78,25 @@ static void merge_split(const attn_unit_t *u, int head, const float *parts, int 
     }
 }
 
+/* The heads [*lo, *hi) of kv head g's group that this call holds (all of them but at the ends of a
+ * rank's partial groups). */
+static void group_heads(int g, int n_heads, int group, int q_head0, int *lo, int *hi) {
+    int first = g * group - q_head0; /* local index of the group's head 0 */
+    *lo = first < 0 ? -first : 0;
+    *hi = n_heads - first < group ? n_heads - first : group;
+}
+
 /* Fill units (when not NULL) and count them and their partial floats. A sequence whose chunk is
- * decode-shaped (decode_fits says so for M = q_len * group) gets tiles over several kv heads;
- * others one tile per kv head, GQA head chunk and row chunk. Tiles of a long context are split
- * into block-aligned ranges when there are too few tiles to keep every thread busy. */
+ * decode-shaped (decode_fits says so for M = q_len * group) gets tiles over several kv heads
+ * (whole groups only: one kv head a tile when the call holds a partial group); others one tile
+ * per kv head, GQA head chunk and row chunk. Tiles of a long context are split into block-aligned
+ * ranges when there are too few tiles to keep every thread busy. */
 static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int32_t *context_lens,
-                    int B, int group, int n_threads, int (*decode_fits)(const dn_kv_cache_t *, int),
-                    attn_unit_t *units, int64_t *part_floats) {
+                    int B, int n_heads, int group, int q_head0, int n_threads,
+                    int (*decode_fits)(const dn_kv_cache_t *, int), attn_unit_t *units,
+                    int64_t *part_floats) {
     int nkv = c->n_kv_heads, bs = c->block_size, D = c->head_dim;
+    int partial = q_head0 != 0 || n_heads != nkv * group;
     int head_chunks = (group + ATTN_MAX_M - 1) / ATTN_MAX_M;
     int heads = (group + head_chunks - 1) / head_chunks;
     int rows = ATTN_MAX_M / heads;
@@ -94,7 +105,7 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
     double total = 0;
     for (int b = 0; b < B; b++) {
         int ql = q_offsets[b + 1] - q_offsets[b];
-        total += (double)ql * group * nkv * context_lens[b];
+        total += (double)ql * n_heads * context_lens[b];
     }
     double target = total / (n_threads * 4.0);
     int64_t n = 0, floats = 0;
@@ -102,11 +113,12 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
         int ql = q_offsets[b + 1] - q_offsets[b], ctx = context_lens[b];
         if (ql == 0) continue;
         int decode = decode_fits && decode_fits(c, ql * group);
-        int kv_step = decode ? ATTN_MAX_M / (ql * group) : 1;
+        int kv_step = decode && !partial ? ATTN_MAX_M / (ql * group) : 1;
         for (int g = 0; g < nkv; g += kv_step) {
-            int n_kv = nkv - g < kv_step ? nkv - g : kv_step;
-            for (int h0 = 0; h0 < group; h0 += decode ? group : heads) {
-                int nh = decode ? group : group - h0 < heads ? group - h0 : heads;
+            int n_kv = nkv - g < kv_step ? nkv - g : kv_step, lo, hi;
+            group_heads(g, n_heads, group, q_head0, &lo, &hi);
+            for (int h0 = lo; h0 < hi; h0 += decode ? hi - lo : heads) {
+                int nh = decode ? hi - lo : hi - h0 < heads ? hi - h0 : heads;
                 for (int r0 = 0; r0 < ql; r0 += decode ? ql : rows) {
                     int nr = decode ? ql : ql - r0 < rows ? ql - r0 : rows;
                     int first = ctx - ql + r0, end = first + nr, split_len = 0;
@@ -150,8 +162,8 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
 
 int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_tables,
                  int max_blocks, const int32_t *q_offsets, const int32_t *context_lens, int B,
-                 int n_heads, float scale, float *out) {
-    int D = c->head_dim, group = n_heads / c->n_kv_heads;
+                 int n_heads, int group, int q_head0, float scale, float *out) {
+    int D = c->head_dim;
     int threads = dn_num_threads(), nt = threads;
     int64_t part_floats;
     /* the vector tiles read 32 values of head_dim at a time */
@@ -167,8 +179,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
         decode_fits = attn_decode_avx2_fits;
         decode = attn_decode_avx2;
     }
-    int64_t n_units = plan(c, q_offsets, context_lens, B, group, threads, decode_fits, NULL,
-                           &part_floats);
+    int64_t n_units = plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, threads,
+                           decode_fits, NULL, &part_floats);
     if (n_units == 0) return 0;
     if (n_units < nt) nt = (int)n_units;
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
@@ -178,7 +190,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     if (!buf) return -1;
     attn_unit_t *units = (attn_unit_t *)buf;
     float *parts = (float *)(buf + units_bytes);
-    plan(c, q_offsets, context_lens, B, group, threads, decode_fits, units, &part_floats);
+    plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, threads, decode_fits, units,
+         &part_floats);
     int64_t q_stride = (int64_t)n_heads * D;
 
 #pragma omp parallel num_threads(nt)
@@ -189,7 +202,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
             const attn_unit_t *u = &units[i];
             int ql = q_offsets[u->seq + 1] - q_offsets[u->seq];
             int64_t row0 = q_offsets[u->seq] + u->row0;
-            int64_t head0 = (int64_t)u->kv_head * group + u->head0;
+            int64_t head0 = (int64_t)u->kv_head * group + u->head0 - q_head0;
             attn_tile_t t = {
                 .kv = c,
                 .blocks = block_tables + (int64_t)u->seq * max_blocks,
@@ -217,7 +230,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 if (u->n_split < 2) continue;
                 int64_t row0 = q_offsets[u->seq] + u->row0;
                 for (int h = 0; h < u->n_kv; h++) {
-                    int64_t head0 = (int64_t)(u->kv_head + h) * group + u->head0;
+                    int64_t head0 = (int64_t)(u->kv_head + h) * group + u->head0 - q_head0;
                     merge_split(u, h, parts, D, out + row0 * q_stride + head0 * D, q_stride);
                 }
             }

@@ -7,12 +7,14 @@
 
 /* One continuous-batching step: B sequences, sequence b owns query rows q_offsets[b]..q_offsets[b+1]
  * which sit at its last q_len positions of context_lens[b] cached tokens and attend causally.
- * Query head h reads kv head h / (n_heads / n_kv_heads). Returns 0, or -1 when out of memory. */
+ * Query head h reads kv head (h + q_head0) / group: a tensor-parallel rank may hold part of a GQA
+ * group at either end (its heads start at head q_head0 of its first kv head's group, 0 <= q_head0
+ * < group, and its kv heads are those its query heads read). Returns 0, or -1 when out of memory. */
 int dn_attention(const dn_kv_cache_t *c,
                  const float *q,              /* [T_total, n_heads, head_dim] */
                  const int32_t *block_tables, /* [B, max_blocks] */
                  int max_blocks,
                  const int32_t *q_offsets,    /* [B + 1] */
                  const int32_t *context_lens, /* [B] */
-                 int B, int n_heads, float scale,
+                 int B, int n_heads, int group, int q_head0, float scale,
                  float *out);                 /* [T_total, n_heads, head_dim] */

@@ -17,6 +17,7 @@ typedef struct {
 
 typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, max_tokens, max_pos;
+    int group, q_head0; /* query head h reads kv head (h + q_head0) / group (attention.h) */
     float eps, scale;
     const float *cos_sin; /* [max_pos, head_dim] */
     dn_layer_t *layers;

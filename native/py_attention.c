@@ -38,6 +38,26 @@ int dn_check_step(dn_args *a, const dn_kv_cache_t *c, int T, const int32_t *offs
     return 0;
 }
 
+int dn_check_groups(dn_args *a, int n_heads, int n_kv_heads, int *group, int q_head0) {
+    if (*group == 0) { /* whole groups */
+        if (n_heads < 1 || q_head0 || n_heads % n_kv_heads) {
+            dn_fail(a, PyExc_ValueError, "q has %d heads, not a multiple of the %d kv heads", n_heads,
+                    n_kv_heads);
+            return -1;
+        }
+        *group = n_heads / n_kv_heads;
+        return 0;
+    }
+    if (*group < 1 || q_head0 < 0 || q_head0 >= *group || n_heads < 1 ||
+        (q_head0 + n_heads + *group - 1) / *group != n_kv_heads) {
+        dn_fail(a, PyExc_ValueError,
+                "%d query heads from head %d of a group of %d do not read exactly %d kv heads",
+                n_heads, q_head0, *group, n_kv_heads);
+        return -1;
+    }
+    return 0;
+}
+
 static int overlaps(const Py_buffer *x, const Py_buffer *y) {
     const char *a = x->buf, *b = y->buf;
     return a < b + y->len && b < a + x->len;
@@ -46,12 +66,13 @@ static int overlaps(const Py_buffer *x, const Py_buffer *y) {
 static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"q", "k_cache", "v_cache", "block_tables", "q_offsets",
                              "context_lens", "out", "scale", "k_scale", "v_scale", "k_zero",
-                             "v_zero", NULL};
+                             "v_zero", "group", "q_head0", NULL};
     PyObject *q, *bt, *qo, *cl, *out, *cache[6] = {NULL, NULL, Py_None, Py_None, Py_None, Py_None};
     double scale;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOd|OOOO:attention", kwlist, &q, &cache[0],
+    int group = 0, q_head0 = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOd|OOOOii:attention", kwlist, &q, &cache[0],
                                      &cache[1], &bt, &qo, &cl, &out, &scale, &cache[2], &cache[3],
-                                     &cache[4], &cache[5]))
+                                     &cache[4], &cache[5], &group, &q_head0))
         return NULL;
     dn_args a = {.fn = "attention"};
     Py_buffer *qb = dn_take(&a, q, "q", 'f', 3, 0);
@@ -64,9 +85,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     dn_kv_cache_t c;
     if (dn_take_kv_cache(&a, cache, 0, (int)qb->shape[2], &c)) return dn_done(&a, NULL);
     int T = (int)qb->shape[0], n_heads = (int)qb->shape[1];
-    if (n_heads < 1 || n_heads % c.n_kv_heads)
-        return dn_fail(&a, PyExc_ValueError, "q has %d heads, not a multiple of the %d kv heads",
-                       n_heads, c.n_kv_heads);
+    if (dn_check_groups(&a, n_heads, c.n_kv_heads, &group, q_head0)) return dn_done(&a, NULL);
     Py_buffer *btb = dn_take(&a, bt, "block_tables", 'i', 2, 0);
     if (!btb) return dn_done(&a, NULL);
     int B = (int)btb->shape[0], max_blocks = (int)btb->shape[1];
@@ -78,8 +97,8 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     if (dn_check_step(&a, &c, T, offs, ctx, tables, B, max_blocks)) return dn_done(&a, NULL);
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = dn_attention(&c, qb->buf, tables, max_blocks, offs, ctx, B, n_heads, (float)scale,
-                      ob->buf);
+    rc = dn_attention(&c, qb->buf, tables, max_blocks, offs, ctx, B, n_heads, group, q_head0,
+                      (float)scale, ob->buf);
     Py_END_ALLOW_THREADS;
     if (rc) return dn_fail(&a, PyExc_MemoryError, "no memory for the scratch buffer");
     return dn_done(&a, NULL);
@@ -88,8 +107,10 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
 PyMethodDef dn_attention_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_VARARGS | METH_KEYWORDS,
      "attention(q, k_cache, v_cache, block_tables, q_offsets, context_lens, out, scale, "
-     "k_scale=None, v_scale=None, k_zero=None, v_zero=None): causal GQA attention of a batch "
-     "step over the paged cache. q, out [T_total, n_heads, head_dim] float32; sequence b owns "
-     "rows q_offsets[b]..q_offsets[b+1], the last positions of its context_lens[b] cached tokens."},
+     "k_scale=None, v_scale=None, k_zero=None, v_zero=None, group=0, q_head0=0): causal GQA "
+     "attention of a batch step over the paged cache. q, out [T_total, n_heads, head_dim] float32; "
+     "sequence b owns rows q_offsets[b]..q_offsets[b+1], the last positions of its context_lens[b] "
+     "cached tokens. Head h reads kv head (h + q_head0) // group (group 0: n_heads / n_kv_heads): "
+     "a tensor-parallel rank's heads may start or end inside a group."},
     {NULL, NULL, 0, NULL},
 };

@@ -116,12 +116,13 @@ static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_laye
 }
 
 static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"layers", "workspace", "cos_sin", "n_heads", "eps", "scale", NULL};
+    static char *kwlist[] = {"layers", "workspace", "cos_sin", "n_heads", "eps", "scale", "group",
+                             "q_head0", NULL};
     PyObject *layers, *ws, *cs;
-    int n_heads;
+    int n_heads, group = 0, q_head0 = 0;
     double eps, scale;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOidd:decoder_new", kwlist, &layers, &ws, &cs,
-                                     &n_heads, &eps, &scale))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOidd|ii:decoder_new", kwlist, &layers, &ws, &cs,
+                                     &n_heads, &eps, &scale, &group, &q_head0))
         return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
         return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
@@ -178,11 +179,8 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         }
     }
     d->n_kv_heads = d->layers[0].kv.n_kv_heads;
-    if (d->n_heads % d->n_kv_heads) {
-        PyErr_Format(PyExc_ValueError, "decoder_new: %d heads are not a multiple of %d kv heads",
-                     d->n_heads, d->n_kv_heads);
-        goto fail;
-    }
+    if (dn_check_groups(a, d->n_heads, d->n_kv_heads, &group, q_head0)) goto fail;
+    d->group = group, d->q_head0 = q_head0;
     PyObject *cap = PyCapsule_New(b, CAPSULE, destroy);
     if (!cap) goto fail;
     return cap;
@@ -242,7 +240,7 @@ static PyObject *py_decoder_run(PyObject *self, PyObject *args, PyObject *kw) {
 
 PyMethodDef dn_decoder_methods[] = {
     {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
-     "decoder_new(layers, workspace, cos_sin, n_heads, eps, scale) -> decoder\n"
+     "decoder_new(layers, workspace, cos_sin, n_heads, eps, scale, group=0, q_head0=0) -> decoder\n"
      "layers: a list, per layer a dict of named arrays: float32 norms input_norm, post_norm; packed\n"
      "weights q, k, v, o, gate_up, down; float32 biases q_bias, k_bias, v_bias (absent or None: no\n"
      "bias); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"

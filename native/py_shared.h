@@ -18,5 +18,9 @@ int dn_check_slots(dn_args *a, const dn_kv_cache_t *c, const int32_t *slots, int
 int dn_check_step(dn_args *a, const dn_kv_cache_t *c, int T, const int32_t *q_offsets,
                   const int32_t *context_lens, const int32_t *block_tables, int B, int max_blocks);
 
+/* n_heads query heads from head q_head0 of a GQA group of *group read exactly n_kv_heads kv
+ * heads (*group 0: whole groups, set to n_heads / n_kv_heads). 0, or -1 with an exception. */
+int dn_check_groups(dn_args *a, int n_heads, int n_kv_heads, int *group, int q_head0);
+
 /* The dn_comm of a comm_open capsule, or NULL with an exception. */
 dn_comm *dn_comm_of(PyObject *capsule, const char *fn);

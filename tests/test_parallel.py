@@ -59,10 +59,11 @@ def test_split_range_covers_everything_in_order():
 
 
 def test_shard_uneven_heads_smollm2():
-    """SmolLM2: 9 query heads over 3 KV heads on 2 ranks -> 6+3 heads, 2+1 KV heads."""
+    """SmolLM2: 9 query heads over 3 KV heads on 2 ranks -> 5+4 heads; KV head 1, whose group
+    straddles the ranks, on both."""
     s0, s1 = (Shard(r, 2, 9, 3, 1536, 49152) for r in range(2))
-    assert (s0.kv_heads, s1.kv_heads) == ((0, 2), (2, 3))
-    assert (s0.heads, s1.heads) == ((0, 6), (6, 9))
+    assert (s0.kv_heads, s1.kv_heads) == ((0, 2), (1, 3))
+    assert (s0.heads, s1.heads) == ((0, 5), (5, 9))
     assert (s0.intermediate, s1.intermediate) == ((0, 768), (768, 1536))
     assert (s0.vocab, s1.vocab) == ((0, 24576), (24576, 49152))
     # an intermediate size that is not a multiple of the alignment splits unaligned
@@ -196,8 +197,8 @@ def smollm2_int8():
 
 
 def test_two_ranks_generate_what_one_rank_does(tiny_uneven, smollm2, smollm2_int8):
-    """Float and int8 weights (SmolLM2's 6+3 head split, the MLP columns cut on whole quantization
-    groups): the tokens of 2 ranks are those of 1."""
+    """Float and int8 weights (SmolLM2's 5+4 head split, a GQA group across the ranks, the MLP
+    columns cut on whole quantization groups): the tokens of 2 ranks are those of 1."""
     (fp32_dir, fp32), (bf16_dir, bf16) = smollm2
     int8_dir, int8 = smollm2_int8
     models = [{"dir": tiny_uneven, "prefix": "tiny", "prompts": PROMPTS, "max_new": 24},

@@ -24,6 +24,27 @@ def test_session_marks_first_tokens_and_ends_urgent():
     assert not session.urgent()
 
 
+def test_first_tokens_and_ends_cut_the_pace_short():
+    """The writer waits out the pace on `hurry`: a first token or an end sets it, a later token
+    does not (that one rides the next event)."""
+    from dashinfer_client.result_queue import ResultQueue
+    from dashinfer_server.sessions import ClientSession
+    session, queue = ClientSession(), ResultQueue("r")
+    session.route(("m", 1), queue, {})
+    queue.push(5)
+    assert session.hurry.is_set()
+    session.hurry.clear()
+    session.take_dirty()
+    session.delivered(("m", 1))
+    queue.push(6)
+    assert session.wake.is_set() and not session.hurry.is_set()
+    queue.set_status(S.GenerateFinished)
+    assert session.hurry.is_set()
+    session.hurry.clear()
+    session.interrupt()  # the service closes: the writer stops waiting
+    assert session.hurry.is_set() and session.wake.is_set()
+
+
 def test_stream_interval_setting(monkeypatch):
     from dashinfer_server.sessions import DEFAULT_STREAM_INTERVAL_MS, stream_interval_s
     monkeypatch.delenv("DASHINFER_STREAM_INTERVAL_MS", raising=False)
