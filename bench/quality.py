@@ -19,7 +19,6 @@ the activation quantization shows apart from the weights'. Each run is its own p
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +83,7 @@ def main():
         group, head = (None if v == "-" else int(v) for v in args.child[1:])
         print(json.dumps(nll(quant, group, head, args.window, args.threads)))
         return
+    from bench.engine import run_child
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = None
     for label, quant, group, head in SETTINGS:
@@ -94,10 +94,7 @@ def main():
             cmd = [sys.executable, "-m", "bench.quality", "--window", str(args.window), "--threads",
                    str(args.threads), "--child", quant or "-", "-" if group is None else str(group),
                    "-" if head is None else str(head)]
-            out = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
-            if out.returncode != 0:
-                sys.exit(f"{label} ({path}) failed:\n{out.stderr[-3000:]}")
-            result = json.loads(out.stdout.strip().splitlines()[-1])
+            result = run_child(cmd, run_env, f"{label} ({path})")
             base = base or result
             print(json.dumps({"weights": label, "path": path, "tokens": result["tokens"],
                               "nll": round(result["nll"], 4), "perplexity": round(2.718281828 ** result["nll"], 3),

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,14 +48,12 @@ def start_once(workload: str, args, env) -> dict:
     probe inside the start would leave a second OpenMP team there, and libgomp stops spinning
     when its threads outnumber the cpus: decode1 fell from ~150 to 59 tok/s)."""
     from bench import machine
+    from bench.engine import run_child
     before = machine.now(args.threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, "--threads", str(args.threads),
            "--model", args.model]
     cmd += ["--quant", args.quant] if args.quant else []
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{workload} failed:\n{out.stderr[-3000:]}")
-    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row = run_child(cmd, env, workload)
     after = machine.now(args.threads)
     row.update({k: round((before[k] + after[k]) / 2, 1) for k in before}, probe_before=before, probe_after=after)
     return row
