@@ -70,26 +70,14 @@ KV_FORMATS = {"AsCacheDefault": None, "AsCacheQuantI8": "int8", "AsCacheQuantU4"
 
 def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ranks, kv_mode):
     """In the child process: serve the workload, return its figures."""
-    import numpy as np
-
     import dashinfer_client as allspark
     from bench import host, models
     from dashinfer_client import AsStatus
 
     requests = WORKLOADS[name]
     loader = models.load(model, dtype, quant, group_size)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(3, loader.config.vocab_size, p).tolist() for p, _ in requests]
     engine = allspark.ClientEngine(nodes=ranks) if ranks else allspark.Engine()
-    builder = loader.create_reference_runtime_config_builder(
-        "bench", allspark.TargetDevice.CPU, [0], max_batch=len(requests))
-    builder.max_length(max(p + n for p, n in requests)).thread_num(threads).kv_cache_mode(kv_mode)
-    if max_prefill:
-        builder.max_prefill_length(max_prefill)
-    t = time.perf_counter()
-    assert engine.install_model(builder.build()) == AsStatus.ALLSPARK_SUCCESS
-    assert engine.start_model("bench") == AsStatus.ALLSPARK_SUCCESS
-    start_s = time.perf_counter() - t
+    prompts, start_s = start_workload(engine, loader, name, threads, kv_mode, max_prefill)
 
     before = host.sample()
     t0 = time.time() * 1000.0
@@ -143,14 +131,52 @@ def timed_call(spent, label, fn):
     return call
 
 
+def start_workload(engine, loader, name, threads, kv_mode="AsCacheDefault", max_prefill=0) -> tuple:
+    """Install and start model "bench" on `engine`, sized for workload `name`: (its random
+    prompts, the seconds install + start took)."""
+    import numpy as np
+
+    import dashinfer_client as allspark
+    from dashinfer_client import AsStatus
+
+    requests = WORKLOADS[name]
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, loader.config.vocab_size, p).tolist() for p, _ in requests]
+    builder = loader.create_reference_runtime_config_builder(
+        "bench", allspark.TargetDevice.CPU, [0], max_batch=len(requests))
+    builder.max_length(max(p + n for p, n in requests)).thread_num(threads).kv_cache_mode(kv_mode)
+    if max_prefill:
+        builder.max_prefill_length(max_prefill)
+    t = time.perf_counter()
+    assert engine.install_model(builder.build()) == AsStatus.ALLSPARK_SUCCESS
+    assert engine.start_model("bench") == AsStatus.ALLSPARK_SUCCESS
+    return prompts, time.perf_counter() - t
+
+
+def greedy(max_length: int):
+    """The generation config of every bench request: greedy, eos ignored, up to max_length."""
+    from dashinfer_client import ASGenerationConfigBuilder
+    return ASGenerationConfigBuilder(seed=0).update(
+        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": max_length})
+
+
+class TimedKernels:
+    """The kernels module K with every call's seconds added to spent[prefix + its name] (the
+    model's `kernels` hook)."""
+
+    def __init__(self, K, spent, prefix=""):
+        self.K, self.spent, self.prefix = K, spent, prefix
+
+    def __getattr__(self, name):
+        return timed_call(self.spent, self.prefix + name, getattr(self.K, name))
+
+
 def submit(engine, loader, prompts, requests) -> list:
     """Start every request of a workload (greedy, eos ignored) on model "bench"; their queues."""
-    from dashinfer_client import ASGenerationConfigBuilder, AsStatus
+    from dashinfer_client import AsStatus
     queues = []
     for prompt, (_, new) in zip(prompts, requests):
-        gen = ASGenerationConfigBuilder(seed=0).update(
-            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": len(prompt) + new})
-        status, _, queue = engine.start_request_ids("bench", loader, prompt, gen)
+        status, _, queue = engine.start_request_ids("bench", loader, prompt, greedy(len(prompt) + new))
         assert status == AsStatus.ALLSPARK_SUCCESS
         queues.append(queue)
     return queues
@@ -167,7 +193,6 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
 
     import dashinfer_server.model_loop as loop_module
     from bench import models
-    from dashinfer_client import ASGenerationConfigBuilder
     from dashinfer_server import kernels as K
     from dashinfer_server.request import ModelLimits, new_request
 
@@ -182,14 +207,8 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
     loop.warm_up()
     spent = collections.defaultdict(float)
     timed = functools.partial(timed_call, spent)
-
-    class TimedKernels:
-        def __getattr__(self, name):
-            return timed("kernel " + name, getattr(K, name))
-
     rng = np.random.default_rng(0)
-    gen = ASGenerationConfigBuilder(seed=0).update(
-        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": prompt_len + steps + 4})
+    gen = greedy(prompt_len + steps + 4)
     seqs = [new_request(rng.integers(3, model.config.vocab_size, prompt_len).tolist(), dict(gen.build()),
                         ModelLimits(model.config.vocab_size, cfg.max_length, loop.block_capacity))
             for _ in range(rows)]
@@ -197,7 +216,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
         loop.scheduler.add(seq)
     while min(seq.num_generated for seq in seqs) < 2:  # the prompts (in chunks) and a first decode, untimed
         loop.step()
-    loop.model.kernels = TimedKernels()
+    loop.model.kernels = TimedKernels(K, spent, "kernel ")
     loop.scheduler.schedule = timed("loop schedule", loop.scheduler.schedule)
     loop.scheduler.advance = timed("loop advance", loop.scheduler.advance)
     loop.sampler.sample = timed("loop sample", loop.sampler.sample)

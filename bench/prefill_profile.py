@@ -28,14 +28,13 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
 
     import dashinfer_server.model_loop as loop_module
     from bench import bounds, models
-    from bench.engine import timed_call
+    from bench.engine import TimedKernels, greedy, runtime_builder
     from bench.machine import peak_gflops
-    from dashinfer_client import ASGenerationConfigBuilder, AsModelRuntimeConfigBuilder
     from dashinfer_server import kernels as K
     from dashinfer_server.request import ModelLimits, new_request
 
     model = models.load(model_spec, dtype)
-    cfg = (AsModelRuntimeConfigBuilder().model_dir(model.model_dir, model.prefix).model_name("profile")
+    cfg = (runtime_builder(model).model_name("profile")
            .max_batch(1).max_length(tokens + 8).max_prefill_length(tokens).thread_num(threads).build())
     K.load()
     K.set_num_threads(threads)
@@ -47,23 +46,16 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
 
     def one_step():
         prompt = rng.integers(3, model.config.vocab_size, tokens).tolist()  # no prefix-cache hits
-        gen = ASGenerationConfigBuilder(seed=0).update(
-            {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": tokens + 1})
-        loop.scheduler.add(new_request(prompt, gen.build(), limits))
+        loop.scheduler.add(new_request(prompt, greedy(tokens + 1).build(), limits))
         t = time.perf_counter()
         loop.step()
         return time.perf_counter() - t
 
     spent = collections.defaultdict(float)
-
-    class TimedKernels:
-        def __getattr__(self, name):
-            return timed_call(spent, name, getattr(K, name))
-
     one_step()  # untimed: the first prompt step after warm-up
     fused = min(one_step() for _ in range(steps))
     loop.model.fused = False
-    loop.model.kernels = TimedKernels()
+    loop.model.kernels = TimedKernels(K, spent)
     by_op = []
     for _ in range(steps):
         spent.clear()

@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.engine import WORKLOADS, rates, submit, timed_call  # noqa: E402
+from bench.engine import WORKLOADS, rates, start_workload, submit, timed_call  # noqa: E402
 
 spent = collections.defaultdict(float)
 
@@ -44,23 +44,13 @@ def comm_wait_s(group) -> float:
 
 def serve_workload(engine, group, model, name, threads):
     """Rank 0: serve one workload; return bench/engine.py's figures and rank 0's breakdown."""
-    import numpy as np
-
-    import dashinfer_client as allspark
     from dashinfer_client import AsStatus
 
-    requests = WORKLOADS[name]
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(3, model.config.vocab_size, p).tolist() for p, _ in requests]
-    builder = model.create_reference_runtime_config_builder("bench", allspark.TargetDevice.CPU, [0],
-                                                            max_batch=len(requests))
-    builder.max_length(max(p + n for p, n in requests)).thread_num(threads)
-    assert engine.install_model(builder.build()) == AsStatus.ALLSPARK_SUCCESS
-    assert engine.start_model("bench") == AsStatus.ALLSPARK_SUCCESS
+    prompts, _ = start_workload(engine, model, name, threads)
     spent.clear()
     wait0 = comm_wait_s(group)
     t0 = time.time() * 1000.0
-    queues = submit(engine, model, prompts, requests)
+    queues = submit(engine, model, prompts, WORKLOADS[name])
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
     comm_wait = comm_wait_s(group) - wait0
     stats = [q.RequestStatInfo() for q in queues]
