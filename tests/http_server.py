@@ -80,7 +80,7 @@ class Server:
 
     def finished_lines(self) -> list:
         """(generated tokens, finish reason) of each request's log line, in order."""
-        return [(int(n), why) for n, why in re.findall(r"request \S+ finished: \d+ prompt \+ (\d+) generated "
+        return [(int(n), why) for n, why in re.findall(r"request \S+ finished: \d+ prompt \(\d+ cached\) \+ (\d+) generated "
                                                        r"tokens.* finish_reason (\w+)", self.output())]
 
     def stop(self) -> int:

@@ -142,11 +142,11 @@ def test_sse_bytes_follow_openai_format(server):
 
 @pytest.mark.parametrize("body, status, words", [
     ({"model": "nope", "messages": QUESTION}, 404, ["'nope'", "tiny"]),
-    ({"model": "tiny", "messages": QUESTION, "n": 2}, 400, ["num_return_sequences"]),
+    ({"model": "tiny", "messages": QUESTION, "n": 0}, 400, ["'n'"]),
     ({"model": "tiny", "messages": QUESTION, "temperature": -1}, 400, ["temperature"]),
     ({"model": "tiny", "messages": QUESTION, "top_logprobs": 3}, 400, ["logprobs"]),
     ({"model": "tiny", "messages": QUESTION, "logprobs": True, "top_logprobs": 30}, 400, ["top_logprobs"]),
-    ({"model": "tiny", "messages": QUESTION, "frequency_penalty": 0.5}, 400, ["frequency_penalty"]),
+    ({"model": "tiny", "messages": QUESTION, "frequency_penalty": 2.5}, 400, ["frequency_penalty"]),
     ({"model": "tiny", "messages": "hi"}, 400, ["messages"]),
     ({"model": "tiny", "messages": QUESTION, "tools": [{"type": "function"}]}, 400, ["tools"]),
     ({"model": "tiny", "messages": QUESTION, "max_tokens": MAX_MODEL_LEN}, 400, [str(MAX_MODEL_LEN)]),

@@ -132,9 +132,9 @@ class ServedModel:
         """Stop the request if it still runs, free everything it holds, log one line about it."""
         self.engine.release_request(self.name, handle)
         info = queue.RequestStatInfo()
-        log.info("request %s finished: %d prompt + %d generated tokens, TTFT %.0f ms, %.1f tok/s, "
+        log.info("request %s finished: %d prompt (%d cached) + %d generated tokens, TTFT %.0f ms, %.1f tok/s, "
                  "finish_reason %s", request_id or handle, info["context_token_length"],
-                 info["generated_token_length"], info["time_to_first_token"], info["generate_tps"],
+                 info["context_cached_length"], info["generated_token_length"], info["time_to_first_token"], info["generate_tps"],
                  info["finish_reason"] or "?")
 
     # ---- health and stats -----------------------------------------------------------------------
