@@ -229,3 +229,19 @@ def test_min_p_keeps_sampling_in_its_support(api_engine):
     prompt = prompt_of(13, 8)
     ids, *_ = run(api_engine, prompt, sampled(len(prompt) + 20, 77, min_p=1.0))
     assert ids == alone(api_engine, prompt, 20)
+
+
+def test_identical_prompts_started_together_share_their_blocks(api_engine):
+    """OpenAI's n on the engine: n requests of one prompt started at once; one computes the prompt's
+    whole blocks, the others take them from the prefix cache (RequestStatInfo's
+    context_cached_length), and each generates what it generates alone."""
+    engine, name, loader = api_engine
+    prompt = prompt_of(70, 31)
+    started = [engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + 8)) for _ in range(3)]
+    cached = []
+    for status, handle, queue in started:
+        assert status == AsStatus.ALLSPARK_SUCCESS
+        assert collect(queue)[0] == alone(api_engine, prompt, 8)
+        cached.append(queue.RequestStatInfo()["context_cached_length"])
+        engine.release_request(name, handle)
+    assert sorted(cached)[0] == 0 and sorted(cached)[1] == sorted(cached)[2] >= len(prompt) // 2, cached
