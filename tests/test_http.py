@@ -12,20 +12,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.group_helpers import rank_pids
-from tests.http_server import API_KEY, MAX_MODEL_LEN, Server, http_status, wait_for
+from tests.http_server import API_KEY, MAX_MODEL_LEN, http_status, serving, wait_for
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    s = Server(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
-    try:
-        s.wait_serving()
+    with serving(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as s:
         yield s
-    finally:
-        code = s.stop()
-    assert code == 0, s.output()  # SIGTERM: drained and exited cleanly
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import dashinfer_client as allspark
-from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, Server
+from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, serving
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
 MODEL_SAMPLING = {"top_k": 1, "temperature": 0.7, "repetition_penalty": 1.3}
@@ -39,13 +39,8 @@ def model_dir(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    s = Server(model_dir, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
-    try:
-        s.wait_serving()
+    with serving(model_dir, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as s:
         yield s
-    finally:
-        code = s.stop()
-    assert code == 0, s.output()
 
 
 @pytest.fixture(scope="module")

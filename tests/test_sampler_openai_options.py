@@ -6,9 +6,8 @@ import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from dashinfer_server.logits_processors import sampling_weights
 from dashinfer_server.sampler import Sampler
-from tests.test_sampler import make_state, rand_logits
+from tests.test_sampler import dense_probs, make_state, rand_logits
 
 
 def openai_penalized(row, prompt, generated, frequency, presence, bias):
@@ -57,16 +56,6 @@ def test_logit_bias_does_not_undo_a_ban():
     assert row[0, 4] == -np.inf
 
 
-def dense(row, temperature, top_k, top_p, min_p):
-    ids, w = sampling_weights(row, temperature, top_k, top_p, min_p)
-    probs = np.zeros(row.size)
-    if ids is None:
-        probs[:] = w
-    else:
-        probs[ids] = w
-    return probs / probs.sum()
-
-
 @pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
     (1.0, 0, 1.0, 0.05), (0.7, 0, 1.0, 0.3), (1.3, 50, 1.0, 0.1), (1.0, 0, 0.9, 0.02),
     (0.8, 200, 0.95, 0.2), (1.0, 0, 1.0, 1.0), (1.0, 0, 1.0, 0.0)])
@@ -81,7 +70,7 @@ def test_min_p_distribution_matches_transformers(temperature, top_k, top_p, min_
     for warper in warpers:
         scores = warper(None, scores)
     ref = torch.softmax(scores, dim=-1)[0].numpy()
-    ours = dense(row, temperature, top_k, top_p, min_p)
+    ours = dense_probs(row, temperature, top_k, top_p, min_p)
     assert not (ours > 0)[ref == 0].any() and (ours > 0)[ref > 1e-30].all()
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-9)
 
@@ -98,7 +87,7 @@ def test_min_p_numpy_reference_and_sampling_stays_in_its_support():
     assert seen <= support and len(seen) > 1
     expected = np.zeros(row.size)
     expected[list(support)] = p[list(support)]
-    np.testing.assert_allclose(dense(row, 1.0, 0, 1.0, 0.2), expected / expected.sum(), rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(dense_probs(row, 1.0, 0, 1.0, 0.2), expected / expected.sum(), rtol=1e-5, atol=1e-12)
 
 
 def test_min_p_leaves_greedy_alone():
