@@ -71,12 +71,13 @@ def parse_chat(body: dict, served) -> list:
         job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
     if body.get("echo") not in (None, False):
         raise bad_request("'echo' is an option of /v1/completions", "echo")
-    return _choices([job], body)
+    return _choices([job], _choice_count(body, 1))
 
 
 def parse_completion(body: dict, served) -> list:
     """The request's choices, one Job each: n per prompt, in OpenAI's order (prompt by prompt)."""
     prompts = _prompts(body.get("prompt"))
+    n = _choice_count(body, len(prompts))  # before tokenizing them all
     logprobs = body.get("logprobs")
     if logprobs is not None:
         logprobs = _count(body, "logprobs", 0)
@@ -92,13 +93,13 @@ def parse_completion(body: dict, served) -> list:
         if echo:
             job.echo = prompt if isinstance(prompt, str) else served.tokenizer.decode(prompt)
         jobs.append(job)
-    return _choices(jobs, body)
+    return _choices(jobs, n)
 
 
 def _prompts(prompt) -> list:
     """/v1/completions' prompt: a string, token ids, or a batch of either -> a list of prompts."""
-    def is_ids(p):
-        return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+    def is_ids(p):  # empty: the engine refuses it (ALLSPARK_EMPTY_REQUEST)
+        return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
     if isinstance(prompt, str) or is_ids(prompt):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
@@ -107,13 +108,17 @@ def _prompts(prompt) -> list:
                       "(a batch)", "prompt")
 
 
-def _choices(jobs, body) -> list:
+def _choice_count(body, prompts) -> int:
+    n = _count(body, "n", 1)
+    if not 1 <= n or n * prompts > MAX_CHOICES:
+        raise bad_request(f"'n' times the prompts must be in [1, {MAX_CHOICES}], got n={n} for "
+                          f"{prompts} prompt(s)", "n")
+    return n
+
+
+def _choices(jobs, n) -> list:
     """n choices of each job, indexed in order. With a seed, choice i > 0 of a prompt samples with
     a seed derived from it: the choices differ, and the same request gives the same choices."""
-    n = _count(body, "n", 1)
-    if not 1 <= n or n * len(jobs) > MAX_CHOICES:
-        raise bad_request(f"'n' times the prompts must be in [1, {MAX_CHOICES}], got n={n} for "
-                          f"{len(jobs)} prompt(s)", "n")
     out = []
     for job in jobs:
         for i in range(n):
