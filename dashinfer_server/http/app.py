@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from .choices import Choices
 from .errors import ApiError, bad_request
 from .metrics import Metrics
-from .protocol import check_model, parse_chat, parse_completion
+from .protocol import chat_choices, check_model, completion_choices
 from .responses import Answer
 from .tokenize import tokenize_routes
 
@@ -89,11 +89,11 @@ def create_app(served, api_key=None) -> FastAPI:
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, parse_chat)
+        return await complete(request, chat_choices)
 
     @v1.post("/completions")
     async def completions(request: Request):
-        return await complete(request, parse_completion)
+        return await complete(request, completion_choices)
 
     app.include_router(v1)
     app.include_router(tokenize_routes(served, _json, check_key))

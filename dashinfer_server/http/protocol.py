@@ -60,8 +60,14 @@ def check_model(body: dict, served) -> None:
                        param="model", code="model_not_found")
 
 
-def parse_chat(body: dict, served) -> list:
-    """The request's choices, one Job each, in index order."""
+def chat_choices(body: dict, served) -> list:
+    """A /v1/chat/completions request's choices, one Job each, in index order."""
+    n = _choice_count(body, 1)
+    return _choices([parse_chat(body, served)], n)
+
+
+def parse_chat(body: dict, served) -> Job:
+    """A chat request as one Job (its first choice)."""
     messages = body.get("messages")
     ids = served.chat_prompt_ids(parse_messages(messages))
     logprobs = _count(body, "top_logprobs", 0) if flag(body, "logprobs") else None
@@ -71,11 +77,11 @@ def parse_chat(body: dict, served) -> list:
         job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
     if body.get("echo") not in (None, False):
         raise bad_request("'echo' is an option of /v1/completions", "echo")
-    return _choices([job], _choice_count(body, 1))
+    return job
 
 
-def parse_completion(body: dict, served) -> list:
-    """The request's choices, one Job each: n per prompt, in OpenAI's order (prompt by prompt)."""
+def completion_choices(body: dict, served) -> list:
+    """A /v1/completions request's choices, one Job each: n per prompt, in OpenAI's order (prompt by prompt)."""
     prompts = _prompts(body.get("prompt"))
     n = _choice_count(body, len(prompts))  # before tokenizing them all
     logprobs = body.get("logprobs")
