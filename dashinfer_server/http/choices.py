@@ -28,18 +28,23 @@ class Choices:
         return Usage(sum(prompts.values()), sum(u.completion_tokens for u in self.usages))
 
     async def whole(self) -> list:
-        """(Job, its pieces) of every choice; ApiError when the engine refuses one (the others are
-        stopped and released)."""
-        return list(zip(self.jobs, await _all(_collect(s) for s in self.streams)))
+        """(Job, its pieces) of every choice; ApiError when the engine refuses one or one is
+        interrupted (the others are stopped and released)."""
+        firsts = await self.first_pieces()
+        rests = await _all(_collect(s) for s in self.streams)
+        return [(job, ([first] if first is not None else []) + rest)
+                for job, first, rest in zip(self.jobs, firsts, rests)]
 
     async def first_pieces(self) -> list:
         """The first piece of every choice (None: an empty answer), so that a refusal is still an
-        HTTP error rather than a stream; on one, the other choices are closed."""
-        try:
-            return await _all(_first(s) for s in self.streams)
-        except BaseException:
+        HTTP error rather than a stream. Each start runs to its end (a start cancelled in its
+        thread would leave a request nobody releases); then, if one was refused, all are closed."""
+        firsts = await asyncio.gather(*(_first(s) for s in self.streams), return_exceptions=True)
+        errors = [e for e in firsts if isinstance(e, BaseException)]
+        if errors:
             await self.close()
-            raise
+            raise errors[0]
+        return firsts
 
     async def events(self, answer, firsts):
         """The SSE stream: each choice's role (chat) or echo (text), then the pieces of all choices
@@ -82,8 +87,8 @@ class Choices:
 
 
 async def _all(coroutines) -> list:
-    """Their results, run together; when one raises, the others are cancelled (which stops and
-    releases their requests) before the error goes on."""
+    """Their results, run together; when one raises, the others are cancelled (past their start,
+    that stops and releases their requests) before the error goes on."""
     tasks = [asyncio.ensure_future(c) for c in coroutines]
     try:
         return await asyncio.gather(*tasks)
