@@ -20,8 +20,14 @@ once max_wait_steps whole steps of tokens (max_step_tokens each) ran since it ca
 
 Waiting sequences are admitted (given KV blocks) in that order while max_batch and the KV pool
 allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
-decoding sequence its next block, the most recently admitted sequence is interrupted and its
-blocks freed. Pure policy: no tensors, no threads. Its decisions are logged at DEBUG.
+decoding sequence its next block, the most recently admitted sequence is preempted: its blocks
+are freed (the full ones stay in the prefix cache), it waits again ahead of every new prompt, and
+once admitted again it recomputes its prompt and the tokens it generated (those the prefix cache
+kept are not recomputed) and goes on where it stopped, so its client never sees it. No sequence
+is admitted in a step that preempted one. A sequence interrupted here is one that cannot grow
+with nothing else admitted: the whole pool is too small for it (DashInfer's GenerateInterrupted,
+"no resource to finish this request's generation"). Pure policy: no tensors, no threads. Its
+decisions are logged at DEBUG.
 """
 import logging
 import os
@@ -76,12 +82,14 @@ class Scheduler:
         self.prompt_step_tokens = prompt_step_tokens if 0 < prompt_step_tokens < max_step_tokens else 0
         self.max_wait_steps = max_wait_steps
         self.waiting: list = []  # arrival order
-        self.running: list = []  # admission order: the last one is interrupted first
+        self.running: list = []  # admission order: the last one is preempted first
+        self.preemptions = 0     # sequences preempted so far
         self.steps = 0           # steps scheduled so far: the clock of aging
         self.work = 0            # tokens scheduled so far: the clock of decode gaps (and of aging
         #                          with prompt-only steps: max_wait_steps whole steps of tokens)
         self._came = {}          # sequence -> (step, work) it came in (until its first token)
         self._decoded = {}       # decoding sequence -> self.work after the last step that ran it
+        self._preempted = set()  # preempted sequences until their next token
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -99,13 +107,17 @@ class Scheduler:
             self.pool.free(seq.table)
         self._came.pop(seq, None)
         self._decoded.pop(seq, None)
+        self._preempted.discard(seq)
         seq.phase = Phase.DONE
 
     def schedule(self) -> tuple[list, list]:
-        """The next step's chunks, and the sequences interrupted to make room for it."""
+        """The next step's chunks, and the sequences interrupted because the pool can never hold them."""
         self.steps += 1
+        preempted = self.preemptions
         decodes, interrupted = self._grow_decodes()
         prompts = self.prompt_order()
+        if self.preemptions != preempted:  # the pool is short: finish admitted prompts only
+            prompts = [s for s in prompts if s.phase != Phase.WAITING]
         target = self.prompt_step_tokens or self.max_step_tokens
         chunks = []
         room = self._gap_room(decodes) if prompts and self.prompt_step_tokens else 0
@@ -142,6 +154,8 @@ class Scheduler:
                 aged = self.work - came_work >= self.max_wait_steps * self.max_step_tokens
             else:  # passed over in max_wait_steps steps
                 aged = self.steps - came > self.max_wait_steps
+            if seq in self._preempted:  # it goes on first, in arrival order
+                return (-1, seq.arrival, 0)
             if aged:
                 return (0, came, 0)
             return (1, seq.num_uncomputed, came)
@@ -149,23 +163,39 @@ class Scheduler:
         return sorted(pending, key=key)
 
     def _grow_decodes(self) -> tuple[list, list]:
-        """A block for the next token of every decoding sequence, interrupting the latest
-        admitted while the pool is short."""
+        """A block for the next token of every decoding sequence, preempting the latest admitted
+        while the pool is short; a sequence alone in the pool that cannot grow is interrupted."""
         interrupted, decodes = [], []
         for seq in list(self.running):
             if seq.phase != Phase.DECODE:
                 continue
             while not self.pool.grow(seq.table, len(seq.tokens)):
                 victim = self.running[-1]
-                log.debug("interrupt request %d (admitted last): request %d needs a KV block and "
-                          "none is free", victim.handle, seq.handle)
-                self.finish(victim)
-                interrupted.append(victim)
+                if victim is seq and len(self.running) == 1:
+                    log.debug("interrupt request %d: %d tokens do not fit the whole KV pool",
+                              seq.handle, len(seq.tokens))
+                    self.finish(seq)
+                    interrupted.append(seq)
+                    break
+                self._preempt(victim, seq)
                 if victim is seq:
                     break
-            if seq.phase != Phase.DONE:
+            if seq.phase == Phase.DECODE:
                 decodes.append(Chunk(seq, len(seq.tokens) - 1, 1, True))
-        return [c for c in decodes if c.seq.phase != Phase.DONE], interrupted
+        return [c for c in decodes if c.seq.phase == Phase.DECODE], interrupted
+
+    def _preempt(self, seq: Sequence, needy: Sequence) -> None:
+        """Free `seq`'s blocks (full ones stay cached) and make it wait to recompute its tokens."""
+        log.debug("preempt request %d (admitted last, %d tokens): request %d needs a KV block and "
+                  "none is free", seq.handle, len(seq.tokens), needy.handle)
+        self.running.remove(seq)
+        self.pool.free(seq.table)
+        seq.num_computed, seq.phase = 0, Phase.WAITING
+        self._decoded.pop(seq, None)
+        self._came.setdefault(seq, (self.steps, self.work))
+        self._preempted.add(seq)
+        self.waiting.append(seq)
+        self.preemptions += 1
 
     def _fill(self, prompts: list, room: int, target: int) -> list:
         """Prompt chunks for `room` tokens, whole prompts until they reach `target` tokens."""
@@ -214,3 +244,4 @@ class Scheduler:
                 seq.phase = Phase.DECODE
                 self._decoded[seq] = self.work
                 self._came.pop(seq, None)
+                self._preempted.discard(seq)

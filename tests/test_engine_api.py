@@ -135,34 +135,41 @@ def test_prefix_cache_reuse(api_engine):
         assert engine.release_model(nocache) == OK
 
 
-def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, caplog):
+def test_kv_pressure_preempts_and_every_request_finishes_as_alone(api_engine, small_pool):
     engine, name, loader = api_engine
     prompts = [prompt_of(10, 200 + i) for i in range(16)]
-    # 16 x 2000 tokens do not fit the 4096-token pool: the latest admitted must give way. Each request
-    # is long enough that all 16 have started before the first could end (else none would be cut)
+    new = 1014
+    # 16 x 1024 tokens: four times the 4096-token pool. A decoding request that finds no free block
+    # preempts the latest admitted, which recomputes later: nobody is cut short (vLLM's recompute).
+    before = engine.get_stats()["models"][small_pool]["preemptions"]
     started = []
     for prompt in prompts:
-        status, handle, queue = engine.start_request_ids(small_pool, loader, prompt, greedy(2000))
+        status, handle, queue = engine.start_request_ids(small_pool, loader, prompt, greedy(len(prompt) + new))
         assert status == OK
         started.append((handle, queue))
     outs = [collect(queue)[0] for _, queue in started]
-    statuses = [queue.GenerateStatus() for _, queue in started]
-    k = statuses.count(Finished)
-    assert 0 < k < 16 and statuses == [Finished] * k + [Interrupted] * (16 - k), statuses
-    for (handle, queue), out in zip(started, outs):
-        assert queue.GeneratedLength() == len(out)
-        if queue.GenerateStatus() == Finished:
-            assert len(out) == 1990 and queue.RequestStatInfo().finish_reason == "length"
-        else:
-            assert 0 < len(out) < 1990 and "KV cache" in queue.error
-            assert queue.RequestStatInfo().finish_reason == "interrupted"
-    assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
-    # what an interrupted request delivered is what it generates alone, cut short
-    handle, queue = started[-1]
-    ids, *_ = run(api_engine, prompts[-1], greedy(2000), model=small_pool)
-    assert outs[-1] == ids[:len(outs[-1])] and len(ids) == 1990
-    for handle, _ in started:
+    assert [queue.GenerateStatus() for _, queue in started] == [Finished] * 16
+    assert engine.get_stats()["models"][small_pool]["preemptions"] > before
+    for prompt, (handle, queue), out in zip(prompts, started, outs):
+        assert queue.RequestStatInfo().finish_reason == "length" and queue.GeneratedLength() == new
         assert engine.release_request(small_pool, handle) == OK
+        ids, *_ = run(api_engine, prompt, greedy(len(prompt) + new), model=small_pool)  # alone
+        assert out == ids and len(ids) == new
+
+
+def test_a_request_the_whole_pool_cannot_hold_is_interrupted(api_engine, small_pool, caplog):
+    engine, name, loader = api_engine
+    # alone, 10 + 4200 tokens outgrow the 4096-token pool: DashInfer's GenerateInterrupted ("no
+    # resource to finish this request's generation"), after every token the pool could hold
+    ids, _, queue, handle = run(api_engine, prompt_of(10, 7), greedy(10 + 4200), model=small_pool)
+    assert queue.GenerateStatus() == Interrupted and "KV cache" in queue.error
+    held = 4096 - 10 + 1  # the last one sampled, its K/V never needed
+    assert queue.RequestStatInfo().finish_reason == "interrupted" and len(ids) == held
+    assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
+    assert engine.release_request(small_pool, handle) == OK
+    reference, _, queue, handle = run(api_engine, prompt_of(10, 7), greedy(10 + held), model=small_pool)
+    assert queue.GenerateStatus() == Finished and ids == reference
+    assert engine.release_request(small_pool, handle) == OK
 
 
 # ---- refusals and errors -------------------------------------------------------------------

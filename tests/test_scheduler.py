@@ -66,20 +66,41 @@ def test_first_in_line_is_not_overtaken_when_the_pool_is_short():
     assert sched.waiting == [big, small]
 
 
-def test_pool_exhaustion_interrupts_the_latest_admitted(caplog):
+def test_pool_exhaustion_preempts_the_latest_admitted_which_recomputes_first_later(caplog):
     caplog.set_level(logging.DEBUG, logger="dashinfer_server")
     sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
-    first, second = Sequence(list(range(7)), 64), Sequence(list(range(8)), 64)
+    first, second = Sequence(list(range(7)), 64), Sequence(list(range(20, 28)), 64)
     sched.add(first)
     sched.add(second)
-    run_step(sched)  # first: 7+1 tokens in 2 blocks; second: 8 in 2 blocks, needs a 3rd
+    run_step(sched)  # first: 7+1 tokens in 2 blocks; second: 8+1 in 2 blocks, needs a 3rd
+    newcomer = Sequence([50, 51], 64)
+    sched.add(newcomer)
     chunks, interrupted = run_step(sched)
-    assert interrupted == [second] and second.phase == Phase.DONE
-    assert [c.seq for c in chunks] == [first]
-    assert sched.pool.num_available == 2  # the victim's blocks, freed
+    assert interrupted == [] and [c.seq for c in chunks] == [first]  # nobody admitted in this step
+    assert second.phase == Phase.WAITING and second.num_computed == 0 and sched.preemptions == 1
+    assert second.tokens == list(range(20, 28)) + [7]  # what it generated stays
+    assert sched.pool.num_available == 2  # its blocks, kept in the prefix cache
+    assert sched.prompt_order() == [second, newcomer]  # the preempted goes on first
     assert caplog.records[-1].getMessage() == (
-        f"interrupt request {second.handle} (admitted last): request {second.handle} needs a KV "
-        "block and none is free")
+        f"preempt request {second.handle} (admitted last, 9 tokens): request {second.handle} needs a "
+        "KV block and none is free")
+    sched.finish(first)
+    chunks, interrupted = run_step(sched)
+    # its two full blocks came back from the prefix cache: only its newest token is computed
+    assert [(c.seq, c.start, c.count, c.sample) for c in chunks][0] == (second, 8, 1, True)
+    assert second.phase == Phase.DECODE and second.tokens[-1] == 7 and len(second.tokens) == 10
+
+
+def test_a_sequence_the_whole_pool_cannot_hold_is_interrupted():
+    sched = Scheduler(BlockPool(2, 4), max_batch=8, max_step_tokens=100)
+    seq = Sequence(list(range(7)), 64)
+    sched.add(seq)
+    run_step(sched)  # 8 tokens: 2 blocks, full
+    chunks, interrupted = run_step(sched)  # the 8th token's K/V fits; then 9 tokens
+    assert [c.seq for c in chunks] == [seq] and not interrupted
+    chunks, interrupted = run_step(sched)  # the 9th needs a 3rd block: nothing to preempt
+    assert interrupted == [seq] and chunks == [] and seq.phase == Phase.DONE
+    assert sched.preemptions == 0 and sched.pool.num_available == 2
 
 
 def test_prefix_cache_skips_computed_tokens():

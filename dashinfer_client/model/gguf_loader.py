@@ -6,12 +6,14 @@ the permutation is undone exactly as transformers' own GGUF loader does it
 (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor). Qwen2 files are not permuted.
 Hyper-parameters come from the GGUF metadata, the tokenizer from transformers' GGUF conversion.
 """
+import math
 import os
 import re
 
 from ..errors import ModelSerializerException
 from .arch import ModelConfig, eos_list
 from .base import auto_tokenizer
+from .gguf_check import check_gguf
 from .source import SourceModel
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> ours
@@ -59,6 +61,7 @@ class GGUFModel(SourceModel):
             if not os.path.isfile(self.model_path):
                 raise ModelSerializerException(f"GGUF file {self.model_path} does not exist")
             from gguf import GGUFReader
+            check_gguf(self.model_path)  # the reader trusts every count and offset it reads
             try:
                 self._reader = GGUFReader(self.model_path)
             except Exception as e:  # the reader raises ValueError/struct.error/... on a broken file
@@ -79,30 +82,30 @@ class GGUFModel(SourceModel):
                 f"{self.model_path} carries per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 "
                 "style), which this loader does not read; convert the Hugging Face checkpoint instead")
         a = gguf_arch
-        hidden = meta.need(f"{a}.embedding_length")
-        heads = meta.need(f"{a}.attention.head_count")
-        kv_heads = meta.get(f"{a}.attention.head_count_kv", heads)
-        head_dim = meta.get(f"{a}.attention.key_length", hidden // heads)
-        rot = meta.get(f"{a}.rope.dimension_count", head_dim)
+        hidden = meta.count(f"{a}.embedding_length")
+        heads = meta.count(f"{a}.attention.head_count")
+        kv_heads = meta.count(f"{a}.attention.head_count_kv", heads)
+        head_dim = meta.count(f"{a}.attention.key_length", hidden // heads)
+        rot = meta.count(f"{a}.rope.dimension_count", head_dim)
         if rot != head_dim:
             raise ModelSerializerException(
                 f"{self.model_path}: partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim}) "
                 "are not supported")
         if "token_embd.weight" not in names:
             raise ModelSerializerException(f"GGUF file {self.model_path} lacks tensor token_embd.weight")
-        vocab = meta.get(f"{a}.vocab_size", int(names["token_embd.weight"].shape[1]))
+        vocab = meta.count(f"{a}.vocab_size", int(names["token_embd.weight"].shape[-1]))
         eos = [meta.get("tokenizer.ggml.eos_token_id")]
         eos += [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
         eos = eos_list(list(dict.fromkeys(e for e in eos if e is not None)))
         config = ModelConfig(
             vocab_size=int(vocab), hidden_size=int(hidden),
-            intermediate_size=int(meta.need(f"{a}.feed_forward_length")),
-            num_hidden_layers=int(meta.need(f"{a}.block_count")),
+            intermediate_size=meta.count(f"{a}.feed_forward_length"),
+            num_hidden_layers=meta.count(f"{a}.block_count"),
             num_attention_heads=int(heads), num_key_value_heads=int(kv_heads), head_dim=int(head_dim),
-            rms_norm_eps=float(meta.need(f"{a}.attention.layer_norm_rms_epsilon")),
-            rope_theta=float(meta.get(f"{a}.rope.freq_base", 10000.0)),
+            rms_norm_eps=meta.real(f"{a}.attention.layer_norm_rms_epsilon"),
+            rope_theta=meta.real(f"{a}.rope.freq_base", 10000.0),
             rope_scaling=_rope_scaling(meta, a, self.model_path),
-            max_position_embeddings=int(meta.need(f"{a}.context_length")),
+            max_position_embeddings=meta.count(f"{a}.context_length"),
             tie_word_embeddings="output.weight" not in names,
             attention_bias=gguf_arch == "qwen2" or "blk.0.attn_q.bias" in names,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=eos,
@@ -182,6 +185,9 @@ class GGUFWeights:
 
 
 class _Metadata:
+    """Typed reads of a GGUF file's metadata: a value of the wrong type is a ModelSerializerException
+    naming its key, never a TypeError or a division by zero further on."""
+
     def __init__(self, reader, path):
         self._fields = reader.fields
         self._path = path
@@ -193,7 +199,10 @@ class _Metadata:
         from gguf import GGUFValueType
         part = field.parts[field.data[0]]
         if field.types[0] == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
+            try:
+                return bytes(part).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ModelSerializerException(f"GGUF file {self._path}: metadata '{key}' is not UTF-8") from None
         if field.types[0] == GGUFValueType.ARRAY:
             return default  # no array-valued hyper-parameter is read here
         return part[0].item()
@@ -204,11 +213,26 @@ class _Metadata:
             raise ModelSerializerException(f"GGUF file {self._path} lacks the metadata key '{key}'")
         return value
 
+    def count(self, key, default=None):
+        """A positive integer (required when default is None)."""
+        value = self.need(key) if default is None else self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelSerializerException(f"GGUF file {self._path}: metadata '{key}' is {value!r}, "
+                                           "not a positive integer")
+        return value
+
+    def real(self, key, default=None):
+        """A finite number (required when default is None)."""
+        value = self.need(key) if default is None else self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ModelSerializerException(f"GGUF file {self._path}: metadata '{key}' is {value!r}, not a number")
+        return float(value)
+
 
 def _rope_scaling(meta, arch, path):
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(meta.need(f"{arch}.rope.scaling.factor"))}
+        return {"rope_type": "linear", "factor": meta.real(f"{arch}.rope.scaling.factor")}
     raise ModelSerializerException(f"{path}: RoPE scaling type {kind!r} is not supported (none, linear)")

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 
 from ..dtypes import from_bf16, to_bf16
-from ..errors import ModelSerializerException
+from ..errors import ModelSerializerException, malformed
 from .arch import ModelConfig
 from .base import ModelHandle
 from .quant import InstantQuantSettings, QuantErrorStats, quantize
@@ -54,9 +54,15 @@ def tokenizer_dir_name(prefix):
     return prefix + ".tokenizer"
 
 
+MAX_LAYERS = 10_000  # far past any real model; a config claiming more is a broken file, refused
+#                     before anything loops over its layers
+
+
 def weight_shapes(config):
     """{HF LLaMA tensor name: shape} of the unquantized model, in layer order."""
     c = config
+    if not 0 < c.num_hidden_layers <= MAX_LAYERS:
+        raise ModelSerializerException(f"num_hidden_layers {c.num_hidden_layers} is not within 1..{MAX_LAYERS}")
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
     for i in range(c.num_hidden_layers):
@@ -242,7 +248,7 @@ class DashInferModel(ModelHandle):
         try:
             with open(gpath) as f:
                 graph = json.load(f)
-        except (OSError, ValueError) as e:  # ValueError: bad JSON, or not text at all
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or not text at all
             raise ModelSerializerException(f"{gpath} is not valid JSON: {e}{_FOREIGN_HINT}") from None
         if not isinstance(graph, dict) or graph.get("format") != FORMAT:
             raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph{_FOREIGN_HINT}")
@@ -252,17 +258,18 @@ class DashInferModel(ModelHandle):
         for key in ("model_name", "architecture", "config", "dtype", "tensors"):
             if key not in graph:
                 raise ModelSerializerException(f"{gpath} lacks '{key}'")
-        if graph["dtype"] not in DTYPES:
-            raise ModelSerializerException(f"{gpath}: unknown dtype {graph['dtype']!r}")
-        self.graph = graph
-        self.model_name = graph["model_name"]
-        self.architecture = graph["architecture"]
-        self.config = ModelConfig.from_dict(graph["config"], where=f"config in {gpath}")
-        self.dtype = graph["dtype"]
-        self.quantization = graph.get("quantization")
-        self.generation_config = graph.get("generation_config") or {}
-        self._params = SafetensorsFile(ppath)
-        self._check_tensors(gpath, ppath)
+        with malformed(gpath):
+            if graph["dtype"] not in DTYPES:
+                raise ModelSerializerException(f"{gpath}: unknown dtype {graph['dtype']!r}")
+            self.graph = graph
+            self.model_name = graph["model_name"]
+            self.architecture = graph["architecture"]
+            self.config = ModelConfig.from_dict(graph["config"], where=f"config in {gpath}")
+            self.dtype = graph["dtype"]
+            self.quantization = graph.get("quantization")
+            self.generation_config = graph.get("generation_config") or {}
+            self._params = SafetensorsFile(ppath)
+            self._check_tensors(gpath, ppath)
         self.di_config = _read_di_config(self.model_dir, config_file_path, config_content)
         self.generation_config = self.di_config.get("generation_config") or self.generation_config
 

@@ -4,12 +4,15 @@
     GET  /v1/models, /health (200 serving, 503 not), /metrics (Prometheus text)
 
 With an API key every /v1 route wants `Authorization: Bearer <key>`. Errors are OpenAI's
-{"error": {message, type, param, code}} with the HTTP status of errors.STATUS_TO_HTTP.
+{"error": {message, type, param, code}} with the HTTP status of errors.STATUS_TO_HTTP. Generating
+requests pass the admission gate (admission.py: 429 beyond the queue's bound, deadlines).
+/health and /metrics run on threads of their own, so a queue of engine calls never delays them.
 """
 import asyncio
 import contextlib
 import hmac
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,26 +21,31 @@ from starlette.exceptions import HTTPException
 
 from dashinfer_client.detokenize import IncrementalDecoder
 
+from .admission import Admission
 from .errors import ApiError, bad_request
 from .generate import Usage, generate
 from .metrics import Metrics
 from .protocol import parse_chat, parse_completion
 from .responses import DONE, Answer
 
-def create_app(served, api_key=None) -> FastAPI:
-    """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set."""
-    metrics = Metrics(served)
+def create_app(served, api_key=None, admission=None) -> FastAPI:
+    """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set;
+    admission: the Admission gate (default: the model's batch, admission.MAX_WAITING queued)."""
+    admission = admission or Admission(served.runtime.max_batch)
+    metrics = Metrics(served, admission)
+    probes = ThreadPoolExecutor(2, thread_name_prefix="dashinfer-http-probe")  # /health, /metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task = asyncio.ensure_future(metrics.log_throughput())
         yield
         task.cancel()
+        probes.shutdown(wait=False)
     app = FastAPI(title="dashinfer", docs_url=None, redoc_url=None, lifespan=lifespan)
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.http_status)
+        return JSONResponse(e.body(), status_code=e.http_status, headers=e.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
@@ -59,13 +67,13 @@ def create_app(served, api_key=None) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        ok, why = await asyncio.to_thread(served.health)
+        ok, why = await asyncio.get_running_loop().run_in_executor(probes, served.health)
         return JSONResponse({"status": "ok" if ok else served.state, "message": why},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus():
-        body = await asyncio.to_thread(metrics.render)
+        body = await asyncio.get_running_loop().run_in_executor(probes, metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @v1.get("/models")
@@ -82,7 +90,8 @@ def create_app(served, api_key=None) -> FastAPI:
         job = parse(body, served)
         answer = Answer(job, lambda i: served.tokenizer.decode([i]))
         usage = Usage()
-        pieces = generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer), answer.id)
+        pieces = admission.admit(body, generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer),
+                                                answer.id))
         if job.stream:
             first = await _first(pieces)  # a refusal is still an HTTP error, not a stream
             return StreamingResponse(_events(answer, first, pieces, usage), media_type="text/event-stream",

@@ -1,0 +1,93 @@
+"""The HTTP server's admission gate: how many requests it holds at once, and how long each may take.
+
+Every generating request passes through `Admission.admit` before it reaches the engine. The
+server holds at most max_batch + max_waiting requests (those the engine runs and those queued for
+a place in its batch); one more is refused at once with 429 and `Retry-After`, in OpenAI's error
+shape, instead of waiting minutes behind the others. A request also gets a deadline, `timeout` in
+its body (seconds) or the server's default: when it passes, the request is stopped, its engine
+request released, and its answer ends with finish_reason "timeout" (what it generated so far is
+kept). Any front door (chat, completions, the Messages API) wraps its output the same way.
+"""
+import asyncio
+import math
+import os
+
+from .errors import ApiError, bad_request
+from .generate import Piece
+
+MAX_WAITING = 128     # requests queued beyond the batch before new ones get 429
+RETRY_AFTER_S = 1     # what a refused client is told to wait
+TIMEOUT_REASON = "timeout"
+
+
+def env_number(name: str, default, kind=int):
+    """DASHINFER_* variable `name` as `kind`, or default when unset; ValueError when malformed."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number") from None
+
+
+class Admission:
+    def __init__(self, max_batch: int, max_waiting: int = MAX_WAITING, default_timeout: float = 0.0):
+        """max_batch: the engine's batch; max_waiting: requests held beyond it; default_timeout:
+        seconds a request may take when its body names none (0: no deadline)."""
+        if max_waiting < 0 or default_timeout < 0:
+            raise ValueError("max_waiting and the default timeout must be >= 0")
+        self.limit = max_batch + max_waiting
+        self.max_batch = max_batch
+        self.default_timeout = default_timeout
+        self.held = 0          # requests admitted and not yet ended
+        self.refused = 0       # requests answered 429 so far
+        self.timed_out = 0     # requests ended by their deadline so far
+
+    @property
+    def waiting(self) -> int:
+        """Held requests beyond the engine's batch: the queue in front of it."""
+        return max(0, self.held - self.max_batch)
+
+    def admit(self, body: dict, pieces):
+        """pieces (a request's output, an async iterator of Piece) counted among the held requests
+        and cut at the request's deadline; ApiError 429 when the server holds all it may, 400 when
+        `timeout` is not a positive number. Call it with no await between it and iterating."""
+        timeout = self._timeout(body)
+        if self.held >= self.limit:
+            self.refused += 1
+            raise ApiError(429, f"the server is at capacity: {self.held} requests running or queued "
+                           f"(--max-waiting {self.limit - self.max_batch}); retry after {RETRY_AFTER_S} s",
+                           "rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.held += 1
+        loop = asyncio.get_running_loop()
+        return self._held(pieces, loop.time() + timeout if timeout else None)
+
+    def _timeout(self, body: dict) -> float:
+        value = body.get("timeout")
+        if value is None:
+            return self.default_timeout
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+            raise bad_request("'timeout' must be a positive number of seconds", "timeout")
+        return float(value)
+
+    async def _held(self, pieces, deadline):
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    if deadline is None:
+                        piece = await anext(pieces)
+                    else:  # cancelling the wait closes `pieces`, which stops and releases the request
+                        piece = await asyncio.wait_for(anext(pieces), max(0.0, deadline - loop.time()))
+                except StopAsyncIteration:
+                    return
+                except asyncio.TimeoutError:
+                    self.timed_out += 1
+                    yield Piece("", finish_reason=TIMEOUT_REASON)
+                    return
+                yield piece
+        finally:
+            self.held -= 1
+            await pieces.aclose()
