@@ -46,9 +46,9 @@ class Throughput:
     def count(self, chunks) -> None:
         """Before the step's postprocess (a decoding sequence's chunk is its newest token)."""
         for c in chunks:
-            if c.seq.phase == Phase.DECODE:
+            if c.seq.phase == Phase.DECODE and c.sample:
                 self.generated += 1
-            else:
+            else:  # a prompt chunk, or a preempted sequence's token computed again
                 self.prompt += c.count
                 self.generated += c.sample
 

@@ -22,9 +22,11 @@ Waiting sequences are admitted (given KV blocks) in that order while max_batch a
 allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
 decoding sequence its next block, the most recently admitted sequence is preempted: its blocks
 are freed (the full ones stay in the prefix cache), it waits again ahead of every new prompt, and
-once admitted again it recomputes its prompt and the tokens it generated (those the prefix cache
-kept are not recomputed) and goes on where it stopped, so its client never sees it. No sequence
-is admitted in a step that preempted one. A sequence interrupted here is one that cannot grow
+once admitted again it recomputes what the prefix cache did not keep and goes on where it stopped,
+so its client never sees it: its prompt as prompt chunks, then the tokens it had generated one a
+step beside the decodes, as they were first computed (the prefill and decode kernels round
+differently, so this is what gives it the same K/V and the same greedy tokens). No sequence is
+admitted in a step that preempted one. A sequence interrupted here is one that cannot grow
 with nothing else admitted: the whole pool is too small for it (DashInfer's GenerateInterrupted,
 "no resource to finish this request's generation"). Pure policy: no tensors, no threads. Its
 decisions are logged at DEBUG.
@@ -180,8 +182,8 @@ class Scheduler:
                 self._preempt(victim, seq)
                 if victim is seq:
                     break
-            if seq.phase == Phase.DECODE:
-                decodes.append(Chunk(seq, len(seq.tokens) - 1, 1, True))
+            if seq.phase == Phase.DECODE:  # behind its newest token only while it recomputes
+                decodes.append(Chunk(seq, seq.num_computed, 1, seq.num_computed == len(seq.tokens) - 1))
         return [c for c in decodes if c.seq.phase == Phase.DECODE], interrupted
 
     def _preempt(self, seq: Sequence, needy: Sequence) -> None:
@@ -204,12 +206,14 @@ class Scheduler:
             budget = room - used
             if budget <= 0 or used >= target:
                 break
-            if seq.num_uncomputed > budget and used >= room // 2:
+            if seq.prompt_len - seq.num_computed > budget and used >= room // 2:
                 break  # would not finish here: it starts a step that has room for more of it
             if seq.phase == Phase.WAITING:
                 admitting = admitting and self._admit(seq)
                 if not admitting:
                     continue  # nobody overtakes it; admitted prompts still go on
+                if seq.phase == Phase.DECODE:
+                    continue  # preempted, its prompt all cached: it recomputes beside the decodes
             chunks.append(self._chunk(seq, budget))
             used += chunks[-1].count
         return chunks
@@ -222,6 +226,9 @@ class Scheduler:
             return False
         self.waiting.remove(seq)
         seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
+        if seq.num_computed >= seq.prompt_len:  # preempted, and the cache kept its whole prompt
+            seq.phase = Phase.DECODE
+            self._decoded[seq] = self.work
         seq.admitted = time.perf_counter()
         self.running.append(seq)
         log.debug("admit request %d: %d prompt tokens (%d cached), %d running, %d waiting, "
@@ -231,16 +238,16 @@ class Scheduler:
 
     @staticmethod
     def _chunk(seq: Sequence, budget: int) -> Chunk:
-        count = min(seq.num_uncomputed, budget)
+        count = min(seq.prompt_len - seq.num_computed, budget)  # a preempted one's prompt only
         return Chunk(seq, seq.num_computed, count, seq.num_computed + count == len(seq.tokens))
 
     def advance(self, chunks: list) -> None:
-        """Record that the step computed `chunks`; sampled sequences move to decoding."""
+        """Record that the step computed `chunks`; sequences whose prompt is computed move to decoding."""
         for c in chunks:
             seq = c.seq
             seq.num_computed = c.start + c.count
             self.pool.register_full_blocks(seq.table, seq.tokens, seq.num_computed)
-            if c.sample and seq.phase == Phase.PREFILL:
+            if seq.phase == Phase.PREFILL and seq.num_computed >= seq.prompt_len:
                 seq.phase = Phase.DECODE
                 self._decoded[seq] = self.work
                 self._came.pop(seq, None)

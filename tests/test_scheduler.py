@@ -85,10 +85,27 @@ def test_pool_exhaustion_preempts_the_latest_admitted_which_recomputes_first_lat
         f"preempt request {second.handle} (admitted last, 9 tokens): request {second.handle} needs a "
         "KV block and none is free")
     sched.finish(first)
-    chunks, interrupted = run_step(sched)
-    # its two full blocks came back from the prefix cache: only its newest token is computed
+    run_step(sched)  # admitted again: its two full blocks come back from the prefix cache
+    assert second.phase == Phase.DECODE and second.num_computed == 8
+    chunks, interrupted = run_step(sched)  # only its newest token is computed, as a decode
     assert [(c.seq, c.start, c.count, c.sample) for c in chunks][0] == (second, 8, 1, True)
-    assert second.phase == Phase.DECODE and second.tokens[-1] == 7 and len(second.tokens) == 10
+    assert second.tokens[-2:] == [7, 7] and len(second.tokens) == 10
+
+
+def test_a_preempted_sequence_recomputes_its_prompt_then_its_tokens_one_a_step():
+    """Prompt tokens again as a prompt chunk, generated ones as decodes did them: one per step,
+    sampled only at its newest token."""
+    sched = Scheduler(BlockPool(16, 4), max_batch=8, max_step_tokens=100)
+    seq = Sequence(list(range(10)), 64)
+    sched.add(seq)
+    for _ in range(4):
+        run_step(sched)  # 10 prompt + 4 generated tokens
+    sched.pool.clear_cache()
+    sched._preempt(seq, seq)
+    sched.pool.clear_cache()  # nothing kept: everything is recomputed
+    spans = [[(c.start, c.count, c.sample) for c in run_step(sched)[0]] for _ in range(5)]
+    assert spans == [[(0, 10, False)], [(10, 1, False)], [(11, 1, False)], [(12, 1, False)], [(13, 1, True)]]
+    assert seq.phase == Phase.DECODE and len(seq.tokens) == 15
 
 
 def test_a_sequence_the_whole_pool_cannot_hold_is_interrupted():

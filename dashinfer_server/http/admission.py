@@ -9,6 +9,7 @@ request released, and its answer ends with finish_reason "timeout" (what it gene
 kept). Any front door (chat, completions, the Messages API) wraps its output the same way.
 """
 import asyncio
+import json
 import math
 import os
 
@@ -54,15 +55,36 @@ class Admission:
         and cut at the request's deadline; ApiError 429 when the server holds all it may, 400 when
         `timeout` is not a positive number. Call it with no await between it and iterating."""
         timeout = self._timeout(body)
+        self.check()
+        self.held += 1
+        return _Held(self, pieces, asyncio.get_running_loop().time() + timeout if timeout else None)
+
+    def check(self) -> None:
+        """ApiError 429 (with Retry-After) when the server holds all the requests it may."""
         if self.held >= self.limit:
             self.refused += 1
             raise ApiError(429, f"the server is at capacity: {self.held} requests running or queued "
                            f"(--max-waiting {self.limit - self.max_batch}); retry after {RETRY_AFTER_S} s",
                            "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
-        self.held += 1
-        loop = asyncio.get_running_loop()
-        return self._held(pieces, loop.time() + timeout if timeout else None)
+
+    def refuse_early(self, app, paths):
+        """ASGI middleware over `app`: a POST to one of `paths` that finds the server full is answered
+        429 before the framework parses anything of it, so a burst of refusals costs the event loop
+        (which also answers /health) as little as it can."""
+        async def gate(scope, receive, send):
+            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in paths:
+                try:
+                    self.check()
+                except ApiError as e:
+                    body = json.dumps(e.body()).encode()
+                    await send({"type": "http.response.start", "status": e.http_status, "headers": [
+                        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        *((k.lower().encode(), v.encode()) for k, v in e.headers.items())]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+            await app(scope, receive, send)
+        return gate
 
     def _timeout(self, body: dict) -> float:
         value = body.get("timeout")
@@ -72,22 +94,44 @@ class Admission:
             raise bad_request("'timeout' must be a positive number of seconds", "timeout")
         return float(value)
 
-    async def _held(self, pieces, deadline):
-        loop = asyncio.get_running_loop()
+    def release(self) -> None:
+        self.held -= 1
+
+
+class _Held:
+    """An admitted request's output: its pieces until its deadline. Its place is given back when it
+    ends, when it is closed, or when it is dropped unstarted (a client gone before it began)."""
+
+    def __init__(self, gate, pieces, deadline):
+        self.gate, self.pieces, self.deadline, self.ended = gate, pieces, deadline, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.ended:
+            raise StopAsyncIteration
         try:
-            while True:
-                try:
-                    if deadline is None:
-                        piece = await anext(pieces)
-                    else:  # cancelling the wait closes `pieces`, which stops and releases the request
-                        piece = await asyncio.wait_for(anext(pieces), max(0.0, deadline - loop.time()))
-                except StopAsyncIteration:
-                    return
-                except asyncio.TimeoutError:
-                    self.timed_out += 1
-                    yield Piece("", finish_reason=TIMEOUT_REASON)
-                    return
-                yield piece
-        finally:
-            self.held -= 1
-            await pieces.aclose()
+            if self.deadline is None:
+                return await anext(self.pieces)
+            # on expiry the wait is cancelled, which closes `pieces`: the request is stopped and released
+            wait = max(0.0, self.deadline - asyncio.get_running_loop().time())
+            return await asyncio.wait_for(anext(self.pieces), wait)
+        except asyncio.TimeoutError:
+            self.gate.timed_out += 1
+            await self.aclose()
+            return Piece("", finish_reason=TIMEOUT_REASON)
+        except BaseException:  # the end, an error, or a cancelled consumer
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.gate.release()
+            await self.pieces.aclose()
+
+    def __del__(self):
+        if not self.ended:  # never started nor closed: nothing of it reached the engine
+            self.ended = True
+            self.gate.release()

@@ -28,6 +28,9 @@ from .metrics import Metrics
 from .protocol import parse_chat, parse_completion
 from .responses import DONE, Answer
 
+GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions")  # what the admission gate bounds
+
+
 def create_app(served, api_key=None, admission=None) -> FastAPI:
     """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set;
     admission: the Admission gate (default: the model's batch, admission.MAX_WAITING queued)."""
@@ -108,6 +111,7 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
         return await complete(request, parse_completion)
 
     app.include_router(v1)
+    app.add_middleware(lambda inner: admission.refuse_early(inner, GENERATING_ROUTES))
     return app
 
 

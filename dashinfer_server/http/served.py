@@ -13,6 +13,7 @@ from .errors import refused, unavailable
 
 log = logging.getLogger("dashinfer_server.http")
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
+PROBE_TIMEOUT_S = 0.4  # /health and /metrics answer within a second: two probes fit in it
 
 
 class ServedModel:
@@ -38,6 +39,7 @@ class ServedModel:
         self.why = "the model is loading"
         self.restarts = 0  # times the rank group was found lost and came back
         self._instance = None
+        self._running_on = None  # the instance last seen running the model
         self._probe = None
         self._recovering = threading.Lock()
 
@@ -141,8 +143,8 @@ class ServedModel:
         the rank group is down: get_stats would wait for its restart)."""
         if self.state not in ("serving", "draining") or not hasattr(self.engine, "get_stats"):
             return None
-        if self._probe is not None and self._probe.instance() is None:
-            return None
+        if self._probe is not None:  # on the probe's own channel, bounded: a busy rank 0 answers late
+            return self._probe.model_stats(self.name)
         try:
             return self.engine.get_stats()["models"].get(self.name)
         except Exception as e:  # the group is lost: health says so
@@ -164,9 +166,13 @@ class ServedModel:
             self.restarts += 1
             log.warning("the rank group was restarted (%d restart(s) so far)", self.restarts)
         model = self.stats()
+        if model is None and instance == self._running_on:
+            return True, ""  # it answered Health, and ran the model on this instance: busy, not lost
         if not model or model.get("state") != "Running":
+            self._running_on = None
             self._recover()
             return False, "the model is being installed again after a rank group restart"
+        self._running_on = instance
         return True, ""
 
     def _recover(self) -> None:
@@ -199,10 +205,20 @@ class _GroupProbe:
     def instance(self):
         """The serving instance's id, or None when it does not answer or is draining."""
         try:
-            reply = self.stub.Health(self.pb.Empty(), timeout=1.0)
+            reply = self.stub.Health(self.pb.Empty(), timeout=PROBE_TIMEOUT_S)
         except self.grpc.RpcError:
             return None
         return reply.instance_id if reply.ready else None
+
+    def model_stats(self, name):
+        """The model's get_stats() entry, or None when the group does not answer in time."""
+        from dashinfer_client.proto import wire
+        try:
+            reply = self.stub.GetStats(self.pb.Empty(), timeout=PROBE_TIMEOUT_S)
+        except self.grpc.RpcError as e:
+            log.debug("stats unavailable: %s", e)
+            return None
+        return wire.decode_stats(reply)["models"].get(name)
 
     def close(self) -> None:
         self.channel.close()
