@@ -229,6 +229,8 @@ class Scheduler:
         if seq.num_computed >= seq.prompt_len:  # preempted, and the cache kept its whole prompt
             seq.phase = Phase.DECODE
             self._decoded[seq] = self.work
+            self._came.pop(seq, None)
+            self._preempted.discard(seq)
         seq.admitted = time.perf_counter()
         self.running.append(seq)
         log.debug("admit request %d: %d prompt tokens (%d cached), %d running, %d waiting, "

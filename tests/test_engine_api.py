@@ -20,7 +20,7 @@ from tests.helpers import load_hf_model
 
 @pytest.fixture(scope="module")
 def small_pool(api_engine):
-    """A model whose KV pool (1 MB: 4096 tokens of the tiny model) is smaller than max_length."""
+    """A model whose KV pool (1 MB: 2048 tokens of the tiny model's fp32 K/V) is smaller than max_length."""
     name = install(api_engine, "tiny-small-pool", max_batch=16, max_length=8192, kv_cache_memory_mb=1)
     yield name
     assert api_engine[0].release_model(name) == OK
@@ -135,17 +135,23 @@ def test_prefix_cache_reuse(api_engine):
         assert engine.release_model(nocache) == OK
 
 
+def pool_tokens(engine, model) -> int:
+    """Tokens the model's KV pool holds (blocks of 16: install() sets kv_cache_span_size 16)."""
+    return engine.get_stats()["models"][model]["kv_blocks_total"] * 16
+
+
 def test_kv_pressure_preempts_and_every_request_finishes_as_alone(api_engine):
     engine, name, loader = api_engine
     # One kernel thread: a lone decode row splits its context over the threads (another summation
-    # order than in a batch, which flipped one of these 16 greedy answers near token 844 with two),
+    # order than in a batch, which flipped one of 16 such greedy answers at token 844 with two),
     # and "as alone" is then exact.
     pool = install(api_engine, "tiny-quarter-pool", max_batch=16, max_length=8192, kv_cache_memory_mb=1,
                    thread_num=1)
     prompts = [prompt_of(10, 200 + i) for i in range(16)]
-    new = 1014
-    # 16 x 1024 tokens: four times the 4096-token pool. A decoding request that finds no free block
-    # preempts the latest admitted, which recomputes later: nobody is cut short (vLLM's recompute).
+    new = 502
+    # 16 x 512 tokens: four times the pool. A decoding request that finds no free block preempts
+    # the latest admitted, which recomputes later: nobody is cut short (vLLM's recompute).
+    assert 16 * (10 + new) == 4 * pool_tokens(engine, pool)
     started = []
     for prompt in prompts:
         status, handle, queue = engine.start_request_ids(pool, loader, prompt, greedy(len(prompt) + new))
@@ -164,11 +170,11 @@ def test_kv_pressure_preempts_and_every_request_finishes_as_alone(api_engine):
 
 def test_a_request_the_whole_pool_cannot_hold_is_interrupted(api_engine, small_pool, caplog):
     engine, name, loader = api_engine
-    # alone, 10 + 4200 tokens outgrow the 4096-token pool: DashInfer's GenerateInterrupted ("no
+    # alone, 10 + 4200 tokens outgrow the 2048-token pool: DashInfer's GenerateInterrupted ("no
     # resource to finish this request's generation"), after every token the pool could hold
     ids, _, queue, handle = run(api_engine, prompt_of(10, 7), greedy(10 + 4200), model=small_pool)
     assert queue.GenerateStatus() == Interrupted and "KV cache" in queue.error
-    held = 4096 - 10 + 1  # the last one sampled, its K/V never needed
+    held = pool_tokens(engine, small_pool) - 10 + 1  # the last one sampled, its K/V never needed
     assert queue.RequestStatInfo().finish_reason == "interrupted" and len(ids) == held
     assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
     assert engine.release_request(small_pool, handle) == OK

@@ -125,7 +125,7 @@ def test_512_streaming_clients_finish_or_are_refused_at_once(server):
     worst = max(probe.latencies)
     print(f"\n{len(done)} streamed, {len(refused)} refused; /health worst {worst * 1000:.0f} ms over "
           f"{len(probe.latencies)} probes")
-    assert probe.codes == {200} and worst < HEALTH_BOUND_S
+    assert probe.codes == {200}
 
     # back near idle: nothing held, threads and resident memory where they were before the crowd
     assert wait_for(lambda: metric(server, "dashinfer_http_requests_held") == 0, 30)
@@ -135,6 +135,7 @@ def test_512_streaming_clients_finish_or_are_refused_at_once(server):
     threads, rss = process_figures(server.proc.pid)
     print(f"threads {idle_threads} -> {threads}, RSS {idle_rss:.0f} -> {rss:.0f} MiB")
     assert rss <= idle_rss * 1.1 + 32, (idle_rss, rss)
+    assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f} s at worst under the crowd"
 
 
 def test_the_openai_client_reads_the_429_as_rate_limit_error(server):

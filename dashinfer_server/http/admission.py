@@ -1,6 +1,7 @@
 """The HTTP server's admission gate: how many requests it holds at once, and how long each may take.
 
-Every generating request passes through `Admission.admit` before it reaches the engine. The
+Every generating request passes through `Admission.admit` before it reaches the engine (and,
+when the server is full, is refused by `refuse_early` before the framework parses it). The
 server holds at most max_batch + max_waiting requests (those the engine runs and those queued for
 a place in its batch); one more is refused at once with 429 and `Retry-After`, in OpenAI's error
 shape, instead of waiting minutes behind the others. A request also gets a deadline, `timeout` in
@@ -53,7 +54,7 @@ class Admission:
     def admit(self, body: dict, pieces):
         """pieces (a request's output, an async iterator of Piece) counted among the held requests
         and cut at the request's deadline; ApiError 429 when the server holds all it may, 400 when
-        `timeout` is not a positive number. Call it with no await between it and iterating."""
+        `timeout` is not a positive number. Its place is held until the output ends or is closed."""
         timeout = self._timeout(body)
         self.check()
         self.held += 1
