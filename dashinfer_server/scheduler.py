@@ -212,8 +212,8 @@ class Scheduler:
                 admitting = admitting and self._admit(seq)
                 if not admitting:
                     continue  # nobody overtakes it; admitted prompts still go on
-                if seq.phase == Phase.DECODE:
-                    continue  # preempted, its prompt all cached: it recomputes beside the decodes
+            if seq.phase == Phase.DECODE:
+                continue  # preempted, its prompt all cached: it recomputes beside the decodes
             chunks.append(self._chunk(seq, budget))
             used += chunks[-1].count
         return chunks

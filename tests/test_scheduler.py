@@ -142,3 +142,49 @@ def test_finish_frees_blocks_and_waiting_can_be_removed():
     sched.finish(b)
     sched.finish(a)
     assert not sched.has_work() and pool.num_available == 8
+
+
+def test_random_traffic_under_kv_pressure_recomputes_exactly():
+    """A fake model over a simulated KV cache: each step writes its chunks' tokens into their
+    blocks and reads back every earlier position a chunk attends to; a sampled token is a function
+    of the tokens so far. Under random arrivals and a pool far too small, every chunk must attend
+    to exactly its sequence's tokens (prefix-cache blocks included), every sequence must finish with
+    the tokens it gets alone, and preemptions must have happened."""
+    import random
+    preempted = 0
+    for trial in range(60):
+        rng = random.Random(trial)
+        pool = BlockPool(rng.randint(10, 24), 4)  # 40 tokens, the longest sequence, fit alone
+        sched = Scheduler(pool, max_batch=rng.randint(2, 8), max_step_tokens=rng.randint(8, 40),
+                          prompt_step_tokens=rng.choice([0, 6]))
+        kv = {}  # (block id, offset) -> token whose K/V sits there
+        alone = lambda tokens: hash(tuple(tokens)) % 5  # noqa: E731 (the fake model's next token)
+        seqs = []
+        for step in range(600):
+            if rng.random() < 0.2 and len(seqs) < 24:
+                n = rng.randint(1, 10)
+                seqs.append(Sequence([rng.randrange(5) for _ in range(n)], n + rng.randint(1, 30)))
+                sched.add(seqs[-1])
+            chunks, interrupted = sched.schedule()
+            assert not interrupted  # every sequence fits the pool alone
+            for c in chunks:
+                seq, bs = c.seq, pool.block_size
+                assert c.count > 0 and c.start == seq.num_computed
+                for pos in range(c.start, c.start + c.count):
+                    kv[(seq.table.blocks[pos // bs], pos % bs)] = seq.tokens[pos]
+                assert [kv[(seq.table.blocks[p // bs], p % bs)] for p in range(c.start + c.count)] == \
+                    seq.tokens[:c.start + c.count]
+            sched.advance(chunks)
+            for c in chunks:
+                if c.sample:
+                    c.seq.tokens.append(alone(c.seq.tokens))
+                    if len(c.seq.tokens) == c.seq.max_length:
+                        sched.finish(c.seq)
+        for seq in seqs:
+            expected = seq.tokens[:seq.prompt_len]
+            while len(expected) < len(seq.tokens):
+                expected.append(alone(expected))
+            assert seq.tokens == expected
+        assert all(s.phase == Phase.DONE for s in seqs[:len(seqs) // 2])  # the older half is done
+        preempted += sched.preemptions
+    assert preempted > 0
