@@ -37,7 +37,7 @@ class _Walk:
 
     def take(self, n):
         if n > self.size - self.pos:
-            self.fail(f"{n} bytes needed, the file ends first")
+            self.fail(f"truncated: {n} bytes needed, the file ends first")
         data = self.f.read(n)
         self.pos += n
         return data
@@ -49,7 +49,7 @@ class _Walk:
     def string(self, what):
         length = self.number("Q")
         if length > self.size - self.pos:
-            self.fail(f"{what} claims {length} bytes, more than the file holds")
+            self.fail(f"truncated: {what} claims {length} bytes, more than the file holds")
         try:
             return self.take(length).decode("utf-8")
         except UnicodeDecodeError:
@@ -134,4 +134,4 @@ class _Walk:
                 self.fail(f"tensor {name} overlaps the tensor before it")
             end = data_start + offset + nbytes
             if end > self.size:
-                self.fail(f"tensor {name} needs bytes up to {end}, the file ends first")
+                self.fail(f"truncated: tensor {name} needs bytes up to {end}, the file ends first")

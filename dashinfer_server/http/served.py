@@ -191,15 +191,19 @@ class ServedModel:
 
 
 class _GroupProbe:
-    """The rank group's own health RPC, on a channel of its own: it never waits for a restart."""
+    """The rank group's own health and stats RPCs, on a channel of its own: they never wait for a
+    restart, nor behind the requests' calls. Its calls carry the token the ClientEngine's do."""
 
     def __init__(self, address):
+        import os
+
         import grpc
 
+        from dashinfer_client.connection import open_channel
         from dashinfer_client.proto import load
         self.grpc = grpc
         self.pb, pb_grpc = load()
-        self.channel = grpc.insecure_channel(address)
+        self.channel, _ = open_channel(address, os.environ.get("DASHINFER_TOKEN"))
         self.stub = pb_grpc.DashInferStub(self.channel)
 
     def instance(self):
