@@ -33,7 +33,7 @@ class _Walk:
         self.f, self.size, self.path, self.pos, self.order = f, size, path, 0, "<"
 
     def fail(self, what):
-        raise ModelSerializerException(f"bad GGUF file {self.path}: {what} (at byte {self.pos} of {self.size})")
+        raise ModelSerializerException(f"cannot read GGUF file {self.path}: {what} (at byte {self.pos} of {self.size})")
 
     def take(self, n):
         if n > self.size - self.pos:
