@@ -150,7 +150,8 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
 
     def get_stats(self) -> dict:
         """{"models": {name: {"state": ModelState, "requests" (handles held), "running" (in the
-        batch), "waiting" (queued for it), "kv_blocks_total", "kv_blocks_free", "runtime_config"
+        batch), "waiting" (queued for it), "kv_blocks_total", "kv_blocks_free", "preemptions" (sequences
+        preempted for KV blocks so far, each recomputed later), "runtime_config"
         (AsModelRuntimeConfig.to_dict())}}, "streams", "sessions" (of the gRPC service: request
         streams and client sessions open; 0 in-process), "draining" (the service is shutting down)}."""
         raise NotImplementedError

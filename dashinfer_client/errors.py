@@ -1,4 +1,5 @@
 """Errors raised by the model loaders and the serialized-model reader."""
+import contextlib
 
 
 class ModelSerializerException(Exception):
@@ -16,3 +17,16 @@ class ModelSerializerException(Exception):
 
     def __str__(self):
         return self.message if self.model_name is None else f"{self.model_name}: {self.message}"
+
+
+@contextlib.contextmanager
+def malformed(where):
+    """Reading the fields of a model file: a value of the wrong type or shape (the TypeError,
+    ValueError, KeyError... that Python raises when it is used) or JSON nested past the parser's
+    depth becomes the loaders' one documented exception, naming the file."""
+    try:
+        yield
+    except ModelSerializerException:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as e:
+        raise ModelSerializerException(f"{where} is malformed: {type(e).__name__}: {str(e)[:300]}") from None

@@ -12,9 +12,9 @@ class AsMHAPrefill(PrintedEnum):
 
 
 class AsEvictionStrategy(PrintedEnum):
-    """DashInfer's choice of request to evict when its GPU KV cache is full. Here a request that
-    cannot get KV blocks waits or is interrupted; nothing is evicted, so only the default exists
-    in practice."""
+    """DashInfer's choice of request to evict when its GPU KV cache is full. Here the request
+    admitted last is preempted and computed again later (scheduler.py), whatever the choice, so
+    only the default exists in practice."""
     MaxLength = 0
     Random = 1
 

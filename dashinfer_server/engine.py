@@ -252,6 +252,7 @@ def _model_stats(m) -> dict:
             "waiting": len(loop.scheduler.waiting) if loop else 0,
             "kv_blocks_total": len(loop.pool.blocks) if loop else 0,
             "kv_blocks_free": loop.pool.num_available if loop else 0,
+            "preemptions": loop.scheduler.preemptions if loop and loop.scheduler else 0,
             "runtime_config": m.cfg.to_dict()}
 
 

@@ -8,7 +8,7 @@ every sequence, the block pool and the model from then on.
 
 Logs (logger "dashinfer_server"): one INFO line per request that ran, when it ends (prompt and
 generated tokens, time to first token, decode speed, finish reason); while there is work, an INFO
-line of throughput every THROUGHPUT_LOG_S; at DEBUG, the scheduler's admissions and interruptions.
+line of throughput every THROUGHPUT_LOG_S; at DEBUG, the scheduler's admissions, preemptions and interruptions.
 """
 import logging
 import threading
@@ -46,9 +46,9 @@ class Throughput:
     def count(self, chunks) -> None:
         """Before the step's postprocess (a decoding sequence's chunk is its newest token)."""
         for c in chunks:
-            if c.seq.phase == Phase.DECODE:
+            if c.seq.phase == Phase.DECODE and c.sample:
                 self.generated += 1
-            else:
+            else:  # a prompt chunk, or a preempted sequence's token computed again
                 self.prompt += c.count
                 self.generated += c.sample
 
@@ -190,10 +190,12 @@ class ModelLoop:
     def step(self) -> None:
         chunks, interrupted = self.scheduler.schedule()
         for seq in interrupted:
-            log.warning("request %d interrupted: KV cache exhausted after %d generated tokens",
-                        seq.handle, seq.num_generated)
+            log.warning("request %d interrupted: its %d tokens fill the whole KV cache (%d tokens) "
+                        "after %d generated", seq.handle, len(seq.tokens), self.block_capacity,
+                        seq.num_generated)
             self._retire(seq, GenerateRequestStatus.GenerateInterrupted,
-                         "KV cache exhausted: interrupted to let earlier requests go on")
+                         f"KV cache exhausted: the whole cache ({self.block_capacity} tokens) cannot "
+                         f"hold this request's next token")
         if not chunks:
             return
         logits = self._forward(build_plan(chunks, self.pool.block_size))

@@ -22,9 +22,17 @@ Waiting sequences are admitted (given KV blocks) in that order while max_batch a
 allow; nobody overtakes a waiting sequence the pool cannot hold yet. A prompt whose next block
 the prefix cache lacks while an admitted prompt is computing that very block (the n choices of one
 OpenAI request, prompts with one system prompt sent together) waits until it is computed and
-registered, then shares it instead of computing it again; others may go before it meanwhile. When the pool cannot give a
-decoding sequence its next block, the most recently admitted sequence is interrupted and its
-blocks freed. Pure policy: no tensors, no threads. Its decisions are logged at DEBUG.
+registered, then shares it instead of computing it again; others may go before it meanwhile.
+When the pool cannot give a decoding sequence its next block, the most recently admitted sequence
+is preempted: its blocks are freed (the full ones stay in the prefix cache), it waits again ahead
+of every new prompt, and once admitted again it recomputes what the prefix cache did not keep and
+goes on where it stopped, so its client never sees it: its prompt as prompt chunks, then the
+tokens it had generated one a step beside the decodes, as they were first computed (the prefill
+and decode kernels round differently, so this is what gives it the same K/V and the same greedy
+tokens). No sequence is admitted in a step that preempted one. A sequence interrupted here is one
+that cannot grow with nothing else admitted: the whole pool is too small for it (DashInfer's
+GenerateInterrupted, "no resource to finish this request's generation"). Pure policy: no tensors,
+no threads. Its decisions are logged at DEBUG.
 """
 import logging
 import os
@@ -79,12 +87,14 @@ class Scheduler:
         self.prompt_step_tokens = prompt_step_tokens if 0 < prompt_step_tokens < max_step_tokens else 0
         self.max_wait_steps = max_wait_steps
         self.waiting: list = []  # arrival order
-        self.running: list = []  # admission order: the last one is interrupted first
+        self.running: list = []  # admission order: the last one is preempted first
+        self.preemptions = 0     # sequences preempted so far
         self.steps = 0           # steps scheduled so far: the clock of aging
         self.work = 0            # tokens scheduled so far: the clock of decode gaps (and of aging
         #                          with prompt-only steps: max_wait_steps whole steps of tokens)
         self._came = {}          # sequence -> (step, work) it came in (until its first token)
         self._decoded = {}       # decoding sequence -> self.work after the last step that ran it
+        self._preempted = set()  # preempted sequences until their next token
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -102,13 +112,17 @@ class Scheduler:
             self.pool.free(seq.table)
         self._came.pop(seq, None)
         self._decoded.pop(seq, None)
+        self._preempted.discard(seq)
         seq.phase = Phase.DONE
 
     def schedule(self) -> tuple[list, list]:
-        """The next step's chunks, and the sequences interrupted to make room for it."""
+        """The next step's chunks, and the sequences interrupted because the pool can never hold them."""
         self.steps += 1
+        preempted = self.preemptions
         decodes, interrupted = self._grow_decodes()
         prompts = self.prompt_order()
+        if self.preemptions != preempted:  # the pool is short: finish admitted prompts only
+            prompts = [s for s in prompts if s.phase != Phase.WAITING]
         target = self.prompt_step_tokens or self.max_step_tokens
         chunks = []
         room = self._gap_room(decodes) if prompts and self.prompt_step_tokens else 0
@@ -145,6 +159,8 @@ class Scheduler:
                 aged = self.work - came_work >= self.max_wait_steps * self.max_step_tokens
             else:  # passed over in max_wait_steps steps
                 aged = self.steps - came > self.max_wait_steps
+            if seq in self._preempted:  # it goes on first, in arrival order
+                return (-1, seq.arrival, 0)
             if aged:
                 return (0, came, 0)
             return (1, seq.num_uncomputed, came)
@@ -152,23 +168,39 @@ class Scheduler:
         return sorted(pending, key=key)
 
     def _grow_decodes(self) -> tuple[list, list]:
-        """A block for the next token of every decoding sequence, interrupting the latest
-        admitted while the pool is short."""
+        """A block for the next token of every decoding sequence, preempting the latest admitted
+        while the pool is short; a sequence alone in the pool that cannot grow is interrupted."""
         interrupted, decodes = [], []
         for seq in list(self.running):
             if seq.phase != Phase.DECODE:
                 continue
             while not self.pool.grow(seq.table, len(seq.tokens)):
                 victim = self.running[-1]
-                log.debug("interrupt request %d (admitted last): request %d needs a KV block and "
-                          "none is free", victim.handle, seq.handle)
-                self.finish(victim)
-                interrupted.append(victim)
+                if victim is seq and len(self.running) == 1:
+                    log.debug("interrupt request %d: %d tokens do not fit the whole KV pool",
+                              seq.handle, len(seq.tokens))
+                    self.finish(seq)
+                    interrupted.append(seq)
+                    break
+                self._preempt(victim, seq)
                 if victim is seq:
                     break
-            if seq.phase != Phase.DONE:
-                decodes.append(Chunk(seq, len(seq.tokens) - 1, 1, True))
-        return [c for c in decodes if c.seq.phase != Phase.DONE], interrupted
+            if seq.phase == Phase.DECODE:  # behind its newest token only while it recomputes
+                decodes.append(Chunk(seq, seq.num_computed, 1, seq.num_computed == len(seq.tokens) - 1))
+        return [c for c in decodes if c.seq.phase == Phase.DECODE], interrupted
+
+    def _preempt(self, seq: Sequence, needy: Sequence) -> None:
+        """Free `seq`'s blocks (full ones stay cached) and make it wait to recompute its tokens."""
+        log.debug("preempt request %d (admitted last, %d tokens): request %d needs a KV block and "
+                  "none is free", seq.handle, len(seq.tokens), needy.handle)
+        self.running.remove(seq)
+        self.pool.free(seq.table)
+        seq.num_computed, seq.phase = 0, Phase.WAITING
+        self._decoded.pop(seq, None)
+        self._came.setdefault(seq, (self.steps, self.work))
+        self._preempted.add(seq)
+        self.waiting.append(seq)
+        self.preemptions += 1
 
     def _fill(self, prompts: list, room: int, target: int) -> list:
         """Prompt chunks for `room` tokens, whole prompts until they reach `target` tokens."""
@@ -177,7 +209,7 @@ class Scheduler:
             budget = room - used
             if budget <= 0 or used >= target:
                 break
-            if seq.num_uncomputed > budget and used >= room // 2:
+            if seq.prompt_len - seq.num_computed > budget and used >= room // 2:
                 break  # would not finish here: it starts a step that has room for more of it
             if seq.phase == Phase.WAITING:
                 if self._prefix_in_flight(seq):
@@ -185,6 +217,8 @@ class Scheduler:
                 admitting = admitting and self._admit(seq)
                 if not admitting:
                     continue  # nobody overtakes it; admitted prompts still go on
+            if seq.phase == Phase.DECODE:
+                continue  # preempted, its prompt all cached: it recomputes beside the decodes
             chunks.append(self._chunk(seq, budget))
             used += chunks[-1].count
         return chunks
@@ -208,6 +242,11 @@ class Scheduler:
             return False
         self.waiting.remove(seq)
         seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
+        if seq.num_computed >= seq.prompt_len:  # preempted, and the cache kept its whole prompt
+            seq.phase = Phase.DECODE
+            self._decoded[seq] = self.work
+            self._came.pop(seq, None)
+            self._preempted.discard(seq)
         seq.admitted = time.perf_counter()
         self.running.append(seq)
         log.debug("admit request %d: %d prompt tokens (%d cached), %d running, %d waiting, "
@@ -217,16 +256,17 @@ class Scheduler:
 
     @staticmethod
     def _chunk(seq: Sequence, budget: int) -> Chunk:
-        count = min(seq.num_uncomputed, budget)
+        count = min(seq.prompt_len - seq.num_computed, budget)  # a preempted one's prompt only
         return Chunk(seq, seq.num_computed, count, seq.num_computed + count == len(seq.tokens))
 
     def advance(self, chunks: list) -> None:
-        """Record that the step computed `chunks`; sampled sequences move to decoding."""
+        """Record that the step computed `chunks`; sequences whose prompt is computed move to decoding."""
         for c in chunks:
             seq = c.seq
             seq.num_computed = c.start + c.count
             self.pool.register_full_blocks(seq.table, seq.tokens, seq.num_computed)
-            if c.sample and seq.phase == Phase.PREFILL:
+            if seq.phase == Phase.PREFILL and seq.num_computed >= seq.prompt_len:
                 seq.phase = Phase.DECODE
                 self._decoded[seq] = self.work
                 self._came.pop(seq, None)
+                self._preempted.discard(seq)

@@ -20,7 +20,7 @@ from tests.helpers import load_hf_model
 
 @pytest.fixture(scope="module")
 def small_pool(api_engine):
-    """A model whose KV pool (1 MB: 4096 tokens of the tiny model) is smaller than max_length."""
+    """A model whose KV pool (1 MB: 2048 tokens of the tiny model's fp32 K/V) is smaller than max_length."""
     name = install(api_engine, "tiny-small-pool", max_batch=16, max_length=8192, kv_cache_memory_mb=1)
     yield name
     assert api_engine[0].release_model(name) == OK
@@ -135,34 +135,52 @@ def test_prefix_cache_reuse(api_engine):
         assert engine.release_model(nocache) == OK
 
 
-def test_pool_exhaustion_interrupts_the_latest_admitted(api_engine, small_pool, caplog):
+def pool_tokens(engine, model) -> int:
+    """Tokens the model's KV pool holds (blocks of 16: install() sets kv_cache_span_size 16)."""
+    return engine.get_stats()["models"][model]["kv_blocks_total"] * 16
+
+
+def test_kv_pressure_preempts_and_every_request_finishes_as_alone(api_engine):
     engine, name, loader = api_engine
+    # One kernel thread: a lone decode row splits its context over the threads (another summation
+    # order than in a batch, which flipped one of 16 such greedy answers at token 844 with two),
+    # and "as alone" is then exact.
+    pool = install(api_engine, "tiny-quarter-pool", max_batch=16, max_length=8192, kv_cache_memory_mb=1,
+                   thread_num=1)
     prompts = [prompt_of(10, 200 + i) for i in range(16)]
-    # 16 x 2000 tokens do not fit the 4096-token pool: the latest admitted must give way. Each request
-    # is long enough that all 16 have started before the first could end (else none would be cut)
+    new = 502
+    # 16 x 512 tokens: four times the pool. A decoding request that finds no free block preempts
+    # the latest admitted, which recomputes later: nobody is cut short (vLLM's recompute).
+    assert 16 * (10 + new) == 4 * pool_tokens(engine, pool)
     started = []
     for prompt in prompts:
-        status, handle, queue = engine.start_request_ids(small_pool, loader, prompt, greedy(2000))
+        status, handle, queue = engine.start_request_ids(pool, loader, prompt, greedy(len(prompt) + new))
         assert status == OK
         started.append((handle, queue))
     outs = [collect(queue)[0] for _, queue in started]
-    statuses = [queue.GenerateStatus() for _, queue in started]
-    k = statuses.count(Finished)
-    assert 0 < k < 16 and statuses == [Finished] * k + [Interrupted] * (16 - k), statuses
-    for (handle, queue), out in zip(started, outs):
-        assert queue.GeneratedLength() == len(out)
-        if queue.GenerateStatus() == Finished:
-            assert len(out) == 1990 and queue.RequestStatInfo().finish_reason == "length"
-        else:
-            assert 0 < len(out) < 1990 and "KV cache" in queue.error
-            assert queue.RequestStatInfo().finish_reason == "interrupted"
+    assert [queue.GenerateStatus() for _, queue in started] == [Finished] * 16
+    assert engine.get_stats()["models"][pool]["preemptions"] > 0
+    for prompt, (handle, queue), out in zip(prompts, started, outs):
+        assert queue.RequestStatInfo().finish_reason == "length" and queue.GeneratedLength() == new
+        assert engine.release_request(pool, handle) == OK
+        ids, *_ = run(api_engine, prompt, greedy(len(prompt) + new), model=pool)  # alone
+        assert out == ids and len(ids) == new
+    assert engine.release_model(pool) == OK
+
+
+def test_a_request_the_whole_pool_cannot_hold_is_interrupted(api_engine, small_pool, caplog):
+    engine, name, loader = api_engine
+    # alone, 10 + 4200 tokens outgrow the 2048-token pool: DashInfer's GenerateInterrupted ("no
+    # resource to finish this request's generation"), after every token the pool could hold
+    ids, _, queue, handle = run(api_engine, prompt_of(10, 7), greedy(10 + 4200), model=small_pool)
+    assert queue.GenerateStatus() == Interrupted and "KV cache" in queue.error
+    held = pool_tokens(engine, small_pool) - 10 + 1  # the last one sampled, its K/V never needed
+    assert queue.RequestStatInfo().finish_reason == "interrupted" and len(ids) == held
     assert logged(caplog, "interrupted", "KV cache", level=logging.WARNING)
-    # what an interrupted request delivered is what it generates alone, cut short
-    handle, queue = started[-1]
-    ids, *_ = run(api_engine, prompts[-1], greedy(2000), model=small_pool)
-    assert outs[-1] == ids[:len(outs[-1])] and len(ids) == 1990
-    for handle, _ in started:
-        assert engine.release_request(small_pool, handle) == OK
+    assert engine.release_request(small_pool, handle) == OK
+    reference, _, queue, handle = run(api_engine, prompt_of(10, 7), greedy(10 + held), model=small_pool)
+    assert queue.GenerateStatus() == Finished and ids == reference
+    assert engine.release_request(small_pool, handle) == OK
 
 
 # ---- refusals and errors -------------------------------------------------------------------

@@ -66,20 +66,58 @@ def test_first_in_line_is_not_overtaken_when_the_pool_is_short():
     assert sched.waiting == [big, small]
 
 
-def test_pool_exhaustion_interrupts_the_latest_admitted(caplog):
+def test_pool_exhaustion_preempts_the_latest_admitted_which_recomputes_first_later(caplog):
     caplog.set_level(logging.DEBUG, logger="dashinfer_server")
     sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
-    first, second = Sequence(list(range(7)), 64), Sequence(list(range(10, 18)), 64)  # no common prefix
+    first, second = Sequence(list(range(7)), 64), Sequence(list(range(20, 28)), 64)  # no common prefix
     sched.add(first)
     sched.add(second)
-    run_step(sched)  # first: 7+1 tokens in 2 blocks; second: 8 in 2 blocks, needs a 3rd
+    run_step(sched)  # first: 7+1 tokens in 2 blocks; second: 8+1 in 2 blocks, needs a 3rd
+    newcomer = Sequence([50, 51], 64)
+    sched.add(newcomer)
     chunks, interrupted = run_step(sched)
-    assert interrupted == [second] and second.phase == Phase.DONE
-    assert [c.seq for c in chunks] == [first]
-    assert sched.pool.num_available == 2  # the victim's blocks, freed
+    assert interrupted == [] and [c.seq for c in chunks] == [first]  # nobody admitted in this step
+    assert second.phase == Phase.WAITING and second.num_computed == 0 and sched.preemptions == 1
+    assert second.tokens == list(range(20, 28)) + [7]  # what it generated stays
+    assert sched.pool.num_available == 2  # its blocks, kept in the prefix cache
+    assert sched.prompt_order() == [second, newcomer]  # the preempted goes on first
     assert caplog.records[-1].getMessage() == (
-        f"interrupt request {second.handle} (admitted last): request {second.handle} needs a KV "
-        "block and none is free")
+        f"preempt request {second.handle} (admitted last, 9 tokens): request {second.handle} needs a "
+        "KV block and none is free")
+    sched.finish(first)
+    run_step(sched)  # admitted again: its two full blocks come back from the prefix cache
+    assert second.phase == Phase.DECODE and second.num_computed == 8
+    chunks, interrupted = run_step(sched)  # only its newest token is computed, as a decode
+    assert [(c.seq, c.start, c.count, c.sample) for c in chunks][0] == (second, 8, 1, True)
+    assert second.tokens[-2:] == [7, 7] and len(second.tokens) == 10
+
+
+def test_a_preempted_sequence_recomputes_its_prompt_then_its_tokens_one_a_step():
+    """Prompt tokens again as a prompt chunk, generated ones as decodes did them: one per step,
+    sampled only at its newest token."""
+    sched = Scheduler(BlockPool(16, 4), max_batch=8, max_step_tokens=100)
+    seq = Sequence(list(range(10)), 64)
+    sched.add(seq)
+    for _ in range(4):
+        run_step(sched)  # 10 prompt + 4 generated tokens
+    sched.pool.clear_cache()
+    sched._preempt(seq, seq)
+    sched.pool.clear_cache()  # nothing kept: everything is recomputed
+    spans = [[(c.start, c.count, c.sample) for c in run_step(sched)[0]] for _ in range(5)]
+    assert spans == [[(0, 10, False)], [(10, 1, False)], [(11, 1, False)], [(12, 1, False)], [(13, 1, True)]]
+    assert seq.phase == Phase.DECODE and len(seq.tokens) == 15
+
+
+def test_a_sequence_the_whole_pool_cannot_hold_is_interrupted():
+    sched = Scheduler(BlockPool(2, 4), max_batch=8, max_step_tokens=100)
+    seq = Sequence(list(range(7)), 64)
+    sched.add(seq)
+    run_step(sched)  # 8 tokens: 2 blocks, full
+    chunks, interrupted = run_step(sched)  # the 8th token's K/V fits; then 9 tokens
+    assert [c.seq for c in chunks] == [seq] and not interrupted
+    chunks, interrupted = run_step(sched)  # the 9th needs a 3rd block: nothing to preempt
+    assert interrupted == [seq] and chunks == [] and seq.phase == Phase.DONE
+    assert sched.preemptions == 0 and sched.pool.num_available == 2
 
 
 def test_prefix_cache_skips_computed_tokens():
@@ -127,3 +165,47 @@ def test_prompts_sent_together_share_the_blocks_one_of_them_computes():
     assert [s.table.cached_len for s in copies] == [0] + [cached] * (n - 1)
     assert [computed[s] for s in copies[1:]] == [prompt_len - cached] * (n - 1)
     assert all(s.phase == Phase.DECODE for s in copies + [other])
+def test_random_traffic_under_kv_pressure_recomputes_exactly():
+    """A fake model over a simulated KV cache: each step writes its chunks' tokens into their
+    blocks and reads back every earlier position a chunk attends to; a sampled token is a function
+    of the tokens so far. Under random arrivals and a pool far too small, every chunk must attend
+    to exactly its sequence's tokens (prefix-cache blocks included), every sequence must finish with
+    the tokens it gets alone, and preemptions must have happened."""
+    import random
+    preempted = 0
+    for trial in range(60):
+        rng = random.Random(trial)
+        pool = BlockPool(rng.randint(10, 24), 4)  # 40 tokens, the longest sequence, fit alone
+        sched = Scheduler(pool, max_batch=rng.randint(2, 8), max_step_tokens=rng.randint(8, 40),
+                          prompt_step_tokens=rng.choice([0, 6]))
+        kv = {}  # (block id, offset) -> token whose K/V sits there
+        alone = lambda tokens: hash(tuple(tokens)) % 5  # noqa: E731 (the fake model's next token)
+        seqs = []
+        for step in range(600):
+            if rng.random() < 0.2 and len(seqs) < 24:
+                n = rng.randint(1, 10)
+                seqs.append(Sequence([rng.randrange(5) for _ in range(n)], n + rng.randint(1, 30)))
+                sched.add(seqs[-1])
+            chunks, interrupted = sched.schedule()
+            assert not interrupted  # every sequence fits the pool alone
+            for c in chunks:
+                seq, bs = c.seq, pool.block_size
+                assert c.count > 0 and c.start == seq.num_computed
+                for pos in range(c.start, c.start + c.count):
+                    kv[(seq.table.blocks[pos // bs], pos % bs)] = seq.tokens[pos]
+                assert [kv[(seq.table.blocks[p // bs], p % bs)] for p in range(c.start + c.count)] == \
+                    seq.tokens[:c.start + c.count]
+            sched.advance(chunks)
+            for c in chunks:
+                if c.sample:
+                    c.seq.tokens.append(alone(c.seq.tokens))
+                    if len(c.seq.tokens) == c.seq.max_length:
+                        sched.finish(c.seq)
+        for seq in seqs:
+            expected = seq.tokens[:seq.prompt_len]
+            while len(expected) < len(seq.tokens):
+                expected.append(alone(expected))
+            assert seq.tokens == expected
+        assert all(s.phase == Phase.DONE for s in seqs[:len(seqs) // 2])  # the older half is done
+        preempted += sched.preemptions
+    assert preempted > 0

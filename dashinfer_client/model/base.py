@@ -45,10 +45,16 @@ class ModelHandle:
         if self.tokenizer is None:
             path = self._tokenizer_path()
             kwargs = self._tokenizer_kwargs()
-            if light_tokenizer.supports(path) and not kwargs.get("trust_remote_code"):
-                self.tokenizer = light_tokenizer.Tokenizer(path, padding_side=padding_side)
-            else:
-                self.tokenizer = auto_tokenizer(path, padding_side=padding_side, **kwargs)
+            try:
+                if light_tokenizer.supports(path) and not kwargs.get("trust_remote_code"):
+                    self.tokenizer = light_tokenizer.Tokenizer(path, padding_side=padding_side)
+                else:
+                    self.tokenizer = auto_tokenizer(path, padding_side=padding_side, **kwargs)
+            except (ModelSerializerException, MemoryError):
+                raise
+            except Exception as e:  # files that are not JSON, or not a tokenizer: one documented error
+                raise ModelSerializerException(f"cannot read the tokenizer in {path}: "
+                                               f"{type(e).__name__}: {str(e)[:300]}") from None
         return self
 
     def get_tokenizer(self):

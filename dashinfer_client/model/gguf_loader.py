@@ -8,6 +8,7 @@ transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.
 Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w).
 Hyper-parameters come from the GGUF metadata, the tokenizer from transformers' GGUF conversion.
 """
+import math
 import os
 import re
 
@@ -17,6 +18,7 @@ from ..errors import ModelSerializerException
 from .arch import ModelConfig, _refuse_pending, eos_list
 from .base import auto_tokenizer
 from .families import BY_GGUF
+from .gguf_check import check_gguf
 from .source import SourceModel
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -74,6 +76,7 @@ class GGUFModel(SourceModel):
             if not os.path.isfile(self.model_path):
                 raise ModelSerializerException(f"GGUF file {self.model_path} does not exist")
             from gguf import GGUFReader
+            check_gguf(self.model_path)  # the reader trusts every count and offset it reads
             try:
                 self._reader = GGUFReader(self.model_path)
             except Exception as e:  # the reader raises ValueError/struct.error/... on a broken file
@@ -176,6 +179,9 @@ class GGUFWeights:
 
 
 class _Metadata:
+    """Typed reads of a GGUF file's metadata: a value of the wrong type is a ModelSerializerException
+    naming its key, never a TypeError or a division by zero further on."""
+
     def __init__(self, reader, path):
         self._fields = reader.fields
         self._path = path
@@ -187,7 +193,10 @@ class _Metadata:
         from gguf import GGUFValueType
         part = field.parts[field.data[0]]
         if field.types[0] == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
+            try:
+                return bytes(part).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ModelSerializerException(f"GGUF file {self._path}: metadata '{key}' is not UTF-8") from None
         if field.types[0] == GGUFValueType.ARRAY:
             return default  # no array-valued hyper-parameter is read here
         return part[0].item()
@@ -198,30 +207,45 @@ class _Metadata:
             raise ModelSerializerException(f"GGUF file {self._path} lacks the metadata key '{key}'")
         return value
 
+    def count(self, key, default=None):
+        """A positive integer (required when default is None)."""
+        value = self.need(key) if default is None else self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelSerializerException(f"GGUF file {self._path}: metadata '{key}' is {value!r}, "
+                                           "not a positive integer")
+        return value
+
+    def real(self, key, default=None):
+        """A finite number (required when default is None)."""
+        value = self.need(key) if default is None else self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ModelSerializerException(f"GGUF file {self._path}: metadata '{key}' is {value!r}, not a number")
+        return float(value)
+
 
 def _gguf_fields(meta, a, names, path):
     """ModelConfig fields out of GGUF metadata of architecture a, as llama.cpp reads them."""
-    hidden = int(meta.need(f"{a}.embedding_length"))
-    heads = int(meta.need(f"{a}.attention.head_count"))
-    head_dim = int(meta.get(f"{a}.attention.key_length", hidden // heads))
-    layers = int(meta.need(f"{a}.block_count"))
-    rot = int(meta.get(f"{a}.rope.dimension_count", head_dim))
+    hidden = meta.count(f"{a}.embedding_length")
+    heads = meta.count(f"{a}.attention.head_count")
+    head_dim = meta.count(f"{a}.attention.key_length", hidden // heads)
+    layers = meta.count(f"{a}.block_count")
+    rot = meta.count(f"{a}.rope.dimension_count", head_dim)
     eos = [meta.get("tokenizer.ggml.eos_token_id")] + [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
     fields = dict(
-        vocab_size=int(meta.get(f"{a}.vocab_size", int(names["token_embd.weight"].shape[1]))), hidden_size=hidden,
-        intermediate_size=int(meta.need(f"{a}.feed_forward_length")), num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=int(meta.get(f"{a}.attention.head_count_kv", heads)),
-        head_dim=head_dim, rms_norm_eps=float(meta.need(f"{a}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta.get(f"{a}.rope.freq_base", 10000.0)), rope_scaling=_rope_scaling(meta, a, path),
+        vocab_size=meta.count(f"{a}.vocab_size", int(names["token_embd.weight"].shape[-1])), hidden_size=hidden,
+        intermediate_size=meta.count(f"{a}.feed_forward_length"), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=meta.count(f"{a}.attention.head_count_kv", heads),
+        head_dim=head_dim, rms_norm_eps=meta.real(f"{a}.attention.layer_norm_rms_epsilon"),
+        rope_theta=meta.real(f"{a}.rope.freq_base", 10000.0), rope_scaling=_rope_scaling(meta, a, path),
         rotary_dim=rot if rot != head_dim else None,
-        max_position_embeddings=int(meta.need(f"{a}.context_length")),
+        max_position_embeddings=meta.count(f"{a}.context_length"),
         tie_word_embeddings="output.weight" not in names,
         attention_bias=a == "qwen2" or "blk.0.attn_q.bias" in names or "blk.0.attn_qkv.bias" in names,
         attention_out_bias="blk.0.attn_output.bias" in names, mlp_bias="blk.0.ffn_down.bias" in names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=eos_list(list(dict.fromkeys(e for e in eos if e is not None))),
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
-    window = meta.get(f"{a}.attention.sliding_window")
+    window = meta.count(f"{a}.attention.sliding_window", fields["max_position_embeddings"])
     if a in ("gemma2", "gemma3"):
         # llama.cpp: every other layer sliding (Gemma 2), five of six (Gemma 3); scores scaled by
         # head_dim ** -0.5 (query_pre_attn_scalar is head_dim but in the 27B models); the sliding
@@ -230,15 +254,19 @@ def _gguf_fields(meta, a, names, path):
         big = layers == (46 if a == "gemma2" else 62)
         fields.update(hidden_act="gelu_tanh", embedding_multiplier=hidden ** 0.5,
                       attention_scale=(hidden / heads if big else head_dim) ** -0.5,
-                      attn_logit_softcap=meta.get(f"{a}.attn_logit_softcapping"),
-                      final_logit_softcap=meta.get(f"{a}.final_logit_softcapping"),
+                      attn_logit_softcap=_optional(meta, f"{a}.attn_logit_softcapping"),
+                      final_logit_softcap=_optional(meta, f"{a}.final_logit_softcapping"),
                       rope_local_theta=10000.0 if a == "gemma3" else None)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     else:
         types = ["sliding_attention"] * layers
-    if window is not None and int(window) < fields["max_position_embeddings"]:
-        fields.update(layer_types=types, sliding_window=int(window))
+    if window < fields["max_position_embeddings"]:
+        fields.update(layer_types=types, sliding_window=window)
     return fields
+
+
+def _optional(meta, key):
+    return meta.real(key) if meta.get(key) is not None else None
 
 
 def _rope_scaling(meta, arch, path):
@@ -246,5 +274,5 @@ def _rope_scaling(meta, arch, path):
     if kind == "none":
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(meta.need(f"{arch}.rope.scaling.factor"))}
+        return {"rope_type": "linear", "factor": meta.real(f"{arch}.rope.scaling.factor")}
     raise ModelSerializerException(f"{path}: RoPE scaling type {kind!r} is not supported (none, linear)")

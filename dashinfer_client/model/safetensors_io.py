@@ -51,7 +51,7 @@ class SafetensorsFile:
                 f"truncated safetensors file {self.path}: header needs {8 + header_len} bytes, file has {size}")
         try:
             header = json.loads(self._map[8:8 + header_len].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ModelSerializerException(f"bad safetensors header in {self.path}: not valid JSON ({e})") from None
         if not isinstance(header, dict):
             raise ModelSerializerException(f"bad safetensors header in {self.path}: not a JSON object")

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 
 from ..dtypes import from_bf16, to_bf16
-from ..errors import ModelSerializerException
+from ..errors import ModelSerializerException, malformed
 from .arch import ModelConfig
 from .families import family
 from .base import ModelHandle
@@ -55,8 +55,14 @@ def tokenizer_dir_name(prefix):
     return prefix + ".tokenizer"
 
 
+MAX_LAYERS = 10_000  # far past any real model; a config claiming more is a broken file, refused
+#                     before anything loops over its layers
+
+
 def weight_shapes(config, architecture):
     """{HF tensor name: shape} of the unquantized model of this architecture, in layer order."""
+    if not 0 < config.num_hidden_layers <= MAX_LAYERS:
+        raise ModelSerializerException(f"num_hidden_layers {config.num_hidden_layers} is not within 1..{MAX_LAYERS}")
     return family(architecture).weight_shapes(config)
 
 
@@ -224,7 +230,7 @@ class DashInferModel(ModelHandle):
         try:
             with open(gpath) as f:
                 graph = json.load(f)
-        except (OSError, ValueError) as e:  # ValueError: bad JSON, or not text at all
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or not text at all
             raise ModelSerializerException(f"{gpath} is not valid JSON: {e}{_FOREIGN_HINT}") from None
         if not isinstance(graph, dict) or graph.get("format") != FORMAT:
             raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph{_FOREIGN_HINT}")
@@ -234,17 +240,18 @@ class DashInferModel(ModelHandle):
         for key in ("model_name", "architecture", "config", "dtype", "tensors"):
             if key not in graph:
                 raise ModelSerializerException(f"{gpath} lacks '{key}'")
-        if graph["dtype"] not in DTYPES:
-            raise ModelSerializerException(f"{gpath}: unknown dtype {graph['dtype']!r}")
-        self.graph = graph
-        self.model_name = graph["model_name"]
-        self.architecture = graph["architecture"]
-        self.config = ModelConfig.from_dict(graph["config"], where=f"config in {gpath}")
-        self.dtype = graph["dtype"]
-        self.quantization = graph.get("quantization")
-        self.generation_config = graph.get("generation_config") or {}
-        self._params = SafetensorsFile(ppath)
-        self._check_tensors(gpath, ppath)
+        with malformed(gpath):
+            if graph["dtype"] not in DTYPES:
+                raise ModelSerializerException(f"{gpath}: unknown dtype {graph['dtype']!r}")
+            self.graph = graph
+            self.model_name = graph["model_name"]
+            self.architecture = graph["architecture"]
+            self.config = ModelConfig.from_dict(graph["config"], where=f"config in {gpath}")
+            self.dtype = graph["dtype"]
+            self.quantization = graph.get("quantization")
+            self.generation_config = graph.get("generation_config") or {}
+            self._params = SafetensorsFile(ppath)
+            self._check_tensors(gpath, ppath)
         self.di_config = _read_di_config(self.model_dir, config_file_path, config_content)
         self.generation_config = self.di_config.get("generation_config") or self.generation_config
 

@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 
-from ..errors import ModelSerializerException
+from ..errors import ModelSerializerException, malformed
 from .base import ModelHandle
 from .quant import InstantQuantSettings
 from .serialized import DTYPES, DashInferModel, weight_shapes, write_serialized
@@ -77,10 +77,11 @@ class SourceModel(ModelHandle):
     # -- fluent steps ------------------------------------------------------------------------------
     def read_model_config(self):
         """Read and check the model's hyper-parameters (once)."""
-        if self.config is None:
-            self.architecture, self.config, self.generation_config = self._read_config()
-        if self.data_type is None:
-            self.data_type = self._checkpoint_dtype()
+        with malformed(self.model_path):
+            if self.config is None:
+                self.architecture, self.config, self.generation_config = self._read_config()
+            if self.data_type is None:
+                self.data_type = self._checkpoint_dtype()
         return self
 
     def load_model(self, override_data_type=None, direct_load=False, load_format="auto", **unsupported):

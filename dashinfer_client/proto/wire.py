@@ -258,7 +258,7 @@ def apply_event(event, queue) -> None:
 
 # ---- statistics ------------------------------------------------------------------------------------
 
-_MODEL_COUNTS = ("requests", "running", "waiting", "kv_blocks_total", "kv_blocks_free")
+_MODEL_COUNTS = ("requests", "running", "waiting", "kv_blocks_total", "kv_blocks_free", "preemptions")
 _SERVICE_KEYS = ("streams", "sessions", "draining")
 
 

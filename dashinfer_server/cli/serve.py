@@ -11,6 +11,8 @@ import socket
 import sys
 import threading
 
+from dashinfer_server.http.admission import MAX_WAITING, Admission, env_number
+
 from .common import CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, resolve
 
 log = logging.getLogger("dashinfer_server.http")
@@ -34,6 +36,12 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("DASHINFER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default $DASHINFER_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="requests queued beyond --max-batch before new ones are refused with 429 "
+                        f"(default $DASHINFER_MAX_WAITING, else {MAX_WAITING})")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a request may take when its body names no 'timeout'; it then ends with "
+                        "finish_reason 'timeout' (default $DASHINFER_REQUEST_TIMEOUT, else 0: no deadline)")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds running requests get to finish at shutdown")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -44,20 +52,22 @@ def run(args) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     check_ranks(args.tp)
+    admission = _admission(args)
     model_dir, prefix = resolve(args.model, args.dtype, args.quant)
     name = args.served_model_name or _default_name(args.model, prefix)
+    from dashinfer_client.errors import ModelSerializerException
     from dashinfer_server.http.served import ServedModel
     try:
         served = ServedModel(model_dir, prefix, name, tp=args.tp, threads=args.threads,
                              max_batch=args.max_batch, max_length=args.max_model_len,
                              kv_cache_mode=KV_CACHE_MODES[args.kv_cache])
-    except ValueError as e:  # a runtime option the config refuses
+    except (ValueError, ModelSerializerException) as e:  # a runtime option the config refuses, bad files
         raise CliError(str(e), CONFIG_ERROR) from None
     sock = _listen(args.host, args.port)
     import uvicorn
 
     from dashinfer_server.http.app import create_app
-    app = create_app(served, api_key=args.api_key)
+    app = create_app(served, api_key=args.api_key, admission=admission)
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=args.log_level == "DEBUG",
                             timeout_graceful_shutdown=args.grace_period, log_config=None)
     host, port = sock.getsockname()[:2]
@@ -74,6 +84,18 @@ def run(args) -> int:
     if server.interrupted:
         raise KeyboardInterrupt
     return 0
+
+
+def _admission(args) -> Admission:
+    """The admission gate of --max-waiting and --request-timeout (or their variables)."""
+    try:
+        max_waiting = args.max_waiting if args.max_waiting is not None else \
+            env_number("DASHINFER_MAX_WAITING", MAX_WAITING)
+        timeout = args.request_timeout if args.request_timeout is not None else \
+            env_number("DASHINFER_REQUEST_TIMEOUT", 0.0, float)
+        return Admission(args.max_batch, max_waiting, timeout)
+    except ValueError as e:
+        raise CliError(f"--max-waiting / --request-timeout: {e}", CONFIG_ERROR) from None
 
 
 def _server(config, served, listening: str):

@@ -4,19 +4,24 @@
     GET  /v1/models, /health (200 serving, 503 not), /metrics (Prometheus text)
     POST /tokenize, /detokenize                        (vLLM's shapes: tokenize.py)
 
-With an API key every /v1 route and /tokenize, /detokenize want `Authorization: Bearer <key>`. Errors are OpenAI's
-{"error": {message, type, param, code}} with the HTTP status of errors.STATUS_TO_HTTP.
+With an API key every /v1 route and /tokenize, /detokenize want `Authorization: Bearer <key>`.
+Errors are OpenAI's {"error": {message, type, param, code}} with the HTTP status of
+errors.STATUS_TO_HTTP. Every choice of a generating request passes the admission gate
+(admission.py: 429 beyond the queue's bound, deadlines). /health and /metrics run on threads of
+their own, so a queue of engine calls never delays them.
 """
 import asyncio
 import contextlib
 import hmac
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from .admission import Admission
 from .choices import Choices
 from .errors import ApiError, bad_request
 from .metrics import Metrics
@@ -24,20 +29,27 @@ from .protocol import chat_choices, check_model, completion_choices
 from .responses import Answer
 from .tokenize import tokenize_routes
 
-def create_app(served, api_key=None) -> FastAPI:
-    """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set."""
-    metrics = Metrics(served)
+GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions")  # what the admission gate bounds
+
+
+def create_app(served, api_key=None, admission=None) -> FastAPI:
+    """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set;
+    admission: the Admission gate (default: the model's batch, admission.MAX_WAITING queued)."""
+    admission = admission or Admission(served.runtime.max_batch)
+    metrics = Metrics(served, admission)
+    probes = ThreadPoolExecutor(2, thread_name_prefix="dashinfer-http-probe")  # /health, /metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task = asyncio.ensure_future(metrics.log_throughput())
         yield
         task.cancel()
+        probes.shutdown(wait=False)
     app = FastAPI(title="dashinfer", docs_url=None, redoc_url=None, lifespan=lifespan)
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.http_status)
+        return JSONResponse(e.body(), status_code=e.http_status, headers=e.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
@@ -59,13 +71,13 @@ def create_app(served, api_key=None) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        ok, why = await asyncio.to_thread(served.health)
+        ok, why = await asyncio.get_running_loop().run_in_executor(probes, served.health)
         return JSONResponse({"status": "ok" if ok else served.state, "message": why},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus():
-        body = await asyncio.to_thread(metrics.render)
+        body = await asyncio.get_running_loop().run_in_executor(probes, metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @v1.get("/models")
@@ -79,7 +91,7 @@ def create_app(served, api_key=None) -> FastAPI:
         check_model(body, served)
         jobs = parse(body, served)
         answer = Answer(jobs[0], lambda i: served.tokenizer.decode([i]))
-        choices = Choices(served, jobs, metrics, answer.id)
+        choices = Choices(served, jobs, metrics, answer.id, lambda pieces: admission.admit(body, pieces))
         if answer.job.stream:
             firsts = await choices.first_pieces()  # a refusal is still an HTTP error, not a stream
             return StreamingResponse(choices.events(answer, firsts), media_type="text/event-stream",
@@ -97,6 +109,7 @@ def create_app(served, api_key=None) -> FastAPI:
 
     app.include_router(v1)
     app.include_router(tokenize_routes(served, _json, check_key))
+    app.add_middleware(lambda inner: admission.refuse_early(inner, GENERATING_ROUTES))
     return app
 
 

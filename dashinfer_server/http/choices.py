@@ -13,13 +13,14 @@ from .responses import DONE
 
 
 class Choices:
-    """jobs: the Jobs of protocol.parse_*, in index order; answer_id names them in the log."""
+    """jobs: the Jobs of protocol.parse_*, in index order; answer_id names them in the log; admit
+    wraps each choice's output (the admission gate: its place among the held requests, its deadline)."""
 
-    def __init__(self, served, jobs, metrics, answer_id):
+    def __init__(self, served, jobs, metrics, answer_id, admit=lambda pieces: pieces):
         self.jobs = jobs
         self.usages = [Usage() for _ in jobs]
-        self.streams = [generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer),
-                                 answer_id if len(jobs) == 1 else f"{answer_id}/{job.index}")
+        self.streams = [admit(generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer),
+                                       answer_id if len(jobs) == 1 else f"{answer_id}/{job.index}"))
                         for job, usage in zip(jobs, self.usages)]
 
     def usage(self) -> Usage:

@@ -20,13 +20,15 @@ STATUS_TO_HTTP = {
 
 
 class ApiError(Exception):
-    """An error answered to the client: HTTP status, OpenAI error type, message, param, code."""
+    """An error answered to the client: HTTP status, OpenAI error type, message, param, code,
+    and headers of the answer if any."""
 
     def __init__(self, http_status: int, message: str, err_type: str = "invalid_request_error",
-                 param=None, code=None):
+                 param=None, code=None, headers=None):
         super().__init__(message)
         self.http_status, self.message, self.type, self.param, self.code = \
             http_status, message, err_type, param, code
+        self.headers = headers  # of the answer (a 429's Retry-After)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

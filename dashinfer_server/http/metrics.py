@@ -3,7 +3,9 @@
 Counted here as answers are produced: prompt and generated tokens, finished requests by finish
 reason, time to first token, inter-token latency and request latency (as the client sees them,
 from the request's arrival at the server). Read from the engine at each scrape: requests running
-and waiting, KV cache blocks used and total, and rank group restarts.
+and waiting, KV cache blocks used and total, preemptions, and rank group restarts. Read from the
+admission gate (admission.py): requests held and queued in the server, refused with 429, ended by
+their deadline.
 """
 import asyncio
 import logging
@@ -20,7 +22,7 @@ _REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
 
 
 class Metrics:
-    def __init__(self, served):
+    def __init__(self, served, admission=None):
         self.registry = CollectorRegistry()
         labels = {"model_name": served.name}
         r = self.registry
@@ -37,6 +39,8 @@ class Metrics:
         self.latency = Histogram(f"{PREFIX}_request_latency_seconds", "Request latency, arrival to last token",
                                  ["model_name"], buckets=_REQUEST_BUCKETS, registry=r).labels(**labels)
         r.register(_EngineCollector(served))
+        if admission is not None:
+            r.register(_AdmissionCollector(served.name, admission))
         self.name = served.name
         self.counts = {"requests": 0, "prompt": 0, "generated": 0}  # for the throughput line
 
@@ -100,3 +104,25 @@ class _EngineCollector:
             g = GaugeMetricFamily(f"{PREFIX}_kv_cache_blocks_{key}", help_text, labels=labels)
             g.add_metric([served.name], value)
             yield g
+        preemptions = CounterMetricFamily(f"{PREFIX}_kv_preemptions", "Requests preempted for KV blocks "
+                                          "(their tokens recomputed later)", labels=labels)
+        preemptions.add_metric([served.name], stats.get("preemptions", 0))
+        yield preemptions
+
+
+class _AdmissionCollector:
+    """The admission gate's figures (admission.py), read at scrape time without the engine."""
+
+    def __init__(self, name, admission):
+        self.name, self.admission = name, admission
+
+    def collect(self):
+        gate, labels = self.admission, ["model_name"]
+        for kind, key, value, help_text in (
+                (GaugeMetricFamily, "http_requests_held", gate.held, "Requests the HTTP server holds (running or queued)"),
+                (GaugeMetricFamily, "http_queue_length", gate.waiting, "Requests held beyond the engine's batch"),
+                (CounterMetricFamily, "http_requests_refused", gate.refused, "Requests refused with 429 (queue full)"),
+                (CounterMetricFamily, "http_requests_timed_out", gate.timed_out, "Requests ended by their deadline")):
+            metric = kind(f"{PREFIX}_{key}", help_text, labels=labels)
+            metric.add_metric([self.name], value)
+            yield metric

@@ -14,6 +14,7 @@ from .protocol import sampling_defaults
 
 log = logging.getLogger("dashinfer_server.http")
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
+PROBE_TIMEOUT_S = 0.4  # /health and /metrics answer within a second: two probes fit in it
 
 
 class ServedModel:
@@ -41,6 +42,7 @@ class ServedModel:
         self.why = "the model is loading"
         self.restarts = 0  # times the rank group was found lost and came back
         self._instance = None
+        self._running_on = None  # the instance last seen running the model
         self._probe = None
         self._recovering = threading.Lock()
 
@@ -144,8 +146,8 @@ class ServedModel:
         the rank group is down: get_stats would wait for its restart)."""
         if self.state not in ("serving", "draining") or not hasattr(self.engine, "get_stats"):
             return None
-        if self._probe is not None and self._probe.instance() is None:
-            return None
+        if self._probe is not None:  # on the probe's own channel, bounded: a busy rank 0 answers late
+            return self._probe.model_stats(self.name)
         try:
             return self.engine.get_stats()["models"].get(self.name)
         except Exception as e:  # the group is lost: health says so
@@ -167,9 +169,13 @@ class ServedModel:
             self.restarts += 1
             log.warning("the rank group was restarted (%d restart(s) so far)", self.restarts)
         model = self.stats()
+        if model is None and instance == self._running_on:
+            return True, ""  # it answered Health, and ran the model on this instance: busy, not lost
         if not model or model.get("state") != "Running":
+            self._running_on = None
             self._recover()
             return False, "the model is being installed again after a rank group restart"
+        self._running_on = instance
         return True, ""
 
     def _recover(self) -> None:
@@ -188,24 +194,38 @@ class ServedModel:
 
 
 class _GroupProbe:
-    """The rank group's own health RPC, on a channel of its own: it never waits for a restart."""
+    """The rank group's own health and stats RPCs, on a channel of its own: they never wait for a
+    restart, nor behind the requests' calls. Its calls carry the token the ClientEngine's do."""
 
     def __init__(self, address):
+        import os
+
         import grpc
 
+        from dashinfer_client.connection import open_channel
         from dashinfer_client.proto import load
         self.grpc = grpc
         self.pb, pb_grpc = load()
-        self.channel = grpc.insecure_channel(address)
+        self.channel, _ = open_channel(address, os.environ.get("DASHINFER_TOKEN"))
         self.stub = pb_grpc.DashInferStub(self.channel)
 
     def instance(self):
         """The serving instance's id, or None when it does not answer or is draining."""
         try:
-            reply = self.stub.Health(self.pb.Empty(), timeout=1.0)
+            reply = self.stub.Health(self.pb.Empty(), timeout=PROBE_TIMEOUT_S)
         except self.grpc.RpcError:
             return None
         return reply.instance_id if reply.ready else None
+
+    def model_stats(self, name):
+        """The model's get_stats() entry, or None when the group does not answer in time."""
+        from dashinfer_client.proto import wire
+        try:
+            reply = self.stub.GetStats(self.pb.Empty(), timeout=PROBE_TIMEOUT_S)
+        except self.grpc.RpcError as e:
+            log.debug("stats unavailable: %s", e)
+            return None
+        return wire.decode_stats(reply)["models"].get(name)
 
     def close(self) -> None:
         self.channel.close()
