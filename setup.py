@@ -3,6 +3,8 @@ proto/dashinfer.proto into dashinfer_client/proto/ (metadata lives in setup.cfg)
 import glob
 import os
 import re
+import types
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -57,10 +59,32 @@ class BuildPy(build_py):
         super().run()
 
 
+def compile_in_parallel(self, sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                        extra_preargs=None, extra_postargs=None, depends=None):
+    """CCompiler.compile with the sources of one extension compiled at once, one job per core
+    (DASHINFER_BUILD_JOBS to choose): distutils compiles them one by one, and `-j` only runs
+    whole extensions side by side."""
+    macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs)
+    cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+
+    def one(obj):
+        src, ext = build[obj]
+        self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+    jobs = int(os.environ.get("DASHINFER_BUILD_JOBS") or os.cpu_count() or 1)
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(one, objects))
+    return objects
+
+
 class BuildExt(build_ext):
     def run(self):
         generate_stubs()  # `setup.py build_ext --inplace` is the development build
         super().run()
+
+    def build_extensions(self):
+        self.compiler.compile = types.MethodType(compile_in_parallel, self.compiler)
+        super().build_extensions()
 
 
 setup(ext_modules=[native], cmdclass={"build_py": BuildPy, "build_ext": BuildExt})

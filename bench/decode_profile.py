@@ -8,10 +8,11 @@ from bench.engine import TimedKernels, greedy, runtime_builder, timed_call
 
 
 def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode, rows=1, prompt_len=32,
-                   steps=100):
+                   steps=100, regions=None):
     """Where a decode step of `rows` requests goes after prompts of `prompt_len` tokens: the
     ModelLoop stepped in this thread (no loop thread), every kernel call and every loop stage
-    timed -> ms per step."""
+    timed -> ms per step. regions: None, or a callable -> the process's OpenMP parallel regions
+    so far (bench/step_overhead.py), to count them per step and per kernel."""
     import numpy as np
 
     import dashinfer_server.model_loop as loop_module
@@ -39,18 +40,25 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
         loop.scheduler.add(seq)
     while min(seq.num_generated for seq in seqs) < 2:  # the prompts (in chunks) and a first decode, untimed
         loop.step()
-    loop.model.kernels = TimedKernels(K, spent, "kernel ")
+    counted = collections.Counter()
+    loop.model.kernels = TimedKernels(K, spent, "kernel ", regions, counted)
+    build_plan = loop_module.build_plan
+    loop_module.build_plan = timed("loop plan", build_plan)
+    loop.model.group.step = timed("loop broadcast", loop.model.group.step)
     loop.scheduler.schedule = timed("loop schedule", loop.scheduler.schedule)
     loop.scheduler.advance = timed("loop advance", loop.scheduler.advance)
     loop.sampler.sample = timed("loop sample", loop.sampler.sample)
     loop.postprocess = timed("loop postprocess", loop.postprocess)
     forward = loop.model.forward
     loop.model.forward = timed("forward", forward)
+    regions_before = regions() if regions else 0
     t = time.perf_counter()
     for _ in range(steps):
         loop.step()
     step = (time.perf_counter() - t) / steps
+    regions_per_step = (regions() - regions_before) / steps if regions else None
     loop.model.kernels = K
+    loop_module.build_plan = build_plan
     per_step = {k: v / steps * 1e3 for k, v in spent.items()}
     kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
     loop_parts = sum(v for k, v in per_step.items() if k.startswith("loop "))
@@ -64,4 +72,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
         "step_rest_ms": round(step * 1e3 - per_step["forward"] - loop_parts, 3),
         "detail_ms": {k: round(v, 3) for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])
                       if k != "forward"},
+        "layers": model.config.num_hidden_layers,
+        "parallel_regions_per_step": regions_per_step,
+        "parallel_regions_by_kernel": {k: round(v / steps, 2) for k, v in counted.items()} if regions else None,
     }

@@ -161,13 +161,24 @@ def greedy(max_length: int):
 
 class TimedKernels:
     """The kernels module K with every call's seconds added to spent[prefix + its name] (the
-    model's `kernels` hook)."""
+    model's `kernels` hook); with `regions` (a callable -> OpenMP parallel regions so far, see
+    bench/step_overhead.py), each call's regions added to counted[its name] too."""
 
-    def __init__(self, K, spent, prefix=""):
-        self.K, self.spent, self.prefix = K, spent, prefix
+    def __init__(self, K, spent, prefix="", regions=None, counted=None):
+        self.K, self.spent, self.prefix, self.regions, self.counted = K, spent, prefix, regions, counted
 
     def __getattr__(self, name):
-        return timed_call(self.spent, self.prefix + name, getattr(self.K, name))
+        call = timed_call(self.spent, self.prefix + name, getattr(self.K, name))
+        if self.regions is None:
+            return call
+
+        def counted(*args, **kwargs):
+            before = self.regions()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.counted[name] += self.regions() - before
+        return counted
 
 
 def submit(engine, loader, prompts, requests) -> list:
@@ -289,11 +300,11 @@ def main():
         from dashinfer_server.topology import simulated_nodes
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
     from bench import bounds, models
-    from bench.machine import peak_gflops, read_bandwidth
+    from bench.machine import best_bf16_gflops, read_bandwidth
     model = models.load(args.model, args.dtype, args.quant, args.group_size)  # converted once, here
     per_token = bounds.weight_bytes_per_token(model)
     threads = args.threads * max(1, args.ranks)
-    peak = peak_gflops(True, threads)
+    peak = best_bf16_gflops(threads)
     for name in names:
         bw_before = read_bandwidth(threads)  # this host's bandwidth drifts: measure it around the run
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--model", args.model,

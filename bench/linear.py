@@ -82,7 +82,9 @@ def _row(case, wtype, m, k, n, limits, rng, with_torch):
     out = np.empty((m, n), np.float32)
     t = best_seconds(lambda i: K.linear(x, packs[i], None, out), copies, batch=1)
     flops = 2.0 * m * n * k
-    peak = limits["fp32_gflops"] if wtype == "f32" else limits["bf16_gflops"]
+    # bf16 weights take the best bf16 path (AMX tiles where they run); i8/u4 dequantize for vdpbf16ps
+    peak = (limits["fp32_gflops"] if wtype == "f32" else
+            limits.get("best_bf16_gflops", limits["bf16_gflops"]) if wtype == "bf16" else limits["bf16_gflops"])
     t_bw, t_flop = nbytes / (limits["bw_gbs"] * 1e9), flops / (peak * 1e9)
     row = {
         "case": case, "wtype": wtype, "group": _group(wtype) if wtype not in ("f32", "bf16") else 0, "M": m, "K": k, "N": n, "us": t * 1e6,

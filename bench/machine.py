@@ -1,9 +1,12 @@
-"""This machine's limits, measured: streaming read bandwidth and FMA / bf16-dot peak.
+"""This machine's limits, measured: streaming read bandwidth, FMA / bf16-dot peak, AMX peak.
 
-    python bench/machine.py               the limits (best of many passes: the capacity)
+    python bench/machine.py [--threads N] the limits (best of many passes: the capacity), with N
+                                          threads (default: every cpu of this process); the AMX
+                                          bf16 peak where AMX tiles run ("no AMX" elsewhere)
     python bench/machine.py --series 20   now() every 0.2 s for 20 s in one process
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -20,9 +23,27 @@ def read_bandwidth(threads: int, mbytes: int = 512, passes: int = 20) -> float:
 
 
 def peak_gflops(bf16: bool, threads: int) -> float:
-    """GFLOP/s of a register-resident FMA (fp32) or vdpbf16ps (bf16) loop; one
-    vdpbf16ps on 16 lanes counts 64 flops (two multiply-adds per lane)."""
-    return max(K.probe_peak(bf16, 20_000_000, threads) for _ in range(3)) / 1e9
+    """GFLOP/s of a register-resident FMA (fp32) or vdpbf16ps (bf16) loop; one vdpbf16ps on 16
+    lanes counts 64 flops (two multiply-adds per lane). bf16 takes the better of 12 and 24
+    independent accumulators (native/probe.c): what the core issues, whatever its latency. On a
+    CPU without AVX-512 BF16 both are the AVX2 fp32 FMA loop: bf16 weights run as fp32 there."""
+    kinds = (1, 2) if bf16 else (0,)
+    return max(K.probe_peak(kind, 20_000_000, threads) for kind in kinds for _ in range(3)) / 1e9
+
+
+def amx_peak_gflops(threads: int):
+    """GFLOP/s of tdpbf16ps on AMX tiles (16 x 16 x 32 multiply-adds an instruction), or None
+    where this process cannot use AMX (the CPU lacks it, or Linux refused the tile state)."""
+    if not K.amx_available():
+        return None
+    return max(K.probe_amx_peak(2_000_000, threads) for _ in range(3)) / 1e9
+
+
+def best_bf16_gflops(threads: int) -> float:
+    """The bf16 peak of the path bf16 GEMMs take here: AMX tiles when the kernels use them
+    (K.amx() == "tiles"), else vdpbf16ps. Every fraction of peak the benches print uses it."""
+    amx = amx_peak_gflops(threads) if K.amx() == "tiles" else None
+    return amx or peak_gflops(True, threads)
 
 
 def now(threads: int, samples: int = 7) -> dict:
@@ -38,13 +59,21 @@ def now(threads: int, samples: int = 7) -> dict:
     return {"bw_gbs": round(statistics.median(bw), 1), "bf16_gflops": round(statistics.median(peak))}
 
 
-def limits(threads: int = 2) -> dict:
+def limits(threads: int = 0) -> dict:
+    """The limits with `threads` threads (0: every cpu this process may use)."""
+    threads = threads or len(os.sched_getaffinity(0))
+    amx, vector = amx_peak_gflops(threads), peak_gflops(True, threads)
     return {
         "threads": threads,
         "bw_gbs": read_bandwidth(threads),
         "bw_gbs_1thread": read_bandwidth(1),
         "fp32_gflops": peak_gflops(False, threads),
-        "bf16_gflops": peak_gflops(True, threads),
+        "bf16_gflops": vector,
+        "amx_bf16_gflops": amx if amx is not None else "no AMX",
+        # what bf16 GEMMs run on, and its peak: the denominator of every bf16 fraction
+        "bf16_gemm_path": "amx tiles" if K.amx() == "tiles" else
+                          "vdpbf16ps" if K.supported_isa() == "avx512" else "fp32 FMA (no AVX-512 BF16)",
+        "best_bf16_gflops": amx if amx is not None and K.amx() == "tiles" else vector,
     }
 
 
@@ -69,5 +98,6 @@ if __name__ == "__main__":
             print(json.dumps({key: {"min": values[0], "median": statistics.median(values), "max": values[-1],
                                     "max_over_min": round(values[-1] / values[0], 2)}}))
         sys.exit()
-    for key, value in limits().items():
+    count = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 0
+    for key, value in limits(count).items():
         print(f"{key:>16}: {value:.1f}" if isinstance(value, float) else f"{key:>16}: {value}")

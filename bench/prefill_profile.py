@@ -29,7 +29,7 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
     import dashinfer_server.model_loop as loop_module
     from bench import bounds, models
     from bench.engine import TimedKernels, greedy, runtime_builder
-    from bench.machine import peak_gflops
+    from bench.machine import best_bf16_gflops
     from dashinfer_server import kernels as K
     from dashinfer_server.request import ModelLimits, new_request
 
@@ -65,7 +65,7 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
 
     c = model.config
     real = tokens * bounds.layer_flops_per_token(c) + bounds.head_flops(c)  # the linears' work
-    peak = peak_gflops(True, threads)
+    peak = best_bf16_gflops(threads)
     return {
         "profile": f"prefill{tokens}", "threads": threads, "bf16_gflops": round(peak),
         "fused_step_ms": round(fused * 1e3, 2), "by_op_step_ms": round(by_op_step * 1e3, 2),

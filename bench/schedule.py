@@ -93,8 +93,8 @@ def main():
     head = bounds.head_flops(model.config)  # only sampled rows run it
     bw, peak = args.bw, args.peak
     if not bw or not peak:
-        from bench.machine import peak_gflops, read_bandwidth
-        bw, peak = bw or read_bandwidth(args.threads), peak or peak_gflops(True, args.threads)
+        from bench.machine import best_bf16_gflops, read_bandwidth
+        bw, peak = bw or read_bandwidth(args.threads), peak or best_bf16_gflops(args.threads)
 
     def step_seconds(rows, sampled, decodes):
         if args.token_ms and args.decode_ms:

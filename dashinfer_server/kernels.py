@@ -8,6 +8,9 @@ LocalGroup. Importing this module loads nothing: import it anywhere, and its ker
 error that says so.
 
 DASHINFER_ISA=portable|avx2|avx512 caps the kernel path (tests run every path on one machine).
+DASHINFER_AMX=off|tiles|emulated: how bf16 GEMMs of 5 rows or more run; by default on AMX tiles
+where the CPU has them, else off (the ISA path's kernels). `emulated` runs the AMX driver with the
+tile multiply in plain C on any CPU (slow: for tests on CPUs without AMX).
 """
 import importlib
 import os
@@ -40,6 +43,8 @@ def load():
     globals().update({name: getattr(native, name) for name in dir(native) if not name.startswith("_")})
     if os.environ.get("DASHINFER_ISA"):
         native.set_isa(os.environ["DASHINFER_ISA"])
+    if os.environ.get("DASHINFER_AMX"):
+        native.set_amx(os.environ["DASHINFER_AMX"])
     _native = native
     return sys.modules[__name__]
 

@@ -30,27 +30,25 @@ class StepPlan:
 
 
 def build_plan(chunks, block_size: int) -> StepPlan:
-    """Chunks (scheduler.Chunk) -> StepPlan."""
-    counts = [c.count for c in chunks]
+    """Chunks (scheduler.Chunk) -> StepPlan. Each array is built as one Python list and converted
+    once: numpy slice assignments per chunk cost a microsecond apiece, ~0.2 ms of a 32-row decode
+    step's serial part."""
+    tokens, positions, counts, context_lens, sample_rows = [], [], [], [], []
+    width = 0
+    for c in chunks:
+        tokens += c.seq.tokens[c.start:c.start + c.count]
+        positions += range(c.start, c.start + c.count)
+        counts.append(c.count)
+        context_lens.append(c.start + c.count)
+        if c.sample:
+            sample_rows.append(len(tokens) - 1)
+        width = max(width, len(c.seq.table.blocks))
+    block_tables = np.array([c.seq.table.blocks + [0] * (width - len(c.seq.table.blocks)) for c in chunks],
+                            np.int32).reshape(len(chunks), width)
     q_offsets = np.zeros(len(chunks) + 1, np.int32)
     np.cumsum(counts, out=q_offsets[1:])
-    total = int(q_offsets[-1])
-    token_ids = np.empty(total, np.int32)
-    positions = np.empty(total, np.int32)
-    block_tables = np.zeros((len(chunks), max(len(c.seq.table.blocks) for c in chunks)), np.int32)
-    context_lens = np.empty(len(chunks), np.int32)
-    rows = np.empty(total, np.int32)  # each token's chunk
-    sample_rows = []
-    for b, c in enumerate(chunks):
-        lo, hi = q_offsets[b], q_offsets[b + 1]
-        token_ids[lo:hi] = c.seq.tokens[c.start:c.start + c.count]
-        positions[lo:hi] = np.arange(c.start, c.start + c.count, dtype=np.int32)
-        blocks = c.seq.table.blocks
-        block_tables[b, :len(blocks)] = blocks
-        context_lens[b] = c.start + c.count
-        rows[lo:hi] = b
-        if c.sample:
-            sample_rows.append(hi - 1)
+    positions = np.array(positions, np.int32)
+    rows = np.repeat(np.arange(len(chunks)), counts)  # each token's chunk
     slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
-    return StepPlan(token_ids, positions, slots.astype(np.int32), q_offsets, context_lens,
-                    block_tables, np.asarray(sample_rows, np.int32))
+    return StepPlan(np.array(tokens, np.int32), positions, slots.astype(np.int32), q_offsets,
+                    np.array(context_lens, np.int32), block_tables, np.array(sample_rows, np.int32))

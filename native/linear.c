@@ -3,6 +3,7 @@
 #include <math.h>
 #include <omp.h>
 
+#include "amx.h"
 #include "elementwise.h"
 #include "linear_kernels.h"
 
@@ -152,16 +153,24 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
 static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear_avx2,
                                                  &dn_linear_avx512};
 
+const dn_linear_kernels *dn_linear_isa_kernels(void) { return paths[dn_isa()]; }
+
+/* AMX tiles need the avx512 path (every AMX CPU has it); their emulation runs anywhere. */
 static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
-    return dn_linear_act_quantized(w->wtype) ? (dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable)
-                                             : paths[dn_isa()];
+    if (dn_linear_act_quantized(w->wtype)) return dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable;
+    dn_amx_mode amx = dn_amx();
+    if (w->wtype == DN_W_BF16 && (amx == DN_AMX_EMULATED || (amx == DN_AMX_TILES && dn_isa() == DN_ISA_AVX512)))
+        return &dn_linear_amx;
+    return paths[dn_isa()];
 }
 
 static int run_call(const dn_linear_kernels *kern, dn_linear_call *c) {
     const dn_linear_w *w = c->w;
     int nt = dn_num_threads();
-    /* Under ~100k multiply-adds a second thread costs more than it saves. */
+    /* Under ~100k multiply-adds a second thread costs more than it saves; past the kernel's
+     * units of work, a thread has nothing to do but join. */
     if ((double)c->m * w->n * w->k < 1e5) nt = 1;
+    if (kern->units && kern->units(w, c->m) < nt) nt = (int)kern->units(w, c->m);
     size_t need = kern->scratch_bytes(w, c->m, nt);
     if (need) {
         c->scratch = dn_scratch(DN_SCRATCH_LINEAR, need);

@@ -302,6 +302,11 @@ static void run(const dn_linear_call *c, int t, int nt) {
 
 static int fuses_silu(const dn_linear_w *w, int64_t m) { return m > GEMV_MAX_M; }
 
-const dn_linear_kernels dn_linear_avx512 = {scratch_bytes, run, fuses_silu};
+/* the GEMV shares whole panels; the GEMM (panel, MR rows) units */
+static int64_t units(const dn_linear_w *w, int64_t m) {
+    return m <= GEMV_MAX_M ? w->npanels : w->npanels * ((m + MR - 1) / MR);
+}
+
+const dn_linear_kernels dn_linear_avx512 = {scratch_bytes, run, fuses_silu, units};
 
 #pragma GCC pop_options

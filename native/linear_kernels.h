@@ -23,9 +23,16 @@ typedef struct {
     void (*run)(const dn_linear_call *c, int tid, int nthreads);
     /* NULL, or whether run() applies SiLU*up as its store (dn_linear_call.act) at m rows. */
     int (*fuses_silu)(const dn_linear_w *w, int64_t m);
+    /* NULL, or the (panel, row block) units run() shares out at m rows: threads past it would
+     * only fork and join (a 1536 x 256 GEMV is 4 panels, whatever the cores). */
+    int64_t (*units)(const dn_linear_w *w, int64_t m);
 } dn_linear_kernels;
 
 extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx512;
+/* bf16 weights on AMX tiles, or their emulation (linear_amx.c, amx.h) */
+extern const dn_linear_kernels dn_linear_amx;
+/* The kernels of the ISA path dn_isa() (what dn_linear_amx runs for a few rows). */
+const dn_linear_kernels *dn_linear_isa_kernels(void);
 /* i8q/u4q (linear_q8.c, linear_q8_vnni.c) */
 extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_vnni;
 

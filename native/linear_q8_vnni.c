@@ -177,6 +177,8 @@ static void run(const dn_linear_call *c, int t, int nt) {
     }
 }
 
-const dn_linear_kernels dn_linear_q8_vnni = {dn_q8_scratch_bytes, run};
+static int64_t units(const dn_linear_w *w, int64_t m) { return w->npanels * ((m + MR - 1) / MR); }
+
+const dn_linear_kernels dn_linear_q8_vnni = {dn_q8_scratch_bytes, run, NULL, units};
 
 #pragma GCC pop_options

@@ -1,4 +1,5 @@
 /* Bindings: ISA path and thread count. */
+#include "amx.h"
 #include "common.h"
 #include "pyarg.h"
 
@@ -40,7 +41,31 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static const char *const amx_names[] = {"off", "tiles", "emulated"};
+
+static PyObject *py_amx(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(amx_names[dn_amx()]); }
+
+static PyObject *py_amx_available(PyObject *self, PyObject *noargs) { return PyBool_FromLong(dn_amx_available()); }
+
+static PyObject *py_set_amx(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, amx_names[i]) == 0) {
+            if (dn_set_amx((dn_amx_mode)i) != 0)
+                return PyErr_Format(PyExc_ValueError,
+                                    "set_amx: no AMX tiles here (the CPU lacks AMX-TILE/BF16/INT8 or AVX-512 "
+                                    "BF16, or the kernel refused the tile state)");
+            Py_RETURN_NONE;
+        }
+    return PyErr_Format(PyExc_ValueError, "set_amx: unknown mode '%s' (off, tiles or emulated)", name);
+}
+
 PyMethodDef dn_runtime_methods[] = {
+    {"amx", py_amx, METH_NOARGS, "amx() -> how bf16 GEMMs run: off, tiles (AMX) or emulated (AMX's driver in plain C)"},
+    {"amx_available", py_amx_available, METH_NOARGS,
+     "amx_available() -> whether the CPU has AMX and this process was granted the tile state"},
+    {"set_amx", py_set_amx, METH_O, "set_amx(mode): off, tiles (only where amx_available()) or emulated"},
     {"isa", py_isa, METH_NOARGS, "isa() -> the kernel path in use: portable, avx2 or avx512"},
     {"supported_isa", py_supported_isa, METH_NOARGS, "supported_isa() -> the best path this CPU runs"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name): force a path no better than supported_isa()"},

@@ -1,0 +1,35 @@
+/* AMX tiles: whether this process may use them, which mode the linear kernels run in, and the one
+ * tile operation the bf16 GEMM needs (linear_amx.c), in two builds: the tile instructions, and a
+ * plain-C emulation with the same inputs, outputs and rounding, so that a CPU without AMX tests
+ * everything around the instructions (packing, strides, threading). */
+#pragma once
+#include <stdint.h>
+
+typedef enum { DN_AMX_OFF = 0, DN_AMX_TILES = 1, DN_AMX_EMULATED = 2 } dn_amx_mode;
+
+/* 1 when CPUID has AMX-TILE, AMX-BF16 and AMX-INT8 and Linux granted this process the tile
+ * state (arch_prctl ARCH_REQ_XCOMP_PERM; asked once, the grant holds for every thread). */
+int dn_amx_available(void);
+dn_amx_mode dn_amx(void);             /* default: DN_AMX_TILES where available, else off */
+int dn_set_amx(dn_amx_mode mode);     /* 0, or -1 when mode is DN_AMX_TILES and not available */
+
+/* Tile geometry of the bf16 block: 16 rows, 64 bytes a row (16 fp32, or 16 bf16 pairs). */
+#define DN_AMX_ROWS 16
+#define DN_AMX_PAIRS 16  /* k pairs of one tile step */
+
+/* c[mt*16][16 nt] fp32 (row stride ldc floats) = a . b over `steps` steps of 16 k pairs, then one
+ * more step from b_tail when it is not NULL:
+ *   a      [mt*16][...] bf16 pairs as uint32, row stride lda uint32, step s at a + 16 s;
+ *   b      [steps*16][ldb] bf16 pairs as uint32 (k pair rows of a packed bf16 panel, linear.h),
+ *          of which this block reads 32 columns: step s at b + 16 s ldb;
+ *   b_tail [16][32] pairs, the last (zero-padded) k pair rows of the same 32 columns.
+ * mt is 1 or 2 (16 or 32 rows). Each thread calls begin() once before its first block and end()
+ * after its last. */
+typedef struct {
+    void (*begin)(void);
+    void (*end)(void);
+    void (*block_bf16)(const uint32_t *a, int64_t lda, const uint32_t *b, int64_t ldb, int64_t steps,
+                       const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc);
+} dn_amx_ops;
+
+extern const dn_amx_ops dn_amx_tile_ops, dn_amx_emulated_ops;

@@ -1,0 +1,89 @@
+"""The AMX driver of bf16 linears (native/linear_amx.c) against a float64 numpy reference.
+
+On a CPU without AMX the driver runs with its tile multiply emulated in plain C (DASHINFER_AMX=
+emulated, K.set_amx): the same activation rounding, packing strides, k-pair tails, column tiles,
+row blocks and thread shares as on AMX tiles, only the tile instructions differ (and, on a CPU
+without AVX-512, the rounding and stores run in their portable form). Where the CPU has AMX, the
+same cases run on the tiles too. The bound is test_linear's for the avx512 path:
+activations rounded to bf16 once (2^-9 relative per term), weights exact, fp32 sums.
+"""
+import numpy as np
+import pytest
+
+from dashinfer_server import kernels as K
+from tests.test_linear import check, make_weight
+from tests.test_linear_silu import check as check_silu
+
+MODES = ["emulated"] + (["tiles"] if K.amx_available() else [])
+
+
+@pytest.fixture(params=MODES)
+def amx(request):
+    """bf16 GEMMs on the AMX driver in this mode, then back to the default."""
+    before = K.amx()
+    K.set_amx(request.param)
+    assert K.amx() == request.param
+    yield request.param
+    K.set_amx(before)
+
+
+# (M, N, K): row blocks of 32 and a 16-row tail (5, 16, 17, 33, 200), a last panel of 48 columns
+# (N = 1000: one column tile of 16 after a pair) and of 16 (N = 7, 33), K not a whole tile step
+# of 32 (77, 4201), K of exact steps (64, 576), bias on every other case
+SHAPES = [(5, 64, 64), (16, 1000, 77), (17, 7, 576), (33, 33, 4201), (200, 130, 96), (37, 256, 1536)]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_amx_bf16_matches_reference(amx, threads):
+    rng = np.random.default_rng(11)
+    before = K.num_threads()
+    K.set_num_threads(threads)
+    try:
+        for i, (m, n, k) in enumerate(SHAPES):
+            packed, wexact = make_weight("bf16", n, k, 0, rng)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None
+            check(K.linear(x, packed, bias), x, wexact, bias, "bf16", "avx512")
+    finally:
+        K.set_num_threads(before)
+
+
+def test_amx_rounds_activations_like_the_tiles(amx):
+    """Products of bf16-exact inputs are exact: with x already bf16 and small integer weights,
+    every output is an exact integer, so any lost or doubled k pair, row or column shows."""
+    rng = np.random.default_rng(12)
+    m, n, k = 40, 96, 200
+    w = rng.integers(-4, 5, (n, k)).astype(np.float32)
+    x = rng.integers(-8, 9, (m, k)).astype(np.float32)
+    packed = K.pack_linear((w.view(np.uint32) >> 16).astype(np.uint16), "bf16")
+    y = K.linear(x, packed)
+    assert np.array_equal(y.astype(np.float64), x.astype(np.float64) @ w.T.astype(np.float64))
+
+
+def test_amx_linear_silu(amx):
+    """gate_up under AMX: the driver's linear, then silu_mul (no fused store on this path)."""
+    rng = np.random.default_rng(13)
+    for m, inter, k in [(5, 64, 128), (37, 128, 576), (7, 40, 77)]:
+        packed, wexact = make_weight("bf16", 2 * inter, k, 0, rng)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        act = np.empty((m, inter), np.float32)
+        K.linear_silu(x, packed, np.empty((m, 2 * inter), np.float32), act)
+        check_silu(act, x, wexact, "bf16", "avx512")
+
+
+def test_amx_leaves_small_batches_to_the_isa_path(amx):
+    """M <= 4 runs the ISA path's kernels (fp32 activations: the AVX-512 GEMV, or AVX2/portable
+    FMAs): within fp32 rounding of the reference, far inside the bf16 bound the tiles would need."""
+    rng = np.random.default_rng(14)
+    packed, wexact = make_weight("bf16", 200, 256, 0, rng)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    check(K.linear(x, packed), x, wexact, None, "bf16", "avx2")  # the fp32 bound
+
+
+def test_set_amx_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="unknown mode"):
+        K.set_amx("fast")
+    if not K.amx_available():
+        with pytest.raises(ValueError, match="no AMX tiles here"):
+            K.set_amx("tiles")
+        assert K.amx() == "off"  # the default where tiles cannot run
