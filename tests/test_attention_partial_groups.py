@@ -17,6 +17,11 @@ CASES = {
     "split_decode_g4": (dict(seqs=[(1, 2100), (2, 700)], n_kv=2, group=4, d=128, bs=16), (2, 7)),
     "inside_one_group": (dict(seqs=[(3, 3000), (1, 50)], n_kv=1, group=6, d=64, bs=32), (1, 4)),
     "prefill_g6": (dict(seqs=[(64, 200)], n_kv=2, group=6, d=128, bs=32), (4, 9)),
+    # with a sliding window and the logit soft-cap (test_attention_window.py)
+    "smollm2_rank1_window_softcap": (dict(seqs=[(1, 17), (5, 40), (33, 100), (1, 300)], n_kv=3,
+                                          group=3, d=64, bs=16, window=40, softcap=1.2), (5, 9)),
+    "split_decode_g4_window_softcap": (dict(seqs=[(1, 2100), (2, 700)], n_kv=2, group=4, d=128,
+                                            bs=16, window=500, softcap=2.0), (2, 7)),
 }
 
 

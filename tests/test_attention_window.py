@@ -1,6 +1,7 @@
 """Sliding-window attention and the attention logit soft-cap (Mistral, Qwen2, Gemma 2/3, Phi-3)
-against the float64 reference of tests/test_attention.py, on every ISA path and cache format; and
-that a window's tiles never touch the blocks wholly before it."""
+against the float64 reference of tests/test_attention.py, on every ISA path and cache format (a
+tensor-parallel rank's partial GQA groups: test_attention_partial_groups.py); and that a window's
+tiles never touch the blocks wholly before it."""
 import ctypes
 import mmap
 import subprocess
@@ -12,7 +13,6 @@ import pytest
 from dashinfer_server import kernels as K
 from tests.test_attention import (FORMATS, assert_matches, dequant, empty_cache, make_step,
                                   reference, run)
-from tests.test_attention_partial_groups import assert_rank_matches, run_rank_heads
 
 CASES = {
     # decode rows with contexts shorter than, equal to and past a window that is not a multiple
@@ -62,24 +62,6 @@ def _shape(case):
 def test_window_and_softcap_match_reference(isa, fmt, case):
     args, ref = make_step(fmt, **CASES[case])
     assert_matches(isa, fmt, run(args, threads=2), ref, **_shape(CASES[case]))
-
-
-# a tensor-parallel rank's heads, starting or ending inside a GQA group: SmolLM2's second rank,
-# and a split decode over heads 2..6 of two groups of 4
-RANK_CASES = {
-    "smollm2_rank1": (dict(seqs=[(1, 17), (5, 40), (33, 100), (1, 300)], n_kv=3, group=3, d=64,
-                           bs=16, window=40, softcap=1.2), (5, 9)),
-    "split_decode_g4": (dict(seqs=[(1, 2100), (2, 700)], n_kv=2, group=4, d=128, bs=16,
-                             window=500, softcap=2.0), (2, 7)),
-}
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("case", list(RANK_CASES))
-def test_partial_groups_with_window_and_softcap(isa, fmt, case):
-    step, (h0, h1) = RANK_CASES[case]
-    args, ref = make_step(fmt, **step)
-    assert_rank_matches(fmt, run_rank_heads(args, step["group"], h0, h1), ref[:, h0:h1])
 
 
 BAD = {
