@@ -26,6 +26,9 @@ CONFIGS = {
     "top_k=50,top_p=0.8+logprobs(5)": dict(top_k=50, top_p=0.8, temperature=0.7,
                                            logprobs=True, top_logprobs=5),
     "top_k=0,top_p=0.8": dict(top_k=0, top_p=0.8, temperature=0.7),
+    "top_k=0,min_p=0.05": dict(top_k=0, min_p=0.05, temperature=0.7),
+    "greedy+frequency+logit_bias(20)": dict(do_sample=False, frequency_penalty=0.5,
+                                            logit_bias={i * 997: -5.0 for i in range(20)}),
 }
 
 

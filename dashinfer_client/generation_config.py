@@ -85,6 +85,25 @@ def response_format_schema(response_format, key="response_format"):
     return schema
 
 
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
+
+
+def _logit_bias(key, v):
+    """{token id: bias}; ids as ints or their decimal strings (JSON object keys, OpenAI's form)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"{key} must be a dict of token id -> bias, got {type(v).__name__} {brief(v)}")
+    out = {}
+    for token, bias in v.items():
+        if isinstance(token, str) and token.isascii() and token.isdigit():
+            token = int(token)
+        token = check_int(f"{key} token id", token, 0)
+        out[token] = check_float(f"{key}[{token}]", bias, lambda x: abs(x) <= LOGIT_BIAS_LIMIT,
+                                 f"in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
+    return out
+
+
 def _vocab(key, v):
     if v is None:
         return None
@@ -129,6 +148,13 @@ OPTIONS = {
     "length_penalty": (1.0, check_float, "DashInfer's beam-search length penalty; 1 = off"),
     # any finite value, as DashInfer; OpenAI's [-2, 2] is a rule of the HTTP API, not of the engine
     "presence_penalty": (0.0, check_float, "subtracted from every token generated so far; 0 = off"),
+    # OpenAI's definition and range (DashInfer names the key but gives it no range)
+    "frequency_penalty": (0.0, _number(lambda x: -2 <= x <= 2, "in [-2, 2]"),
+                          "times the count of each token generated so far, subtracted from its logit; 0 = off"),
+    "logit_bias": (dict, _logit_bias, "{token id: bias in [-100, 100]} added to the logits after the "
+                   "penalties; -100 bans a token"),
+    "min_p": (0.0, _number(lambda x: 0 <= x <= 1, "in [0, 1]"),
+              "after top-k / top-p, drop tokens less probable than min_p times the most probable; 0 = off"),
     "suppress_repetition_in_generation": (False, check_bool,
                                           "the repetition penalty looks at generated tokens only"),
     "seed": (lambda: random.randint(1, SEED_MAX), _count(0, 2**64 - 1),
@@ -150,7 +176,6 @@ OPTIONS = {
 NEUTRAL_ONLY = {
     "num_beams": (1, "beam search is not implemented"),
     "num_return_sequences": (1, "one sequence per request"),
-    "frequency_penalty": (0.0, "use presence_penalty or repetition_penalty"),
 }
 
 
@@ -269,8 +294,7 @@ class ASGenerationConfigBuilder:
 
     def update(self, update_fields: dict) -> "ASGenerationConfigBuilder":
         """Set several keys at once; an unknown key or bad value raises before anything changes.
-        DashInfer's num_beams, num_return_sequences and frequency_penalty are
-        accepted at their neutral values only."""
+        DashInfer's num_beams and num_return_sequences are accepted at their neutral values only."""
         check_keys("ASGenerationConfigBuilder.update", update_fields, list(OPTIONS) + list(NEUTRAL_ONLY))
         checked = {key: check_value(key, value) for key, value in update_fields.items()}
         self._cfg.update({k: v for k, v in checked.items() if k not in NEUTRAL_ONLY})

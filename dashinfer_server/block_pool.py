@@ -135,9 +135,30 @@ class BlockPool:
             self._forget(self.blocks[block_id])
             self.free_ids.append(block_id)
 
-    def _matching_blocks(self, tokens) -> list:
+    def uncached_block(self, tokens):
+        """(index, chain hash) of the first block of `tokens` the cache does not hold that a new
+        sequence of them would compute and could register (a whole block before the last token),
+        or None."""
         if not self.prefix_cache:
-            return []
+            return None
+        found, parent = self._match(tokens)
+        start, bs = len(found) * self.block_size, self.block_size
+        if start + bs > len(tokens) - 1:
+            return None
+        return len(found), chain_hash(parent, tuple(tokens[start:start + bs]))
+
+    def block_hash(self, tokens, index) -> int:
+        """The chain hash of block `index` of `tokens` (which fill it)."""
+        bs, parent = self.block_size, None
+        for start in range(0, (index + 1) * bs, bs):
+            parent = chain_hash(parent, tuple(tokens[start:start + bs]))
+        return parent
+
+    def _matching_blocks(self, tokens) -> list:
+        return self._match(tokens)[0] if self.prefix_cache else []
+
+    def _match(self, tokens):
+        """(the cached blocks that hold the leading tokens, the chain hash of the last of them)."""
         self.expire()
         bs, found, parent = self.block_size, [], None
         for start in range(0, len(tokens) - 1 - bs + 1, bs):
@@ -148,7 +169,7 @@ class BlockPool:
                 break
             found.append(self.blocks[block_id])
             parent = h
-        return found
+        return found, parent
 
     def _ref(self, block: Block) -> None:
         if block.ref_count == 0:

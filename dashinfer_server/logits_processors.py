@@ -16,7 +16,8 @@ _CHUNK = 256
 
 def apply_penalties(row, state):
     """Penalize row (float32 [V], in place) for the history held by `state`, in DashInfer's order:
-    repetition, presence, no-repeat n-gram, min-length, then bad words."""
+    repetition, presence (with OpenAI's frequency penalty beside it), the caller's logit_bias,
+    then the bans: no-repeat n-gram, min-length, bad words."""
     p = state.params
     penalty = p["repetition_penalty"]
     if penalty != 1.0:
@@ -29,6 +30,12 @@ def apply_penalties(row, state):
         ids = state.generated_ids
         if ids.size:
             row[ids] -= np.float32(p["presence_penalty"])
+    if p["frequency_penalty"] != 0.0:
+        ids = state.generated_ids
+        if ids.size:
+            row[ids] -= np.float32(p["frequency_penalty"]) * state.generated_counts
+    if state.bias_ids is not None:
+        row[state.bias_ids] += state.bias_values
     if state.ngram_size:
         banned = state.ngram_banned_ids()
         if banned is not None:
@@ -78,27 +85,36 @@ def _heaviest(w, target):
     return _descending(w, np.arange(w.size))
 
 
-def sampling_weights(row, temperature, top_k, top_p):
+def sampling_weights(row, temperature, top_k, top_p, min_p=0.0):
     """The distribution a sampled token is drawn from: (ids, weights), unnormalized.
 
     Order as in DashInfer and transformers: temperature, top-k (0 or >= V: off), then top-p on the
     renormalized top-k distribution, keeping the shortest most-probable prefix whose probability
-    exceeds top_p (at least one token). ids is None when the whole vocabulary is kept (then weights
+    exceeds top_p (at least one token), then min_p (0: off): the tokens left whose probability is
+    at least min_p times the largest. ids is None when the whole vocabulary is kept (then weights
     is float32 [V]); otherwise ids are sorted by decreasing probability.
     """
+    # The weights are probabilities over the largest one (which weighs exp(0) = 1), so min_p
+    # compares them with min_p itself.
     if 0 < top_k < row.size:
         ids = _descending(row, top_k_indices(row, top_k))
         w = np.exp((row[ids].astype(np.float64) - row[ids[0]]) / temperature)
         mass = w.sum()
     else:
         w_all = np.exp((row - row.max()) / np.float32(temperature))
-        if top_p >= 1.0:
+        if top_p >= 1.0 and min_p <= 0.0:
             return None, w_all
+        if top_p >= 1.0:
+            ids = _descending(w_all, np.flatnonzero(w_all >= np.float32(min_p)))
+            return ids, w_all[ids].astype(np.float64)
         mass = float(w_all.sum())
         ids = _heaviest(w_all, top_p * mass)
         w = w_all[ids].astype(np.float64)
     if top_p < 1.0:
         keep = int(np.searchsorted(np.cumsum(w), top_p * mass, side="right")) + 1
+        ids, w = ids[:keep], w[:keep]
+    if min_p > 0.0:
+        keep = int(np.count_nonzero(w >= min_p))  # w decreases: the kept tokens lead
         ids, w = ids[:keep], w[:keep]
     return ids, w
 

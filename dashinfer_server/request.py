@@ -121,7 +121,8 @@ def check_options(generate_config: dict, limits: ModelLimits, prompt_len: int) -
                            f"{prompt_len}-token prompt")
     for key, ids in (("eos_token_id", eos_ids(params)),
                      ("stop_words_ids", [i for word in params["stop_words_ids"] for i in word]),
-                     ("vocab", (params["vocab"] or {}).values())):
+                     ("vocab", (params["vocab"] or {}).values()),
+                     ("logit_bias", params["logit_bias"])):
         if any(i >= limits.vocab_size for i in ids):
             raise RequestError(AsStatus.ALLSPARK_PARAM_ERROR,
                                f"{key} has an id outside the vocabulary 0..{limits.vocab_size - 1}")

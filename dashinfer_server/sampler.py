@@ -10,12 +10,19 @@ is silent, Hugging Face transformers. Per option:
   top_k                keep the k most probable tokens; 0 (or >= vocab) = off.
   top_p                keep the shortest most-probable prefix whose probability exceeds top_p,
                        computed after top-k; 1.0 = off.
+  min_p                after top-p, drop the tokens whose probability is below min_p times the
+                       most probable one's (transformers' MinPLogitsWarper, in its order); 0 = off.
+                       Greedy is unchanged by it.
   repetition_penalty   HF formula (logit / p if > 0 else logit * p), once per distinct token of
                        prompt + generated tokens; 1.0 = off.
   suppress_repetition_in_generation
                        the repetition penalty looks at generated tokens only, not the prompt.
   presence_penalty     subtracted once from every token generated so far (never the prompt's);
                        0 = off.
+  frequency_penalty    OpenAI's: times the number of times a token was generated so far (never
+                       the prompt's), subtracted from its logit; 0 = off.
+  logit_bias           {token id: bias} added to those logits after the penalties, before the
+                       bans below (so -100 cannot undo a ban, and +100 cannot beat one).
   length_penalty       DashInfer uses it in beam search only, which it does not run: any value
                        other than 1.0 is refused (request.check_generation).
   no_repeat_ngram_size a token that would repeat an n-gram of prompt + generated tokens gets -inf.
@@ -38,25 +45,35 @@ from .logits_processors import apply_penalties, logprobs, pick, sampling_weights
 
 
 class _IdSet:
-    """Distinct token ids in first-seen order; `ids` is a numpy view for fancy indexing."""
+    """Distinct token ids in first-seen order, each with how often it was added; `ids` and
+    `counts` are numpy views for fancy indexing."""
 
     def __init__(self):
-        self._members = set()
+        self._position = {}
         self._buf = np.empty(64, np.int64)
+        self._counts = np.zeros(64, np.float32)
         self._n = 0
 
     def add(self, token):
-        if token in self._members:
+        i = self._position.get(token)
+        if i is not None:
+            self._counts[i] += 1
             return
-        self._members.add(token)
         if self._n == self._buf.size:
             self._buf = np.concatenate((self._buf, np.empty_like(self._buf)))
+            self._counts = np.concatenate((self._counts, np.zeros_like(self._counts)))
+        self._position[token] = self._n
         self._buf[self._n] = token
+        self._counts[self._n] = 1
         self._n += 1
 
     @property
     def ids(self):
         return self._buf[:self._n]
+
+    @property
+    def counts(self):
+        return self._counts[:self._n]
 
 
 _EMPTY_IDS = np.empty(0, np.int64)
@@ -81,13 +98,17 @@ class RequestSamplingState:
         self.ngram_size = n = params["no_repeat_ngram_size"]
         # a 1-gram ban is every token seen so far: the set the repetition penalty keeps
         self._seen = _IdSet() if (rep and not suppress) or n == 1 else None
-        self._generated = _IdSet() if params["presence_penalty"] != 0.0 or (rep and suppress) else None
+        counted = params["presence_penalty"] != 0.0 or params["frequency_penalty"] != 0.0
+        self._generated = _IdSet() if counted or (rep and suppress) else None
         # (n-1)-token prefix -> tokens that followed it; lists: most prefixes have one follower
         self._ngrams = {} if n > 1 else None
         self.rng = np.random.default_rng(params["seed"])
         bad = params["bad_words_ids"]
         self.bad_tokens = np.array(sorted({w[0] for w in bad if len(w) == 1}), np.int64)  # always banned
         self.bad_sequences = [(tuple(w[:-1]), w[-1]) for w in bad if len(w) > 1]  # banned after a prefix
+        bias = params["logit_bias"]
+        self.bias_ids = np.fromiter(bias.keys(), np.int64, len(bias)) if bias else None
+        self.bias_values = np.fromiter(bias.values(), np.float32, len(bias)) if bias else None
         for end in range(1, len(tokens) + 1):
             self._record(end)
 
@@ -120,6 +141,11 @@ class RequestSamplingState:
     def generated_ids(self):
         """Distinct generated tokens (the presence penalty's)."""
         return self._generated.ids if self._generated is not None else _EMPTY_IDS
+
+    @property
+    def generated_counts(self):
+        """How often each of generated_ids was generated (the frequency penalty's), float32."""
+        return self._generated.counts
 
     def bad_word_ids(self):
         """Tokens bad_words_ids bans at this step (ids to index with), or None."""
@@ -169,7 +195,7 @@ class Sampler:
                 greedy.append(i)
             else:
                 p = state.params
-                cand, w = sampling_weights(row, p["temperature"], p["top_k"], p["top_p"])
+                cand, w = sampling_weights(row, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
                 j = pick(w, state.rng.random())
                 ids[i] = j if cand is None else cand[j]
         if len(greedy) == batch:

@@ -19,7 +19,10 @@ run in a step beside prompt_step_tokens of prompts. Aging then counts tokens: a 
 once max_wait_steps whole steps of tokens (max_step_tokens each) ran since it came.
 
 Waiting sequences are admitted (given KV blocks) in that order while max_batch and the KV pool
-allow; nobody overtakes a waiting sequence the pool cannot hold yet. When the pool cannot give a
+allow; nobody overtakes a waiting sequence the pool cannot hold yet. A prompt whose next block
+the prefix cache lacks while an admitted prompt is computing that very block (the n choices of one
+OpenAI request, prompts with one system prompt sent together) waits until it is computed and
+registered, then shares it instead of computing it again; others may go before it meanwhile. When the pool cannot give a
 decoding sequence its next block, the most recently admitted sequence is interrupted and its
 blocks freed. Pure policy: no tensors, no threads. Its decisions are logged at DEBUG.
 """
@@ -177,12 +180,25 @@ class Scheduler:
             if seq.num_uncomputed > budget and used >= room // 2:
                 break  # would not finish here: it starts a step that has room for more of it
             if seq.phase == Phase.WAITING:
+                if self._prefix_in_flight(seq):
+                    continue
                 admitting = admitting and self._admit(seq)
                 if not admitting:
                     continue  # nobody overtakes it; admitted prompts still go on
             chunks.append(self._chunk(seq, budget))
             used += chunks[-1].count
         return chunks
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether an admitted prompt is computing the first block of seq's prompt that the prefix
+        cache lacks (it registers the block once computed)."""
+        pending = self.pool.uncached_block(seq.tokens)
+        if pending is None:
+            return False
+        index, block_hash = pending
+        end = (index + 1) * self.pool.block_size
+        return any(other.phase == Phase.PREFILL and other.num_computed < end <= other.prompt_len
+                   and self.pool.block_hash(other.tokens, index) == block_hash for other in self.running)
 
     def _admit(self, seq: Sequence) -> bool:
         if len(self.running) >= self.max_batch:

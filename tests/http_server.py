@@ -1,5 +1,6 @@
 """A `dashinfer serve` subprocess on a tiny model (the `tiny_model` fixture of tests/conftest.py)
 and an in-process Engine reference, shared by tests/test_http.py and tests/test_cli.py."""
+import contextlib
 import os
 import re
 import socket
@@ -80,7 +81,7 @@ class Server:
 
     def finished_lines(self) -> list:
         """(generated tokens, finish reason) of each request's log line, in order."""
-        return [(int(n), why) for n, why in re.findall(r"request \S+ finished: \d+ prompt \+ (\d+) generated "
+        return [(int(n), why) for n, why in re.findall(r"request \S+ finished: \d+ prompt \(\d+ cached\) \+ (\d+) generated "
                                                        r"tokens.* finish_reason (\w+)", self.output())]
 
     def stop(self) -> int:
@@ -92,6 +93,18 @@ class Server:
                 self.proc.kill()
         self.log.close()
         return self.proc.wait()
+
+
+@contextlib.contextmanager
+def serving(model_dir, log_path, *flags, **options):
+    """A Server serving (yielded), then stopped by SIGTERM, which must drain and exit cleanly."""
+    server = Server(model_dir, log_path, *flags, **options)
+    try:
+        server.wait_serving()
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, server.output()
 
 
 class Reference:

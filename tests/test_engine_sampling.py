@@ -172,12 +172,29 @@ def _no_repeat_ngram(n):
     return process
 
 
+def _frequency(f):  # OpenAI's: the count of each generated token times f
+    def process(logits, tokens, prompt_len):
+        for t in set(tokens[prompt_len:]):
+            logits[t] -= f * tokens[prompt_len:].count(t)
+    return process
+
+
+def _bias(bias):
+    def process(logits, tokens, prompt_len):
+        for t, b in bias.items():
+            logits[t] += b
+    return process
+
+
 PENALTIES = {
     "repetition_penalty": (dict(repetition_penalty=1.8), _repetition(1.8, False)),
     "suppress_repetition_in_generation": (
         dict(repetition_penalty=1.8, suppress_repetition_in_generation=True), _repetition(1.8, True)),
     "presence_penalty": (dict(presence_penalty=1.5), _presence(1.5)),
     "no_repeat_ngram_size": (dict(no_repeat_ngram_size=2), _no_repeat_ngram(2)),
+    "frequency_penalty": (dict(frequency_penalty=0.6), _frequency(0.6)),
+    # string ids as OpenAI's JSON has them; over gRPC they travel as JSON too
+    "logit_bias": (dict(logit_bias={"100": -100, "38": 4.0, "7": 2.5}), _bias({100: -100, 38: 4.0, 7: 2.5})),
 }
 
 
@@ -193,3 +210,38 @@ def test_penalties_match_a_reference(api_engine, penalty):
     ref = hf_greedy(hf, prompt, new, lambda logits, tokens: process(logits, tokens, len(prompt)))
     assert ids == ref
     assert ids != alone(api_engine, prompt, new), "the penalty should change this greedy output"
+
+
+@pytest.mark.parametrize("key,value,word", [
+    ("logit_bias", {5: 100.5}, "[-100, 100]"), ("logit_bias", {100000: 1.0}, "vocabulary"),
+    ("min_p", 1.5, "[0, 1]"), ("frequency_penalty", 2.5, "[-2, 2]")])
+def test_openai_options_out_of_range_are_param_errors(api_engine, key, value, word, caplog):
+    """A built config changed to a bad value: the same AsStatus and reason on both engines."""
+    engine, name, loader = api_engine
+    cfg = greedy(30).build()
+    cfg[key] = value
+    assert engine.start_request_ids(name, loader, prompt_of(5, 3), cfg) == (AsStatus.ALLSPARK_PARAM_ERROR, None, None)
+    assert logged(caplog, key, word)
+
+
+def test_min_p_keeps_sampling_in_its_support(api_engine):
+    """min_p 1: only the most probable token is left, so sampling is greedy (transformers' rule)."""
+    prompt = prompt_of(13, 8)
+    ids, *_ = run(api_engine, prompt, sampled(len(prompt) + 20, 77, min_p=1.0))
+    assert ids == alone(api_engine, prompt, 20)
+
+
+def test_identical_prompts_started_together_share_their_blocks(api_engine):
+    """OpenAI's n on the engine: n requests of one prompt started at once; one computes the prompt's
+    whole blocks, the others take them from the prefix cache (RequestStatInfo's
+    context_cached_length), and each generates what it generates alone."""
+    engine, name, loader = api_engine
+    prompt = prompt_of(70, 31)
+    started = [engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + 8)) for _ in range(3)]
+    cached = []
+    for status, handle, queue in started:
+        assert status == AsStatus.ALLSPARK_SUCCESS
+        assert collect(queue)[0] == alone(api_engine, prompt, 8)
+        cached.append(queue.RequestStatInfo()["context_cached_length"])
+        engine.release_request(name, handle)
+    assert sorted(cached)[0] == 0 and sorted(cached)[1] == sorted(cached)[2] >= len(prompt) // 2, cached

@@ -119,11 +119,11 @@ input_ids = mostly(st.just(PROMPT), st.one_of(
 GEN_KEYS = ["do_sample", "temperature", "top_k", "top_p", "max_length", "min_length", "early_stopping",
             "stop_words_ids", "bad_words_ids", "eos_token_id", "no_repeat_ngram_size", "repetition_penalty",
             "length_penalty", "presence_penalty", "seed", "logprobs", "top_logprobs", "lora_name", "mm_info",
-            "response_format", "num_beams", "frequency_penalty", "not_an_option"]
+            "response_format", "num_beams", "frequency_penalty", "logit_bias", "min_p", "not_an_option"]
 # values of the right kind in an odd form (each took a different path over gRPC once), or junk
 ODD_VALUES = [[[5, 6]], [[]], [[2**64]], [[-1]], {"type": "json_object"}, [999], b"x", [{5, 6}], ((5, 6),),
               np.int64(3), np.float32(0.5), np.array([5, 6]), [np.int32(5)], "adapter", 0.5, 1, 0, True, None,
-              [[5, 6.0]]]
+              [[5, 6.0]], {"5": -100}, {5: 101}, {99999: 1}]
 gen_values = mostly(st.sampled_from(ODD_VALUES), junk, share_bad=0.4)
 
 

@@ -15,7 +15,8 @@ DASHINFER_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, 
                           presence_penalty=0.0, suppress_repetition_in_generation=False,
                           logprobs=False, top_logprobs=0, lora_name="", mm_info=None,
                           response_format=None, uuid="", vocab=None, vocab_type=None,
-                          enable_tensors_from_model_inference=False)
+                          enable_tensors_from_model_inference=False, frequency_penalty=0.0,
+                          logit_bias={}, min_p=0.0)  # the last two are OpenAI's, at their neutral value
 
 
 def test_generation_defaults_are_dashinfers():
@@ -154,12 +155,31 @@ def test_generation_range_messages_say_what_is_allowed():
 
 @pytest.mark.parametrize("fields,key", [
     ({"num_beams": 4}, "num_beams"), ({"num_return_sequences": 2}, "num_return_sequences"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"bad_words_ids": [[1, -1]]}, "bad_words_ids"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"bad_words_ids": [[1, -1]]}, "bad_words_ids"),
     ({"top_kk": 3}, "top_kk"), ({"uuid": 5}, "uuid"),
 ])
 def test_generation_update_refuses_unknown_or_unsupported(fields, key):
     with pytest.raises(ValueError, match=key):
         ASGenerationConfigBuilder().update(fields)
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"logit_bias": {5: 100.5}}, ["logit_bias[5]", "[-100, 100]"]), ({"logit_bias": {-1: 1}}, ["logit_bias", ">= 0"]),
+    ({"logit_bias": {"x": 1}}, ["logit_bias token id", "int"]), ({"logit_bias": [[5, 1]]}, ["logit_bias", "dict"]),
+    ({"logit_bias": {5: float("nan")}}, ["logit_bias[5]"]), ({"min_p": 1.5}, ["min_p", "[0, 1]"]),
+    ({"min_p": -0.1}, ["min_p"]), ({"frequency_penalty": -2.5}, ["frequency_penalty", "[-2, 2]"]),
+])
+def test_openai_sampling_options_refused_outside_openai_ranges(fields, words):
+    with pytest.raises(ValueError) as e:
+        ASGenerationConfigBuilder().update(fields)
+    assert all(w in str(e.value) for w in words), e.value
+
+
+def test_logit_bias_takes_json_keys_and_survives_json():
+    cfg = ASGenerationConfigBuilder().update({"logit_bias": {"7": -100, 9: 2}, "min_p": 0.1,
+                                              "frequency_penalty": -2}).build()
+    assert cfg.logit_bias == {7: -100.0, 9: 2.0} and cfg.min_p == 0.1 and cfg.frequency_penalty == -2.0
+    assert ASGenerationConfig(json.loads(json.dumps(cfg.to_dict()))) == cfg  # what a ClientEngine sends
 
 
 def test_generation_cross_field_checks_at_build():

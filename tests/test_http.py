@@ -12,20 +12,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.group_helpers import rank_pids
-from tests.http_server import API_KEY, MAX_MODEL_LEN, Server, http_status, wait_for
+from tests.http_server import API_KEY, MAX_MODEL_LEN, http_status, serving, wait_for
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    s = Server(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
-    try:
-        s.wait_serving()
+    with serving(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as s:
         yield s
-    finally:
-        code = s.stop()
-    assert code == 0, s.output()  # SIGTERM: drained and exited cleanly
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +137,11 @@ def test_sse_bytes_follow_openai_format(server):
 
 @pytest.mark.parametrize("body, status, words", [
     ({"model": "nope", "messages": QUESTION}, 404, ["'nope'", "tiny"]),
-    ({"model": "tiny", "messages": QUESTION, "n": 2}, 400, ["num_return_sequences"]),
+    ({"model": "tiny", "messages": QUESTION, "n": 0}, 400, ["'n'"]),
     ({"model": "tiny", "messages": QUESTION, "temperature": -1}, 400, ["temperature"]),
     ({"model": "tiny", "messages": QUESTION, "top_logprobs": 3}, 400, ["logprobs"]),
     ({"model": "tiny", "messages": QUESTION, "logprobs": True, "top_logprobs": 30}, 400, ["top_logprobs"]),
-    ({"model": "tiny", "messages": QUESTION, "frequency_penalty": 0.5}, 400, ["frequency_penalty"]),
+    ({"model": "tiny", "messages": QUESTION, "frequency_penalty": 2.5}, 400, ["frequency_penalty"]),
     ({"model": "tiny", "messages": "hi"}, 400, ["messages"]),
     ({"model": "tiny", "messages": QUESTION, "tools": [{"type": "function"}]}, 400, ["tools"]),
     ({"model": "tiny", "messages": QUESTION, "max_tokens": MAX_MODEL_LEN}, 400, [str(MAX_MODEL_LEN)]),

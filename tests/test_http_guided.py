@@ -7,7 +7,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.http_server import API_KEY, Server
+from tests.http_server import API_KEY, serving
 from tests.test_guided import TINY_SCHEMA
 
 QUESTION = [{"role": "user", "content": "Answer in JSON."}]
@@ -16,13 +16,8 @@ OPENAI_FORM = {"type": "json_schema", "json_schema": {"name": "tiny", "schema": 
 
 @pytest.fixture(scope="module")
 def client(tiny_model, tmp_path_factory):
-    server = Server(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY)
-    try:
-        server.wait_serving()
+    with serving(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as server:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
-    finally:
-        code = server.stop()
-    assert code == 0, server.output()
 
 
 def test_chat_answers_json_that_follows_the_schema(client, tiny_reference):

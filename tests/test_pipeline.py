@@ -207,7 +207,7 @@ def test_bad_call_arguments_are_named(pipe):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(n=2), "only n=1"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1.0), "temperature"),
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(stop_words="abc"), "stop_words"),
-    (dict(bad_words=[""]), "bad_words"), (dict(logprobs=11), "logprobs"), (dict(min_p=0.1), "min_p"),
+    (dict(bad_words=[""]), "bad_words"), (dict(logprobs=11), "logprobs"), (dict(min_p=1.5), "min_p"),
 ])
 def test_bad_generation_configs_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

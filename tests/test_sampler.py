@@ -25,8 +25,8 @@ def rand_logits(rng, batch, vocab, scale=3.0):
     return (rng.standard_normal((batch, vocab)) * scale).astype(np.float32)
 
 
-def dense_probs(row, temperature, top_k, top_p):
-    ids, w = sampling_weights(row, temperature, top_k, top_p)
+def dense_probs(row, temperature, top_k, top_p, min_p=0.0):
+    ids, w = sampling_weights(row, temperature, top_k, top_p, min_p)
     probs = np.zeros(row.size)
     if ids is None:
         probs[:] = w

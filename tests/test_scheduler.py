@@ -69,7 +69,7 @@ def test_first_in_line_is_not_overtaken_when_the_pool_is_short():
 def test_pool_exhaustion_interrupts_the_latest_admitted(caplog):
     caplog.set_level(logging.DEBUG, logger="dashinfer_server")
     sched = Scheduler(BlockPool(4, 4), max_batch=8, max_step_tokens=100)
-    first, second = Sequence(list(range(7)), 64), Sequence(list(range(8)), 64)
+    first, second = Sequence(list(range(7)), 64), Sequence(list(range(10, 18)), 64)  # no common prefix
     sched.add(first)
     sched.add(second)
     run_step(sched)  # first: 7+1 tokens in 2 blocks; second: 8 in 2 blocks, needs a 3rd
@@ -104,3 +104,26 @@ def test_finish_frees_blocks_and_waiting_can_be_removed():
     sched.finish(b)
     sched.finish(a)
     assert not sched.has_work() and pool.num_available == 8
+
+
+def test_prompts_sent_together_share_the_blocks_one_of_them_computes():
+    """n copies of a prompt (OpenAI's n): one computes its whole blocks, the others wait for them
+    and take them from the prefix cache; the reference is what a pool without sharing would do,
+    n times the prompt's tokens computed."""
+    block, prompt_len, n = 4, 18, 3
+    sched = Scheduler(BlockPool(64, block), max_batch=8, max_step_tokens=64)
+    copies = [Sequence(list(range(100, 100 + prompt_len)), 64) for _ in range(n)]
+    other = Sequence(list(range(1, 6)), 64)  # a different prompt is not held back
+    for s in copies + [other]:
+        sched.add(s)
+    computed = {s: 0 for s in copies + [other]}
+    for _ in range(4):
+        chunks, _ = run_step(sched)
+        for c in chunks:
+            if c.seq.phase != Phase.DONE and c.start < c.seq.prompt_len:
+                computed[c.seq] += min(c.count, c.seq.prompt_len - c.start)
+    cached = prompt_len - 1 - (prompt_len - 1) % block  # whole blocks before the last token: 16
+    assert computed[other] == 5 and computed[copies[0]] == prompt_len
+    assert [s.table.cached_len for s in copies] == [0] + [cached] * (n - 1)
+    assert [computed[s] for s in copies[1:]] == [prompt_len - cached] * (n - 1)
+    assert all(s.phase == Phase.DECODE for s in copies + [other])

@@ -2,7 +2,7 @@
 generation options for one prompt.
 
   top_k == 1 or temperature == 0     greedy (LMDeploy's default top_k=1 is greedy); else sampling
-                                     with temperature, top_k (0 = no cut) and top_p
+                                     with temperature, top_k (0 = no cut), top_p and min_p
   max_new_tokens                     max_length = prompt + max_new_tokens, at most session_len
   min_new_tokens                     min_length = prompt + min_new_tokens (no eos before)
   ignore_eos                         early_stopping off: eos is an ordinary token
@@ -49,9 +49,7 @@ class GenerationConfig:
         if self.n != 1:
             raise ValueError(f"GenerationConfig.n={self.n!r}: only n=1 is supported (one answer per prompt); "
                              "pass the prompt several times with different random_seed values instead")
-        if self.min_p != 0.0:
-            raise ValueError(f"GenerationConfig.min_p={self.min_p!r} is not supported; leave it at 0.0")
-        for name in ("top_p", "temperature", "repetition_penalty"):  # the engine's own limits
+        for name in ("top_p", "temperature", "repetition_penalty", "min_p"):  # the engine's own limits
             try:
                 check_value(name, getattr(self, name))
             except ValueError as e:
@@ -116,7 +114,8 @@ def request_options(gen: GenerationConfig, prompt_len: int, session_len: int, st
     if gen.greedy:
         options.update(do_sample=False, top_k=0, top_p=1.0)
     else:
-        options.update(do_sample=True, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+        options.update(do_sample=True, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
+                       min_p=gen.min_p)
     if gen.min_new_tokens:
         options["min_length"] = min(max_length, prompt_len + gen.min_new_tokens)
     if gen.random_seed is not None:

@@ -2,8 +2,9 @@
 
     POST /v1/chat/completions, POST /v1/completions   (stream: Server-Sent Events)
     GET  /v1/models, /health (200 serving, 503 not), /metrics (Prometheus text)
+    POST /tokenize, /detokenize                        (vLLM's shapes: tokenize.py)
 
-With an API key every /v1 route wants `Authorization: Bearer <key>`. Errors are OpenAI's
+With an API key every /v1 route and /tokenize, /detokenize want `Authorization: Bearer <key>`. Errors are OpenAI's
 {"error": {message, type, param, code}} with the HTTP status of errors.STATUS_TO_HTTP.
 """
 import asyncio
@@ -16,13 +17,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from dashinfer_client.detokenize import IncrementalDecoder
-
+from .choices import Choices
 from .errors import ApiError, bad_request
-from .generate import Usage, generate
 from .metrics import Metrics
-from .protocol import parse_chat, parse_completion
-from .responses import DONE, Answer
+from .protocol import chat_choices, check_model, completion_choices
+from .responses import Answer
+from .tokenize import tokenize_routes
 
 def create_app(served, api_key=None) -> FastAPI:
     """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set."""
@@ -71,34 +71,32 @@ def create_app(served, api_key=None) -> FastAPI:
     @v1.get("/models")
     async def models():
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0,
-                                            "owned_by": "dashinfer", "max_model_len": served.max_length}]}
+                                            "owned_by": "dashinfer", "max_model_len": served.max_length,
+                                            "sampling_defaults": served.sampling_defaults}]}
 
     async def complete(request: Request, parse):
         body = await _json(request)
-        model = body.get("model")
-        if isinstance(model, str) and model != served.name:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {served.name!r}",
-                           param="model", code="model_not_found")
-        job = parse(body, served)
-        answer = Answer(job, lambda i: served.tokenizer.decode([i]))
-        usage = Usage()
-        pieces = generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer), answer.id)
-        if job.stream:
-            first = await _first(pieces)  # a refusal is still an HTTP error, not a stream
-            return StreamingResponse(_events(answer, first, pieces, usage), media_type="text/event-stream",
+        check_model(body, served)
+        jobs = parse(body, served)
+        answer = Answer(jobs[0], lambda i: served.tokenizer.decode([i]))
+        choices = Choices(served, jobs, metrics, answer.id)
+        if answer.job.stream:
+            firsts = await choices.first_pieces()  # a refusal is still an HTTP error, not a stream
+            return StreamingResponse(choices.events(answer, firsts), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        collected = await _unless_disconnected(request, _collect(pieces))
-        return answer.whole(collected, usage) if collected is not None else Response(status_code=499)
+        collected = await _unless_disconnected(request, choices.whole())
+        return answer.whole(collected, choices.usage()) if collected is not None else Response(status_code=499)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, parse_chat)
+        return await complete(request, chat_choices)
 
     @v1.post("/completions")
     async def completions(request: Request):
-        return await complete(request, parse_completion)
+        return await complete(request, completion_choices)
 
     app.include_router(v1)
+    app.include_router(tokenize_routes(served, _json, check_key))
     return app
 
 
@@ -110,10 +108,6 @@ async def _json(request) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     return body
-
-
-async def _collect(pieces) -> list:
-    return [p async for p in pieces]
 
 
 async def _unless_disconnected(request, work):
@@ -131,30 +125,3 @@ async def _unless_disconnected(request, work):
         task.cancel()
         return None
     return task.result()
-
-
-async def _first(pieces):
-    """The first piece, or None when the answer is empty; ApiError when the engine refused."""
-    try:
-        return await pieces.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-async def _events(answer, first, pieces, usage):
-    """The SSE stream: the role, the pieces, the finish reason, the usage if asked, [DONE]."""
-    from .generate import Piece
-    try:
-        if answer.job.kind == "chat":
-            yield answer.chunk(Piece(""), first=True)
-        if first is not None:
-            yield answer.chunk(first)
-        async for piece in pieces:
-            yield answer.chunk(piece)
-        if answer.job.include_usage:
-            yield answer.chunk(usage=usage)
-    except ApiError as e:  # the request was interrupted mid-stream (a rank failed)
-        yield f"data: {json.dumps(e.body())}\n\n"
-    finally:
-        await pieces.aclose()
-    yield DONE

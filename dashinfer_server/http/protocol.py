@@ -5,23 +5,33 @@ engine knows about is passed on as it came, so the engine refuses it with its ow
 message (errors.STATUS_TO_HTTP turns that into the HTTP answer). OpenAI options the engine has no
 key for are refused here unless they are at their neutral value: none is silently ignored.
 """
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
-from .errors import bad_request
+from .errors import ApiError, bad_request
 
 # OpenAI name -> the engine's (ASGenerationConfigBuilder) name, passed through unchanged.
 # response_format: OpenAI's forms ("text", "json_object", "json_schema") are the engine's own
 # (dashinfer_server/guided.py compiles them), so /v1/completions takes it too.
-_SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
-                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                 "repetition_penalty": "repetition_penalty", "n": "num_return_sequences",
-                 "response_format": "response_format"}
+_SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "seed": "seed", "presence_penalty": "presence_penalty",
+                 "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
+                 "logit_bias": "logit_bias", "response_format": "response_format"}
 # OpenAI options with no counterpart here: accepted only when absent or neutral.
 _UNSUPPORTED = {"tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
-                "logit_bias": None, "suffix": None, "echo": False, "best_of": 1,
-                "parallel_tool_calls": None}
-# OpenAI's defaults where the engine's differ (DashInfer samples with top_k 50 by default).
-_OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+                "suffix": None, "best_of": 1, "parallel_tool_calls": None}
+# What a request that leaves sampling out gets: OpenAI's neutral values (DashInfer's own top_k is
+# 50), under the model's generation_config.json where it names these keys, as vLLM does.
+_OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+_MODEL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+MAX_CHOICES = 128  # n times the prompts of one request: more is a 400, not a flood of requests
+
+
+def sampling_defaults(generation_config: dict) -> dict:
+    """The sampling options of a request that names none, from the model's generation_config."""
+    named = {k: generation_config[k] for k in _MODEL_SAMPLING_KEYS if generation_config.get(k) is not None}
+    return dict(_OPENAI_SAMPLING, **named)
 
 
 @dataclass
@@ -36,39 +46,99 @@ class Job:
     stream: bool = False
     include_usage: bool = False
     logprobs: int = None      # None: no logprobs; else the top alternatives per token
+    index: int = 0            # the choice's index in the answer
+    prompt_index: int = 0     # which prompt of a batch (usage counts each prompt once)
+    echo: str = ""            # text put before the answer (/v1/completions' echo)
+
+
+def check_model(body: dict, served) -> None:
+    """A named model must be the served one (404 otherwise, as OpenAI answers); its type is
+    checked where the model is required."""
+    model = body.get("model")
+    if isinstance(model, str) and model != served.name:
+        raise ApiError(404, f"model {model!r} does not exist; this server serves {served.name!r}",
+                       param="model", code="model_not_found")
+
+
+def chat_choices(body: dict, served) -> list:
+    """A /v1/chat/completions request's choices, one Job each, in index order."""
+    n = _choice_count(body, 1)
+    return _choices([parse_chat(body, served)], n)
 
 
 def parse_chat(body: dict, served) -> Job:
+    """A chat request as one Job (its first choice)."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
-    turns = [_message(i, m) for i, m in enumerate(messages)]
-    ids = served.chat_prompt_ids(turns)
-    logprobs = _count(body, "top_logprobs", 0) if _flag(body, "logprobs") else None
+    ids = served.chat_prompt_ids(parse_messages(messages))
+    logprobs = _count(body, "top_logprobs", 0) if flag(body, "logprobs") else None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     job = _job("chat", body, served, ids, max_tokens, logprobs)
     if logprobs is None and body.get("top_logprobs") is not None:
         job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
+    if body.get("echo") not in (None, False):
+        raise bad_request("'echo' is an option of /v1/completions", "echo")
     return job
 
 
-def parse_completion(body: dict, served) -> Job:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        ids = served.text_prompt_ids(prompt)
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = prompt  # token ids: the engine checks them against the vocabulary
-    elif isinstance(prompt, list):
-        raise bad_request("'prompt' must be a string or a list of token ids; a batch of several "
-                          "prompts is not supported: send one request per prompt", "prompt")
-    else:
-        raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
+def completion_choices(body: dict, served) -> list:
+    """A /v1/completions request's choices, one Job each: n per prompt, in OpenAI's order (prompt by prompt)."""
+    prompts = _prompts(body.get("prompt"))
+    n = _choice_count(body, len(prompts))  # before tokenizing them all
     logprobs = body.get("logprobs")
     if logprobs is not None:
         logprobs = _count(body, "logprobs", 0)
-    return _job("text", body, served, ids, body.get("max_tokens"), logprobs)
+    echo = flag(body, "echo")
+    if echo and logprobs is not None:
+        raise bad_request("'echo' with 'logprobs' is not supported: the engine computes no logprobs "
+                          "of prompt tokens", "echo")
+    jobs = []
+    for i, prompt in enumerate(prompts):
+        ids = served.text_prompt_ids(prompt) if isinstance(prompt, str) else prompt  # ids: the engine checks them
+        job = _job("text", body, served, ids, body.get("max_tokens"), logprobs)
+        job.prompt_index = i
+        if echo:
+            job.echo = prompt if isinstance(prompt, str) else served.tokenizer.decode(prompt)
+        jobs.append(job)
+    return _choices(jobs, n)
+
+
+def _prompts(prompt) -> list:
+    """/v1/completions' prompt: a string, token ids, or a batch of either -> a list of prompts."""
+    def is_ids(p):  # empty: the engine refuses it (ALLSPARK_EMPTY_REQUEST)
+        return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+    if isinstance(prompt, str) or is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
+        return prompt
+    raise bad_request("'prompt' must be a string, a list of token ids, or a non-empty list of either "
+                      "(a batch)", "prompt")
+
+
+def _choice_count(body, prompts) -> int:
+    n = _count(body, "n", 1)
+    if not 1 <= n or n * prompts > MAX_CHOICES:
+        raise bad_request(f"'n' times the prompts must be in [1, {MAX_CHOICES}], got n={n} for "
+                          f"{prompts} prompt(s)", "n")
+    return n
+
+
+def _choices(jobs, n) -> list:
+    """n choices of each job, indexed in order. With a seed, choice i > 0 of a prompt samples with
+    a seed derived from it: the choices differ, and the same request gives the same choices."""
+    out = []
+    for job in jobs:
+        for i in range(n):
+            generation = dict(job.generation)
+            if i and _is_int(generation.get("seed")):
+                generation["seed"] = choice_seed(generation["seed"], i)
+            out.append(dataclasses.replace(job, generation=generation, index=len(out)))
+    return out
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """The seed of choice i of a request seeded with `seed` (an int the engine takes: < 2**63)."""
+    digest = hashlib.blake2b(f"{seed}/{i}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
@@ -78,7 +148,7 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     for key, neutral in _UNSUPPORTED.items():
         if body.get(key) not in (None, neutral, {}, []):
             raise bad_request(f"'{key}' is not supported by this server", key)
-    generation = dict(_OPENAI_DEFAULTS)
+    generation = dict(served.sampling_defaults)
     for key, engine_key in _SAME_MEANING.items():
         if body.get(key) is not None:
             generation[engine_key] = body[key]
@@ -99,8 +169,15 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    return Job(kind, model, list(ids), generation, max_tokens, stop, _flag(body, "stream"),
+    return Job(kind, model, list(ids), generation, max_tokens, stop, flag(body, "stream"),
                bool(options.get("include_usage")), logprobs)
+
+
+def parse_messages(messages) -> list:
+    """OpenAI's messages -> [{role, content}] for the chat template."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
+    return [_message(i, m) for i, m in enumerate(messages)]
 
 
 def _message(i, m) -> dict:
@@ -130,7 +207,7 @@ def _stop(stop) -> list:
     return stop
 
 
-def _flag(body, key) -> bool:
+def flag(body, key) -> bool:
     value = body.get(key)
     if value is None:
         return False
@@ -145,6 +222,10 @@ def _count(body, key, default) -> int:
 
 
 def _int(value, key) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _is_int(value):
         raise bad_request(f"'{key}' must be an integer", key)
     return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -10,6 +10,7 @@ import time
 from dashinfer_client.types import AsStatus
 
 from .errors import refused, unavailable
+from .protocol import sampling_defaults
 
 log = logging.getLogger("dashinfer_server.http")
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
@@ -32,6 +33,8 @@ class ServedModel:
         # The model's own generation defaults (its eos ids), under each request's options.
         self.defaults = self.loader.create_reference_generation_config_builder(self.runtime).build().to_dict()
         del self.defaults["seed"]  # each request draws its own unless it names one
+        # what a request that names no sampling option samples with (shown in /v1/models)
+        self.sampling_defaults = sampling_defaults(self.loader.generation_config)
         self.engine = None
         self.owns_model = True  # False: attached to a model someone else installed
         self.state = "loading"  # -> serving -> draining, or -> failed
@@ -129,9 +132,9 @@ class ServedModel:
         """Stop the request if it still runs, free everything it holds, log one line about it."""
         self.engine.release_request(self.name, handle)
         info = queue.RequestStatInfo()
-        log.info("request %s finished: %d prompt + %d generated tokens, TTFT %.0f ms, %.1f tok/s, "
+        log.info("request %s finished: %d prompt (%d cached) + %d generated tokens, TTFT %.0f ms, %.1f tok/s, "
                  "finish_reason %s", request_id or handle, info["context_token_length"],
-                 info["generated_token_length"], info["time_to_first_token"], info["generate_tps"],
+                 info["context_cached_length"], info["generated_token_length"], info["time_to_first_token"], info["generate_tps"],
                  info["finish_reason"] or "?")
 
     # ---- health and stats -----------------------------------------------------------------------
