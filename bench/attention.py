@@ -4,7 +4,7 @@ both against torch SDPA doing the same math with 2 threads.
     PYTHONPATH=. python bench/attention.py [--quick] [--block 32,64,128]
         [--shape smollm2,llama] [--batch 1,16] [--ctx 1024,4096] [--fmt fp32,bf16,int8,uint4]
         [--only decode|prefill] [--no-torch] [--small-pages] [--contiguous] [--isa avx2]
-        [--json FILE]
+        [--window 512] [--json FILE]
 
 Decode figures are against the streaming read bandwidth (bench/machine.py) measured just before
 each (shape, batch, context) group of rows: this host's bandwidth drifts from minute to minute.
@@ -15,6 +15,10 @@ separate contiguous copies, rotated the same way. The caches are allocated as th
 anonymous mmap with MADV_HUGEPAGE (--small-pages: 4 KiB pages, to see what huge pages buy).
 --contiguous gives each sequence consecutive blocks (what a fresh pool hands out) instead of
 shuffled ones: the gap between the two is what the scattered reads cost, not the arithmetic.
+--window W times every decode row twice, with a sliding window of W and without, and prints
+the ratio of the times beside the ratio of the bytes each reads (the blocks from the one that
+holds the window's start; the blocks before it are shared by all rotations, as they are never
+read) and the windowed bytes' time at the measured bandwidth.
 """
 import argparse
 import mmap
@@ -120,13 +124,24 @@ def _torch_time(q_len, ctx, batch, n_heads, n_kv, d, dtype, rotations, prefix_ma
         return _best(call, max(rotations, 4))
 
 
-def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, bs, rotations, rng, huge, contiguous=False):
-    """Cache with `rotations` disjoint random block tables, and the attention call for each."""
+def _window_start(ctx, window, bs):
+    """First position a decode row at the end of ctx reads with this window (attention.c)."""
+    return 0 if not window or ctx <= window else (ctx - window) // bs * bs
+
+
+def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, bs, rotations, rng, huge, contiguous=False,
+          window=0):
+    """Cache with `rotations` random block tables, disjoint where a decode row reads them (all
+    of them without a window), and the attention call for each."""
     per_seq = (ctx + bs - 1) // bs
-    num_blocks = per_seq * batch * rotations
+    shared = _window_start(ctx, window, bs) // bs  # blocks before the window: never read
+    num_blocks = shared * batch + (per_seq - shared) * batch * rotations
     kc, vc, extra = _cache(fmt, num_blocks, n_kv, bs, d, rng, huge)
     ids = np.arange(num_blocks) if contiguous else rng.permutation(num_blocks)
-    ids = ids.astype(np.int32).reshape(rotations, batch, per_seq)
+    ids = ids.astype(np.int32)
+    ids = np.concatenate([np.broadcast_to(ids[: shared * batch].reshape(1, batch, shared),
+                                          (rotations, batch, shared)),
+                          ids[shared * batch:].reshape(rotations, batch, per_seq - shared)], 2)
     q = rng.standard_normal((batch * q_len, n_heads, d)).astype(np.float32)
     out = np.empty_like(q)
     q_offsets = (np.arange(batch + 1) * q_len).astype(np.int32)
@@ -134,9 +149,28 @@ def _step(fmt, batch, q_len, ctx, n_heads, n_kv, d, bs, rotations, rng, huge, co
     scale = 1.0 / np.sqrt(d)
 
     def call(i):
-        K.attention(q, kc, vc, ids[i % rotations], q_offsets, ctx_lens, out, scale, **extra)
+        K.attention(q, kc, vc, ids[i % rotations], q_offsets, ctx_lens, out, scale, **extra,
+                    window=window)
 
     return call
+
+
+def _windowed_row(whole: dict, n_heads, n_kv, d, window, rng, huge, contiguous):
+    """The decode row `whole` again with a sliding window, printed against it."""
+    batch, ctx, bs, fmt, bw = (whole[k] for k in ("batch", "ctx", "block", "fmt", "bw_gbs"))
+    read = ctx - _window_start(ctx, window, bs)
+    kv_bytes = batch * read * n_kv * _bytes_per_token_head(fmt, d)
+    rot = max(2, -(-4 * L3_BYTES // kv_bytes))
+    call = _step(fmt, batch, 1, ctx, n_heads, n_kv, d, bs, rot, rng, huge, contiguous, window)
+    t = _best(call, 4 * rot)
+    del call
+    gbs, whole_s = kv_bytes / t / 1e9, whole["ms"] / 1e3
+    label = f"  window {window}: {read} of {ctx} tokens read"
+    print(f"{label:48s} {t * 1e3:8.3f} {gbs:7.1f} {gbs / bw:6.0%}   time {t / whole_s:.3f}x "
+          f"whole, bytes {read / ctx:.3f}x; windowed bytes at {bw:.1f} GB/s: "
+          f"{kv_bytes / bw / 1e6:.3f} ms", flush=True)
+    return dict(whole, window=window, ms=t * 1e3, gbs=gbs, of_bw=gbs / bw, bytes=kv_bytes,
+                vs_whole=t / whole_s, vs_torch_f32=None, vs_torch_bf16=None)
 
 
 def _load():
@@ -145,9 +179,9 @@ def _load():
 
 def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES),
          batches=(1, 16), ctxs=(1024, 4096), formats=FORMATS, only=None, torch=True,
-         huge=True, measure_bw=None, contiguous=False):
+         huge=True, measure_bw=None, contiguous=False, window=0):
     """measure_bw: a function giving GB/s now, called before each group of decode rows (None:
-    limits["bw_gbs"] throughout)."""
+    limits["bw_gbs"] throughout). window: each decode row also with this sliding window."""
     bw = limits["bw_gbs"]
     K.set_num_threads(THREADS)
     rng = np.random.default_rng(0)
@@ -189,6 +223,9 @@ def rows(limits: dict, quick: bool = False, blocks=(BLOCK,), shapes=tuple(SHAPES
                         label = f"decode {name} b={batch} ctx={ctx} bs={bs} {fmt}"
                         print(f"{label:48s} {t * 1e3:8.3f} {gbs:7.1f} {gbs / bw:6.0%} "
                               f"{'':>8s} {t32 / t:9.2f} {t16 / t:10.2f}", flush=True)
+                        if window:
+                            result.append(_windowed_row(row, n_heads, n_kv, d, window, rng,
+                                                        huge, contiguous))
         for prefix in (0, 1536) if only != "decode" else ():
             q_len = 512
             ctx = prefix + q_len
@@ -241,6 +278,8 @@ def _main():
     p.add_argument("--bw", type=float, help="GB/s to compare with (default: measured now)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--isa", help="kernel path to time (default: the best this CPU runs)")
+    p.add_argument("--window", type=int, default=0,
+                   help="also time each decode row with this sliding window, against the whole")
     a = p.parse_args()
     if a.isa:
         K.set_isa(a.isa)
@@ -248,6 +287,7 @@ def _main():
     result = rows({"bw_gbs": bw}, quick=a.quick, blocks=a.block, shapes=a.shape.split(","),
                   batches=a.batch, ctxs=a.ctx, formats=a.fmt.split(","), only=a.only,
                   torch=not a.no_torch, huge=not a.small_pages, contiguous=a.contiguous,
+                  window=a.window,
                   measure_bw=None if a.bw else lambda: read_bandwidth(THREADS))
     if a.json:
         import json

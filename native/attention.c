@@ -86,13 +86,21 @@ static void group_heads(int g, int n_heads, int group, int q_head0, int *lo, int
     *hi = n_heads - first < group ? n_heads - first : group;
 }
 
+/* The first position a tile whose first row sits at `first` reads: the start of the block that
+ * holds its window's start (0 without a window). Blocks before it are never read. */
+static int window_begin(int first, int window, int block_size) {
+    if (!window || first < window) return 0;
+    return (first - window + 1) / block_size * block_size;
+}
+
 /* Fill units (when not NULL) and count them and their partial floats. A sequence whose chunk is
  * decode-shaped (decode_fits says so for M = q_len * group) gets tiles over several kv heads
  * (whole groups only: one kv head a tile when the call holds a partial group); others one tile
- * per kv head, GQA head chunk and row chunk. Tiles of a long context are split into block-aligned
- * ranges when there are too few tiles to keep every thread busy. */
+ * per kv head, GQA head chunk and row chunk. A tile reads from its window's block on. Tiles of a
+ * long range are split into block-aligned ranges when there are too few tiles to keep every
+ * thread busy. */
 static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int32_t *context_lens,
-                    int B, int n_heads, int group, int q_head0, int n_threads,
+                    int B, int n_heads, int group, int q_head0, int window, int n_threads,
                     int (*decode_fits)(const dn_kv_cache_t *, int), attn_unit_t *units,
                     int64_t *part_floats) {
     int nkv = c->n_kv_heads, bs = c->block_size, D = c->head_dim;
@@ -101,11 +109,13 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
     int heads = (group + head_chunks - 1) / head_chunks;
     int rows = ATTN_MAX_M / heads;
     /* total work in vector-positions, to size the split ranges: up to ~4 per thread, enough
-     * to even out the threads; each split starts its stream cold (no prefetch across tiles) */
+     * to even out the threads; each split starts its stream cold (no prefetch across tiles).
+     * A row of a window reads the window and at most a block before it. */
     double total = 0;
     for (int b = 0; b < B; b++) {
-        int ql = q_offsets[b + 1] - q_offsets[b];
-        total += (double)ql * n_heads * context_lens[b];
+        int ql = q_offsets[b + 1] - q_offsets[b], span = context_lens[b];
+        if (window && window + bs < span) span = window + bs;
+        total += (double)ql * n_heads * span;
     }
     double target = total / (n_threads * 4.0);
     int64_t n = 0, floats = 0;
@@ -122,15 +132,16 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
                 for (int r0 = 0; r0 < ql; r0 += decode ? ql : rows) {
                     int nr = decode ? ql : ql - r0 < rows ? ql - r0 : rows;
                     int first = ctx - ql + r0, end = first + nr, split_len = 0;
-                    /* split only the range every row of the tile sees, [0, first]: the
-                     * last split runs on to the causal end */
+                    int begin = window_begin(first, window, bs);
+                    /* split only the range up to the first row's position, [begin, first]:
+                     * the last split runs on to the causal end */
                     int ns = 1;
-                    double work = (double)n_kv * nh * nr * end;
+                    double work = (double)n_kv * nh * nr * (end - begin);
                     if (n_threads > 1 && work >= 2 * target) {
                         int len = (int)(target / (n_kv * nh * nr));
                         if (len < 256) len = 256;
                         len = (len + bs - 1) / bs * bs;
-                        ns = (first + 1) / len > 1 ? (first + 1) / len : 1;
+                        ns = (first + 1 - begin) / len > 1 ? (first + 1 - begin) / len : 1;
                         split_len = len;
                     }
                     for (int s = 0; s < ns; s++) {
@@ -144,8 +155,8 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
                             u->n_q_heads = nh;
                             u->row0 = r0;
                             u->n_rows = nr;
-                            u->kv_begin = s * split_len;
-                            u->kv_end = s == ns - 1 ? end : (s + 1) * split_len;
+                            u->kv_begin = begin + s * split_len;
+                            u->kv_end = s == ns - 1 ? end : begin + (s + 1) * split_len;
                             u->n_split = s == 0 ? ns : 0;
                             u->part = ns > 1 ? floats : -1;
                         }
@@ -162,8 +173,13 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
 
 int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_tables,
                  int max_blocks, const int32_t *q_offsets, const int32_t *context_lens, int B,
-                 int n_heads, int group, int q_head0, float scale, float *out) {
+                 int n_heads, int group, int q_head0, float scale, int window, float softcap,
+                 float *out) {
     int D = c->head_dim;
+    /* a window that holds every context is none (and keeps the position arithmetic small) */
+    int longest = 0;
+    for (int b = 0; b < B; b++) longest = context_lens[b] > longest ? context_lens[b] : longest;
+    if (window >= longest) window = 0;
     int threads = dn_num_threads(), nt = threads;
     int64_t part_floats;
     /* the vector tiles read 32 values of head_dim at a time */
@@ -179,8 +195,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
         decode_fits = attn_decode_avx2_fits;
         decode = attn_decode_avx2;
     }
-    int64_t n_units = plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, threads,
-                           decode_fits, NULL, &part_floats);
+    int64_t n_units = plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, window,
+                           threads, decode_fits, NULL, &part_floats);
     if (n_units == 0) return 0;
     if (n_units < nt) nt = (int)n_units;
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
@@ -190,8 +206,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     if (!buf) return -1;
     attn_unit_t *units = (attn_unit_t *)buf;
     float *parts = (float *)(buf + units_bytes);
-    plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, threads, decode_fits, units,
-         &part_floats);
+    plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, window, threads, decode_fits,
+         units, &part_floats);
     int64_t q_stride = (int64_t)n_heads * D;
 
 #pragma omp parallel num_threads(nt)
@@ -213,9 +229,11 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 .n_q_heads = u->n_q_heads,
                 .n_rows = u->n_rows,
                 .first_pos = context_lens[u->seq] - ql + u->row0,
+                .window = window,
                 .kv_begin = u->kv_begin,
                 .kv_end = u->kv_end,
                 .scale = scale,
+                .softcap = softcap,
                 .out = u->part < 0 ? out + row0 * q_stride + head0 * D : NULL,
                 .part = u->part < 0 ? NULL : parts + u->part,
                 .work = work,

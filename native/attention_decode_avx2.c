@@ -48,6 +48,16 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+/* softcap * tanh(x / softcap) on exp256: tanh(y) = (1 - e^-2|y|) / (1 + e^-2|y|), sign of y */
+static inline __m256 softcap256(__m256 x, float softcap) {
+    const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(1.0f / softcap));
+    const __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
+    const __m256 e = exp256(_mm256_mul_ps(_mm256_or_ps(y, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(2.0f)));
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 c = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    return _mm256_xor_ps(_mm256_mul_ps(c, _mm256_set1_ps(softcap)), sign);
+}
+
 static inline float hmax256(__m256 x) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -334,7 +344,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
                                                             int16_t *wq) {
     const dn_kv_cache_t *kv = t->kv;
     const dn_kv_format_t f = kv->format;
-    const int bs = kv->block_size, nh = t->n_q_heads;
+    const int bs = kv->block_size;
     const int64_t rb = row_bytes(f, D);
     const int ldw = bs + 32;
     const int v0 = head * M;
@@ -353,8 +363,12 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         }
     }
 
+    /* vector i sees the tokens [ts[i], te[i]) of the slice; [tmin, tmax) covers them all */
+    int tmin, tmax, ts[MAX_M], te[MAX_M];
+    attn_slice_seen(t, pos, off, n, M, ts, te, &tmin, &tmax);
+
     /* scores, 8 tokens at a time: half h of the group at g holds its tokens g + 8h.. */
-    const int g0 = off & ~7, g1 = (off + n + 7) & ~7;
+    const int g0 = tmin & ~7, g1 = (off + n + 7) & ~7;
     for (int g = g0; g < g1; g += 8) {
         const int grp = g & ~15, h = (g >> 3) & 1;
         const char *kg = (const char *)kv->k + (slice + grp) * rb;
@@ -372,17 +386,18 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
                          st->qsum + v0, pf);
     }
 
-    /* online softmax: vector i sees the tokens [off, te[i]) of the slice */
-    int tmax = off, te[MAX_M];
+    if (t->softcap > 0.0f)
+        for (int i = 0; i < M; i++)
+            for (int g = g0; g < g1; g += 8)
+                _mm256_storeu_ps(s + i * bs + g, softcap256(_mm256_loadu_ps(s + i * bs + g), t->softcap));
+
+    /* online softmax over the tokens each vector sees, weights 0 elsewhere */
     float mo[MAX_M], mu[MAX_M], alpha[MAX_M], wsc[MAX_M], winv[MAX_M], pmax[MAX_M];
     for (int i = 0; i < M; i++) {
-        int nv = t->first_pos + i / nh - pos + 1;
-        te[i] = off + (nv < 0 ? 0 : nv > n ? n : nv);
-        if (te[i] > tmax) tmax = te[i];
         __m256 m = _mm256_set1_ps(-INFINITY);
         for (int g = g0; g < g1; g += 8)
             m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + i * bs + g),
-                                                  tokens_in(g, off, te[i])));
+                                                  tokens_in(g, ts[i], te[i])));
         float bm = hmax256(m);
         mo[i] = st->mx[v0 + i];
         float mn = fmaxf(mo[i], bm);
@@ -395,7 +410,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         const float wmax = f == DN_KV_UINT4 ? 255.0f : 32767.0f;
         __m256 m = _mm256_setzero_ps();
         for (int g = g0; g < g1; g += 8)
-            m = _mm256_max_ps(m, _mm256_and_ps(tokens_in(g, off, tmax), _mm256_loadu_ps(vs + g)));
+            m = _mm256_max_ps(m, _mm256_and_ps(tokens_in(g, tmin, tmax), _mm256_loadu_ps(vs + g)));
         float vmax = hmax256(m);
         for (int i = 0; i < M; i++) {
             float top = pmax[i] * vmax;
@@ -409,7 +424,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         float *sumv = st->sumv + (v0 + i) * 8, *ztv = st->ztv + (v0 + i) * 8;
         __m256 psum = _mm256_mul_ps(_mm256_loadu_ps(sumv), al), zsum = _mm256_setzero_ps();
         for (int g = g0; g < g1; g += 8) {
-            const __m256 ok = tokens_in(g, off, te[i]);
+            const __m256 ok = tokens_in(g, ts[i], te[i]);
             __m256 p = _mm256_and_ps(ok, exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i * bs + g), m)));
             psum = _mm256_add_ps(psum, p);
             if (!vs) {
@@ -440,13 +455,13 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         const int MM = M - i0 < 4 ? M - i0 : 4;
 #define PV(MMC)                                                                                      \
     if (f == DN_KV_F32)                                                                             \
-        pv_f32((const float *)vsl, D, s, bs, i0, MMC, off, tmax, acc, vn);                          \
+        pv_f32((const float *)vsl, D, s, bs, i0, MMC, tmin, tmax, acc, vn);                         \
     else if (f == DN_KV_BF16)                                                                       \
-        pv_bf16((const uint16_t *)vsl, D, s, bs, i0, MMC, off, tmax, acc, vn);                      \
+        pv_bf16((const uint16_t *)vsl, D, s, bs, i0, MMC, tmin, tmax, acc, vn);                     \
     else if (f == DN_KV_INT8)                                                                       \
-        pv_int8((const int8_t *)vsl, D, wq, ldw, i0, MMC, off & ~1, (tmax + 1) & ~1, wsc, acc, vn); \
+        pv_int8((const int8_t *)vsl, D, wq, ldw, i0, MMC, tmin & ~1, (tmax + 1) & ~1, wsc, acc, vn);\
     else                                                                                            \
-        pv_uint4((const uint8_t *)vsl, D, w8, ldw, i0, MMC, off & ~3, (tmax + 3) & ~3, wsc, acc, vn)
+        pv_uint4((const uint8_t *)vsl, D, w8, ldw, i0, MMC, tmin & ~3, (tmax + 3) & ~3, wsc, acc, vn)
         switch (MM) {
         case 1: PV(1); break;
         case 2: PV(2); break;

@@ -354,7 +354,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
                                                             int16_t *wq) {
     const dn_kv_cache_t *kv = t->kv;
     const dn_kv_format_t f = kv->format;
-    const int bs = kv->block_size, nh = t->n_q_heads;
+    const int bs = kv->block_size;
     const int64_t rb = row_bytes(f, D);
     const int ldw = bs + 32;
     const int v0 = head * M; /* the head's first vector */
@@ -373,8 +373,13 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         }
     }
 
+    /* vector i sees the tokens [ts[i], te[i]) of the slice (its window's start, its position);
+     * [tmin, tmax) covers what any vector sees */
+    int tmin, tmax, ts[MAX_M], te[MAX_M];
+    attn_slice_seen(t, pos, off, n, M, ts, te, &tmin, &tmax);
+
     /* scores of all M vectors for the token groups g0..g1 of the slice */
-    const int g0 = off & ~15, g1 = (off + n + 15) & ~15;
+    const int g0 = tmin & ~15, g1 = (off + n + 15) & ~15;
     for (int g = g0; g < g1; g += 16) {
         const char *kg = (const char *)kv->k + (slice + g) * rb; /* 16 * rb bytes */
         const char *pf = kn ? kn + g * rb : NULL;
@@ -391,18 +396,20 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
                          st->qscale + v0, st->qsum + v0, pf);
     }
 
-    /* online softmax: vector i sees the tokens [off, te[i]) of the slice, weights 0 elsewhere */
     const int ng = (g1 - g0) / 16;
+    if (t->softcap > 0.0f)
+        for (int i = 0; i < M; i++)
+            for (int g = g0; g < g1; g += 16)
+                _mm512_storeu_ps(s + i * bs + g, softcap512(_mm512_loadu_ps(s + i * bs + g), t->softcap));
+
+    /* online softmax over the tokens each vector sees, weights 0 elsewhere */
     __mmask16 ok[MAX_M][16]; /* per vector and token group: the tokens it sees */
-    int tmax = off, te[MAX_M];
     float bmax[16];
     for (int i = 0; i < M; i++) {
-        int nv = t->first_pos + i / nh - pos + 1; /* positions from pos on that it sees */
-        te[i] = off + (nv < 0 ? 0 : nv > n ? n : nv);
-        if (te[i] > tmax) tmax = te[i];
+        const int same = i > 0 && ts[i] == ts[i - 1] && te[i] == te[i - 1];
         __m512 m = _mm512_set1_ps(-INFINITY);
         for (int k = 0; k < ng; k++) {
-            ok[i][k] = i > 0 && te[i] == te[i - 1] ? ok[i - 1][k] : tokens_in(g0 + 16 * k, off, te[i]);
+            ok[i][k] = same ? ok[i - 1][k] : tokens_in(g0 + 16 * k, ts[i], te[i]);
             m = _mm512_mask_max_ps(m, ok[i][k], m, _mm512_loadu_ps(s + i * bs + g0 + 16 * k));
         }
         bmax[i] = _mm512_reduce_max_ps(m);
@@ -426,7 +433,7 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
         const float wmax = f == DN_KV_UINT4 ? 255.0f : 32767.0f;
         __m512 m = _mm512_setzero_ps();
         for (int k = 0; k < ng; k++)
-            m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(tokens_in(g0 + 16 * k, off, tmax), vs + g0 + 16 * k));
+            m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(tokens_in(g0 + 16 * k, tmin, tmax), vs + g0 + 16 * k));
         __m512 top = _mm512_mul_ps(exp512(_mm512_sub_ps(mb, muse)), _mm512_set1_ps(_mm512_reduce_max_ps(m)));
         _mm512_storeu_ps(wsc, _mm512_mul_ps(top, _mm512_set1_ps(1.0f / wmax)));
         _mm512_storeu_ps(winv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ),
@@ -467,13 +474,13 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
 
     const char *vsl = (const char *)kv->v + slice * rb;
     if (f == DN_KV_F32)
-        pv_f32((const float *)vsl, D, s, bs, M, off, tmax, acc, vn);
+        pv_f32((const float *)vsl, D, s, bs, M, tmin, tmax, acc, vn);
     else if (f == DN_KV_BF16)
-        pv_bf16((const uint16_t *)vsl, D, s, bs, M, off, tmax, acc, vn);
+        pv_bf16((const uint16_t *)vsl, D, s, bs, M, tmin, tmax, acc, vn);
     else if (f == DN_KV_INT8)
-        pv_int8((const int8_t *)vsl, D, wq, ldw, M, off & ~1, (tmax + 1) & ~1, wsc, acc, vn);
+        pv_int8((const int8_t *)vsl, D, wq, ldw, M, tmin & ~1, (tmax + 1) & ~1, wsc, acc, vn);
     else
-        pv_uint4((const uint8_t *)vsl, D, w8, ldw, M, off & ~3, (tmax + 3) & ~3, wsc, acc, vn);
+        pv_uint4((const uint8_t *)vsl, D, w8, ldw, M, tmin & ~3, (tmax + 3) & ~3, wsc, acc, vn);
 }
 
 /* vector v's per-lane state (16 lanes) summed */

@@ -13,6 +13,13 @@
 
 #include "exp_prefetch_avx512.h"
 
+/* scores s [n][mp] of a block through the soft-cap, when the tile has one */
+static void softcap_block(const attn_tile_t *t, float *s, int n, int mp) {
+    if (t->softcap > 0.0f)
+        for (int j = 0; j < n * mp; j += 16)
+            _mm512_store_ps(s + j, softcap512(_mm512_load_ps(s + j), t->softcap));
+}
+
 /* ---- fp32 cache: Mp (<= 64, a multiple of 16) query vectors against one block at a time.
  * Scores are kept transposed, S[t][i], so the per-vector softmax statistics are lane-wise and
  * both products are broadcast-FMA kernels over fp32 K groups and V rows. */
@@ -104,10 +111,9 @@ static void prefill_tile_f32(const attn_tile_t *t) {
     float *acc = (float *)w;   w += (size_t)mp * D * 4;      /* [mp][D] */
     float *s = (float *)w;     w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
     float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp;
-    int32_t *limit = (int32_t *)(alpha + mp);
+    int32_t *limit = (int32_t *)(alpha + mp), *low = limit + mp;
 
-    attn_tile_start(t, mp, qt, limit, mx, sum, acc);
-    const int first_limit = t->first_pos;
+    attn_tile_start(t, mp, qt, low, limit, mx, sum, acc);
 
     for (int pos = t->kv_begin; pos < t->kv_end;) {
         const int off = pos % bs;
@@ -116,13 +122,8 @@ static void prefill_tile_f32(const attn_tile_t *t) {
         const float *kt = (const float *)kv->k + slice * D; /* fp32 K groups [bs/16][D][16] */
         const float *vr = (const float *)kv->v + (slice + off) * D;
         qk_block(kt, off, n, D, qt, mp, s);
-        /* causal mask: only tokens past the first row's position can be hidden */
-        for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
-            for (int c = 0; c < mp; c += 16) {
-                __mmask16 hide = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(pos + j),
-                                                         _mm512_loadu_si512(limit + c));
-                _mm512_mask_storeu_ps(s + j * mp + c, hide, _mm512_set1_ps(-INFINITY));
-            }
+        softcap_block(t, s, n, mp);
+        attn_mask_block(t, pos, n, mp, low, limit, s);
         for (int c = 0; c < mp; c += 16) {
             __m512 bmax = _mm512_set1_ps(-INFINITY);
             for (int j = 0; j < n; j++) bmax = _mm512_max_ps(bmax, _mm512_load_ps(s + j * mp + c));
@@ -341,13 +342,13 @@ static void prefill_tile_dpbf16(const attn_tile_t *t) {
     uint16_t *kb = (uint16_t *)w; w += (size_t)bs * D * 2;      /* int formats: K codes in bf16 */
     float *s = (float *)w;        w += (size_t)bs * mp * 4;     /* [bs][mp] scores, then weights */
     float *mx = (float *)w, *sum = mx + mp, *alpha = sum + mp, *qsum = alpha + mp, *zt = qsum + mp;
-    int32_t *limit = (int32_t *)(zt + mp);
+    int32_t *limit = (int32_t *)(zt + mp), *low = limit + mp;
     const int quant = f == DN_KV_INT8 || f == DN_KV_UINT4;
     const __m512 zero = _mm512_setzero_ps();
     const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
 
+    attn_seen_positions(t, mp, low, limit);
     for (int i = 0; i < mp; i++) {
-        limit[i] = i < M ? t->first_pos + i / nh : INT32_MAX; /* padding sees everything */
         mx[i] = -INFINITY;
         sum[i] = 0.0f;
         zt[i] = 0.0f;
@@ -377,7 +378,6 @@ static void prefill_tile_dpbf16(const attn_tile_t *t) {
         _mm512_store_ps(qsum + c, qs);
     }
     memset(acc, 0, (size_t)mp * D * 4);
-    const int first_limit = t->first_pos;
 
     for (int pos = t->kv_begin; pos < t->kv_end;) {
         const int n = bs < t->kv_end - pos ? bs : t->kv_end - pos, np = (n + 1) / 2;
@@ -398,13 +398,8 @@ static void prefill_tile_dpbf16(const attn_tile_t *t) {
                     _mm512_store_ps(s + j * mp + c, _mm512_mul_ps(x, _mm512_set1_ps(ks[j])));
                 }
         v_pairs_bf16(kv, slice, n, vp);
-        /* causal mask: only tokens past the first row's position can be hidden */
-        for (int j = first_limit - pos + 1 > 0 ? first_limit - pos + 1 : 0; j < n; j++)
-            for (int c = 0; c < mp; c += 16) {
-                __mmask16 hide = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(pos + j),
-                                                         _mm512_loadu_si512(limit + c));
-                _mm512_mask_storeu_ps(s + j * mp + c, hide, _mm512_set1_ps(-INFINITY));
-            }
+        softcap_block(t, s, n, mp);
+        attn_mask_block(t, pos, n, mp, low, limit, s);
         for (int c = 0; c < mp; c += 16) {
             __m512 bmax = _mm512_set1_ps(-INFINITY);
             for (int j = 0; j < n; j++) bmax = _mm512_max_ps(bmax, _mm512_load_ps(s + j * mp + c));

@@ -57,6 +57,15 @@ static inline __attribute__((always_inline)) v8f exp8(v8f x) {
     return (v8f)((v8i)(p * pow2n) & ~tiny);
 }
 
+/* softcap * tanh(x / softcap), tanh(y) = (1 - e^-2|y|) / (1 + e^-2|y|) with the sign of y */
+static inline __attribute__((always_inline)) v8f softcap8(v8f x, float softcap) {
+    v8f y = x * (1.0f / softcap);
+    v8i neg = y < 0;
+    v8f e = exp8(select8(neg, y, -y) * 2.0f);
+    v8f c = (1.0f - e) / (1.0f + e) * softcap;
+    return select8(neg, -c, c);
+}
+
 /* n cached tokens of K (which = 0) or V (which = 1) from cache row `row` on (within one block),
  * to fp32 rows [n][head_dim]: V rows of fp32 / bf16 are read as they lie, the rest gathered
  * through the slice layout (kv_cache_layout.h). */
@@ -147,9 +156,9 @@ void TILE_FN(const attn_tile_t *t) {
     float *vf = kf + bs * D;        /* [bs][D] */
     float *s = vf + bs * D;         /* [bs][mp] scores, then weights */
     float *mx = s + bs * mp, *sum = mx + mp, *alpha = sum + mp;
-    int32_t *limit = (int32_t *)(alpha + mp);
+    int32_t *limit = (int32_t *)(alpha + mp), *low = limit + mp;
 
-    attn_tile_start(t, mp, qt, limit, mx, sum, acc);
+    attn_tile_start(t, mp, qt, low, limit, mx, sum, acc);
 
     for (int pos = t->kv_begin; pos < t->kv_end;) {
         const int n = bs - pos % bs < t->kv_end - pos ? bs - pos % bs : t->kv_end - pos;
@@ -161,10 +170,9 @@ void TILE_FN(const attn_tile_t *t) {
             for (; j + 4 <= n; j += 4) qk_rows(kf + j * D, D, qt, mp, c, s + j * mp, 4);
             for (; j < n; j++) qk_rows(kf + j * D, D, qt, mp, c, s + j * mp, 1);
         }
-        /* causal mask: only tokens past the first row's position can be hidden */
-        for (int j = t->first_pos - pos + 1 > 0 ? t->first_pos - pos + 1 : 0; j < n; j++)
-            for (int i = 0; i < mp; i++)
-                if (pos + j > limit[i]) s[j * mp + i] = -INFINITY;
+        if (t->softcap > 0.0f)
+            for (int j = 0; j < n * mp; j += GL) store8(s + j, softcap8(load8(s + j), t->softcap));
+        attn_mask_block(t, pos, n, mp, low, limit, s);
         for (int c = 0; c < mp; c += GL) {
             v8f bmax = (v8f){0} - INFINITY;
             for (int j = 0; j < n; j++) bmax = max8(bmax, load8(s + j * mp + c));

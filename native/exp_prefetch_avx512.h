@@ -1,5 +1,6 @@
-/* AVX-512 e^x (16 lanes) and software prefetch into L2: helpers of the AVX-512 attention tiles
- * (attention_decode_avx512.c, attention_prefill_avx512.c). Include inside a `#pragma GCC target` region that enables AVX-512 F/BW/VL/DQ. */
+/* AVX-512 e^x (16 lanes), the soft-cap's tanh on it, and software prefetch into L2: helpers of
+ * the AVX-512 attention tiles (attention_decode_avx512.c, attention_prefill_avx512.c). Include
+ * inside a `#pragma GCC target` region that enables AVX-512 F/BW/VL/DQ. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -22,6 +23,18 @@ static inline __attribute__((always_inline)) __m512 exp512_degree(__m512 x, cons
 }
 
 static inline __m512 exp512(__m512 x) { return exp512_degree(x, 7); }
+
+/* Attention's logit soft-cap, softcap * tanh(x / softcap) for softcap > 0, on exp512:
+ * tanh(y) = (1 - e^-2|y|) / (1 + e^-2|y|) with the sign of y (no overflow at any |y|). */
+static inline __m512 softcap512(__m512 x, float softcap) {
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.0f / softcap));
+    const __m512 e = exp512(_mm512_mul_ps(_mm512_abs_ps(y), _mm512_set1_ps(-2.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 c = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    c = _mm512_mul_ps(c, _mm512_set1_ps(softcap));
+    return _mm512_mask_sub_ps(c, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ),
+                              _mm512_setzero_ps(), c);
+}
 
 /* Software prefetch of `bytes` from p into L2. L2, not L1: a slice ahead does not fit next to
  * the working set in L1, and the L2 has more miss buffers (measured on random 4-16 KiB reads:

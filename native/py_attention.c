@@ -1,5 +1,7 @@
 /* Bindings: attention over the paged KV cache (see attention.h). Every shape, type and index
  * is checked here, so the kernels can trust their arguments. */
+#include <math.h>
+
 #include "py_shared.h"
 
 int dn_check_step(dn_args *a, const dn_kv_cache_t *c, int T, const int32_t *offs,
@@ -66,15 +68,20 @@ static int overlaps(const Py_buffer *x, const Py_buffer *y) {
 static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"q", "k_cache", "v_cache", "block_tables", "q_offsets",
                              "context_lens", "out", "scale", "k_scale", "v_scale", "k_zero",
-                             "v_zero", "group", "q_head0", NULL};
+                             "v_zero", "group", "q_head0", "window", "softcap", NULL};
     PyObject *q, *bt, *qo, *cl, *out, *cache[6] = {NULL, NULL, Py_None, Py_None, Py_None, Py_None};
-    double scale;
-    int group = 0, q_head0 = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOd|OOOOii:attention", kwlist, &q, &cache[0],
-                                     &cache[1], &bt, &qo, &cl, &out, &scale, &cache[2], &cache[3],
-                                     &cache[4], &cache[5], &group, &q_head0))
+    double scale, softcap = 0.0;
+    int group = 0, q_head0 = 0, window = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOd|OOOOiiid:attention", kwlist, &q,
+                                     &cache[0], &cache[1], &bt, &qo, &cl, &out, &scale, &cache[2],
+                                     &cache[3], &cache[4], &cache[5], &group, &q_head0, &window,
+                                     &softcap))
         return NULL;
     dn_args a = {.fn = "attention"};
+    if (window < 0) return dn_fail(&a, PyExc_ValueError, "window must be >= 0 (0: none), got %d", window);
+    if (!(softcap >= 0.0 && isfinite((float)softcap))) /* NaN fails both */
+        return dn_fail(&a, PyExc_ValueError, "softcap must be finite and >= 0 (0: none), got %g",
+                       softcap);
     Py_buffer *qb = dn_take(&a, q, "q", 'f', 3, 0);
     if (!qb) return dn_done(&a, NULL);
     Py_buffer *ob = dn_take(&a, out, "out", 'f', 3, 1);
@@ -98,7 +105,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     int rc;
     Py_BEGIN_ALLOW_THREADS;
     rc = dn_attention(&c, qb->buf, tables, max_blocks, offs, ctx, B, n_heads, group, q_head0,
-                      (float)scale, ob->buf);
+                      (float)scale, window, (float)softcap, ob->buf);
     Py_END_ALLOW_THREADS;
     if (rc) return dn_fail(&a, PyExc_MemoryError, "no memory for the scratch buffer");
     return dn_done(&a, NULL);
@@ -107,10 +114,13 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
 PyMethodDef dn_attention_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_VARARGS | METH_KEYWORDS,
      "attention(q, k_cache, v_cache, block_tables, q_offsets, context_lens, out, scale, "
-     "k_scale=None, v_scale=None, k_zero=None, v_zero=None, group=0, q_head0=0): causal GQA "
-     "attention of a batch step over the paged cache. q, out [T_total, n_heads, head_dim] float32; "
-     "sequence b owns rows q_offsets[b]..q_offsets[b+1], the last positions of its context_lens[b] "
-     "cached tokens. Head h reads kv head (h + q_head0) // group (group 0: n_heads / n_kv_heads): "
-     "a tensor-parallel rank's heads may start or end inside a group."},
+     "k_scale=None, v_scale=None, k_zero=None, v_zero=None, group=0, q_head0=0, window=0, "
+     "softcap=0.0): causal GQA attention of a batch step over the paged cache. q, out [T_total, "
+     "n_heads, head_dim] float32; sequence b owns rows q_offsets[b]..q_offsets[b+1], the last "
+     "positions of its context_lens[b] cached tokens. Head h reads kv head (h + q_head0) // group "
+     "(group 0: n_heads / n_kv_heads): a tensor-parallel rank's heads may start or end inside a "
+     "group. window > 0: the query at position p sees the keys at p - window < j <= p only. "
+     "softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) before the "
+     "softmax."},
     {NULL, NULL, 0, NULL},
 };

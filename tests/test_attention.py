@@ -74,8 +74,10 @@ def dequant(fmt, which, cache, scale=None, zero=None):
     return (rows.astype(np.float64) - zero[..., None]) * scale[..., None]
 
 
-def reference(q, kd, vd, tables, q_offsets, ctx, scale, group):
-    """Causal attention per sequence, gathering K/V through the block table, in float64."""
+def reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window=0, softcap=0.0):
+    """Causal attention per sequence, gathering K/V through the block table, in float64; window:
+    the query at position p sees p - window < j <= p (transformers' sliding_window_overlay);
+    softcap: scores become softcap * tanh(score / softcap) before the mask (Gemma 2's eager)."""
     bs = kd.shape[2]
     out = np.zeros(q.shape, np.float64)
     for b in range(len(ctx)):
@@ -88,15 +90,20 @@ def reference(q, kd, vd, tables, q_offsets, ctx, scale, group):
         k = kd[blk, :, pos % bs].repeat(group, axis=1)  # [ctx, n_heads, d]
         v = vd[blk, :, pos % bs].repeat(group, axis=1)
         s = np.einsum("qhd,khd->hqk", q[rows].astype(np.float64), k) * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
         limit = ctx[b] - ql + np.arange(ql)
-        s[:, pos[None, :] > limit[:, None]] = -np.inf
+        hidden = pos[None, :] > limit[:, None]
+        if window:
+            hidden |= pos[None, :] <= limit[:, None] - window
+        s[:, hidden] = -np.inf
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         out[rows] = np.einsum("hqk,khd->qhd", p, v)
     return out
 
 
-def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
+def make_step(fmt, seqs, n_kv, group, d, bs, seed=0, window=0, softcap=0.0):
     """A batch step: seqs = [(q_len, context_len)]. Writes every sequence's K/V through kv_write
     into shuffled blocks, returns (args for attention, float64 reference output)."""
     rng = np.random.default_rng(seed)
@@ -123,9 +130,9 @@ def make_step(fmt, seqs, n_kv, group, d, bs, seed=0):
     scale = 1.0 / np.sqrt(d)
     kd = dequant(fmt, "k", kc, extra.get("k_scale"), extra.get("k_zero"))
     vd = dequant(fmt, "v", vc, extra.get("v_scale"), extra.get("v_zero"))
-    ref = reference(q, kd, vd, tables, q_offsets, ctx, scale, group)
+    ref = reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window, softcap)
     args = dict(q=q, k_cache=kc, v_cache=vc, block_tables=tables, q_offsets=q_offsets,
-                context_lens=ctx, scale=scale, **extra)
+                context_lens=ctx, scale=scale, window=window, softcap=softcap, **extra)
     return args, ref
 
 
@@ -148,10 +155,29 @@ def low_precision_rows(isa, fmt, seqs, n_kv, group, d, bs):
     return low, bounds
 
 
-def run(args):
+def run(args, threads=None):
+    """The kernel's output (NaN where it writes nothing), on `threads` threads if given."""
     out = np.full(args["q"].shape, np.nan, np.float32)
-    K.attention(out=out, **args)
+    before = K.num_threads()
+    K.set_num_threads(threads or before)
+    try:
+        K.attention(out=out, **args)
+    finally:
+        K.set_num_threads(before)
     return out
+
+
+def assert_matches(isa, fmt, out, ref, seqs, n_kv, group, d, bs):
+    """out against the reference within the format's bounds, and those of the rows the tiles
+    compute with 8-bit mantissas (low_precision_rows)."""
+    rtol, atol = TOLERANCE[fmt]
+    low, bounds = low_precision_rows(isa, fmt, seqs, n_kv, group, d, bs)
+    np.testing.assert_allclose(out[~low], ref[~low], rtol=rtol, atol=atol)
+    if low.any():
+        got, want = out[low], ref[low]
+        scale = np.sqrt(np.mean(want**2))
+        np.testing.assert_allclose(got, want, rtol=0, atol=bounds[0] * scale)
+        assert np.sqrt(np.mean((got - want) ** 2)) < bounds[1] * scale
 
 
 CASES = {
@@ -184,33 +210,12 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_attention_matches_reference(isa, fmt, case):
     args, ref = make_step(fmt, **CASES[case])
-    threads = K.num_threads()
-    K.set_num_threads(2)
-    try:
-        out = run(args)
-    finally:
-        K.set_num_threads(threads)
-    rtol, atol = TOLERANCE[fmt]
-    low, bounds = low_precision_rows(isa, fmt, **CASES[case])
-    np.testing.assert_allclose(out[~low], ref[~low], rtol=rtol, atol=atol)
-    if low.any():
-        got, want = out[low], ref[low]
-        scale = np.sqrt(np.mean(want**2))
-        np.testing.assert_allclose(got, want, rtol=0, atol=bounds[0] * scale)
-        assert np.sqrt(np.mean((got - want) ** 2)) < bounds[1] * scale
+    assert_matches(isa, fmt, run(args, threads=2), ref, **CASES[case])
 
 
 def test_attention_single_thread_equals_two(isa):
     args, _ = make_step("int8", **CASES["split_decode_d128_g4_bs16"])
-    threads = K.num_threads()
-    try:
-        K.set_num_threads(1)
-        one = run(args)
-        K.set_num_threads(2)
-        two = run(args)
-    finally:
-        K.set_num_threads(threads)
-    np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run(args, threads=1), run(args, threads=2), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

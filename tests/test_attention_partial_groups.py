@@ -7,7 +7,7 @@ import pytest
 
 from dashinfer_server import kernels as K
 from dashinfer_server.shard import Shard
-from tests.test_attention import FORMATS, TOLERANCE, make_step
+from tests.test_attention import FORMATS, TOLERANCE, make_step, run
 
 # (step, heads [h0, h1) of the n_kv * group): decode rows, prefill chunks after a prefix, a
 # context long enough to be split over the threads, heads inside a single group
@@ -17,27 +17,25 @@ CASES = {
     "split_decode_g4": (dict(seqs=[(1, 2100), (2, 700)], n_kv=2, group=4, d=128, bs=16), (2, 7)),
     "inside_one_group": (dict(seqs=[(3, 3000), (1, 50)], n_kv=1, group=6, d=64, bs=32), (1, 4)),
     "prefill_g6": (dict(seqs=[(64, 200)], n_kv=2, group=6, d=128, bs=32), (4, 9)),
+    # with a sliding window and the logit soft-cap (test_attention_window.py)
+    "smollm2_rank1_window_softcap": (dict(seqs=[(1, 17), (5, 40), (33, 100), (1, 300)], n_kv=3,
+                                          group=3, d=64, bs=16, window=40, softcap=1.2), (5, 9)),
+    "split_decode_g4_window_softcap": (dict(seqs=[(1, 2100), (2, 700)], n_kv=2, group=4, d=128,
+                                            bs=16, window=500, softcap=2.0), (2, 7)),
 }
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("case", list(CASES))
-def test_partial_groups_match_reference(isa, fmt, case):
-    step, (h0, h1) = CASES[case]
-    group = step["group"]
-    args, ref = make_step(fmt, **step)
+def run_rank_heads(args, group, h0, h1):
+    """Attention over only the query heads [h0, h1) of a step (make_step's args), with only the
+    KV heads they read in the cache, on 2 threads, as a tensor-parallel rank runs it."""
     k0, k1 = h0 // group, (h1 - 1) // group + 1
     per_kv_head = ("k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero")  # [blocks, n_kv, ...]
     part = {n: np.ascontiguousarray(a[:, k0:k1]) if n in per_kv_head else a for n, a in args.items()}
     part["q"] = np.ascontiguousarray(args["q"][:, h0:h1])
-    out = np.full(part["q"].shape, np.nan, np.float32)
-    threads = K.num_threads()
-    K.set_num_threads(2)
-    try:
-        K.attention(out=out, group=group, q_head0=h0 - k0 * group, **part)
-    finally:
-        K.set_num_threads(threads)
-    want = ref[:, h0:h1]
+    return run(dict(part, group=group, q_head0=h0 - k0 * group), threads=2)
+
+
+def assert_rank_matches(fmt, out, want):
     if fmt == "fp32":
         np.testing.assert_allclose(out, want, rtol=TOLERANCE[fmt][0], atol=TOLERANCE[fmt][1])
         return
@@ -47,6 +45,14 @@ def test_partial_groups_match_reference(isa, fmt, case):
     worst, rms = (0.1, 0.02) if fmt == "uint4" else (0.05, 0.005)
     np.testing.assert_allclose(out, want, rtol=0, atol=worst * scale)
     assert np.sqrt(np.mean((out - want) ** 2)) < rms * scale
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_partial_groups_match_reference(isa, fmt, case):
+    step, (h0, h1) = CASES[case]
+    args, ref = make_step(fmt, **step)
+    assert_rank_matches(fmt, run_rank_heads(args, step["group"], h0, h1), ref[:, h0:h1])
 
 
 def test_refuses_heads_that_do_not_read_the_cache_heads():
