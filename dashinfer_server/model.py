@@ -162,6 +162,7 @@ class DecoderModel:
         q3, attn3 = q.reshape(t, self.heads, d), attn.reshape(t, self.heads, d)
         k3, v3 = k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d)
         positions, slots, scale = plan.positions, plan.slots, self.scale
+        softcap = self.cfg.attn_logit_softcap or 0.0
         tables, q_offsets, context_lens = plan.block_tables, plan.q_offsets, plan.context_lens
         linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
 
@@ -184,7 +185,7 @@ class DecoderModel:
             cache, extra = self.kv.layers[i], self.kv_args[i]
             K.kv_write(k3, v3, slots, **cache)
             K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,
-                        attn3, scale, **extra)
+                        attn3, scale, window=self.windows[i], softcap=softcap, **extra)
             linear(attn, layer.o, layer.o_bias, o)
             allreduce_(o)
             if layer.attn_out_norm is not None:

@@ -19,7 +19,7 @@ from tests.engine_helpers import DEFAULT_KV_FORMAT, engine_logits, hf_greedy, ma
 from tests.helpers import FAMILY_CONFIGS, build_tiny_gguf, load_hf_model, serialize, write_config_variant
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "phi3"]
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "phi3", "mistral", "qwen2-window"]
 TOLERANCE = 1e-3
 
 

@@ -94,8 +94,8 @@ def test_mistral_window(llama_dir, tmp_path):
         loader = HuggingFaceModel(variant(llama_dir, tmp_path / f"w{window}", mistral(window)), "m").read_model_config()
         assert loader.architecture == "mistral"
         assert (loader.config.layer_types, loader.config.sliding_window) == (None, None)
-    with pytest.raises(ModelSerializerException, match="sliding_window is not supported yet"):
-        HuggingFaceModel(variant(llama_dir, tmp_path / "bad", mistral(128)), "m").read_model_config()
+    loader = HuggingFaceModel(variant(llama_dir, tmp_path / "w128", mistral(128)), "m").read_model_config()
+    assert (loader.config.layer_types, loader.config.sliding_window) == (["sliding_attention"] * 2, 128)
 
 
 # -- bad inputs -----------------------------------------------------------------------------------

@@ -148,9 +148,8 @@ def normalize_hf_config(hf, generation_config=None):
 
 
 def _refuse_pending(cfg, hf_class):
-    """Features whose kernels are not in yet (sliding windows, soft-caps, GELU, partial rotary)."""
-    pending = [name for name, value in (("sliding_window", cfg.sliding_window), ("attn_logit_softcapping",
-               cfg.attn_logit_softcap), ("hidden_act=gelu_tanh", cfg.hidden_act == "gelu_tanh"),
+    """Features whose kernels are not in yet (GELU, partial rotary)."""
+    pending = [name for name, value in (("hidden_act=gelu_tanh", cfg.hidden_act == "gelu_tanh"),
                ("partial rotary", cfg.rotary_dim)) if value]
     if pending:
         raise ModelSerializerException(f"{hf_class} with {', '.join(pending)} is not supported yet")
