@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
+from dashinfer_server.rope import rope_table
 
 from . import kernels as K
 from . import op_profile
@@ -65,8 +65,7 @@ class DecoderModel:
         vocab_r = self.shard.vocab[1] - self.shard.vocab[0]
         self.heads, self.kv_heads = heads, kv_heads
         self.max_tokens = max_tokens
-        self.cos_sin = rope_cos_sin(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling),
-                                    cfg.max_position_embeddings)
+        self.cos_sin = rope_table(d, d, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros
         self.kv_args = [{n: a for n, a in arrays.items() if not n.endswith("cache")}
@@ -147,7 +146,7 @@ class DecoderModel:
             linear(attn, layer.o, None, o)
             allreduce_(o)
             rms_norm(o, layer.post_norm, eps, h, residual=res)
-            K.linear_silu(h, layer.gate_up, gate_up, act)
+            K.linear_glu(h, layer.gate_up, gate_up, act, act="silu")
             linear(act, layer.down, None, o)
             allreduce_(o)
 

@@ -17,7 +17,8 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         if (dn_linear(&l->q, d->h, T, l->q_bias, d->q) || dn_linear(&l->k, d->h, T, l->k_bias, d->k) ||
             dn_linear(&l->v, d->h, T, l->v_bias, d->v))
             goto no_memory;
-        dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, d->cos_sin, T, D);
+        dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, d->cos_sin, T, D,
+                d->rotary_dim);
         dn_kv_write(&l->kv, d->k, d->v, slots, T);
         if (dn_attention(&l->kv, d->q, block_tables, max_blocks, q_offsets, context_lens, B,
                          d->n_heads, d->group, d->q_head0, d->scale, d->attn) ||
@@ -25,7 +26,7 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
             goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         dn_rms_norm(d->o, l->post_norm, d->res, d->h, T, H, d->eps);
-        if (dn_linear_silu(&l->gate_up, d->h, T, d->gate_up, d->act)) goto no_memory;
+        if (dn_linear_glu(&l->gate_up, d->h, T, DN_ACT_SILU, d->gate_up, d->act)) goto no_memory;
         if (dn_linear(&l->down, d->act, T, NULL, d->o)) goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
     }

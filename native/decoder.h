@@ -17,9 +17,10 @@ typedef struct {
 
 typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, max_tokens, max_pos;
+    int rotary_dim; /* the rope table's width: the first rotary_dim dims of a head rotate */
     int group, q_head0; /* query head h reads kv head (h + q_head0) / group (attention.h) */
     float eps, scale;
-    const float *cos_sin; /* [max_pos, head_dim] */
+    const float *cos_sin; /* [max_pos, rotary_dim] */
     dn_layer_t *layers;
     /* workspace, max_tokens rows each: res, h, o [hidden]; q, attn [n_heads * head_dim];
      * k, v [n_kv_heads * head_dim]; gate_up [2 * inter]; act [inter] */

@@ -165,8 +165,13 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         dn_check_dim(a, v[7], "gate_up", 1, 2 * (Py_ssize_t)d->inter))
         goto fail;
     Py_buffer *c = dn_take(a, cs, "cos_sin", 'f', 2, 0);
-    if (!c || dn_check_dim(a, c, "cos_sin", 1, d->head_dim)) goto fail;
-    d->cos_sin = c->buf, d->max_pos = (int)c->shape[0];
+    if (!c) goto fail;
+    if (c->shape[1] % 2 || c->shape[1] == 0 || c->shape[1] > d->head_dim) {
+        PyErr_Format(PyExc_ValueError, "decoder_new: cos_sin has %zd columns: the rotary dim must be "
+                     "even, positive and at most head_dim %d", c->shape[1], d->head_dim);
+        goto fail;
+    }
+    d->cos_sin = c->buf, d->max_pos = (int)c->shape[0], d->rotary_dim = (int)c->shape[1];
     for (int i = 0; i < n_layers; i++) {
         dn_layer_t *l = &d->layers[i];
         if (take_layer(&b->held[1 + 2 * i], PyList_GET_ITEM(layers, i), d, l)) goto fail;
@@ -247,7 +252,8 @@ PyMethodDef dn_decoder_methods[] = {
      "takes them). A field it does not know is an error.\n"
      "workspace: a dict with the float32 [max_tokens, width] arrays res, h, o, q, k, v, attn,\n"
      "gate_up, act (other entries are not read).\n"
-     "cos_sin: the rope table [max_pos, head_dim]. The decoder holds every array until it dies."},
+     "cos_sin: the rope table [max_pos, rotary_dim], rotary_dim <= head_dim (its first rotary_dim\n"
+     "dims rotate). The decoder holds every array until it dies."},
     {"decoder_run", (PyCFunction)(void (*)(void))py_decoder_run, METH_VARARGS | METH_KEYWORDS,
      "decoder_run(decoder, positions, slots, block_tables, q_offsets, context_lens, comm=None,\n"
      "timeout=60.0): every layer over the T tokens whose embeddings are in workspace res[:T]\n"
