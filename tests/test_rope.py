@@ -1,5 +1,6 @@
 """RoPE: dashinfer_server.rope's tables against transformers' own ROPE_INIT_FUNCTIONS and rotary
-modules (every rope type the supported families use, partial rotary included), its checks, and
+modules (every rope type the supported families use, partial rotary included), the checks of
+dashinfer_client.model.rope_scaling, and
 the K.rope kernel on every ISA path against float64 numpy and transformers' apply_rotary_pos_emb."""
 import numpy as np
 import pytest
@@ -9,8 +10,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding, apply_rotary_pos_emb
 
+from dashinfer_client.model.rope_scaling import resolve_rope_scaling, rotary_dim
 from dashinfer_server import kernels as K
-from dashinfer_server.rope import resolve_rope_scaling, rope_frequencies, rope_table, rotary_dim
+from dashinfer_server.rope import rope_frequencies, rope_table
 
 TOL = 1e-5
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
