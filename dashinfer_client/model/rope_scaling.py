@@ -16,7 +16,7 @@ _REFUSED = {
                "length, so a key would need another rotation as its sequence grows; this runtime "
                "rotates keys once into a paged KV cache shared between requests",
 }
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_LLAMA3_FACTORS = ("factor", "low_freq_factor", "high_freq_factor")
 
 
 def rope_type(scaling: dict | None) -> str:
@@ -67,7 +67,7 @@ def resolve_rope_scaling(scaling: dict | None, rotary_dim: int,
     else:
         original = get.integer("original_max_position_embeddings")
     if kind == "llama3":
-        resolved = {"rope_type": kind, **{k: get.number(k) for k in _LLAMA3_KEYS[:3]},
+        resolved = {"rope_type": kind, **{k: get.number(k) for k in _LLAMA3_FACTORS},
                     "original_max_position_embeddings": original}
         if not resolved["high_freq_factor"] > resolved["low_freq_factor"]:
             raise ValueError("rope type 'llama3' needs high_freq_factor > low_freq_factor")
