@@ -14,7 +14,7 @@ from bench.timing import best_seconds
 from dashinfer_server import kernels as K
 
 K.load()  # a bench runs where it was started: nothing to place first
-from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
+from dashinfer_server.rope import rope_table
 
 DEFAULT_LIMITS = {"bw_gbs": 43.0}
 MODELS = {
@@ -41,7 +41,7 @@ def _cases(cfg: dict, M: int):
     q = rng.standard_normal((M, H, D), dtype=np.float32)
     k = rng.standard_normal((M, Hk, D), dtype=np.float32)
     pos = np.arange(M, dtype=np.int32)
-    cs = rope_cos_sin(rope_inv_freq(D, 10000.0), max(M, 8192))
+    cs = rope_table(D, D, 10000.0, None, max(M, 8192))
     gate_up = rng.standard_normal((M, 2 * I), dtype=np.float32)
     act = np.empty((M, I), np.float32)
     return [
@@ -49,7 +49,8 @@ def _cases(cfg: dict, M: int):
         ("rms_norm+residual", lambda: K.rms_norm(x, w, 1e-5, out, res), (4 * M * N + N) * 4),
         # reads and writes q and k, reads one cos/sin row per token
         ("rope", lambda: K.rope(q, k, pos, cs), (2 * M * (H + Hk) * D + M * D) * 4),
-        ("silu_mul", lambda: K.silu_mul(gate_up, act), 3 * M * I * 4),
+        ("glu_mul silu", lambda: K.glu_mul(gate_up, act), 3 * M * I * 4),
+        ("glu_mul gelu_tanh", lambda: K.glu_mul(gate_up, act, act="gelu_tanh"), 3 * M * I * 4),
     ]
 
 
@@ -64,7 +65,7 @@ def _overhead_rows() -> list:
         ("rms_norm M=1 N=16", lambda: K.rms_norm(one, w, 1e-5, out)),
         ("rms_norm+residual M=1 N=16", lambda: K.rms_norm(one, w, 1e-5, out, res)),
         ("rope T=1 heads=1 D=16", lambda: K.rope(q, None, pos, cs)),
-        ("silu_mul M=1 I=16", lambda: K.silu_mul(gate_up, out)),
+        ("glu_mul M=1 I=16", lambda: K.glu_mul(gate_up, out)),
         ("embedding T=1 D=16", lambda: K.embedding(ids, table, out)),
     ]
     return [{"kernel": "overhead", "case": name, "us": seconds_per_call(fn) * 1e6}

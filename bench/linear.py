@@ -1,6 +1,7 @@
 """Linear kernels against the machine's limits and against torch.
 
     PYTHONPATH=. python bench/linear.py [--bw 43] [--bf16 915] [--fp32 457] [--quick]
+    PYTHONPATH=. python bench/linear.py --glu [--runs 5] [--wtypes bf16]
 
 rows(limits) returns one dict per (shape, wtype): time, GB/s over the packed weight bytes
 (scales and zeros included; i8 groups of 64, u4 of 32: quant.DEFAULT_GROUPS), GFLOP/s, `roofline` = the time the limits allow (weight bytes at
@@ -117,6 +118,39 @@ def rows(limits: dict, quick: bool = False, with_torch: bool = True, wtypes=WTYP
         K.set_num_threads(threads)
 
 
+GLU = [(576, 1536), (1152, 6912)]  # (K, I) of a gated MLP: SmolLM2-135M's, Gemma-3-1B's
+
+
+def glu_rows(runs: int = 5, m: int = 512, wtype: str = "bf16") -> list:
+    """linear_glu at M rows with SiLU and with GELU-tanh on the same weight and input, the two
+    alternating run by run (which goes first alternates too); per shape, gelu / silu time of each
+    run and their median."""
+    rng = np.random.default_rng(0)
+    threads = K.num_threads()
+    K.set_num_threads(THREADS)
+    try:
+        out = []
+        for k, inter in GLU:
+            packed = _pack(wtype, 2 * inter, k, rng)
+            x = rng.standard_normal((m, k), dtype=np.float32)
+            gate_up, act = np.empty((m, 2 * inter), np.float32), np.empty((m, inter), np.float32)
+            ratios = []
+            for r in range(runs):
+                t = {}
+                for name in (("silu", "gelu_tanh") if r % 2 == 0 else ("gelu_tanh", "silu")):
+                    t[name] = best_seconds(lambda i: K.linear_glu(x, packed, gate_up, act, act=name),
+                                           calls=20, budget=1.0, batch=1)
+                ratios.append(t["gelu_tanh"] / t["silu"])
+                print(f"M={m} K={k} I={inter} {wtype} run {r}: silu {t['silu'] * 1e3:7.2f} ms  "
+                      f"gelu_tanh {t['gelu_tanh'] * 1e3:7.2f} ms  gelu/silu {ratios[-1]:.3f}", flush=True)
+            out.append({"M": m, "K": k, "I": inter, "wtype": wtype, "gelu_over_silu": float(np.median(ratios))})
+            print(f"M={m} K={k} I={inter} {wtype}: median gelu/silu {out[-1]['gelu_over_silu']:.3f} "
+                  f"over {runs} runs", flush=True)
+        return out
+    finally:
+        K.set_num_threads(threads)
+
+
 def print_row(r):
     torch = f"  torch {r['torch_us']:9.1f} us  x{r['vs_torch']:5.2f}" if "torch_us" in r else ""
     print(f"{r['case']:32s} {r['wtype']:4s} {r['us']:9.1f} us  {r['GB/s']:6.1f} GB/s  "
@@ -146,12 +180,17 @@ if __name__ == "__main__":
     ap.add_argument("--runs", type=int, default=1, help="repeat and keep each row's best (busy machines)")
     ap.add_argument("--wtypes", default=",".join(WTYPES), help="comma-separated weight types")
     ap.add_argument("--m", default="1,8,32,512", help="comma-separated M of the cases to run")
+    ap.add_argument("--glu", action="store_true",
+                    help="only linear_glu at M=512: GELU-tanh against SiLU, interleaved (--runs, default 5)")
     a = ap.parse_args()
     print(f"isa {K.isa()}, {THREADS} threads")
-    limits = {"bw_gbs": a.bw, "bf16_gflops": a.bf16, "fp32_gflops": a.fp32}
-    picked = dict(wtypes=a.wtypes.split(","), ms=[int(m) for m in a.m.split(",")])
-    runs = [rows(limits, a.quick, not a.no_torch, **picked) for _ in range(a.runs)]
-    if a.runs > 1:
-        print(f"best of {a.runs} runs:")
-        for r in best_of(runs):
-            print_row(r)
+    if a.glu:
+        glu_rows(runs=max(a.runs, 5), wtype=a.wtypes.split(",")[0] if a.wtypes != ",".join(WTYPES) else "bf16")
+    else:
+        limits = {"bw_gbs": a.bw, "bf16_gflops": a.bf16, "fp32_gflops": a.fp32}
+        picked = dict(wtypes=a.wtypes.split(","), ms=[int(m) for m in a.m.split(",")])
+        runs = [rows(limits, a.quick, not a.no_torch, **picked) for _ in range(a.runs)]
+        if a.runs > 1:
+            print(f"best of {a.runs} runs:")
+            for r in best_of(runs):
+                print_row(r)

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
+from dashinfer_server.rope import rope_table
 
 from . import kernels as K
 from . import op_profile
@@ -53,9 +53,10 @@ class Workspace:
 
 class DecoderModel:
     def __init__(self, model, kv_mode: str, num_blocks: int, block_size: int, max_tokens: int,
-                 max_seqs: int, group=None, fused: bool = True):
+                 max_seqs: int, group=None, fused: bool = True, max_positions: int | None = None):
         """fused False: always run the layers op by op from Python (the reference the tests
-        hold the native decoder to)."""
+        hold the native decoder to). max_positions: the served context (the rope tables' rows;
+        it picks longrope's factors); default the model's max_position_embeddings."""
         self.group = group or LocalGroup()
         cfg = self.cfg = model.config
         self.shard = Shard(self.group.rank, self.group.world, cfg.num_attention_heads,
@@ -71,13 +72,12 @@ class DecoderModel:
         self.max_tokens = max_tokens
         self.family = family(model.architecture)
         self.rot_dim = cfg.rotary_dim or d
-        tables = {}  # one rope table per RoPE base the layers use (Gemma 3: a local and a global one)
-        for theta, scaling in {(cfg.rope_theta, _frozen(cfg.rope_scaling)), (cfg.rope_local_theta, None)}:
-            if theta is not None:
-                tables[theta] = rope_cos_sin(rope_inv_freq(self.rot_dim, theta, dict(scaling or ()) or None),
-                                             cfg.max_position_embeddings)
-        self.cos_sin = [tables[cfg.rope_local_theta if cfg.layer_window(i) and cfg.rope_local_theta
-                               else cfg.rope_theta] for i in range(cfg.num_hidden_layers)]
+        max_positions = max_positions or cfg.max_position_embeddings
+        table = rope_table(d, self.rot_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+        # Gemma 3's sliding layers rotate with a base of their own, unscaled
+        local = table if cfg.rope_local_theta is None else rope_table(d, self.rot_dim, cfg.rope_local_theta,
+                                                                      None, max_positions)
+        self.cos_sin = [local if cfg.layer_window(i) else table for i in range(cfg.num_hidden_layers)]
         self.windows = [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)]
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros
@@ -192,10 +192,10 @@ class DecoderModel:
                 rms_norm(o, layer.attn_out_norm, eps, o)
             x = sublayer_input(layer.mlp_norm, o)
             if layer.gate_up_bias is None:
-                K.linear_silu(x, layer.gate_up, gate_up, act)
+                K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
             else:
                 linear(x, layer.gate_up, layer.gate_up_bias, gate_up)
-                K.silu_mul(gate_up, act)
+                K.glu_mul(gate_up, act, act=self.cfg.hidden_act)
             linear(act, layer.down, layer.down_bias, o)
             allreduce_(o)
             if layer.mlp_out_norm is not None:
@@ -215,12 +215,6 @@ class DecoderModel:
         self.group.allreduce_(ss)
         for x, col, total, weight in ((q, 0, self.qk_totals[0], layer.q_norm), (k, 1, self.qk_totals[1], layer.k_norm)):
             x *= (np.float32(1.0) / np.sqrt(ss[:, col:col + 1] / np.float32(total) + np.float32(eps))) * weight
-
-
-def _frozen(scaling):
-    """A rope scaling dict as a hashable key (lists inside become tuples)."""
-    return None if scaling is None else tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                                                     for k, v in scaling.items()))
 
 
 # ---- sizing: a runtime config -> this rank's decoder (rank 0's model loop and the workers) ----
@@ -285,4 +279,5 @@ def build_decoder(model, cfg, group=None) -> DecoderModel:
     return DecoderModel(model, kv_format(cfg, model),
                         num_kv_blocks(cfg, model, block_size), block_size,
                         max_step_tokens(cfg), cfg.max_batch, group,
-                        fused=not op_profile.enabled())  # profiled: op by op on every rank
+                        fused=not op_profile.enabled(),  # profiled: op by op on every rank
+                        max_positions=cfg.max_length)

@@ -54,7 +54,8 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
             dn_linear(&l->v, x, T, l->v_bias, d->v))
             goto no_memory;
         if (l->q_norm && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
-        dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, l->cos_sin, T, D);
+        dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, l->cos_sin, T, D,
+                d->rot_dim);
         dn_kv_write(&l->kv, d->k, d->v, slots, T);
         if (dn_attention(&l->kv, d->q, block_tables, max_blocks, q_offsets, context_lens, B,
                          d->n_heads, d->group, d->q_head0, d->scale, l->window, d->softcap, d->attn) ||
@@ -65,8 +66,8 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         x = sublayer_input(d, l->mlp_norm, d->o, T);
         if (l->gate_up_bias) {
             if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) goto no_memory;
-            dn_silu_mul(d->gate_up, d->act, T, d->inter);
-        } else if (dn_linear_silu(&l->gate_up, x, T, d->gate_up, d->act)) {
+            dn_glu_mul(d->gate_up, d->act, T, d->inter, d->glu);
+        } else if (dn_linear_glu(&l->gate_up, x, T, d->glu, d->gate_up, d->act)) {
             goto no_memory;
         }
         if (dn_linear(&l->down, d->act, T, l->down_bias, d->o)) goto no_memory;

@@ -7,7 +7,7 @@
  *   q, k, v = x Wq + bq, x Wk + bk, x Wv + bv;  q, k = qk_norm(q), qk_norm(k);  RoPE(q, k)
  *   a = attention(q, cache; window, softcap) Wo + bo   (allreduced);  a = attn_out_norm(a)
  *   res += a;  x = mlp_norm ? norm(res) : res
- *   m = (act(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
+ *   m = (glu(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
  *   res += m
  * The residual adds are fused into the next norm where there is one. */
 #pragma once
@@ -16,6 +16,7 @@
 
 #include "attention.h"
 #include "comm.h"
+#include "glu.h"
 #include "linear.h"
 
 typedef struct {
@@ -33,7 +34,7 @@ typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, max_tokens, max_pos, rot_dim;
     int group, q_head0; /* query head h reads kv head (h + q_head0) / group (attention.h) */
     float eps, scale, softcap; /* softcap 0: none */
-    int gelu;                  /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh) */
+    dn_act glu;                /* the gated MLP's activation (glu.h) */
     /* whole-projection q/k norms over tensor-parallel ranks: the widths of the whole q and k rows,
      * and whether this rank's first kv head is cached by the rank before (it then leaves that
      * head out of its sum of squares, so the allreduce counts every head once) */

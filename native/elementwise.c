@@ -1,4 +1,4 @@
-/* RMSNorm, RoPE, SiLU*up and embedding: AVX-512 / AVX2 / portable, threads over rows.
+/* RMSNorm, RoPE, act(gate)*up and embedding: AVX-512 / AVX2 / portable, threads over rows.
  *
  * Each kernel is a row (or span) function per ISA plus one driver that picks the function and
  * either runs it inline or in one OpenMP region. Small calls stay on the calling thread: at
@@ -10,16 +10,16 @@
 #include <omp.h>
 
 #include "common.h"
-#include "silu_avx512.h"
+#include "glu_avx512.h"
 
 /* Output floats below which a kernel runs on the calling thread. A parallel region costs
  * ~1-2 us on this 2-core VM even with spinning threads; these are the sizes where two threads
- * started to win (threads 1 vs 2, best of many runs). SiLU splits soonest: its exp costs ~20
+ * started to win (threads 1 vs 2, best of many runs). The GLU splits soonest: its exp costs ~20
  * cycles per 16 floats, while RoPE and the embedding copy are nearly free per float.
  * A single row (decode) is never split: RMSNorm would need a cross-thread reduction for it. */
 #define RMS_SERIAL_FLOATS 16384
 #define ROPE_SERIAL_FLOATS 40960
-#define SILU_SERIAL_FLOATS 8192
+#define GLU_SERIAL_FLOATS 8192
 #define EMBED_SERIAL_FLOATS 65536
 
 /* With more cores, each thread keeps at least half a limit (each one's share where two started
@@ -192,11 +192,12 @@ void dn_rms_norm(const float *x, const float *weight, float *residual, float *ou
 /* ------------------------------------------------------------------------------------------ */
 /* RoPE */
 
-/* Rotates `heads` consecutive heads of D floats by one position's cos (cs) and sin (cs + D/2). */
-typedef void (*rope_heads_fn)(float *x, int heads, const float *cs, int D);
+/* Rotates `heads` consecutive heads of D floats by one position's cos (cs) and sin (cs + R/2):
+ * the first R dims of each head, as pairs (j, j + R/2); dims R..D-1 pass through. */
+typedef void (*rope_heads_fn)(float *x, int heads, const float *cs, int D, int R);
 
-static void rope_heads_portable(float *x, int heads, const float *cs, int D) {
-    int h = D / 2;
+static void rope_heads_portable(float *x, int heads, const float *cs, int D, int R) {
+    int h = R / 2;
     const float *sn = cs + h;
     for (int head = 0; head < heads; head++, x += D)
         for (int j = 0; j < h; j++) {
@@ -206,8 +207,8 @@ static void rope_heads_portable(float *x, int heads, const float *cs, int D) {
         }
 }
 
-DN_TARGET_AVX2 static void rope_heads_avx2(float *x, int heads, const float *cs, int D) {
-    int h = D / 2;
+DN_TARGET_AVX2 static void rope_heads_avx2(float *x, int heads, const float *cs, int D, int R) {
+    int h = R / 2;
     const float *sn = cs + h;
     for (int head = 0; head < heads; head++, x += D) {
         int j = 0;
@@ -225,8 +226,8 @@ DN_TARGET_AVX2 static void rope_heads_avx2(float *x, int heads, const float *cs,
     }
 }
 
-DN_TARGET_AVX512 static void rope_heads_avx512(float *x, int heads, const float *cs, int D) {
-    int h = D / 2;
+DN_TARGET_AVX512 static void rope_heads_avx512(float *x, int heads, const float *cs, int D, int R) {
+    int h = R / 2;
     const float *sn = cs + h;
     for (int head = 0; head < heads; head++, x += D)
         for (int j = 0; j < h; j += 16) {
@@ -240,41 +241,41 @@ DN_TARGET_AVX512 static void rope_heads_avx512(float *x, int heads, const float 
 
 static void rope_tokens(rope_heads_fn heads, float *q, int n_heads, long ldq, float *k,
                         int n_kv_heads, long ldk, const int32_t *positions, const float *cos_sin,
-                        int t0, int t1, int D) {
+                        int t0, int t1, int D, int R) {
     for (int t = t0; t < t1; t++) {
-        const float *cs = cos_sin + (size_t)positions[t] * D;
-        heads(q + (size_t)t * ldq, n_heads, cs, D);
-        if (k) heads(k + (size_t)t * ldk, n_kv_heads, cs, D);
+        const float *cs = cos_sin + (size_t)positions[t] * R;
+        heads(q + (size_t)t * ldq, n_heads, cs, D, R);
+        if (k) heads(k + (size_t)t * ldk, n_kv_heads, cs, D, R);
     }
 }
 
 void dn_rope(float *q, int n_heads, long ldq, float *k, int n_kv_heads, long ldk,
-             const int32_t *positions, const float *cos_sin, int T, int D) {
+             const int32_t *positions, const float *cos_sin, int T, int D, int R) {
     dn_isa_t isa = dn_isa();
     rope_heads_fn heads = isa == DN_ISA_AVX512 ? rope_heads_avx512
                           : isa == DN_ISA_AVX2 ? rope_heads_avx2
                                                : rope_heads_portable;
     if (!k) n_kv_heads = 0;
-    int nt = threads_for((long)T * (n_heads + n_kv_heads) * D, ROPE_SERIAL_FLOATS);
+    int nt = threads_for((long)T * (n_heads + n_kv_heads) * R, ROPE_SERIAL_FLOATS);
     if (nt == 1 || T == 1) {
-        rope_tokens(heads, q, n_heads, ldq, k, n_kv_heads, ldk, positions, cos_sin, 0, T, D);
+        rope_tokens(heads, q, n_heads, ldq, k, n_kv_heads, ldk, positions, cos_sin, 0, T, D, R);
         return;
     }
 #pragma omp parallel num_threads(nt)
     {
         int id = omp_get_thread_num(), n = omp_get_num_threads();
         rope_tokens(heads, q, n_heads, ldq, k, n_kv_heads, ldk, positions, cos_sin,
-                    (int)((long)T * id / n), (int)((long)T * (id + 1) / n), D);
+                    (int)((long)T * id / n), (int)((long)T * (id + 1) / n), D, R);
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* SiLU(gate) * up */
+/* act(gate) * up (glu.h) */
 
-typedef void (*silu_span_fn)(const float *gate, const float *up, float *out, int n);
+typedef void (*glu_span_fn)(const float *gate, const float *up, float *out, int n, dn_act act);
 
-static void silu_span_portable(const float *gate, const float *up, float *out, int n) {
-    for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+static void glu_span_portable(const float *gate, const float *up, float *out, int n, dn_act act) {
+    for (int i = 0; i < n; i++) out[i] = dn_glu_scalar(gate[i], up[i], act);
 }
 
 DN_TARGET_AVX2 static inline __m256 exp_avx2(__m256 x) {
@@ -294,50 +295,55 @@ DN_TARGET_AVX2 static inline __m256 exp_avx2(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-DN_TARGET_AVX2 static void silu_span_avx2(const float *gate, const float *up, float *out, int n) {
+DN_TARGET_AVX2 static void glu_span_avx2(const float *gate, const float *up, float *out, int n,
+                                         dn_act act) {
     const __m256 one = _mm256_set1_ps(1.0f);
+    const int gelu = act == DN_ACT_GELU_TANH;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 neg = _mm256_sub_ps(_mm256_setzero_ps(), g);
+        __m256 g = _mm256_loadu_ps(gate + i), z = g;
+        if (gelu)
+            z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(GELU_Z3),
+                                                 _mm256_set1_ps(GELU_Z1)));
+        __m256 neg = _mm256_sub_ps(_mm256_setzero_ps(), z);
         __m256 keep = _mm256_cmp_ps(neg, _mm256_set1_ps(EXP_HI), _CMP_NGT_UQ); /* NaN kept */
         __m256 e = exp_avx2(neg);
         __m256 s = _mm256_and_ps(keep, _mm256_div_ps(g, _mm256_add_ps(one, e)));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
     }
-    if (i < n) silu_span_portable(gate + i, up + i, out + i, n - i);
+    if (i < n) glu_span_portable(gate + i, up + i, out + i, n - i, act);
 }
 
-DN_TARGET_AVX512 static void silu_span_avx512(const float *gate, const float *up, float *out,
-                                              int n) {
+DN_TARGET_AVX512 static void glu_span_avx512(const float *gate, const float *up, float *out,
+                                             int n, dn_act act) {
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 s = silu_mul_avx512(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
+        __m512 s = glu_mul_avx512(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i), act);
         _mm512_mask_storeu_ps(out + i, m, s);
     }
 }
 
 /* Elements [lo, hi) of the flattened [M, I] output. */
-static void silu_range(silu_span_fn span, const float *gate_up, float *out, long lo, long hi,
-                       int I) {
+static void glu_range(glu_span_fn span, const float *gate_up, float *out, long lo, long hi, int I,
+                      dn_act act) {
     while (lo < hi) {
         long m = lo / I, c = lo % I;
         int n = (int)(hi - lo < I - c ? hi - lo : I - c);
         const float *g = gate_up + (size_t)m * 2 * I + c;
-        span(g, g + I, out + (size_t)m * I + c, n);
+        span(g, g + I, out + (size_t)m * I + c, n, act);
         lo += n;
     }
 }
 
-void dn_silu_mul(const float *gate_up, float *out, int M, int I) {
+void dn_glu_mul(const float *gate_up, float *out, int M, int I, dn_act act) {
     dn_isa_t isa = dn_isa();
-    silu_span_fn span = isa == DN_ISA_AVX512 ? silu_span_avx512
-                        : isa == DN_ISA_AVX2 ? silu_span_avx2
-                                             : silu_span_portable;
+    glu_span_fn span = isa == DN_ISA_AVX512 ? glu_span_avx512
+                       : isa == DN_ISA_AVX2 ? glu_span_avx2
+                                            : glu_span_portable;
     long total = (long)M * I;
-    int nt = threads_for(total, SILU_SERIAL_FLOATS);
+    int nt = threads_for(total, GLU_SERIAL_FLOATS);
     if (nt == 1) {
-        silu_range(span, gate_up, out, 0, total, I);
+        glu_range(span, gate_up, out, 0, total, I, act);
         return;
     }
     /* split the flattened output, not rows: one decode row of 11008 is worth two threads */
@@ -347,7 +353,7 @@ void dn_silu_mul(const float *gate_up, float *out, int M, int I) {
         long chunk = (total + n - 1) / n;
         chunk = (chunk + 15) & ~15L; /* whole vectors per thread */
         long lo = id * chunk, hi = lo + chunk < total ? lo + chunk : total;
-        silu_range(span, gate_up, out, lo, hi, I);
+        glu_range(span, gate_up, out, lo, hi, I, act);
     }
 }
 

@@ -1,8 +1,11 @@
-/* The small per-token kernels of a LLaMA/Qwen2 decoder: RMSNorm (with the fused residual add),
- * rotary position embedding, SiLU(gate) * up, and the embedding lookup. fp32 activations.
+/* The small per-token kernels of a decoder: RMSNorm (with the fused residual add), rotary
+ * position embedding, a gated MLP's act(gate) * up (glu.h), and the embedding lookup.
+ * fp32 activations.
  * Each picks the ISA path (dn_isa) and threads over rows when the work pays for it. */
 #pragma once
 #include <stdint.h>
+
+#include "glu.h"
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, row by row.
  * With residual (non-NULL): residual += x first, and the norm is taken of the new residual
@@ -13,21 +16,22 @@ void dn_rms_norm(const float *x,   /* [M, N] */
                  float *out,       /* [M, N] */
                  int M, int N, float eps);
 
-/* Rotary embedding in place, half-rotation (neox) layout as transformers' LLaMA/Qwen2:
- * with h = D/2, x[j] <- x[j]*cos - x[j+h]*sin and x[j+h] <- x[j+h]*cos + x[j]*sin.
+/* Rotary embedding in place, half-rotation (neox) layout as transformers' rotate_half, over the
+ * first R dims of each head of D (partial rotary when R < D; the rest pass through): with
+ * h = R/2, x[j] <- x[j]*cos - x[j+h]*sin and x[j+h] <- x[j+h]*cos + x[j]*sin for j < h.
  * Token t of q starts at q + t*ldq (ldq >= n_heads*D, so q and k may be slices of a fused
  * qkv row); cos_sin row p holds cos of frequency j at column j and its sin at h+j.
- * Positions must already be checked to lie in [0, rows of cos_sin). */
+ * R is even and at most D; positions must already be checked to lie in [0, rows of cos_sin). */
 void dn_rope(float *q, int n_heads, long ldq,        /* [T, ldq], heads of D at the start */
              float *k, int n_kv_heads, long ldk,     /* [T, ldk], or NULL */
              const int32_t *positions,               /* [T] */
-             const float *cos_sin,                   /* [max_pos, D] */
-             int T, int D);
+             const float *cos_sin,                   /* [max_pos, R] */
+             int T, int D, int R);
 
-/* out = silu(gate) * up with silu(g) = g / (1 + exp(-g)); gate_up rows hold gate then up. */
-void dn_silu_mul(const float *gate_up, /* [M, 2I] */
-                 float *out,           /* [M, I] */
-                 int M, int I);
+/* out = act(gate) * up (glu.h); gate_up rows hold gate then up. */
+void dn_glu_mul(const float *gate_up, /* [M, 2I] */
+                float *out,           /* [M, I] */
+                int M, int I, dn_act act);
 
 /* The index of the first id outside [0, V), or -1 when all are valid. */
 long dn_embedding_first_bad(const int32_t *ids, long T, long V);

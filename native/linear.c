@@ -183,18 +183,19 @@ static int run_call(const dn_linear_kernels *kern, dn_linear_call *c) {
 
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y) {
     if (m <= 0) return 0;
-    dn_linear_call c = {w, x, m, bias, y, NULL, NULL};
+    dn_linear_call c = {w, x, m, bias, y, NULL, NULL, DN_ACT_SILU};
     return run_call(kernels_for(w), &c);
 }
 
-int dn_linear_silu(const dn_linear_w *w, const float *x, int64_t m, float *gate_up, float *act) {
+int dn_linear_glu(const dn_linear_w *w, const float *x, int64_t m, dn_act act, float *gate_up,
+                  float *out) {
     if (m <= 0) return 0;
     const dn_linear_kernels *kern = kernels_for(w);
-    if (kern->fuses_silu && w->n % (2 * DN_LINEAR_NR) == 0 && kern->fuses_silu(w, m)) {
-        dn_linear_call c = {w, x, m, NULL, gate_up, NULL, act};
+    if (kern->fuses_glu && w->n % (2 * DN_LINEAR_NR) == 0 && kern->fuses_glu(w, m)) {
+        dn_linear_call c = {w, x, m, NULL, gate_up, NULL, out, act};
         return run_call(kern, &c);
     }
     if (dn_linear(w, x, m, NULL, gate_up)) return -1;
-    dn_silu_mul(gate_up, act, (int)m, (int)(w->n / 2));
+    dn_glu_mul(gate_up, out, (int)m, (int)(w->n / 2), act);
     return 0;
 }

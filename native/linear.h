@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "glu.h"
+
 typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3, DN_W_I8Q = 4, DN_W_U4Q = 5 } dn_wtype;
 
 #define DN_LINEAR_NR 64          /* output columns per panel */
@@ -109,12 +111,13 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);
  * Returns 0, or -1 when its scratch memory cannot be allocated. */
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y);
 
-/* act[m][n/2] = silu(x . Wg^T) * (x . Wu^T) for a gate_up weight w [n][k] (gate rows, then up
- * rows), silu(g) = g / (1 + exp(-g)). gate_up [m][n] is scratch. Where the path allows it (the
- * AVX-512 GEMM, n/2 a multiple of DN_LINEAR_NR) the GEMM stores silu(g) * u itself and
- * gate_up stays untouched (one k block) or holds the up half's partial sums; elsewhere it is
- * dn_linear into gate_up, then dn_silu_mul. Returns 0, or -1 as dn_linear does. */
-int dn_linear_silu(const dn_linear_w *w, const float *x, int64_t m, float *gate_up, float *act);
+/* out[m][n/2] = act(x . Wg^T) * (x . Wu^T) (glu.h) for a gate_up weight w [n][k] (gate rows,
+ * then up rows). gate_up [m][n] is scratch. Where the path allows it (the AVX-512 GEMM, n/2 a
+ * multiple of DN_LINEAR_NR) the GEMM stores act(g) * u itself and gate_up stays untouched (one
+ * k block) or holds the up half's partial sums; elsewhere it is dn_linear into gate_up, then
+ * dn_glu_mul. Returns 0, or -1 as dn_linear does. */
+int dn_linear_glu(const dn_linear_w *w, const float *x, int64_t m, dn_act act, float *gate_up,
+                  float *out);
 
 /* Quantize w (bf16 bits when `bf16`, else float) [n][k] to `bits` (8 or 4) codes with per-group
  * scales, zeros [n][k/group], as InstantQuant does (dashinfer_client/model/quant.py): codes

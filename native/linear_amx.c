@@ -133,5 +133,5 @@ static int64_t units(const dn_linear_w *w, int64_t m) {
     return w->npanels * ((m + ROWS - 1) / ROWS);
 }
 
-/* No fused SiLU*up: dn_linear_silu runs this, then dn_silu_mul. */
+/* No fused act(gate)*up: dn_linear_glu runs this, then dn_glu_mul. */
 const dn_linear_kernels dn_linear_amx = {scratch_bytes, run, NULL, units};

@@ -8,7 +8,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 #include "linear_avx512.h"
-#include "silu_avx512.h"
+#include "glu_avx512.h"
 
 #define MR 6 /* microkernel rows: 6 x 4 accumulators + 4 weight registers */
 #ifndef KC
@@ -30,18 +30,18 @@ INLINE void prefetch_step(const prefetch *pf, int64_t i) {
         for (int l = 0; l < pf->lines; l++) _mm_prefetch(pf->at + (i * pf->lines + l) * 64, _MM_HINT_T1);
 }
 
-/* The store of an up tile under SiLU*up: act[r][16v..] = silu(act, the gate tile stored there
+/* The store of an up tile under a GLU: out[r][16v..] = act(out, the gate tile stored there
  * before) * (acc (+ y, the up partial sums of the earlier k blocks, if accumulate)). */
-INLINE void store_tile_silu(const int mr, const int nv, __m512 *acc, const float *y, int64_t ldy,
-                            int accumulate, float *act, int64_t lda) {
+INLINE void store_tile_glu(const int mr, const int nv, __m512 *acc, const float *y, int64_t ldy,
+                           int accumulate, float *out, int64_t ldo, dn_act act) {
 #pragma GCC unroll 4
     for (int v = 0; v < nv; v++)
 #pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
             __m512 u = acc[r * nv + v];
             if (accumulate) u = _mm512_add_ps(u, _mm512_loadu_ps(y + r * ldy + 16 * v));
-            float *a = act + r * lda + 16 * v;
-            _mm512_storeu_ps(a, silu_mul_avx512(_mm512_loadu_ps(a), u));
+            float *o = out + r * ldo + 16 * v;
+            _mm512_storeu_ps(o, glu_mul_avx512(_mm512_loadu_ps(o), u, act));
         }
 }
 
@@ -49,7 +49,8 @@ INLINE void store_tile_silu(const int mr, const int nv, __m512 *acc, const float
  * xb [mr][kcp] bf16 pairs as uint32; wb [kcp][ldw*16][2] bf16, of which nv*16 columns. */
 INLINE void mk_bf16(const int mr, const int nv, int64_t kcp, const uint32_t *xb,
                     const uint16_t *wb, int ldw, float *y, int64_t ldy, int accumulate,
-                    const float *bias, int valid, float *act, int64_t lda, const prefetch *pf) {
+                    const float *bias, int valid, float *glu_out, int64_t ldo, dn_act act,
+                    const prefetch *pf) {
     __m512 acc[MR * 4];
     /* unrolled: a loop here becomes a rep stos into a stack copy of acc on every call */
 #pragma GCC unroll 24
@@ -64,14 +65,15 @@ INLINE void mk_bf16(const int mr, const int nv, int64_t kcp, const uint32_t *xb,
                 acc[r * nv + v] = _mm512_dpbf16_ps(acc[r * nv + v], xv, (__m512bh)w[v]);
         }
     }
-    if (act) store_tile_silu(mr, nv, acc, y, ldy, accumulate, act, lda);
+    if (glu_out) store_tile_glu(mr, nv, acc, y, ldy, accumulate, glu_out, ldo, act);
     else store_tile(mr, nv, acc, y, ldy, accumulate, bias, valid);
 }
 
 /* Same loop with fp32 weights [kc][ldw*16] and fp32 activations x [mr][ldx]. */
 INLINE void mk_f32(const int mr, const int nv, int64_t kc, const float *x, int64_t ldx,
                    const float *wf, int ldw, float *y, int64_t ldy, int accumulate,
-                   const float *bias, int valid, float *act, int64_t lda, const prefetch *pf) {
+                   const float *bias, int valid, float *glu_out, int64_t ldo, dn_act act,
+                   const prefetch *pf) {
     __m512 acc[MR * 4];
     /* unrolled: a loop here becomes a rep stos into a stack copy of acc on every call */
 #pragma GCC unroll 24
@@ -87,7 +89,7 @@ INLINE void mk_f32(const int mr, const int nv, int64_t kc, const float *x, int64
             for (int v = 0; v < nv; v++) acc[r * nv + v] = _mm512_fmadd_ps(w[v], xv, acc[r * nv + v]);
         }
     }
-    if (act) store_tile_silu(mr, nv, acc, y, ldy, accumulate, act, lda);
+    if (glu_out) store_tile_glu(mr, nv, acc, y, ldy, accumulate, glu_out, ldo, act);
     else store_tile(mr, nv, acc, y, ldy, accumulate, bias, valid);
 }
 
@@ -103,13 +105,14 @@ typedef struct {
     int accumulate;
     const float *bias;          /* NULL unless this is the last k block */
     int valid;
-    float *act;                 /* SiLU*up store of an up tile (store_tile_silu), else NULL */
-    int64_t lda;
+    float *glu_out;             /* act(gate) * up store of an up tile (store_tile_glu), else NULL */
+    int64_t ldo;
+    dn_act act;
     prefetch pf;
 } mk_args;
 
-#define MK_BF16(MR_, NV) mk_bf16(MR_, NV, a->kc / 2, a->xb, a->wt, a->ldw, a->y, a->ldy, a->accumulate, a->bias, a->valid, a->act, a->lda, &a->pf)
-#define MK_F32(MR_, NV) mk_f32(MR_, NV, a->kc, a->x, a->ldx, a->wt, a->ldw, a->y, a->ldy, a->accumulate, a->bias, a->valid, a->act, a->lda, &a->pf)
+#define MK_BF16(MR_, NV) mk_bf16(MR_, NV, a->kc / 2, a->xb, a->wt, a->ldw, a->y, a->ldy, a->accumulate, a->bias, a->valid, a->glu_out, a->ldo, a->act, &a->pf)
+#define MK_F32(MR_, NV) mk_f32(MR_, NV, a->kc, a->x, a->ldx, a->wt, a->ldw, a->y, a->ldy, a->accumulate, a->bias, a->valid, a->glu_out, a->ldo, a->act, &a->pf)
 #define MK_ROWS(MK) switch (mr) { \
     case 1: switch (nv) { NV_CASES(MK, 1) } break; \
     case 2: switch (nv) { NV_CASES(MK, 2) } break; \
@@ -233,23 +236,23 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
         convert_x(c->x, m, k, kp, mpad, xb, r0 * MR, r1 * MR);
 #pragma omp barrier
     }
-    /* Under SiLU*up (c->act) the grid is of gate panels q: each runs as panel q, the gate,
-     * stored into act, then panel q + half, the up, whose store turns act into silu(g) * u:
+    /* Under a GLU (c->glu_out) the grid is of gate panels q: each runs as panel q, the gate,
+     * stored into glu_out, then panel q + half, the up, whose store turns it into act(g) * u:
      * the same rows on the same thread, the gate tile still in L1. */
-    const int silu = c->act != NULL;
+    const int glu = c->glu_out != NULL;
     const int64_t half = w->npanels / 2, inter = n / 2;
     int64_t q0, q1, m0, m1;
-    dn_linear_part share = dn_linear_share_of(silu ? half : w->npanels, m, MR, t, nt);
+    dn_linear_part share = dn_linear_share_of(glu ? half : w->npanels, m, MR, t, nt);
     dn_linear_panels(&share, &q0, &q1);
     int64_t kend = f32 ? k : kp;
     for (int64_t q = q0; q < q1; q++) {
         dn_linear_rows(&share, q, &m0, &m1);
         int64_t calls = (m1 - m0 + MR - 1) / MR;
-        for (int h = 0; h <= silu; h++) {
+        for (int h = 0; h <= glu; h++) {
             const int64_t p = q + h * half;
             const uint8_t *panel = dn_linear_panel(w, p);
             int width = dn_linear_width(w, p), nv = width / 16;
-            mk_args a = {.ldx = k, .ldw = nv, .valid = dn_linear_valid(w, p)};
+            mk_args a = {.ldx = k, .ldw = nv, .valid = dn_linear_valid(w, p), .ldo = inter, .act = c->act};
             for (int64_t k0 = 0; k0 < kend; k0 += KC) {
                 const int last = k0 + KC >= kend;
                 a.kc = last ? kend - k0 : KC;
@@ -267,17 +270,16 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
                  * next (gate) panel's first */
                 int64_t next_bytes = 0, np = -1, nk0 = 0;
                 if (!last) np = p, nk0 = k0 + KC;
-                else if (silu && h == 0) np = q + half;
+                else if (glu && h == 0) np = q + half;
                 else if (q + 1 < q1) np = q + 1;
                 const char *next = NULL;
                 if (np >= 0) next = slice_span(w, np, nk0, kend - nk0 < KC ? kend - nk0 : KC, &next_bytes);
                 for (int64_t r = m0, i = 0; r < m1; r += MR, i++) {
                     int mr = m1 - r < MR ? (int)(m1 - r) : MR;
-                    /* the gate tile goes to act; the up tile's partial sums stay in y */
-                    a.y = silu && h == 0 ? c->act + r * inter + q * NR : c->y + r * n + p * NR;
-                    a.ldy = silu && h == 0 ? inter : n;
-                    a.act = silu && h == 1 && last ? c->act + r * inter + q * NR : NULL;
-                    a.lda = inter;
+                    /* the gate tile goes to glu_out; the up tile's partial sums stay in y */
+                    a.y = glu && h == 0 ? c->glu_out + r * inter + q * NR : c->y + r * n + p * NR;
+                    a.ldy = glu && h == 0 ? inter : n;
+                    a.glu_out = glu && h == 1 && last ? c->glu_out + r * inter + q * NR : NULL;
                     /* with one or two row blocks a slice is read too briefly for this to pay:
                      * the hardware prefetcher alone streams it faster (M = 5..8: 4-8% a call) */
                     a.pf = calls >= 3 ? prefetch_share(next, next_bytes, i, calls, f32 ? a.kc : a.kc / 2)
@@ -300,13 +302,13 @@ static void run(const dn_linear_call *c, int t, int nt) {
     else gemm(c, t, nt);
 }
 
-static int fuses_silu(const dn_linear_w *w, int64_t m) { return m > GEMV_MAX_M; }
+static int fuses_glu(const dn_linear_w *w, int64_t m) { return m > GEMV_MAX_M; }
 
 /* the GEMV shares whole panels; the GEMM (panel, MR rows) units */
 static int64_t units(const dn_linear_w *w, int64_t m) {
     return m <= GEMV_MAX_M ? w->npanels : w->npanels * ((m + MR - 1) / MR);
 }
 
-const dn_linear_kernels dn_linear_avx512 = {scratch_bytes, run, fuses_silu, units};
+const dn_linear_kernels dn_linear_avx512 = {scratch_bytes, run, fuses_glu, units};
 
 #pragma GCC pop_options

@@ -11,9 +11,10 @@ typedef struct {
     const float *bias;   /* [n] or NULL */
     float *y;            /* [m][n] */
     uint8_t *scratch;    /* scratch_bytes(w, m, nthreads) bytes, 64-byte aligned, shared by the team */
-    float *act;          /* NULL, or [m][n/2]: silu(gate) * up of a gate_up weight (gate rows
+    float *glu_out;      /* NULL, or [m][n/2]: act(gate) * up of a gate_up weight (gate rows
                           * then up rows, n/2 a multiple of DN_LINEAR_NR); y then holds at
-                          * most the up half's partial sums across k blocks (dn_linear_silu) */
+                          * most the up half's partial sums across k blocks (dn_linear_glu) */
+    dn_act act;          /* the gate's activation, with glu_out */
 } dn_linear_call;
 
 typedef struct {
@@ -21,8 +22,8 @@ typedef struct {
     size_t (*scratch_bytes)(const dn_linear_w *w, int64_t m, int nthreads);
     /* Called by every thread of one parallel region; may use `#pragma omp barrier`. */
     void (*run)(const dn_linear_call *c, int tid, int nthreads);
-    /* NULL, or whether run() applies SiLU*up as its store (dn_linear_call.act) at m rows. */
-    int (*fuses_silu)(const dn_linear_w *w, int64_t m);
+    /* NULL, or whether run() applies act(gate) * up as its store (dn_linear_call.glu_out) at m rows. */
+    int (*fuses_glu)(const dn_linear_w *w, int64_t m);
     /* NULL, or the (panel, row block) units run() shares out at m rows: threads past it would
      * only fork and join (a 1536 x 256 GEMV is 4 panels, whatever the cores). */
     int64_t (*units)(const dn_linear_w *w, int64_t m);

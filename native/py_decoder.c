@@ -193,7 +193,7 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         *dst[i] = v[i]->buf;
     }
     d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
-    d->softcap = (float)softcap, d->gelu = gelu, d->qk_whole = !!qk_whole;
+    d->softcap = (float)softcap, d->glu = gelu ? DN_ACT_GELU_TANH : DN_ACT_SILU, d->qk_whole = !!qk_whole;
     d->k_shared_first = !!k_shared_first;
     d->max_tokens = (int)v[0]->shape[0], d->hidden = (int)v[0]->shape[1];
     d->inter = (int)v[8]->shape[1];

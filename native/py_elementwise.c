@@ -1,4 +1,4 @@
-/* Bindings: rms_norm, rope, silu_mul, embedding (kernels in elementwise.c). */
+/* Bindings: rms_norm, rope, glu_mul, embedding (kernels in elementwise.c). */
 #include "common.h"
 #include "elementwise.h"
 #include "pyarg.h"
@@ -71,13 +71,15 @@ static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kw) {
     Py_buffer *p = dn_take(&a, op, "positions", 'i', 1, 0);
     Py_buffer *cs = p ? dn_take(&a, ocs, "cos_sin", 'f', 2, 0) : NULL;
     if (!cs) return dn_done(&a, NULL);
-    Py_ssize_t T = q->shape[0], H = q->shape[1], D = q->shape[2], P = cs->shape[0];
+    Py_ssize_t T = q->shape[0], H = q->shape[1], D = q->shape[2], P = cs->shape[0], R = cs->shape[1];
     if (fits_int(&a, q, "q") || (k && fits_int(&a, k, "k")) || fits_int(&a, cs, "cos_sin") ||
         (k && (dn_check_dim(&a, k, "k", 0, T) || dn_check_dim(&a, k, "k", 2, D))) ||
-        dn_check_dim(&a, p, "positions", 0, T) || dn_check_dim(&a, cs, "cos_sin", 1, D))
+        dn_check_dim(&a, p, "positions", 0, T))
         return dn_done(&a, NULL);
-    if (D % 2 != 0)
-        return dn_fail(&a, PyExc_ValueError, "head_dim must be even, got %zd", D);
+    if (R % 2 != 0 || R == 0 || R > D)
+        return dn_fail(&a, PyExc_ValueError,
+                       "cos_sin has %zd columns: the rotary dim must be even, positive and at most "
+                       "head_dim %zd", R, D);
     if (disjoint(&a, q, "q", k, "k") || disjoint(&a, q, "q", cs, "cos_sin") ||
         (k && disjoint(&a, k, "k", cs, "cos_sin")))
         return dn_done(&a, NULL);
@@ -90,16 +92,19 @@ static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kw) {
     int Hk = k ? (int)k->shape[1] : 0;
     Py_BEGIN_ALLOW_THREADS
     dn_rope(q->buf, (int)H, (long)(H * D), k ? k->buf : NULL, Hk, (long)Hk * D, pos, cs->buf,
-            (int)T, (int)D);
+            (int)T, (int)D, (int)R);
     Py_END_ALLOW_THREADS
     return dn_done(&a, NULL);
 }
 
-static PyObject *py_silu_mul(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"gate_up", "out", NULL};
+static PyObject *py_glu_mul(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"gate_up", "out", "act", NULL};
     PyObject *og, *oo;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:silu_mul", names, &og, &oo)) return NULL;
-    dn_args a = {.fn = "silu_mul"};
+    const char *act_name = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|s:glu_mul", names, &og, &oo, &act_name)) return NULL;
+    dn_args a = {.fn = "glu_mul"};
+    dn_act act;
+    if (dn_parse_act(&a, act_name, &act)) return NULL;
     Py_buffer *g = dn_take(&a, og, "gate_up", 'f', 2, 0);
     Py_buffer *o = g ? dn_take(&a, oo, "out", 'f', 2, 1) : NULL;
     if (!o) return dn_done(&a, NULL);
@@ -108,7 +113,7 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args, PyObject *kw) {
         dn_check_dim(&a, g, "gate_up", 1, 2 * I) || disjoint(&a, o, "out", g, "gate_up"))
         return dn_done(&a, NULL);
     Py_BEGIN_ALLOW_THREADS
-    dn_silu_mul(g->buf, o->buf, (int)M, (int)I);
+    dn_glu_mul(g->buf, o->buf, (int)M, (int)I, act);
     Py_END_ALLOW_THREADS
     return dn_done(&a, NULL);
 }
@@ -165,12 +170,13 @@ PyMethodDef dn_elementwise_methods[] = {
      "row; x, out float32 [M, N] (out may be x), weight [N]. With residual [M, N]: residual += x "
      "in place first and the norm is taken of it."},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
-     "rope(q, k, positions, cos_sin): rotary embedding in place, half-rotation layout. q float32 "
-     "[T, heads, D], k [T, kv_heads, D] or None, positions int32 [T], cos_sin float32 "
-     "[max_pos, D] (cos in the first D/2 columns, sin in the last; see dashinfer_server.rope)."},
-    {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_VARARGS | METH_KEYWORDS,
-     "silu_mul(gate_up, out): out = silu(gate) * up; gate_up float32 [M, 2I] (gate columns "
-     "first), out [M, I]."},
+     "rope(q, k, positions, cos_sin): rotary embedding in place, half-rotation layout, over the "
+     "first R dims of each head (R, the rotary dim, is the table's width; the rest pass through). "
+     "q float32 [T, heads, D], k [T, kv_heads, D] or None, positions int32 [T], cos_sin float32 "
+     "[max_pos, R] (cos in the first R/2 columns, sin in the last; see dashinfer_server.rope)."},
+    {"glu_mul", (PyCFunction)(void (*)(void))py_glu_mul, METH_VARARGS | METH_KEYWORDS,
+     "glu_mul(gate_up, out, act='silu'): out = act(gate) * up, act 'silu' or 'gelu_tanh' (GELU "
+     "with the tanh approximation); gate_up float32 [M, 2I] (gate columns first), out [M, I]."},
     {"embedding", (PyCFunction)(void (*)(void))py_embedding, METH_VARARGS | METH_KEYWORDS,
      "embedding(ids, table, out): out[t] = table[ids[t]]; ids int32 [T], table [V, D] float32 or "
      "uint16 (bf16 bits), out float32 [T, D]. An id outside [0, V) raises ValueError, nothing "

@@ -165,10 +165,16 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
     return dn_done(&a, out);
 }
 
-static PyObject *py_linear_silu(PyObject *self, PyObject *args) {
+static PyObject *py_linear_glu(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"x", "packed", "gate_up", "out", "act", NULL};
     PyObject *x_obj, *p_obj, *g_obj, *o_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:linear_silu", &x_obj, &p_obj, &g_obj, &o_obj)) return NULL;
-    dn_args a = {.fn = "linear_silu"};
+    const char *act_name = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|s:linear_glu", names, &x_obj, &p_obj, &g_obj, &o_obj,
+                                     &act_name))
+        return NULL;
+    dn_args a = {.fn = "linear_glu"};
+    dn_act act;
+    if (dn_parse_act(&a, act_name, &act)) return NULL;
     dn_linear_w w;
     Py_buffer *p = take_packed(&a, p_obj, &w), *x, *g, *o;
     if (!p || !(x = dn_take(&a, x_obj, "x", 'f', 2, 0)) || dn_check_dim(&a, x, "x", 1, w.k))
@@ -183,7 +189,7 @@ static PyObject *py_linear_silu(PyObject *self, PyObject *args) {
         return dn_fail(&a, PyExc_ValueError, "out, gate_up, x and packed must not share memory");
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = dn_linear_silu(&w, x->buf, m, g->buf, o->buf);
+    rc = dn_linear_glu(&w, x->buf, m, act, g->buf, o->buf);
     Py_END_ALLOW_THREADS;
     if (rc != 0) return dn_fail(&a, PyExc_MemoryError, "cannot allocate scratch for M=%lld", (long long)m);
     Py_INCREF(o_obj);
@@ -238,10 +244,11 @@ PyMethodDef dn_linear_methods[] = {
      "'u4' (w uint8 [N,K/2], low nibble = even k). i8/u4: scales, zeros float32 [N, K/group_size],\n"
      "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
      "codes, computed with x quantized to int8 per 32 k (see linear_vnni)."},
-    {"linear_silu", py_linear_silu, METH_VARARGS,
-     "linear_silu(x, packed, gate_up, out) -> out: out[M,I] = silu(x . Wg^T) * (x . Wu^T) of a\n"
-     "packed [2I,K] gate_up weight (gate rows, then up rows); gate_up [M,2I] is scratch (the\n"
-     "AVX-512 GEMM applies SiLU*up as it stores, where I is a multiple of 64)."},
+    {"linear_glu", (PyCFunction)(void (*)(void))py_linear_glu, METH_VARARGS | METH_KEYWORDS,
+     "linear_glu(x, packed, gate_up, out, act='silu') -> out: out[M,I] = act(x . Wg^T) * (x . Wu^T)\n"
+     "of a packed [2I,K] gate_up weight (gate rows, then up rows), act 'silu' or 'gelu_tanh' (GELU\n"
+     "with the tanh approximation); gate_up [M,2I] is scratch (the AVX-512 GEMM applies act(g) * u\n"
+     "as it stores, where I is a multiple of 64)."},
     {"unpack_linear", py_unpack_linear, METH_O,
      "unpack_linear(packed) -> (wtype, N, K, group_size) of a packed weight"},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,

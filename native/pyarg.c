@@ -1,6 +1,7 @@
 #include "pyarg.h"
 
 #include <stdarg.h>
+#include <string.h>
 
 static const char *type_name(char fmt) {
     switch (fmt) {
@@ -95,4 +96,14 @@ int dn_check_dim(dn_args *a, Py_buffer *v, const char *name, int dim, Py_ssize_t
     PyErr_Format(PyExc_ValueError, "%s: %s has size %zd in dimension %d, expected %zd", a->fn, name,
                  v->shape[dim], dim, want);
     return -1;
+}
+
+int dn_parse_act(dn_args *a, const char *name, dn_act *act) {
+    if (!name || strcmp(name, "silu") == 0) *act = DN_ACT_SILU;
+    else if (strcmp(name, "gelu_tanh") == 0) *act = DN_ACT_GELU_TANH;
+    else {
+        PyErr_Format(PyExc_ValueError, "%s: act must be 'silu' or 'gelu_tanh', got '%s'", a->fn, name);
+        return -1;
+    }
+    return 0;
 }

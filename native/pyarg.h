@@ -4,6 +4,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "glu.h"
+
 #define DN_MAX_ARGS 16
 
 /* The buffers one call holds; dn_done/dn_fail release them all. */
@@ -36,3 +38,7 @@ int dn_check_dim(dn_args *a, Py_buffer *v, const char *name, int dim, Py_ssize_t
 static inline Py_ssize_t dn_numel(const Py_buffer *v) {
     return v->itemsize ? v->len / v->itemsize : 0;
 }
+
+/* The gate activation named `name` ("silu" or "gelu_tanh"; NULL means "silu") into *act: 0, or
+ * -1 with a ValueError naming the choices. */
+int dn_parse_act(dn_args *a, const char *name, dn_act *act);

@@ -32,6 +32,22 @@ FAMILY_CONFIGS = {
                                       attention_multiplier=0.3, logits_scaling=3.0)),
     "olmo2": ("Olmo2Config", {}),
     "phi3": ("Phi3Config", dict(sliding_window=None)),
+    # windows of 8 keys: a 45-token prompt crosses them many times
+    "mistral": ("MistralConfig", dict(sliding_window=8)),
+    "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        rope_local_base_freq=100.0, rope_theta=10000.0)),
+    # Phi-4-mini's shape of RoPE: longrope with partial rotary and a sliding window. The tests'
+    # prompts (30-45 tokens) pass original_max_position_embeddings, so transformers rotates them
+    # with the long factors, as the engine does when it serves more than that context
+    "phi4-mini": ("Phi3Config", dict(sliding_window=12, partial_rotary_factor=0.5, original_max_position_embeddings=24,
+                                     rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 1.7, 2.2],
+                                                   "long_factor": [2.0, 2.5, 3.0, 3.5]})),
+    "qwen2-yarn": ("Qwen2Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 128})),
 }
 
 

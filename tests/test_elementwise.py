@@ -1,23 +1,15 @@
-"""rms_norm, rope, silu_mul, embedding on every ISA path vs numpy (float64) and transformers."""
+"""rms_norm, glu_mul, embedding on every ISA path vs numpy (float64), torch and transformers
+(rope: test_rope.py)."""
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.llama.modeling_llama import (
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_server import kernels as K
-from dashinfer_server.rope import rope_cos_sin, rope_inv_freq
 
 TOL = 1e-5
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192}
-SCALINGS = [None, {"rope_type": "linear", "factor": 4.0}, {"type": "linear", "factor": 2.0}, LLAMA3]
+ACTS = ["silu", "gelu_tanh"]
 
 
 def rand(*shape, seed=0, scale=1.0):
@@ -75,153 +67,75 @@ def test_rms_norm_matches_transformers(isa, M, N):
 
 
 # --------------------------------------------------------------------------------------------
-# rope tables
+# glu_mul: act(gate) * up
 
 
-@pytest.mark.parametrize("theta", [10000.0, 100000.0, 500000.0, 1e6])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("scaling", SCALINGS)
-def test_rope_tables_match_transformers(theta, D, scaling):
-    params = {"rope_type": "default"} if scaling is None else dict(scaling)
-    params["rope_theta"] = theta
-    cfg = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D,
-                      rope_parameters=params, max_position_embeddings=131072)
-    emb = LlamaRotaryEmbedding(cfg)
-    assert emb.attention_scaling == 1.0  # so the cos/sin table carries no extra scale
-    inv_freq = rope_inv_freq(D, theta, scaling)
-    assert inv_freq.dtype == np.float32 and inv_freq.shape == (D // 2,)
-    # bit-exact but for torch's vectorized pow, which is off by one ulp now and then
-    np.testing.assert_allclose(inv_freq, emb.inv_freq.numpy(), rtol=2e-7, atol=0)
-    if scaling is not None:
-        init_inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[emb.rope_type](cfg)
-        assert attention_factor == 1.0
-        np.testing.assert_allclose(inv_freq, init_inv_freq.numpy(), rtol=2e-7, atol=0)
-    cos, sin = emb(torch.zeros(1), torch.arange(8192)[None])
-    cs = rope_cos_sin(inv_freq, 8192)
-    assert cs.dtype == np.float32 and cs.shape == (8192, D)
-    assert np.abs(cs[:, : D // 2] - cos[0].numpy()[:, : D // 2]).max() < TOL
-    assert np.abs(cs[:, D // 2:] - sin[0].numpy()[:, : D // 2]).max() < TOL
-
-
-def test_rope_inv_freq_llama3_bands():
-    """The three llama3 bands: high frequencies kept, low ones divided by factor, smooth between."""
-    plain = rope_inv_freq(128, 500000.0)
-    scaled = rope_inv_freq(128, 500000.0, LLAMA3)
-    wavelen = 2 * np.pi / plain
-    assert np.array_equal(scaled[wavelen < 2048], plain[wavelen < 2048])
-    np.testing.assert_allclose(scaled[wavelen > 8192], plain[wavelen > 8192] / 8, rtol=1e-6)
-    mid = (wavelen > 2048) & (wavelen < 8192)
-    assert mid.any() and np.all(scaled[mid] < plain[mid]) and np.all(scaled[mid] > plain[mid] / 8)
-
-
-@pytest.mark.parametrize("kind", ["dynamic", "yarn", "longrope", "su"])
-def test_rope_unknown_type_refused(kind):
-    with pytest.raises(ValueError, match=kind):
-        rope_inv_freq(64, 10000.0, {"rope_type": kind, "factor": 2.0})
-
-
-def test_rope_missing_parameter_refused():
-    with pytest.raises(ValueError, match="low_freq_factor"):
-        rope_inv_freq(64, 10000.0, {"rope_type": "llama3", "factor": 8.0})
-    with pytest.raises(ValueError, match="even"):
-        rope_inv_freq(63, 10000.0)
-
-
-# --------------------------------------------------------------------------------------------
-# rope kernel
-
-
-def rope_ref(x, pos, cs):
-    """float64 half-rotation from the same cos/sin table: x [T, H, D]."""
-    h = x.shape[-1] // 2
-    c = cs[pos, :h].astype(np.float64)[:, None, :]
-    s = cs[pos, h:].astype(np.float64)[:, None, :]
-    x1, x2 = x[..., :h].astype(np.float64), x[..., h:].astype(np.float64)
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-@pytest.mark.parametrize("D", [64, 128, 80, 2])
-@pytest.mark.parametrize("T", [1, 3, 37])
-def test_rope(isa, D, T):
-    cs = rope_cos_sin(rope_inv_freq(D, 100000.0), 8192)
-    pos = np.random.default_rng(T).integers(0, 8192, T).astype(np.int32)
-    pos[0] = 8191
-    q, k = rand(T, 9, D, seed=10), rand(T, 3, D, seed=11)
-    want_q, want_k = rope_ref(q, pos, cs), rope_ref(k, pos, cs)
-    K.rope(q, k, pos, cs)
-    assert np.abs(q - want_q).max() < TOL
-    assert np.abs(k - want_k).max() < TOL
-
-
-def test_rope_without_k(isa):
-    cs = rope_cos_sin(rope_inv_freq(64, 10000.0), 100)
-    pos = np.array([0, 5, 99], np.int32)
-    q = rand(3, 4, 64, seed=12)
-    want = rope_ref(q, pos, cs)
-    K.rope(q, None, pos, cs)
-    assert np.abs(q - want).max() < TOL
-    np.testing.assert_array_equal(q[0], rand(3, 4, 64, seed=12)[0])  # position 0: identity
-
-
-@pytest.mark.parametrize("D,theta,scaling", [(64, 100000.0, None), (128, 500000.0, LLAMA3),
-                                             (128, 1e6, None)])
-def test_rope_matches_transformers(isa, D, theta, scaling):
-    params = {"rope_type": "default"} if scaling is None else dict(scaling)
-    params["rope_theta"] = theta
-    cfg = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D,
-                      rope_parameters=params, max_position_embeddings=131072)
-    T, H, Hk = 37, 9, 3
-    pos = np.random.default_rng(D).integers(0, 8192, T).astype(np.int32)
-    pos[-1] = 8191
-    q, k = rand(T, H, D, seed=13), rand(T, Hk, D, seed=14)
-    cos, sin = LlamaRotaryEmbedding(cfg)(torch.zeros(1), torch.from_numpy(pos).long()[None])
-    # transformers' layout is [batch, heads, T, D]
-    tq, tk = (torch.from_numpy(a).transpose(0, 1)[None] for a in (q, k))
-    want_q, want_k = apply_rotary_pos_emb(tq, tk, cos, sin)
-    K.rope(q, k, pos, rope_cos_sin(rope_inv_freq(D, theta, scaling), 8192))
-    assert np.abs(q - want_q[0].transpose(0, 1).numpy()).max() < TOL
-    assert np.abs(k - want_k[0].transpose(0, 1).numpy()).max() < TOL
-
-
-# --------------------------------------------------------------------------------------------
-# silu_mul
-
-
-def silu_mul_ref(gu):
+def glu_mul_ref(gu, act):
+    """float64: SiLU from its formula, GELU-tanh from torch's own (approximate="tanh")."""
     g, u = np.split(gu.astype(np.float64), 2, axis=1)
-    return g / (1 + np.exp(-g)) * u
+    if act == "silu":
+        return g / (1 + np.exp(-g)) * u
+    return torch.nn.functional.gelu(torch.from_numpy(g), approximate="tanh").numpy() * u
 
 
+@pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("M", [1, 3, 37])
 @pytest.mark.parametrize("I", [1, 7, 64, 576, 1000, 11008])
-def test_silu_mul(isa, M, I):
+def test_glu_mul(isa, act, M, I):
     gu = rand(M, 2 * I, seed=M + I, scale=2.0)
     out = np.full((M, I), np.nan, np.float32)
-    K.silu_mul(gu, out)
-    want = silu_mul_ref(gu)
+    K.glu_mul(gu, out, act=act)
+    want = glu_mul_ref(gu, act)
     assert np.abs(out - want).max() < TOL
     assert np.abs(out - want).max() <= 1e-6 * np.abs(want).max()
 
 
-def test_silu_exp_accuracy(isa):
-    """Far left, silu(g)/g = exp(g)/(1+exp(g)): checks the exp polynomial's relative error."""
-    g = np.linspace(-87.0, -1.0, 40000, dtype=np.float32)
+def test_glu_mul_default_is_silu(isa):
+    gu = rand(3, 128, seed=9, scale=2.0)
+    out = np.empty((3, 64), np.float32)
+    K.glu_mul(gu, out)
+    assert np.abs(out - glu_mul_ref(gu, "silu")).max() <= 1e-6 * np.abs(out).max()
+
+
+def sigmoid_argument(g, act):
+    """z with act(g) = g * sigmoid(z), in float64: 0.5 (1 + tanh(y)) = sigmoid(2y) for GELU-tanh."""
+    g = g.astype(np.float64)
+    return g if act == "silu" else 2 * np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)
+
+
+def test_gelu_tanh_is_g_times_sigmoid():
+    """The identity the kernels and the far-left reference below use, against torch's formula
+    (in float64, where 1 + tanh(y) has not yet cancelled)."""
+    g = np.linspace(-4.0, 6.0, 1001)
+    torch_gelu = torch.nn.functional.gelu(torch.from_numpy(g), approximate="tanh").numpy()
+    np.testing.assert_allclose(g / (1 + np.exp(-sigmoid_argument(g, "gelu_tanh"))), torch_gelu, rtol=1e-10)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_glu_exp_accuracy(isa, act):
+    """Far left, act(g)/g = sigmoid(z): checks the exp polynomial's relative error against
+    g * sigmoid(z) in float64 (torch's 0.5 g (1 + tanh(y)) cancels to 0 there even in float64).
+    z carries float32 rounding of its own (g^3 for GELU): ~|z| ulps of relative error in exp(-z)."""
+    g = np.linspace(-87.0 if act == "silu" else -9.5, -1.0, 40000, dtype=np.float32)
     gu = np.concatenate([g, np.ones_like(g)])[None]
     out = np.empty((1, g.size), np.float32)
-    K.silu_mul(gu, out)
-    want = silu_mul_ref(gu)[0]
-    assert np.max(np.abs(out[0] / want - 1)) < 5e-7
+    K.glu_mul(gu, out, act=act)
+    z = sigmoid_argument(g, act)
+    want = g / (1 + np.exp(-z))
+    bound = 5e-7 if act == "silu" else 5e-7 + 2 * np.finfo(np.float32).eps * np.abs(z)
+    assert np.all(np.abs(out[0] / want - 1) < bound)
 
 
-def test_silu_large_inputs(isa):
+@pytest.mark.parametrize("act", ACTS)
+def test_glu_large_inputs(isa, act):
     g = np.array([-1e30, -1e4, -200, -89, -88, 88, 89, 200, 1e4, 1e30, 0.0, -0.0], np.float32)
     out = np.empty((1, g.size), np.float32)
-    K.silu_mul(np.concatenate([g, np.full_like(g, 2.0)])[None], out)
+    K.glu_mul(np.concatenate([g, np.full_like(g, 2.0)])[None], out, act=act)
     assert np.all(np.isfinite(out))
     np.testing.assert_array_equal(out[0, g > 80], 2 * g[g > 80])
     assert np.all(np.abs(out[0, g < -80]) < 1e-30)
     assert np.all(out[0, g == 0] == 0)
-    K.silu_mul(np.array([[np.nan, 1.0]], np.float32), out[:, :1])
+    K.glu_mul(np.array([[np.nan, 1.0]], np.float32), out[:, :1], act=act)
     assert np.isnan(out[0, 0])  # NaN stays visible
 
 
@@ -280,20 +194,22 @@ BAD_CALLS = [
     (ValueError, "out and x share memory", lambda: (lambda b: K.rms_norm(b[:2], f32(4), 1e-5, b[1:]))(f32(3, 4))),
     (TypeError, "required", lambda: K.rms_norm(None, f32(4), 1e-5, f32(2, 4))),
     # rope
-    (ValueError, "head_dim must be even", lambda: K.rope(f32(2, 3, 5), None, np.zeros(2, np.int32), f32(8, 5))),
+    (ValueError, "cos_sin has 5 columns: the rotary dim must be even", lambda: K.rope(f32(2, 3, 5), None, np.zeros(2, np.int32), f32(8, 5))),
     (ValueError, r"positions\[1\] = 8 is outside", lambda: K.rope(f32(2, 3, 4), None, np.array([0, 8], np.int32), f32(8, 4))),
     (ValueError, r"positions\[0\] = -1", lambda: K.rope(f32(2, 3, 4), None, np.array([-1, 0], np.int32), f32(8, 4))),
     (TypeError, "positions must be int32", lambda: K.rope(f32(2, 3, 4), None, np.zeros(2, np.int64), f32(8, 4))),
     (ValueError, "k has size 3 in dimension 0", lambda: K.rope(f32(2, 3, 4), f32(3, 1, 4), np.zeros(2, np.int32), f32(8, 4))),
-    (ValueError, "cos_sin has size 6", lambda: K.rope(f32(2, 3, 4), None, np.zeros(2, np.int32), f32(8, 6))),
+    (ValueError, "cos_sin has 6 columns.*at most head_dim 4", lambda: K.rope(f32(2, 3, 4), None, np.zeros(2, np.int32), f32(8, 6))),
     (ValueError, "positions has size 3", lambda: K.rope(f32(2, 3, 4), None, np.zeros(3, np.int32), f32(8, 4))),
     (ValueError, "q must be a C-contiguous", lambda: K.rope(f32(2, 4, 3).transpose(0, 2, 1), None, np.zeros(2, np.int32), f32(8, 4))),
     (ValueError, "q and k share memory", lambda: (lambda q: K.rope(q, q, np.zeros(2, np.int32), f32(8, 4)))(f32(2, 3, 4))),
-    # silu_mul
-    (ValueError, "gate_up has size 6 in dimension 1", lambda: K.silu_mul(f32(2, 6), f32(2, 4))),
-    (ValueError, "out has size 3 in dimension 0", lambda: K.silu_mul(f32(2, 8), f32(3, 4))),
-    (TypeError, "gate_up must be float32", lambda: K.silu_mul(np.zeros((2, 8), np.float16), f32(2, 4))),
-    (ValueError, "gate_up must be a C-contiguous", lambda: K.silu_mul(f32(8, 2).T, f32(2, 4))),
+    # glu_mul
+    (ValueError, "gate_up has size 6 in dimension 1", lambda: K.glu_mul(f32(2, 6), f32(2, 4))),
+    (ValueError, "out has size 3 in dimension 0", lambda: K.glu_mul(f32(2, 8), f32(3, 4))),
+    (TypeError, "gate_up must be float32", lambda: K.glu_mul(np.zeros((2, 8), np.float16), f32(2, 4))),
+    (ValueError, "gate_up must be a C-contiguous", lambda: K.glu_mul(f32(8, 2).T, f32(2, 4))),
+    (ValueError, "act must be 'silu' or 'gelu_tanh', got 'gelu'", lambda: K.glu_mul(f32(2, 8), f32(2, 4), act="gelu")),
+    (TypeError, "argument 3 must be str", lambda: K.glu_mul(f32(2, 8), f32(2, 4), act=1)),
     # embedding
     (TypeError, "table must be a float32 or uint16", lambda: K.embedding(np.zeros(2, np.int32), np.zeros((5, 4)), f32(2, 4))),
     (TypeError, "ids must be int32", lambda: K.embedding(np.zeros(2, np.int64), f32(5, 4), f32(2, 4))),

@@ -19,7 +19,8 @@ from tests.engine_helpers import DEFAULT_KV_FORMAT, engine_logits, hf_greedy, ma
 from tests.helpers import FAMILY_CONFIGS, build_tiny_gguf, load_hf_model, serialize, write_config_variant
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "phi3", "mistral", "qwen2-window"]
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
+            "phi4-mini", "qwen2-yarn"]
 TOLERANCE = 1e-3
 
 
@@ -65,10 +66,11 @@ def test_two_ranks_generate_transformers_greedy(serialized_tiny):
     OLMo 2's whole-projection k norm then counts the shared head once)."""
     specs, expected = [], []
     for name in FAMILIES:
-        head_dim = {} if "head_dim" in FAMILY_CONFIGS[name][1] else {"head_dim": 16}  # the cache's smallest
-        loader = serialized_tiny(name, name=f"tp-{name}", uneven=True, **head_dim)
+        # head_dim 16, the cache's smallest (Phi-3 takes it from hidden_size / heads)
+        head_dim = {} if "head_dim" in FAMILY_CONFIGS[name][1] else {"head_dim": 16}
+        loader = serialized_tiny(name, name=f"tp-{name}", uneven=True, hidden_size=144, **head_dim)
         hf = load_hf_model(loader.model_path)
-        prompt = prompt_of(DashInferModel(loader.model_output_dir, loader.serialize_model_name), 20, seed=5)
+        prompt = prompt_of(DashInferModel(loader.model_output_dir, loader.serialize_model_name), 30, seed=5)
         specs.append({"dir": loader.model_output_dir, "prefix": loader.serialize_model_name,
                       "prompts": [prompt], "max_new": 16})
         expected.append(hf_greedy(hf, prompt, 16))
@@ -116,17 +118,25 @@ def test_serialize_from_torch_refuses_a_foreign_config_without_model_type(tmp_pa
         Engine().serialize_model_from_torch("g", "LLaMA_v2", hf.state_dict(), config, str(tmp_path))
 
 
-@pytest.mark.parametrize("name", ["qwen3", "phi3"])
+# GGUF carries no query_pre_attn_scalar, local RoPE base or layer pattern: llama.cpp assumes
+# Gemma's own (head_dim, 10000, every 2nd / 6th layer global), so these checkpoints use them
+GGUF_CASES = {"qwen3": {}, "phi3": {},
+              "gemma2": dict(query_pre_attn_scalar=16),
+              "gemma3": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
+                             num_hidden_layers=6)}
+
+
+@pytest.mark.parametrize("name", GGUF_CASES)
 def test_gguf_gives_the_tokens_of_the_hf_checkpoint(tmp_path, tiny_checkpoint, name):
     """The family's GGUF, as llama.cpp's converter writes it (gguf package), serves transformers'
     greedy tokens and logits, as the HF checkpoint does."""
     from dashinfer_client.model import GGUFModel
-    hf_dir = tiny_checkpoint(name)
+    hf_dir = tiny_checkpoint(name, **GGUF_CASES[name])
     gguf_path = build_tiny_gguf(tmp_path / f"{name}.gguf", hf_dir)
     GGUFModel(gguf_path, "g", user_set_data_type="float32", progress=False).load_model() \
         .serialize_to_path(None, str(tmp_path / "out"))
     model = DashInferModel(str(tmp_path / "out"), "g")
-    assert model.architecture == FAMILY_CONFIGS[name][0].lower().replace("config", "")
+    assert model.architecture == name
     hf = load_hf_model(hf_dir)
     hf.config._attn_implementation = "eager"
     prompt = prompt_of(model, 30, seed=11)
@@ -168,10 +178,11 @@ def dequantized_into(hf, model):
         for name in q["quantized"]:
             parts = (model.tensor(f"{name}.{p}") for p in ("qweight", "scales", "zeros"))
             params[name].copy_(torch.from_numpy(dequantize(*parts, fmt, group)))
-        head = params["lm_head.weight"].numpy()
+        out = hf.get_output_embeddings()  # a tied head gets a weight of its own: the lookup stays exact
+        head = out.weight.detach().numpy()
         g = head_group(group, head.shape[1])
         head_fmt = "int8" if head_bits({"int8": "i8", "uint4": "u4"}[fmt], g) == 8 else "uint4"
-        params["lm_head.weight"].copy_(torch.from_numpy(dequantize(*quantize(head, head_fmt, g), head_fmt, g)))
+        out.weight = torch.nn.Parameter(torch.from_numpy(dequantize(*quantize(head, head_fmt, g), head_fmt, g)))
     return hf
 
 

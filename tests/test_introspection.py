@@ -184,7 +184,7 @@ def test_op_profiling_times_every_kernel_call(api_engine, monkeypatch):
         steps = generated  # the prompt's step gives the first token, one decode step each other
         assert int(rows["embedding"][2]) == steps
         assert int(rows["linear"][2]) == steps * (5 * layers + 1)  # q k v o down, lm_head
-        assert int(rows["linear_silu"][2]) == steps * layers  # gate_up with SiLU*up
+        assert int(rows["linear_glu"][2]) == steps * layers  # gate_up with act(gate) * up
         assert int(rows["attention"][2]) == steps * layers
         assert sum(float(cols[7]) for cols in rows.values()) == pytest.approx(100, abs=0.1)
         assert all(float(c[3]) <= float(c[5]) <= float(c[4]) for c in rows.values())  # min <= mean <= max

@@ -12,7 +12,7 @@ import pytest
 
 from dashinfer_server import kernels as K
 from tests.test_linear import check, make_weight
-from tests.test_linear_silu import check as check_silu
+from tests.test_linear_glu import check as check_glu
 
 MODES = ["emulated"] + (["tiles"] if K.amx_available() else [])
 
@@ -60,15 +60,16 @@ def test_amx_rounds_activations_like_the_tiles(amx):
     assert np.array_equal(y.astype(np.float64), x.astype(np.float64) @ w.T.astype(np.float64))
 
 
-def test_amx_linear_silu(amx):
-    """gate_up under AMX: the driver's linear, then silu_mul (no fused store on this path)."""
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_amx_linear_glu(amx, act):
+    """gate_up under AMX: the driver's linear, then glu_mul (no fused store on this path)."""
     rng = np.random.default_rng(13)
     for m, inter, k in [(5, 64, 128), (37, 128, 576), (7, 40, 77)]:
         packed, wexact = make_weight("bf16", 2 * inter, k, 0, rng)
         x = rng.standard_normal((m, k)).astype(np.float32)
-        act = np.empty((m, inter), np.float32)
-        K.linear_silu(x, packed, np.empty((m, 2 * inter), np.float32), act)
-        check_silu(act, x, wexact, "bf16", "avx512")
+        out = np.empty((m, inter), np.float32)
+        K.linear_glu(x, packed, np.empty((m, 2 * inter), np.float32), out, act=act)
+        check_glu(out, x, wexact, "bf16", "avx512", act)
 
 
 def test_amx_leaves_small_batches_to_the_isa_path(amx):

@@ -58,17 +58,17 @@ def test_rope_scaling_serialized(llama_dir, tmp_path):
     assert c.rope_theta == 5e5 and c.rope_scaling == {"rope_type": "llama3", **LLAMA3}
 
 
-@pytest.mark.parametrize("scaling", [{"type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}])
+@pytest.mark.parametrize("scaling", [{"type": "dynamic", "factor": 2.0}, {"rope_type": "ntk-by-parts", "factor": 4.0}])
 def test_unsupported_rope_scaling_refused(llama_dir, tmp_path, scaling):
     model_dir = variant(llama_dir, tmp_path, _rope_edit({"rope_theta": 1e4, "rope_scaling": scaling}))
-    with pytest.raises(ModelSerializerException, match="RoPE scaling type '(dynamic|yarn)' is not supported"):
+    with pytest.raises(ModelSerializerException, match="rope type '(dynamic|ntk-by-parts)' is not supported"):
         HuggingFaceModel(model_dir, "tiny").read_model_config()
 
 
 def test_llama3_scaling_missing_key_refused(llama_dir, tmp_path):
     broken = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
     model_dir = variant(llama_dir, tmp_path, _rope_edit({"rope_parameters": {"rope_type": "llama3", **broken}}))
-    with pytest.raises(ModelSerializerException, match="llama3 RoPE scaling lacks low_freq_factor"):
+    with pytest.raises(ModelSerializerException, match="rope type 'llama3' needs 'low_freq_factor'"):
         HuggingFaceModel(model_dir, "tiny").read_model_config()
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 from ..errors import ModelSerializerException
 from .families import FAMILIES, family_for_hf
 from .families.base import ConfigReader
-from .rope_config import check_rope_scaling, rope_of, rotary_dim
+from .rope_scaling import config_rotary_dim, resolve_rope_scaling, rope_of
 
 
 
@@ -83,7 +83,12 @@ class ModelConfig:
         if not isinstance(self.eos_token_id, list):
             raise ModelSerializerException(f"{where}: eos_token_id must be a list of ids")
         if self.rope_scaling is not None:
-            check_rope_scaling(self.rope_scaling, where)
+            try:
+                resolved = resolve_rope_scaling(self.rope_scaling, rot)
+            except ValueError as e:
+                raise ModelSerializerException(f"{where}: {e}") from None
+            if resolved != self.rope_scaling:
+                raise ModelSerializerException(f"{where}: rope_scaling {self.rope_scaling} is not in its resolved form")
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise ModelSerializerException(f"{where}: hidden_act {self.hidden_act!r} is not silu or gelu_tanh")
         if self.layer_types is not None:
@@ -133,8 +138,11 @@ def normalize_hf_config(hf, generation_config=None):
         eos_token_id=eos_list(gen.get("eos_token_id", hf.get("eos_token_id"))),
         pad_token_id=gen.get("pad_token_id", hf.get("pad_token_id")),
     )
-    fields["rope_theta"], fields["rope_scaling"] = rope_of(hf, "full_attention")
-    fields["rotary_dim"] = rotary_dim(hf, fields["head_dim"])
+    try:
+        fields["rotary_dim"] = config_rotary_dim(hf, fields["head_dim"])
+        fields["rope_theta"], fields["rope_scaling"] = rope_of(hf, fields["rotary_dim"] or fields["head_dim"])
+    except ValueError as e:
+        raise ModelSerializerException(f"config.json of this {hf_class}: {e}") from None
     fields.update(family.read_config(hf, r))
     foreign = r.unread_features()
     if foreign:
@@ -143,16 +151,7 @@ def normalize_hf_config(hf, generation_config=None):
             f"{hf_class} does not have: it describes another model family (check architectures / model_type)")
     cfg = ModelConfig(**fields)
     cfg.validate(f"config.json of this {hf_class}")
-    _refuse_pending(cfg, hf_class)
     return family.name, cfg
-
-
-def _refuse_pending(cfg, hf_class):
-    """Features whose kernels are not in yet (GELU, partial rotary)."""
-    pending = [name for name, value in (("hidden_act=gelu_tanh", cfg.hidden_act == "gelu_tanh"),
-               ("partial rotary", cfg.rotary_dim)) if value]
-    if pending:
-        raise ModelSerializerException(f"{hf_class} with {', '.join(pending)} is not supported yet")
 
 
 def eos_list(eos):

@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from ..errors import ModelSerializerException
-from .arch import ModelConfig, _refuse_pending, eos_list
+from .arch import ModelConfig, eos_list
 from .base import auto_tokenizer
 from .families import BY_GGUF
 from .gguf_check import check_gguf
@@ -101,7 +101,6 @@ class GGUFModel(SourceModel):
             raise ModelSerializerException(f"GGUF file {self.model_path} lacks tensor token_embd.weight")
         config = ModelConfig(**_gguf_fields(meta, gguf_arch, names, self.model_path))
         config.validate(f"GGUF metadata of {self.model_path}")
-        _refuse_pending(config, f"GGUF {gguf_arch}")
         generation = {k: v for k, v in (("bos_token_id", config.bos_token_id), ("pad_token_id", config.pad_token_id))
                       if v is not None}
         generation["eos_token_id"] = list(config.eos_token_id)

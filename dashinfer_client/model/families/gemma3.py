@@ -1,6 +1,6 @@
 """Gemma 3 (text): Gemma 2's layer with RMSNorms over each head of q and k, five sliding-window
 layers to one global, and a RoPE base of their own for the sliding layers (rope_local_base_freq)."""
-from ..rope_config import rope_of
+from ..rope_scaling import rope_of
 from .base import Family
 from .gemma2 import GEMMA_NORMS, gemma_common
 
@@ -10,7 +10,8 @@ def _gemma3(hf, r):
         r.refuse("use_bidirectional_attention=true (an encoder)")
     pattern = r.get("sliding_window_pattern", 6)
     fields = gemma_common(hf, r, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention")
-    theta, scaling = rope_of(hf, "sliding_attention", default_theta=float(r.get("rope_local_base_freq", 10000.0)))
+    head_dim = r.get("head_dim") or r.need("hidden_size") // r.need("num_attention_heads")
+    theta, scaling = rope_of(hf, head_dim, "sliding_attention", float(r.get("rope_local_base_freq", 10000.0)))
     if scaling is not None:
         r.refuse(f"RoPE scaling on the sliding layers ({scaling})")
     fields["rope_local_theta"] = theta

@@ -1,13 +1,14 @@
-/* AVX-512 silu(g) * u for 16 lanes: shared by the SiLU*up kernel (elementwise.c) and the GEMM
+/* AVX-512 act(g) * u for 16 lanes (glu.h): shared by the GLU kernel (elementwise.c) and the GEMM
  * that applies it as its store (linear_avx512.c), so both give the very same floats. */
 #pragma once
 #include <immintrin.h>
 
 #include "common.h"
+#include "glu.h"
 
 /* exp(x) as 2^k * p(r), x = k ln2 + r, |r| <= ln2/2, with Cephes' degree-6 polynomial for p
- * (relative error ~1e-7 with FMA). x is clamped to where 2^k stays a normal float; silu then
- * zeroes the lanes whose exp(-g) was clamped at the top, where |silu(g)| < 4e-37 anyway. */
+ * (relative error ~1e-7 with FMA). x is clamped to where 2^k stays a normal float; the GLU then
+ * zeroes the lanes whose exp(-z) was clamped at the top, where |act(g)| < 4e-37 anyway. */
 #define EXP_HI 88.3762626647949f
 #define EXP_LO -87.3365447504019f
 #define EXP_LOG2E 1.44269504088896341f
@@ -36,9 +37,13 @@ DN_TARGET_AVX512 static inline __m512 exp_avx512(__m512 x) {
     return _mm512_scalef_ps(p, k); /* p * 2^k in one instruction */
 }
 
-/* silu(g) * u, silu(g) = g / (1 + exp(-g)) */
-DN_TARGET_AVX512 static inline __m512 silu_mul_avx512(__m512 g, __m512 u) {
-    __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), g);
+/* act(g) * u = g / (1 + exp(-z)) * u, z as glu.h says */
+DN_TARGET_AVX512 static inline __m512 glu_mul_avx512(__m512 g, __m512 u, dn_act act) {
+    __m512 z = g;
+    if (act == DN_ACT_GELU_TANH)
+        z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(GELU_Z3),
+                                             _mm512_set1_ps(GELU_Z1)));
+    __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), z);
     __mmask16 keep = _mm512_cmp_ps_mask(neg, _mm512_set1_ps(EXP_HI), _CMP_NGT_UQ); /* NaN kept */
     __m512 s = _mm512_maskz_div_ps(keep, g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_avx512(neg)));
     return _mm512_mul_ps(s, u);

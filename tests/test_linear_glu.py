@@ -1,13 +1,15 @@
-"""linear_silu (the gate_up linear with SiLU*up as its store) against a float64 numpy reference,
-and bit for bit against linear then silu_mul, on every ISA path and weight type.
+"""linear_glu (the gate_up linear with act(gate) * up as its store, act SiLU or GELU-tanh) against
+a float64 reference (numpy's SiLU, torch's gelu(approximate="tanh")), and bit for bit against
+linear then glu_mul, on every ISA path and weight type.
 
-Where the path fuses (AVX-512, M > 4, I a multiple of 64) the GEMM stores silu(g) * u from the
-very floats linear would have stored, so the two must agree exactly; elsewhere linear_silu is
-linear then silu_mul. The reference bound is test_linear's on g and u, carried through silu
-(|silu'(g)| < 1.1).
+Where the path fuses (AVX-512, M > 4, I a multiple of 64) the GEMM stores act(g) * u from the
+very floats linear would have stored, so the two must agree exactly; elsewhere linear_glu is
+linear then glu_mul. The reference bound is test_linear's on g and u, carried through act
+(|silu'(g)| < 1.1, |gelu_tanh'(g)| < 1.13).
 """
 import numpy as np
 import pytest
+import torch
 
 from dashinfer_server import kernels as K
 from tests.test_linear import BF16_EPS, GEMV_MAX_M, make_weight
@@ -20,12 +22,14 @@ SHAPES = [(5, 64, 128), (37, 128, 576), (200, 192, 256), (7, 64, 4224), (1, 64, 
           (13, 100, 128)]
 
 
-def silu(g):
-    return g / (1 + np.exp(-g))
+def activation(g, act):
+    if act == "silu":
+        return g / (1 + np.exp(-g))
+    return torch.nn.functional.gelu(torch.from_numpy(g), approximate="tanh").numpy()
 
 
-def check(act, x, wexact, wtype, isa):
-    m, inter = act.shape
+def check(out, x, wexact, wtype, isa, act):
+    m, inter = out.shape
     ref_gu = x.astype(np.float64) @ wexact.T
     mag = np.abs(x.astype(np.float64)) @ np.abs(wexact).T
     g, u, mag_g, mag_u = ref_gu[:, :inter], ref_gu[:, inter:], mag[:, :inter], mag[:, inter:]
@@ -33,15 +37,17 @@ def check(act, x, wexact, wtype, isa):
     if isa == "avx512" and m > GEMV_MAX_M and wtype != "f32":
         rounded = 2 if wtype in ("i8", "u4") else 1
     rel = rounded * BF16_EPS * 1.001 + 2e-5
-    ref = silu(g) * u
-    tol = rel * (1.1 * mag_g * (np.abs(u) + rel * mag_u) + np.abs(silu(g)) * mag_u) + 1e-6 * np.abs(ref)
-    err = np.abs(act.astype(np.float64) - ref)
+    a = activation(g, act)
+    ref = a * u
+    tol = rel * (1.13 * mag_g * (np.abs(u) + rel * mag_u) + np.abs(a) * mag_u) + 1e-6 * np.abs(ref)
+    err = np.abs(out.astype(np.float64) - ref)
     assert np.all(err <= tol + 1e-30), f"max excess {np.max(err - tol)}"
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("wtype", ["f32", "bf16", "i8", "u4"])
-def test_linear_silu_matches_reference_and_linear_then_silu(isa, wtype, threads):
+def test_linear_glu_matches_reference_and_linear_then_glu(isa, wtype, threads, act):
     rng = np.random.default_rng(4)
     before = K.num_threads()
     K.set_num_threads(threads)
@@ -52,29 +58,32 @@ def test_linear_silu_matches_reference_and_linear_then_silu(isa, wtype, threads)
             packed, wexact = make_weight(wtype, 2 * inter, k, 0 if wtype in ("f32", "bf16") else 64, rng)
             x = rng.standard_normal((m, k)).astype(np.float32)
             gate_up = np.full((m, 2 * inter), np.nan, np.float32)
-            act = np.full((m, inter), np.nan, np.float32)
-            assert K.linear_silu(x, packed, gate_up, act) is act
-            check(act, x, wexact, wtype, isa)
+            out = np.full((m, inter), np.nan, np.float32)
+            assert K.linear_glu(x, packed, gate_up, out, act=act) is out
+            check(out, x, wexact, wtype, isa, act)
             if isa == "avx512" and m > GEMV_MAX_M and inter % 64 == 0 and k <= KC:
                 assert np.isnan(gate_up).all()  # fused: nothing went through the scratch
             separate = np.empty((m, inter), np.float32)
-            K.silu_mul(K.linear(x, packed), separate)
-            np.testing.assert_array_equal(act, separate)
+            K.glu_mul(K.linear(x, packed), separate, act=act)
+            np.testing.assert_array_equal(out, separate)
     finally:
         K.set_num_threads(before)
 
 
-def test_linear_silu_rejects_bad_arguments():
+def test_linear_glu_rejects_bad_arguments():
     rng = np.random.default_rng(5)
     packed, _ = make_weight("bf16", 128, 64, 0, rng)
     x = rng.standard_normal((8, 64)).astype(np.float32)
-    gate_up, act = np.zeros((8, 128), np.float32), np.zeros((8, 64), np.float32)
+    gate_up, out = np.zeros((8, 128), np.float32), np.zeros((8, 64), np.float32)
     with pytest.raises(ValueError, match="out"):
-        K.linear_silu(x, packed, gate_up, np.zeros((8, 65), np.float32))
+        K.linear_glu(x, packed, gate_up, np.zeros((8, 65), np.float32))
     with pytest.raises(ValueError, match="gate_up"):
-        K.linear_silu(x, packed, np.zeros((7, 128), np.float32), act)
+        K.linear_glu(x, packed, np.zeros((7, 128), np.float32), out)
     with pytest.raises(ValueError, match="share memory"):
-        K.linear_silu(x, packed, gate_up, gate_up.reshape(16, 64)[:8])
+        K.linear_glu(x, packed, gate_up, gate_up.reshape(16, 64)[:8])
     odd, _ = make_weight("bf16", 127, 64, 0, rng)
     with pytest.raises(ValueError, match="gate and up"):
-        K.linear_silu(x, odd, np.zeros((8, 127), np.float32), act)
+        K.linear_glu(x, odd, np.zeros((8, 127), np.float32), out)
+    with pytest.raises(ValueError, match="act must be 'silu' or 'gelu_tanh', got 'gelu_erf'"):
+        K.linear_glu(x, packed, gate_up, out, act="gelu_erf")
+    assert not out.any()  # nothing written
