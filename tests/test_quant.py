@@ -18,7 +18,7 @@ def check_bound(w, fmt, group):
     q, scales, zeros = quantize(w, fmt, group)
     n, k = w.shape
     g = k if group == -1 else group
-    assert scales.shape == zeros.shape == (n, k // g) and scales.dtype == zeros.dtype == np.float32
+    assert scales.shape == zeros.shape == (n, -(-k // g)) and scales.dtype == zeros.dtype == np.float32
     assert q.dtype == np.uint8 and q.shape == (n, k if fmt == "int8" else k // 2)
     deq = dequantize(q, scales, zeros, fmt, group)
     bound = np.repeat(scales, g, axis=1) / 2
@@ -75,9 +75,37 @@ def test_per_channel_group():
     np.testing.assert_allclose(scales[:, 0], (w.max(axis=1) - w.min(axis=1)) / 255, rtol=1e-6)
 
 
-def test_k_not_divisible_by_group():
-    with pytest.raises(ModelSerializerException, match="input size 100 is not divisible by group_size 64"):
-        quantize(weight(2, 100), "int8", 64)
+def ragged_reference(w, fmt, group):
+    """Ragged-group InstantQuant in float64, group by group: the last group of a row holds K mod G
+    channels. -> (codes [N, K], scales, zeros [N, ceil(K/G)], dequantized [N, K])."""
+    n, k = w.shape
+    starts = list(range(0, k, group))
+    codes, scales, zeros, deq = np.zeros((n, k)), np.zeros((n, len(starts))), np.zeros((n, len(starts))), np.zeros((n, k))
+    for j, c0 in enumerate(starts):
+        part = w[:, c0:c0 + group].astype(np.float64)
+        scale = ((part.max(1) - part.min(1)) / LEVELS[fmt]).astype(np.float32)
+        scale[scale < np.finfo(np.float32).tiny] = 1.0
+        zero = (-part.min(1) / scale).astype(np.float32)
+        c = np.clip(np.rint(part / scale[:, None] + zero[:, None]), 0, LEVELS[fmt])
+        codes[:, c0:c0 + group], scales[:, j], zeros[:, j] = c, scale, zero
+        deq[:, c0:c0 + group] = (c - zero[:, None].astype(np.float64)) * scale[:, None]
+    return codes, scales, zeros, deq
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint4"])
+@pytest.mark.parametrize("k,group", [(100, 64), (576, 128), (96, 40)])
+def test_ragged_last_group_is_exact(fmt, k, group):
+    """A group that does not divide K (upstream's group 128 on a 576-wide model) leaves a ragged last group."""
+    w = weight(5, k, seed=k)
+    q, scales, zeros = quantize(w, fmt, group)
+    codes, ref_scales, ref_zeros, ref_deq = ragged_reference(w, fmt, group)
+    assert scales.shape == zeros.shape == (5, -(-k // group))
+    assert np.array_equal(unpack_codes(q, fmt), codes) and np.array_equal(scales, ref_scales)
+    assert np.array_equal(zeros, ref_zeros)
+    np.testing.assert_allclose(dequantize(q, scales, zeros, fmt, group), ref_deq, rtol=1e-6, atol=1e-6)
+
+
+def test_odd_widths_for_uint4():
     with pytest.raises(ModelSerializerException, match="uint4: input size 9 must be even"):
         quantize(weight(2, 9), "uint4", -1)
 

@@ -4,14 +4,18 @@ GGUF names map onto the Hugging Face LLaMA names. llama.cpp's converter permutes
 LLaMA Q and K projections (its RoPE pairs neighbouring dims, HF's pairs the two halves of a head);
 the permutation is undone exactly as transformers' own GGUF loader does it
 (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor). Qwen2 files are not permuted.
-Hyper-parameters come from the GGUF metadata, the tokenizer from transformers' GGUF conversion.
+Hyper-parameters come from the GGUF metadata, the tokenizer from gguf_tokenizer.py (transformers'
+GGUF conversion for the tokenizer kinds that module does not build).
 """
 import os
 import re
+import tempfile
 
 from ..errors import ModelSerializerException
+from ..tokenizer import Tokenizer
 from .arch import ModelConfig, eos_list
 from .base import auto_tokenizer
+from .gguf_tokenizer import Unsupported, write_tokenizer_dir
 from .source import SourceModel
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> ours
@@ -124,14 +128,23 @@ class GGUFModel(SourceModel):
         return super().free_model()
 
     def _save_tokenizer(self, out_dir):
-        self._gguf_tokenizer().save_pretrained(out_dir)
+        try:  # tokenizers alone (gguf_tokenizer.py): serving and chatting need no transformers
+            write_tokenizer_dir(self._open_reader(), out_dir)
+        except Unsupported:
+            self._gguf_tokenizer().save_pretrained(out_dir)
         return True
 
     def _gguf_tokenizer(self):
         if self.tokenizer is None:
-            self.tokenizer = auto_tokenizer(  # transformers reads the tokenizer out of the GGUF metadata
-                os.path.dirname(os.path.abspath(self.model_path)), gguf_file=os.path.basename(self.model_path),
-                padding_side="left")
+            with tempfile.TemporaryDirectory(prefix="gguf-tokenizer-") as out:
+                try:
+                    write_tokenizer_dir(self._open_reader(), out)
+                    self.tokenizer = Tokenizer(out, padding_side="left")  # reads everything now
+                    self.tokenizer.name_or_path = self.model_path
+                except Unsupported:  # transformers reads other kinds out of the GGUF metadata
+                    self.tokenizer = auto_tokenizer(
+                        os.path.dirname(os.path.abspath(self.model_path)),
+                        gguf_file=os.path.basename(self.model_path), padding_side="left")
         return self.tokenizer
 
     def init_tokenizer(self, padding_side="left"):
