@@ -293,6 +293,24 @@ def build_sentencepiece_gguf(gguf_path):
     return str(gguf_path)
 
 
+def ragged_reference(w, fmt, group):
+    """Ragged-group InstantQuant in float64, group by group: the last group of a row holds K mod G
+    channels. -> (codes [N, K], scales, zeros [N, ceil(K/G)], dequantized [N, K])."""
+    levels = {"int8": 255, "uint4": 15}[fmt]
+    n, k = w.shape
+    starts = list(range(0, k, group))
+    codes, scales, zeros, deq = np.zeros((n, k)), np.zeros((n, len(starts))), np.zeros((n, len(starts))), np.zeros((n, k))
+    for j, c0 in enumerate(starts):
+        part = w[:, c0:c0 + group].astype(np.float64)
+        scale = ((part.max(1) - part.min(1)) / levels).astype(np.float32)
+        scale[scale < np.finfo(np.float32).tiny] = 1.0
+        zero = (-part.min(1) / scale).astype(np.float32)
+        c = np.clip(np.rint(part / scale[:, None] + zero[:, None]), 0, levels)
+        codes[:, c0:c0 + group], scales[:, j], zeros[:, j] = c, scale, zero
+        deq[:, c0:c0 + group] = (c - zero[:, None].astype(np.float64)) * scale[:, None]
+    return codes, scales, zeros, deq
+
+
 def eventually(predicate, timeout=10.0, poll_s=0.02) -> bool:
     """Whether `predicate` holds within `timeout` s (a bound for something to happen, never a speed check)."""
     deadline = time.monotonic() + timeout

@@ -140,3 +140,37 @@ def test_ctrl_c_in_a_chat_is_one_line(tiny_model):
     finally:
         chat.kill()
         chat.wait()
+
+
+PARIS = "What is the capital of France?"
+
+
+def test_convert_default_quantizes_as_serve_does(tmp_path):
+    """`dashinfer convert default OUT --quant uint4` takes the groups `--quant uint4` serves with
+    (32, not DashInfer's per-channel default), says what it wrote, and answers as the model that
+    serve / chat --quant uint4 convert (cli/common.resolve), ending by itself (per channel, it
+    looped: "Parisislouvre...")."""
+    out = tmp_path / "out"
+    done = dashinfer("convert", "default", str(out), "--quant", "uint4")
+    assert done.returncode == 0, done.stderr
+    assert "linear layers uint4 in groups of 32, the rest bfloat16" in done.stdout
+    converted = dashinfer("chat", str(out), PARIS, "--max-new-tokens", "48")
+    served = dashinfer("chat", "default", PARIS, "--quant", "uint4", "--max-new-tokens", "48")
+    assert converted.returncode == 0 and served.returncode == 0, (converted.stderr, served.stderr)
+    assert converted.stdout == served.stdout and "France" in converted.stdout
+    generated = int(re.search(r"\[(\d+) tokens", converted.stderr).group(1))
+    assert generated < 48, converted.stdout  # it ended by itself: no loop
+
+
+def test_convert_help_and_group_size(tmp_path):
+    from dashinfer_server.cli import convert
+    done = dashinfer("convert", "--help")
+    assert done.returncode == 0
+    whole = " ".join(convert.__doc__.split("\n\n")[0].split())
+    assert whole.endswith("unless --group-size says otherwise.") and whole in " ".join(done.stdout.split())
+    one_line_error(dashinfer("convert", "default", str(tmp_path / "o"), "--group-size", "64"), 78,
+                   "--group-size needs --quant")
+    hf = build_tiny_model(str(tmp_path / "hf"))
+    done = dashinfer("convert", hf, str(tmp_path / "g"), "--quant", "int8", "--group-size", "-1", "--name", "t")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("linear layers int8 per channel, the rest bfloat16")

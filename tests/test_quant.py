@@ -4,6 +4,7 @@ import pytest
 
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model.quant import InstantQuantSettings, dequantize, quantize, unpack_codes
+from tests.helpers import ragged_reference
 
 LEVELS = {"int8": 255, "uint4": 15}
 
@@ -75,25 +76,8 @@ def test_per_channel_group():
     np.testing.assert_allclose(scales[:, 0], (w.max(axis=1) - w.min(axis=1)) / 255, rtol=1e-6)
 
 
-def ragged_reference(w, fmt, group):
-    """Ragged-group InstantQuant in float64, group by group: the last group of a row holds K mod G
-    channels. -> (codes [N, K], scales, zeros [N, ceil(K/G)], dequantized [N, K])."""
-    n, k = w.shape
-    starts = list(range(0, k, group))
-    codes, scales, zeros, deq = np.zeros((n, k)), np.zeros((n, len(starts))), np.zeros((n, len(starts))), np.zeros((n, k))
-    for j, c0 in enumerate(starts):
-        part = w[:, c0:c0 + group].astype(np.float64)
-        scale = ((part.max(1) - part.min(1)) / LEVELS[fmt]).astype(np.float32)
-        scale[scale < np.finfo(np.float32).tiny] = 1.0
-        zero = (-part.min(1) / scale).astype(np.float32)
-        c = np.clip(np.rint(part / scale[:, None] + zero[:, None]), 0, LEVELS[fmt])
-        codes[:, c0:c0 + group], scales[:, j], zeros[:, j] = c, scale, zero
-        deq[:, c0:c0 + group] = (c - zero[:, None].astype(np.float64)) * scale[:, None]
-    return codes, scales, zeros, deq
-
-
 @pytest.mark.parametrize("fmt", ["int8", "uint4"])
-@pytest.mark.parametrize("k,group", [(100, 64), (576, 128), (96, 40)])
+@pytest.mark.parametrize("k,group", [(576, 128), (192, 128), (96, 64), (64, 96)])
 def test_ragged_last_group_is_exact(fmt, k, group):
     """A group that does not divide K (upstream's group 128 on a 576-wide model) leaves a ragged last group."""
     w = weight(5, k, seed=k)
@@ -103,6 +87,11 @@ def test_ragged_last_group_is_exact(fmt, k, group):
     assert np.array_equal(unpack_codes(q, fmt), codes) and np.array_equal(scales, ref_scales)
     assert np.array_equal(zeros, ref_zeros)
     np.testing.assert_allclose(dequantize(q, scales, zeros, fmt, group), ref_deq, rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_groups_the_kernels_cannot_serve_are_refused():
+    with pytest.raises(ModelSerializerException, match=r"group_size 64 leaves a ragged last group on input size 100.*gcd\(64, 100\) = 4"):
+        quantize(weight(2, 100), "int8", 64)
 
 
 def test_odd_widths_for_uint4():

@@ -24,6 +24,9 @@ _DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default
 # 64 (bench/quality.py; its weights come from a Q4_1 GGUF, blocks of 32) for 20% more bytes.
 DEFAULT_GROUPS = {"int8": _DEFAULT_GROUP, "uint4": 32}
 PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names none
+# Groups the packed linear formats take besides K itself (native/linear.h, dn_linear_check_shape):
+# a ragged quantization is served in the largest of these that divides both the group and K.
+SERVED_GROUPS = (256, 128, 64, 32)
 _CHUNK_ELEMENTS = 1 << 22
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
@@ -81,6 +84,8 @@ class InstantQuantSettings:
         """Shapes of (qweight, scales, zeros) for a [n, k] weight (a ragged last group when the
         group does not divide k)."""
         g = self.group_of(k)
+        if k % g:
+            served_group(g, k)  # refuses a ragged split the kernels cannot serve, at conversion
         if self.compute_method == ACTIVATE_QUANT and k % ACT_BLOCK:
             raise ModelSerializerException(
                 f"customized_quant_config: compute_method 'activate_quant' needs input sizes that are whole "
@@ -171,14 +176,28 @@ def dequantize(q, scales, zeros, weight_format="int8", group_size=_DEFAULT_GROUP
     return ((groups - zeros[..., None]) * scales[..., None]).reshape(n, k)
 
 
+def served_group(g, k):
+    """The equal group a ragged quantization (g does not divide k) is served in: the largest of
+    SERVED_GROUPS dividing both; ModelSerializerException when none does."""
+    common = math.gcd(g, k)
+    for p in SERVED_GROUPS:
+        if common % p == 0:
+            return p
+    raise ModelSerializerException(
+        f"InstantQuant: group_size {g} leaves a ragged last group on input size {k}, and the kernels serve "
+        f"it in groups dividing both ({', '.join(map(str, SERVED_GROUPS))}), which gcd({g}, {k}) = {common} "
+        f"is not a multiple of; choose a group_size that divides {k}, a multiple of 32 sharing that with {k}, "
+        f"or -1 (per channel)")
+
+
 def uniform_groups(scales, zeros, k, group_size):
-    """(scales, zeros, p) in groups of p = gcd(group, k) channels, which tile k: each group of
-    `group_size` (the ragged last one included) repeated over the p-groups it holds. The packed
-    linear formats need equal groups; the values dequantize the same."""
+    """(scales, zeros, p): a ragged quantization (the group does not divide k) in equal groups of
+    p channels (served_group), each stored group, the ragged last one included, repeated over the
+    p-groups it holds; the values dequantize the same. Groups that divide k come back as they are."""
     g = k if group_size == -1 else group_size
-    p = math.gcd(g, k)
-    if p == g:
+    if k % g == 0:
         return scales, zeros, g
+    p = served_group(g, k)
     owner = np.arange(k // p) * p // g  # the stored group of each p-group
     return scales[:, owner], zeros[:, owner], p
 
