@@ -25,18 +25,23 @@ def answer(reference, messages, max_tokens):
     return reference.text(ids), reason
 
 
+def on_terminal(text):
+    return text.replace("\n", "\r\n")  # the terminal's output translation (onlcr)
+
+
 def ask(chat, question, expected):
     chat.expect_exact("> ")
     chat.sendline(question)
     chat.expect_exact(question)  # the terminal's echo
-    chat.expect_exact(expected)
+    chat.expect_exact(on_terminal(expected))
 
 
 def test_banner_commands_and_history(tiny_model, tiny_reference, tmp_path):
     first, _ = answer(tiny_reference, [{"role": "user", "content": HELLO}], 8)
+    label = os.path.basename(tiny_model)  # the model directory's name
     chat = spawn_chat(tiny_model, tmp_path, "--max-new-tokens", "8")
-    chat.expect_exact("loading tiny")  # the indicator, before the banner
-    chat.expect(r"dashinfer chat: tiny\. /help for commands, /exit or Ctrl-D to leave\.")
+    chat.expect_exact(f"loading {label}")  # the indicator, before the banner
+    chat.expect_exact(f"dashinfer chat: {label}. /help for commands, /exit or Ctrl-D to leave.")
     chat.expect_exact("> ")
     chat.sendline("/help")
     chat.expect_exact("/clear   forget the conversation")
@@ -52,14 +57,17 @@ def test_banner_commands_and_history(tiny_model, tiny_reference, tmp_path):
     chat.close()
     assert chat.exitstatus == 0
     with open(os.path.join(tmp_path, "chat_history"), encoding="utf-8") as f:
-        assert HELLO in f.read().splitlines()
-    # a new chat recalls the last question with the up arrow (readline's history, kept in the cache)
+        assert f.read().splitlines()[-3:] == ["/clear", HELLO, "/exit"]
+    # a new chat recalls the lines of the last one with the up arrow (readline's history, kept in
+    # the cache): /exit, then the question before it
     chat = spawn_chat(tiny_model, tmp_path, "--max-new-tokens", "8")
     chat.expect_exact("> ")
     chat.send(UP_ARROW)
+    chat.expect_exact("/exit")
+    chat.send(UP_ARROW)
     chat.expect_exact(HELLO)
     chat.send("\r")
-    chat.expect_exact(first)
+    chat.expect_exact(on_terminal(first))
     chat.expect_exact("> ")
     chat.sendeof()
     chat.expect(pexpect.EOF)
@@ -80,7 +88,7 @@ def test_ctrl_c_stops_the_answer_and_twice_at_the_prompt_leaves(tiny_model, tiny
     chat.expect_exact("> ")
     chat.sendline(question)
     chat.expect_exact(question)
-    chat.expect_exact(long_answer[:8])  # the answer streams...
+    chat.expect_exact(on_terminal(long_answer[:8]))  # the answer streams...
     chat.sendintr()  # ... and Ctrl-C stops it
     chat.expect_exact("(answer stopped; the question is not kept)")
     # the chat goes on, without the stopped turn: the next answer is the one of a new conversation
