@@ -127,16 +127,20 @@ def test_convert_then_serve_the_output(tmp_path, tiny_reference):
     assert done.stdout == answer(tiny_reference, [{"role": "user", "content": HELLO}]) + "\n"  # the same random model
 
 
-def test_ctrl_c_in_a_chat_is_one_line(tiny_model):
+def test_ctrl_c_twice_at_the_prompt_leaves_with_one_line(tiny_model):
     # SIGINT as a terminal delivers it (a test run may have left it ignored, which a child inherits)
     chat = subprocess.Popen([sys.executable, "-m", "dashinfer", "chat", tiny_model], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert chat.stdout.read(2) == b"> "  # the model serves and waits for a question
-        chat.send_signal(signal.SIGINT)
+        chat.send_signal(signal.SIGINT)  # at the prompt: says how to leave, and asks again
+        assert chat.stdout.read(2) == b"> "
+        chat.send_signal(signal.SIGINT)  # a second one in a row leaves
         assert chat.wait(60) == 130
-        assert chat.stderr.read().decode().strip().splitlines() == ["dashinfer chat: interrupted"]
+        lines = [line for line in chat.stderr.read().decode().splitlines() if line]
+        assert lines[1:] == ["(Ctrl-C again, /exit or Ctrl-D to leave)", "dashinfer chat: interrupted"]
+        assert lines[0].startswith("dashinfer chat: ")  # the banner
     finally:
         chat.kill()
         chat.wait()

@@ -87,11 +87,13 @@ def _open(model, args):
             raise CliError(str(e).splitlines()[0]) from None
     check_ranks(args.tp)
     model_dir, prefix = resolve(model, args.dtype, args.quant)
-    served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
+    served = None
     try:
+        served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
         load_in_background(served.load, _label(model))
     except (RuntimeError, ValueError) as e:  # ValueError: an option or a limit the engine refuses
-        served.close()
+        if served is not None:
+            served.close()
         raise CliError(str(e).splitlines()[0], CONFIG_ERROR if isinstance(e, ValueError) else 1) from None
     return served
 
