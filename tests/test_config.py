@@ -169,26 +169,6 @@ def test_runtime_failed_update_changes_nothing():
     assert (cfg.model_name, cfg.max_batch, cfg.max_length) == ("m", 5, 2048)
 
 
-def test_upstream_rc2_runtime_config_test():
-    """What DashInfer rc2's tests/python/test_runtime_config.py does, its names imported as it
-    imports them: an AsModelConfig constructed empty and filled field by field prints as the
-    builder's config from a DIConfig dict. Its unit is CUDA:0,1, a GPU this runtime refuses; here
-    the same unit on CPU NUMA nodes."""
-    from dashinfer.allspark._allspark import AsModelConfig
-    from dashinfer.allspark.runtime_config import AsModelRuntimeConfigBuilder as UpstreamBuilder
-    expected = AsModelConfig()
-    expected.model_name = "test_model"
-    expected.compute_unit = "CPU:0,1"
-    expected.engine_max_length = 100
-    expected.engine_max_batch = 32
-    expected.num_threads = 2
-    builder = UpstreamBuilder()
-    builder.from_dict({"model_name": "test_model",
-                       "compute_unit": {"device_type": "CPU_NUMA", "device_ids": [0, 1], "compute_thread_in_device": 2},
-                       "engine_max_length": 100, "engine_max_batch": 32})
-    assert str(expected) == str(builder.build())
-
-
 def test_upstream_structs_construct_empty_and_install_refuses_a_nameless_model():
     """DashInfer's structs have default constructors (rc2's test builds an empty AsModelConfig;
     upstream scripts build an empty builder and fill it); the name is needed where a model is
