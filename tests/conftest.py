@@ -44,7 +44,8 @@ def _code(function) -> str:
 
 def _starts_a_process(item) -> bool:
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and "client" in callspec.params.values():  # api_engine's ClientEngine side
+    if callspec is not None and any(isinstance(v, str) and v == "client" for v in callspec.params.values()):
+        # the ClientEngine side of api_engine (and of tests parametrized the same way)
         return True
     functions = [item.function]
     for name, defs in item._fixtureinfo.name2fixturedefs.items():
