@@ -263,7 +263,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     return str(gguf_path)
 
 
-def build_sentencepiece_gguf(gguf_path):
+def build_sentencepiece_gguf(gguf_path, arch="llama"):
     """A GGUF holding only a SentencePiece-style ("llama") tokenizer, as llama.cpp writes Llama 2's:
     byte-fallback tokens, word-start pieces with scores and no merges, a user-defined token."""
     import gguf
@@ -277,7 +277,7 @@ def build_sentencepiece_gguf(gguf_path):
         + [T.USER_DEFINED]
     scores = [0.0] * 259 + [-1.0] + [-2.0 - 0.01 * i for i in range(len(letters))] \
         + [-10.0 - 0.1 * len(w) - 0.01 * i for i, w in enumerate(words)] + [0.0]
-    writer = gguf.GGUFWriter(str(gguf_path), "llama")
+    writer = gguf.GGUFWriter(str(gguf_path), arch)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_types(types)

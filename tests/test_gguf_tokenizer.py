@@ -8,7 +8,7 @@ import pytest
 
 from dashinfer_client import default_model
 from dashinfer_client.model import DashInferModel, GGUFModel
-from dashinfer_client.model.gguf_tokenizer import derived_merges
+from dashinfer_client.model.gguf_tokenizer import Unsupported, derived_merges, write_tokenizer_dir
 from dashinfer_client.tokenizer import Tokenizer
 from tests.helpers import build_sentencepiece_gguf, build_tiny_gguf, build_tiny_model
 
@@ -86,3 +86,12 @@ def test_gguf_converts_and_serves_its_tokenizer_without_transformers(tmp_path, m
     GGUFModel(gguf_file, "tiny").load_model().read_model_config().serialize_to_path(None, str(tmp_path / "out"))
     served = DashInferModel(str(tmp_path / "out"), "tiny").get_tokenizer()
     assert served.encode("hi é <|im_end|>") == ref.encode("hi é <|im_end|>")
+
+
+def test_families_transformers_rebuilds_its_own_way_are_left_to_it(tmp_path):
+    """Gemma's and Phi-3's SentencePiece GGUFs are built differently by transformers (respelled
+    spaces, a normalizer): not rebuilt here, so the loader falls back to transformers."""
+    from gguf import GGUFReader
+    path = build_sentencepiece_gguf(tmp_path / "phi3.gguf", arch="phi3")
+    with pytest.raises(Unsupported, match="phi3"):
+        write_tokenizer_dir(GGUFReader(path), str(tmp_path / "out"))

@@ -29,6 +29,11 @@ SPLITS = {"llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-b
           "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2}
 
 
+# Families whose SentencePiece vocabulary transformers rebuilds its own way (Gemma's respelled
+# spaces and merge order, Phi-3's normalizer): theirs to read.
+SENTENCEPIECE_OWN_WAY = ("gemma", "gemma2", "gemma3", "phi3")
+
+
 class Unsupported(ValueError):
     """The file's tokenizer kind is not one this module builds."""
 
@@ -179,6 +184,10 @@ def write_tokenizer_dir(reader, out_dir) -> None:
     meta = read_metadata(reader)
     if "ggml.tokens" not in meta:
         raise Unsupported("the GGUF file carries no tokenizer (no tokenizer.ggml.tokens)")
+    arch = reader.fields.get("general.architecture")
+    arch = bytes(arch.parts[arch.data[0]]).decode("utf-8") if arch is not None else None
+    if meta.get("ggml.model") == "llama" and arch in SENTENCEPIECE_OWN_WAY:
+        raise Unsupported(f"the SentencePiece vocabulary of a {arch} GGUF (transformers rebuilds it its own way)")
     backend, config = build(meta)
     os.makedirs(out_dir, exist_ok=True)
     backend.save(os.path.join(out_dir, "tokenizer.json"))
