@@ -118,7 +118,7 @@ def test_stream_carries_start_tokens_status_and_stats(stub):
         for key, value in e.stats.items():
             assert sent.get(key) != value, f"{key} sent again unchanged"
             sent[key] = value
-    token_times = [e.stats["last_token_time"] for e in events if "last_token_time" in e.stats]
+    token_times = [e.stats["last_token_time"] for e in events if e.stats.get("last_token_time")]  # 0: none yet
     assert token_times == sorted(token_times) and token_times[0] >= first.stats["arrival_time"]
     assert sent["last_token_time"] >= sent["first_token_time"] > 0
     assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=first.handle)).status == 0
