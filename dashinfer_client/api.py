@@ -30,7 +30,7 @@ from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntim
 from .generation_config import check_generation
 from .queries import QueryAPI
 from .raw_requests import RawRequestAPI
-from .refusals import PARAM_ERROR, SUCCESS, Refused, checked_model_name, unknown_handle
+from .refusals import CALLER_MISTAKES, PARAM_ERROR, SUCCESS, Refused, checked_model_name, unknown_handle
 from .types import AsStatus, ModelState
 from .unserved import UnservedAPI
 
@@ -228,7 +228,8 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
     def _refuse(self, what, e: Refused) -> AsStatus:
         self.last_error = self._reason.text = str(e) if e.named else f"{what}: {e}"
         self._reason.status = e.status
-        self.log.error("%s (%s)", self.last_error, e.status.name)
+        level = logging.WARNING if e.status in CALLER_MISTAKES else logging.ERROR
+        self.log.log(level, "%s (%s)", self.last_error, e.status.name)
         return e.status
 
 
@@ -254,7 +255,8 @@ def _runtime_config(cfg) -> AsModelRuntimeConfig:
         cfg = dataclasses.replace(cfg)
     except (ValueError, TypeError) as e:
         raise Refused(PARAM_ERROR, f"the runtime config: {e}") from e
-    checked_model_name(cfg.model_name)
+    if not checked_model_name(cfg.model_name):
+        raise Refused(PARAM_ERROR, "the runtime config: model_name must be set (a non-empty string)")
     return cfg
 
 

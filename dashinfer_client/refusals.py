@@ -5,6 +5,10 @@ from .types import AsStatus
 
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 PARAM_ERROR = AsStatus.ALLSPARK_PARAM_ERROR
+# Refusals that are the caller's mistake (HTTP answers them 400): logged as warnings, not errors.
+CALLER_MISTAKES = frozenset({PARAM_ERROR, AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR, AsStatus.ALLSPARK_EMPTY_REQUEST,
+                             AsStatus.ALLSPARK_CACHE_MEMORY_OUT,  # a prompt that can never fit the KV cache
+                             AsStatus.ALLSPARK_LORA_NOT_LOADED})
 
 
 class Refused(Exception):

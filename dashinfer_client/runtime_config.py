@@ -79,9 +79,7 @@ class AsModelRuntimeConfig:
     lora_max_num: int = 5
 
     def __post_init__(self):
-        self.model_name = check_str("model_name", self.model_name)
-        if not self.model_name:
-            raise ValueError("model_name must be set (a non-empty string)")
+        self.model_name = check_str("model_name", self.model_name)  # may stay empty until install_model
         self.model_dir = check_str("model_dir", self.model_dir)
         self.model_prefix = check_str("model_prefix", self.model_prefix)
         self.device_type = check_enum("compute_unit", TargetDevice, self.device_type)

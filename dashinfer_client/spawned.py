@@ -10,10 +10,11 @@ import threading
 import time
 from collections import deque
 
-from .proto.wire import parse_log_line, unix_socket_path
+from .proto.wire import REQUEST_LOGGER, parse_log_line, unix_socket_path
 
 log = logging.getLogger("dashinfer_client")
 server_log = logging.getLogger("dashinfer_client.server")
+server_request_log = server_log.getChild("requests")  # the ranks' REQUEST_LOGGER lines
 
 
 def launch_command(address, nodes=None, threads_per_rank=None, env=None) -> list:
@@ -79,14 +80,15 @@ class SpawnedServer:
     def _drain(self, pipe) -> None:
         """Keep the output's tail, and pass its log records on to this process's logging at their
         level (logger dashinfer_client.server), as if the server ran in-process."""
-        level = logging.INFO
+        level, logger = logging.INFO, server_log
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip()
             self.tail.append(line)
             record = parse_log_line(line)
             if record:  # else a continuation (traceback) or foreign output: the previous level
                 level, line = logging.getLevelName(record[0]), record[1]
-            server_log.log(level, "%s", line)
+                logger = server_request_log if line.startswith(REQUEST_LOGGER + "[") else server_log
+            logger.log(level, "%s", line)
         pipe.close()
 
     @staticmethod

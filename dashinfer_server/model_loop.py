@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 
+from dashinfer_client.proto.wire import REQUEST_LOGGER
 from dashinfer_client.types import FinishReason, GenerateRequestStatus
 
 from . import op_profile
@@ -27,6 +28,7 @@ from .sequence import Phase, Sequence
 from .stopping import check_stop
 
 log = logging.getLogger("dashinfer_server")
+request_log = logging.getLogger(REQUEST_LOGGER)
 
 THROUGHPUT_LOG_S = 10.0  # seconds between throughput lines while busy
 
@@ -241,7 +243,7 @@ class ModelLoop:
             self.scheduler.finish(seq)
         if seq.queue.set_status(status, error, reason):
             info = seq.queue.RequestStatInfo()
-            log.info("request %d%s %s: prompt %d tokens (%d cached), generated %d, TTFT %.1f ms, "
+            request_log.info("request %d%s %s: prompt %d tokens (%d cached), generated %d, TTFT %.1f ms, "
                      "decode %.1f tok/s", seq.handle, f" ({info.uuid})" if info.uuid else "",
                      info.finish_reason, info.context_token_length,
                      info.context_cached_length, info.generated_token_length,

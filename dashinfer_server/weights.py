@@ -18,6 +18,7 @@ import numpy as np
 
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model.families import family
+from dashinfer_client.model.quant import uniform_groups
 
 from . import kernels as K
 from .shard import Shard
@@ -132,7 +133,8 @@ class WeightLoader:
         q, s, z = (self.tensor(f"{base}.weight.{p}") for p in ("qweight", "scales", "zeros"))
         per_byte = 2 if self.wtype == "u4" else 1
         k = q.shape[1] * per_byte
-        group = k // s.shape[1]
+        # a ragged last group (the group does not divide k) is served in equal groups that do
+        s, z, group = uniform_groups(s, z, k, self.model.quantization["group_size"])
         c0, c1 = cols or (0, k)
         if c0 % group or c1 % group:
             raise ValueError(f"{base}: shard columns {c0}:{c1} split a quantization group of {group}")

@@ -61,7 +61,7 @@ def still_serving(api, new=160):
     assert engine.release_request(name, handle) == OK
 
 
-def logged(caplog, *words, level=logging.ERROR, wait_s=2.0):
+def logged(caplog, *words, level=logging.WARNING, wait_s=2.0):
     """A record of this process at `level` or above names every word. A ClientEngine's spawned
     server logs through its output, read by a thread: its records get wait_s to come through."""
     deadline = time.monotonic() + wait_s

@@ -1,6 +1,14 @@
 """Settings and fixtures every test module shares. Test modules import helper functions by name
-(`from tests.helpers import ...`, `tests.engine_helpers`, `tests.http_server`), never fixtures."""
+(`from tests.helpers import ...`, `tests.engine_helpers`, `tests.http_server`), never fixtures.
+
+Markers: `slow` is every test that starts a process (a rank group, a server, the CLI, a child
+Python), marked at collection (`pytest_collection_modifyitems`); `pytest -m "not slow"` is the fast
+subset to run while working. The session fails if the run leaves files in /tmp or /dev/shm."""
+import glob
+import inspect
 import os
+import re
+import time
 
 import pytest
 
@@ -17,6 +25,112 @@ K.load()  # tests run where pytest started: nothing to place first
 _ORDER = ("portable", "avx2", "avx512")
 # Every kernel path this CPU can run: tests cover all of them on one machine.
 ISAS = _ORDER[: _ORDER.index(K.supported_isa()) + 1]
+
+
+# ---- the slow marker -------------------------------------------------------------------------------
+
+# What starts a process, in a test's code, its fixtures' code or the module-level helpers they call.
+_STARTS_A_PROCESS = re.compile(r"subprocess\.|Popen\(|ClientEngine\(|pexpect\.|\bServer\(|sys\.executable|"
+                               r"mpiexec|SpawnedServer|launch_group\(|start_group\(")
+_CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")
+
+
+def _code(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _starts_a_process(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(isinstance(v, str) and v == "client" for v in callspec.params.values()):
+        # the ClientEngine side of api_engine (and of tests parametrized the same way)
+        return True
+    functions = [item.function]
+    for name, defs in item._fixtureinfo.name2fixturedefs.items():
+        if name != "api_engine":  # decided by its parameter above
+            functions += [d.func for d in defs]
+    sources = [_code(f) for f in functions]
+    module = vars(item.module)
+    for source in list(sources):  # one level of the test module's own helpers
+        for called in set(_CALLED.findall(source)):
+            helper = module.get(called)
+            if inspect.isfunction(helper) and helper.__module__ == item.module.__name__:
+                sources.append(_code(helper))
+    return any(_STARTS_A_PROCESS.search(source) for source in sources)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts a process (a rank group, a server, the CLI, a child Python); "
+                                       "deselect with -m 'not slow'")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if isinstance(item, pytest.Function) and _starts_a_process(item):
+            item.add_marker(pytest.mark.slow)
+
+
+# ---- nothing left behind ---------------------------------------------------------------------------
+
+# Files a run may leave by mistake: MPICH's mpiexec (hydra) writes its hwloc topology to
+# /tmp/hydra_hwloc_xmlfile_* and removes it when it exits (a killed mpiexec leaves it), the ranks'
+# shared memory (ours dashinfer-*, MPICH's mpich_sh*), the gRPC services' unix sockets.
+LEFTOVER_PATTERNS = ("/tmp/hydra_hwloc_xmlfile_*", "/tmp/dashinfer-*/*.sock", "/dev/shm/dashinfer-*",
+                     "/dev/shm/mpich_sh*")
+LEFTOVER_GRACE_S = 10.0  # processes stopped by the last tests may still be removing theirs
+
+
+def _leftover_candidates() -> set:
+    return {path for pattern in LEFTOVER_PATTERNS for path in glob.glob(pattern)}
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _in_use(paths) -> set:
+    """The paths a live process may still own (another suite on this machine runs at the same
+    time): a socket or segment named after a live pid, a mapped MPICH segment, a hydra topology
+    file while an mpiexec runs."""
+    from dashinfer_server.launch import mapped_mpich_segments
+    mapped = mapped_mpich_segments() if any("mpich_sh" in p for p in paths) else set()
+    mpiexec_runs = any(_read(comm).strip().startswith("mpiexec") for comm in glob.glob("/proc/[0-9]*/comm"))
+    used = set()
+    for path in paths:
+        name = os.path.basename(path)
+        pid = re.match(r"dashinfer-(?:\d+-)?(\d+)[-.]", name) if name.startswith("dashinfer-") else None
+        if (pid and _alive(int(pid.group(1)))) or path in mapped or (name.startswith("hydra_") and mpiexec_runs):
+            used.add(path)
+    return used
+
+
+def _read(path) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_nothing_behind():
+    """Fails the session when files matching LEFTOVER_PATTERNS appeared during it and stay with no
+    live process that may own them."""
+    before = _leftover_candidates()
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := _leftover_candidates() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left -= _in_use(left)
+    assert not left, f"the test run left these files behind: {sorted(left)}"
 
 
 @pytest.fixture(params=ISAS)

@@ -232,12 +232,13 @@ _GGUF_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforwa
                "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
+def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokenizer_model="gpt2"):
     """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA, Qwen2/3, Phi-3,
     Gemma 2/3) and return its path.
 
     quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
-    the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata.
+    the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata,
+    the tokenizer under the kind `tokenizer_model` says.
     """
     import gguf
     from safetensors.numpy import load_file
@@ -273,7 +274,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
         vocab = json.load(f)["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
     tokens += [f"<|unused{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(tokenizer_model)
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS or t.startswith("<|unused")
@@ -308,6 +309,54 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
     writer.write_tensors_to_file()
     writer.close()
     return str(gguf_path)
+
+
+def build_sentencepiece_gguf(gguf_path, arch="llama"):
+    """A GGUF holding only a SentencePiece-style ("llama") tokenizer, as llama.cpp writes Llama 2's:
+    byte-fallback tokens, word-start pieces with scores and no merges, a user-defined token."""
+    import gguf
+    words = ["\u2581the", "\u2581a", "\u2581cap", "\u2581capital", "\u2581of", "\u2581France", "\u2581is",
+             "\u2581Paris", "\u2581hello", "\u2581world", "ing", "\u2581t", "\u2581th", "he", "th", "ca", "pi", "tal",
+             "\u2581c", "\u2581ca", "an", "ce", "ar", "ri", "or", "ld", "ll", "el", "lo", "\u2581h", "\u2581he"]
+    letters = sorted(set("".join(words).replace("\u2581", "")) | set("bdgjkmnuvxyzBCDEGHIJKLMNOQRSTUVWXYZ.,!?'"))
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"] + letters + words + ["<tool>"]
+    T = gguf.TokenType
+    types = [T.UNKNOWN, T.CONTROL, T.CONTROL] + [T.BYTE] * 256 + [T.NORMAL] * (1 + len(letters) + len(words)) \
+        + [T.USER_DEFINED]
+    scores = [0.0] * 259 + [-1.0] + [-2.0 - 0.01 * i for i in range(len(letters))] \
+        + [-10.0 - 0.1 * len(w) - 0.01 * i for i, w in enumerate(words)] + [0.0]
+    writer = gguf.GGUFWriter(str(gguf_path), arch)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_scores(scores)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_chat_template("{% for m in messages %}[INST] {{ m['content'] }} [/INST]</s>{% endfor %}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(gguf_path)
+
+
+def ragged_reference(w, fmt, group):
+    """Ragged-group InstantQuant in float64, group by group: the last group of a row holds K mod G
+    channels. -> (codes [N, K], scales, zeros [N, ceil(K/G)], dequantized [N, K])."""
+    levels = {"int8": 255, "uint4": 15}[fmt]
+    n, k = w.shape
+    starts = list(range(0, k, group))
+    codes, scales, zeros, deq = np.zeros((n, k)), np.zeros((n, len(starts))), np.zeros((n, len(starts))), np.zeros((n, k))
+    for j, c0 in enumerate(starts):
+        part = w[:, c0:c0 + group].astype(np.float64)
+        scale = ((part.max(1) - part.min(1)) / levels).astype(np.float32)
+        scale[scale < np.finfo(np.float32).tiny] = 1.0
+        zero = (-part.min(1) / scale).astype(np.float32)
+        c = np.clip(np.rint(part / scale[:, None] + zero[:, None]), 0, levels)
+        codes[:, c0:c0 + group], scales[:, j], zeros[:, j] = c, scale, zero
+        deq[:, c0:c0 + group] = (c - zero[:, None].astype(np.float64)) * scale[:, None]
+    return codes, scales, zeros, deq
 
 
 def eventually(predicate, timeout=10.0, poll_s=0.02) -> bool:

@@ -127,16 +127,54 @@ def test_convert_then_serve_the_output(tmp_path, tiny_reference):
     assert done.stdout == answer(tiny_reference, [{"role": "user", "content": HELLO}]) + "\n"  # the same random model
 
 
-def test_ctrl_c_in_a_chat_is_one_line(tiny_model):
+def test_ctrl_c_twice_at_the_prompt_leaves_with_one_line(tiny_model):
     # SIGINT as a terminal delivers it (a test run may have left it ignored, which a child inherits)
     chat = subprocess.Popen([sys.executable, "-m", "dashinfer", "chat", tiny_model], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert chat.stdout.read(2) == b"> "  # the model serves and waits for a question
-        chat.send_signal(signal.SIGINT)
+        chat.send_signal(signal.SIGINT)  # at the prompt: says how to leave, and asks again
+        assert chat.stdout.read(2) == b"> "
+        chat.send_signal(signal.SIGINT)  # a second one in a row leaves
         assert chat.wait(60) == 130
-        assert chat.stderr.read().decode().strip().splitlines() == ["dashinfer chat: interrupted"]
+        lines = [line for line in chat.stderr.read().decode().splitlines() if line]
+        assert lines[1:] == ["(Ctrl-C again, /exit or Ctrl-D to leave)", "dashinfer chat: interrupted"]
+        assert lines[0].startswith("dashinfer chat: ")  # the banner
     finally:
         chat.kill()
         chat.wait()
+
+
+PARIS = "What is the capital of France?"
+
+
+def test_convert_default_quantizes_as_serve_does(tmp_path):
+    """`dashinfer convert default OUT --quant uint4` takes the groups `--quant uint4` serves with
+    (32, not DashInfer's per-channel default), says what it wrote, and answers as the model that
+    serve / chat --quant uint4 convert (cli/common.resolve), ending by itself (per channel, it
+    looped: "Parisislouvre...")."""
+    out = tmp_path / "out"
+    done = dashinfer("convert", "default", str(out), "--quant", "uint4")
+    assert done.returncode == 0, done.stderr
+    assert "linear layers uint4 in groups of 32, the rest bfloat16" in done.stdout
+    converted = dashinfer("chat", str(out), PARIS, "--max-new-tokens", "48")
+    served = dashinfer("chat", "default", PARIS, "--quant", "uint4", "--max-new-tokens", "48")
+    assert converted.returncode == 0 and served.returncode == 0, (converted.stderr, served.stderr)
+    assert converted.stdout == served.stdout and "France" in converted.stdout
+    generated = int(re.search(r"\[(\d+) tokens", converted.stderr).group(1))
+    assert generated < 48, converted.stdout  # it ended by itself: no loop
+
+
+def test_convert_help_and_group_size(tmp_path):
+    from dashinfer_server.cli import convert
+    done = dashinfer("convert", "--help")
+    assert done.returncode == 0
+    whole = " ".join(convert.__doc__.split("\n\n")[0].split())
+    assert whole.endswith("unless --group-size says otherwise.") and whole in " ".join(done.stdout.split())
+    one_line_error(dashinfer("convert", "default", str(tmp_path / "o"), "--group-size", "64"), 78,
+                   "--group-size needs --quant")
+    hf = build_tiny_model(str(tmp_path / "hf"))
+    done = dashinfer("convert", hf, str(tmp_path / "g"), "--quant", "int8", "--group-size", "-1", "--name", "t")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("linear layers int8 per channel, the rest bfloat16")

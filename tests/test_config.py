@@ -137,7 +137,6 @@ RUNTIME_ERRORS = [
     (lambda b: b.from_dict({"engine_max_batch": 4, "swap_threshold": 1}), "swap_threshold"),
     (lambda b: b.update_from_dict({"compute_unit": {"device_type": "CPU", "cores": 2}}), "cores"),
     (lambda b: b.update_from_dict(["max_batch", 4]), "dict"),
-    (lambda b: AsModelRuntimeConfigBuilder().build(), "model_name"),
     (lambda b: AsModelRuntimeConfig.from_dict({"model_name": "m", "batch": 2}), "batch"),
     (lambda b: AsModelRuntimeConfig.from_dict({"model_name": "m", "max_batch": 0}), "max_batch"),
     (lambda b: AsModelRuntimeConfig.from_dict({"model_name": "m", "kv_cache_mode": "x"}), "kv_cache_mode"),
@@ -168,3 +167,16 @@ def test_runtime_failed_update_changes_nothing():
         b.from_dict({"model_name": "z", "kv_cache_span_size": 3})
     cfg = b.build()
     assert (cfg.model_name, cfg.max_batch, cfg.max_length) == ("m", 5, 2048)
+
+
+def test_upstream_structs_construct_empty_and_install_refuses_a_nameless_model():
+    """DashInfer's structs have default constructors (rc2's test builds an empty AsModelConfig;
+    upstream scripts build an empty builder and fill it); the name is needed where a model is
+    installed, not before."""
+    import dashinfer_client as allspark
+    cfg = AsModelRuntimeConfig()
+    assert (cfg.model_name, cfg.max_batch, cfg.max_length, cfg.compute_unit) == ("", 32, 2048, "CPU:0")
+    assert AsModelRuntimeConfigBuilder().build().model_name == ""
+    engine = allspark.Engine()
+    assert engine.install_model(cfg) == allspark.AsStatus.ALLSPARK_PARAM_ERROR
+    assert "model_name must be set" in engine.last_error

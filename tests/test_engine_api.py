@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dashinfer_client import AsStatus, GenerateRequestStatus, TargetDevice
+from dashinfer_client.refusals import CALLER_MISTAKES
 from tests.api_helpers import (Finished, Interrupted, OK, VOCAB, alone, install, logged, prompt_of, run,
                                still_serving)
 from tests.engine_helpers import collect, greedy, hf_greedy
@@ -250,7 +251,10 @@ def test_error_paths(api_engine, small_pool, caplog):
         for what, call, code, word in bad_requests(name, small_pool):
             caplog.clear()
             assert call(engine, loader) == code, what
-            assert logged(caplog, word), f"{what}: no error logged naming {word!r}"
+            # the caller's mistakes (what HTTP answers 400) are warnings, the rest errors
+            level = logging.WARNING if code in CALLER_MISTAKES else logging.ERROR
+            assert logged(caplog, word, level=level), f"{what}: nothing logged naming {word!r}"
+            assert level == logging.ERROR or not logged(caplog, word, level=logging.ERROR, wait_s=0), what
 
 
 def test_calls_in_the_wrong_model_state(api_engine, caplog):

@@ -214,8 +214,8 @@ def test_quantize_lm_head_option(llama_dir, tmp_path):
 
 def test_failed_conversion_leaves_previous_model(llama_dir, tmp_path, monkeypatch):
     serialize(llama_dir, tmp_path)
-    cfg = {"quant_method": "instant_quant", "weight_format": "int8", "group_size": 48}
-    with pytest.raises(ModelSerializerException, match="input size 64 is not divisible by group_size 48"):
+    cfg = {"quant_method": "instant_quant", "weight_format": "uint4", "group_size": 47}
+    with pytest.raises(ModelSerializerException, match="uint4 needs an even group_size, got 47"):
         serialize(llama_dir, tmp_path, enable_quant=True, customized_quant_config=cfg)
     from dashinfer_client.model import hf
 

@@ -4,6 +4,7 @@ import pytest
 
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model.quant import InstantQuantSettings, dequantize, quantize, unpack_codes
+from tests.helpers import ragged_reference
 
 LEVELS = {"int8": 255, "uint4": 15}
 
@@ -18,7 +19,7 @@ def check_bound(w, fmt, group):
     q, scales, zeros = quantize(w, fmt, group)
     n, k = w.shape
     g = k if group == -1 else group
-    assert scales.shape == zeros.shape == (n, k // g) and scales.dtype == zeros.dtype == np.float32
+    assert scales.shape == zeros.shape == (n, -(-k // g)) and scales.dtype == zeros.dtype == np.float32
     assert q.dtype == np.uint8 and q.shape == (n, k if fmt == "int8" else k // 2)
     deq = dequantize(q, scales, zeros, fmt, group)
     bound = np.repeat(scales, g, axis=1) / 2
@@ -75,9 +76,25 @@ def test_per_channel_group():
     np.testing.assert_allclose(scales[:, 0], (w.max(axis=1) - w.min(axis=1)) / 255, rtol=1e-6)
 
 
-def test_k_not_divisible_by_group():
-    with pytest.raises(ModelSerializerException, match="input size 100 is not divisible by group_size 64"):
+@pytest.mark.parametrize("fmt", ["int8", "uint4"])
+@pytest.mark.parametrize("k,group", [(576, 128), (192, 128), (96, 64), (64, 96)])
+def test_ragged_last_group_is_exact(fmt, k, group):
+    """A group that does not divide K (upstream's group 128 on a 576-wide model) leaves a ragged last group."""
+    w = weight(5, k, seed=k)
+    q, scales, zeros = quantize(w, fmt, group)
+    codes, ref_scales, ref_zeros, ref_deq = ragged_reference(w, fmt, group)
+    assert scales.shape == zeros.shape == (5, -(-k // group))
+    assert np.array_equal(unpack_codes(q, fmt), codes) and np.array_equal(scales, ref_scales)
+    assert np.array_equal(zeros, ref_zeros)
+    np.testing.assert_allclose(dequantize(q, scales, zeros, fmt, group), ref_deq, rtol=1e-6, atol=1e-6)
+
+
+def test_ragged_groups_the_kernels_cannot_serve_are_refused():
+    with pytest.raises(ModelSerializerException, match=r"group_size 64 leaves a ragged last group on input size 100.*gcd\(64, 100\) = 4"):
         quantize(weight(2, 100), "int8", 64)
+
+
+def test_odd_widths_for_uint4():
     with pytest.raises(ModelSerializerException, match="uint4: input size 9 must be even"):
         quantize(weight(2, 9), "uint4", -1)
 

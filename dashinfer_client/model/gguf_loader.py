@@ -6,19 +6,23 @@ llama.cpp's converter permutes the rows of the LLaMA Q and K projections (its Ro
 neighbouring dims, HF's pairs the two halves of a head); the permutation is undone exactly as
 transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor).
 Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w).
-Hyper-parameters come from the GGUF metadata, the tokenizer from transformers' GGUF conversion.
+Hyper-parameters come from the GGUF metadata, the tokenizer from gguf_tokenizer.py (transformers'
+GGUF conversion for the tokenizer kinds that module does not build).
 """
 import math
 import os
 import re
+import tempfile
 
 import numpy as np
 
 from ..errors import ModelSerializerException
+from ..tokenizer import Tokenizer
 from .arch import ModelConfig, eos_list
 from .base import auto_tokenizer
 from .families import BY_GGUF
 from .gguf_check import check_gguf
+from .gguf_tokenizer import Unsupported, write_tokenizer_dir
 from .source import SourceModel
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -117,14 +121,23 @@ class GGUFModel(SourceModel):
         return super().free_model()
 
     def _save_tokenizer(self, out_dir):
-        self._gguf_tokenizer().save_pretrained(out_dir)
+        try:  # tokenizers alone (gguf_tokenizer.py): serving and chatting need no transformers
+            write_tokenizer_dir(self._open_reader(), out_dir)
+        except Unsupported:
+            self._gguf_tokenizer().save_pretrained(out_dir)
         return True
 
     def _gguf_tokenizer(self):
         if self.tokenizer is None:
-            self.tokenizer = auto_tokenizer(  # transformers reads the tokenizer out of the GGUF metadata
-                os.path.dirname(os.path.abspath(self.model_path)), gguf_file=os.path.basename(self.model_path),
-                padding_side="left")
+            with tempfile.TemporaryDirectory(prefix="gguf-tokenizer-") as out:
+                try:
+                    write_tokenizer_dir(self._open_reader(), out)
+                    self.tokenizer = Tokenizer(out, padding_side="left")  # reads everything now
+                    self.tokenizer.name_or_path = self.model_path
+                except Unsupported:  # transformers reads other kinds out of the GGUF metadata
+                    self.tokenizer = auto_tokenizer(
+                        os.path.dirname(os.path.abspath(self.model_path)),
+                        gguf_file=os.path.basename(self.model_path), padding_side="left")
         return self.tokenizer
 
     def init_tokenizer(self, padding_side="left"):

@@ -4,10 +4,13 @@ For a weight W [N, K] and groups of G consecutive k in each row:
     scale = (max - min) / (2^bits - 1),  zero = -min / scale  (a float, not rounded),
     q = clip(round(w / scale + zero), 0, 2^bits - 1),  dequantized w = (q - zero) * scale.
 A group with max == min (or a range too small for a normal float scale) gets scale 1, so nothing
-divides by zero; it dequantizes to its constant exactly. int8 stores one code (0..255) a byte;
+divides by zero; it dequantizes to its constant exactly. When G does not divide K the last group of
+each row is ragged (K mod G channels), as DashInfer's IQ serves a group-128 config on a 576-wide
+model; scales and zeros are then [N, ceil(K/G)]. int8 stores one code (0..255) a byte;
 uint4 two codes (0..15) a byte, the even k in the low nibble.
 """
 import dataclasses
+import math
 
 import numpy as np
 
@@ -20,6 +23,9 @@ _DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default
 # 64 (bench/quality.py; its weights come from a Q4_1 GGUF, blocks of 32) for 20% more bytes.
 DEFAULT_GROUPS = {"int8": _DEFAULT_GROUP, "uint4": 32}
 PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names none
+# Groups the packed linear formats take besides K itself (native/linear.h, dn_linear_check_shape):
+# a ragged quantization is served in the largest of these that divides both the group and K.
+SERVED_GROUPS = (256, 128, 64, 32)
 _CHUNK_ELEMENTS = 1 << 22
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
@@ -75,12 +81,11 @@ class InstantQuantSettings:
         return k if self.group_size == -1 else self.group_size
 
     def packed_shapes(self, n, k):
-        """Shapes of (qweight, scales, zeros) for a [n, k] weight; refuses k the groups don't tile."""
+        """Shapes of (qweight, scales, zeros) for a [n, k] weight (a ragged last group when the
+        group does not divide k)."""
         g = self.group_of(k)
         if k % g:
-            raise ModelSerializerException(
-                f"InstantQuant: input size {k} is not divisible by group_size {g}; choose a group_size that "
-                f"divides {k} or -1 (per channel)")
+            served_group(g, k)  # refuses a ragged split the kernels cannot serve, at conversion
         if self.compute_method == ACTIVATE_QUANT and k % ACT_BLOCK:
             raise ModelSerializerException(
                 f"customized_quant_config: compute_method 'activate_quant' needs input sizes that are whole "
@@ -88,7 +93,8 @@ class InstantQuantSettings:
         if self.weight_format == "uint4" and k % 2:
             raise ModelSerializerException(f"InstantQuant uint4: input size {k} must be even (two codes a byte)")
         q_cols = k if self.weight_format == "int8" else k // 2
-        return (n, q_cols), (n, k // g), (n, k // g)
+        groups = -(-k // g)
+        return (n, q_cols), (n, groups), (n, groups)
 
 
 def _check_compute_method(compute, fmt, group):
@@ -107,7 +113,7 @@ def _check_compute_method(compute, fmt, group):
 
 
 def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
-    """w float [N, K] -> (qweight uint8, scales float32 [N, K/G], zeros float32 [N, K/G])."""
+    """w float [N, K] -> (qweight uint8, scales float32 [N, ceil(K/G)], zeros float32 [N, ceil(K/G)])."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
     w = np.asarray(w, dtype=np.float32)
     if w.ndim != 2:
@@ -127,17 +133,28 @@ def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
 def _quantize_rows(w, bits, g):
     n, k = w.shape
     levels = (1 << bits) - 1
-    groups = w.reshape(n, k // g, g).astype(np.float64)
+    whole = k - k % g
+    parts = [_quantize_groups(w[:, :whole].reshape(n, whole // g, g), levels)] if whole else []
+    if whole < k:  # the ragged last group
+        parts.append(_quantize_groups(w[:, None, whole:], levels))
+    q = np.concatenate([p[0].reshape(n, -1) for p in parts], axis=1)
+    scale = np.concatenate([p[1] for p in parts], axis=1)
+    zero = np.concatenate([p[2] for p in parts], axis=1)
+    if bits == 4:
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    return q, scale, zero
+
+
+def _quantize_groups(groups, levels):
+    """groups float [n, count, g] -> (codes uint8 [n, count, g], scale, zero float32 [n, count])."""
+    groups = groups.astype(np.float64)
     lo, hi = groups.min(axis=2), groups.max(axis=2)
     scale = ((hi - lo) / levels).astype(np.float32)
     scale[~(scale >= np.finfo(np.float32).tiny)] = 1.0  # constant (or denormal-range) groups
     zero = (-lo / scale).astype(np.float32)
     # Codes from the stored float32 scale/zero, so dequantization (in float32) is what was rounded to.
     codes = np.rint(groups / scale[..., None] + zero[..., None])
-    q = np.clip(codes, 0, levels).astype(np.uint8).reshape(n, k)
-    if bits == 4:
-        q = q[:, 0::2] | (q[:, 1::2] << 4)
-    return q, scale, zero
+    return np.clip(codes, 0, levels).astype(np.uint8), scale, zero
 
 
 def unpack_codes(q, weight_format):
@@ -153,10 +170,36 @@ def unpack_codes(q, weight_format):
 def dequantize(q, scales, zeros, weight_format="int8", group_size=_DEFAULT_GROUP):
     """(qweight, scales, zeros) -> float32 [N, K]: (q - zero) * scale per group."""
     codes = unpack_codes(np.asarray(q), weight_format)
+    scales, zeros, _ = uniform_groups(scales, zeros, codes.shape[1], group_size)
     n, k = codes.shape
-    g = k if group_size == -1 else group_size
-    groups = codes.reshape(n, k // g, g).astype(np.float32)
+    groups = codes.reshape(n, scales.shape[1], -1).astype(np.float32)
     return ((groups - zeros[..., None]) * scales[..., None]).reshape(n, k)
+
+
+def served_group(g, k):
+    """The equal group a ragged quantization (g does not divide k) is served in: the largest of
+    SERVED_GROUPS dividing both; ModelSerializerException when none does."""
+    common = math.gcd(g, k)
+    for p in SERVED_GROUPS:
+        if common % p == 0:
+            return p
+    raise ModelSerializerException(
+        f"InstantQuant: group_size {g} leaves a ragged last group on input size {k}, and the kernels serve "
+        f"it in groups dividing both ({', '.join(map(str, SERVED_GROUPS))}), which gcd({g}, {k}) = {common} "
+        f"is not a multiple of; choose a group_size that divides {k}, a multiple of 32 sharing that with {k}, "
+        f"or -1 (per channel)")
+
+
+def uniform_groups(scales, zeros, k, group_size):
+    """(scales, zeros, p): a ragged quantization (the group does not divide k) in equal groups of
+    p channels (served_group), each stored group, the ragged last one included, repeated over the
+    p-groups it holds; the values dequantize the same. Groups that divide k come back as they are."""
+    g = k if group_size == -1 else group_size
+    if k % g == 0:
+        return scales, zeros, g
+    p = served_group(g, k)
+    owner = np.arange(k // p) * p // g  # the stored group of each p-group
+    return scales[:, owner], zeros[:, owner], p
 
 
 class QuantErrorStats:

@@ -242,12 +242,15 @@ class SourceModel(ModelHandle):
             fetch=self.weights.fetch, generation_config=self.generation_config,
             save_tokenizer=self._save_tokenizer, progress=self._show_progress(progress))
         self.serialization_report = report
+        r = report["quantization"]
+        held = self.data_type if not r else (
+            f"linear layers {r['weight_format']} "
+            f"{'per channel' if r['group_size'] == -1 else 'in groups of %d' % r['group_size']}, the rest {self.data_type}")
         line = (f"Model {self.model_name} serialized to {out_dir}/{self.safe_model_name}.asparam "
-                f"({report['asparam_bytes'] / 2**20:.1f} MiB, {self.data_type}) in {report['seconds']:.1f} s")
-        if report["quantization"]:
-            r = report["quantization"]
-            line += (f"; InstantQuant {r['weight_format']} group {r['group_size']}: max abs error "
-                     f"{r['max_abs_error']:.3g}, relative RMS error {r['relative_rms_error']:.3g}")
+                f"({report['asparam_bytes'] / 2**20:.1f} MiB, {held}) in {report['seconds']:.1f} s")
+        if r:
+            line += (f"; InstantQuant error: max abs {r['max_abs_error']:.3g}, "
+                     f"relative RMS {r['relative_rms_error']:.3g}")
         self._say(line, progress)
 
     def _show_progress(self, progress):

@@ -120,6 +120,11 @@ LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 _LOG_RECORD = re.compile(r"^\S+ \S+ (\S+\[\d+\]) (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$")
 
 
+# The logger of the engine's one line per finished request. A front door that logs its own line
+# per request (`dashinfer serve`) raises this one's level, in its process and for the ranks it spawned.
+REQUEST_LOGGER = "dashinfer_server.requests"
+
+
 def parse_log_line(line):
     """(level name, "logger[pid]: message") of a line LOG_FORMAT wrote, else None (a traceback's
     continuation or foreign output)."""

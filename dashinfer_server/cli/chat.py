@@ -8,17 +8,18 @@ else PROMPT.
 """
 import json
 import os
-import select
 import sys
 import urllib.error
 import urllib.request
 
-from .common import CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks, resolve
+from .chat_terminal import converse, load_in_background
+from .common import (CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks,
+                     first_paragraph, resolve)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("chat", help="chat with a model (served here, or at --address / --url)",
-                       description=__doc__.split("\n")[0])
+                       description=first_paragraph(__doc__))
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--address", help="a running gRPC rank group (unix:///path.sock or HOST:PORT)")
@@ -40,19 +41,26 @@ def run(args) -> int:
         options["seed"] = args.seed
     if args.url:
         ask = _HttpChat(args.url, args.api_key, args.model_name, options)
-        close = None
+        close, label = None, f"{ask.model} at {args.url}"
     else:
         served = _open(model, args)
         ask, close = _EngineChat(served, options), served.close
+        label = f"{served.name} at {args.address}" if args.address else _label(model)
     try:
         if prompt is not None:
             ask([{"role": "user", "content": prompt}])
             return 0
-        _interactive(ask)
+        from dashinfer_client.model_cache import cache_root
+        converse(ask, label, history_path=os.path.join(cache_root(), "chat_history"))
         return 0
     finally:
         if close:
             close()
+
+
+def _label(model) -> str:
+    from dashinfer_client.default_model import MODEL_NAME
+    return MODEL_NAME if model is None or model in DEFAULT_NAMES else os.path.basename(os.path.normpath(model))
 
 
 def _split(words, remote):
@@ -66,13 +74,15 @@ def _split(words, remote):
 
 
 def _open(model, args):
+    """The ServedModel to chat with, loaded in a thread that leaves Ctrl-C to this one
+    (chat_terminal.load_in_background), a loading indicator meanwhile."""
     from dashinfer_server.http.served import ServedModel
     if args.address:
         import dashinfer_client as allspark
         from dashinfer_client.client_engine import Unavailable
         try:
-            engine = allspark.ClientEngine(args.address, startup_timeout=10)
-            return ServedModel.attach(engine, args.model_name)
+            return load_in_background(lambda: ServedModel.attach(allspark.ClientEngine(args.address, startup_timeout=10),
+                                                                 args.model_name), args.address)
         except (Unavailable, RuntimeError) as e:
             raise CliError(str(e).splitlines()[0]) from None
     check_ranks(args.tp)
@@ -80,50 +90,12 @@ def _open(model, args):
     served = None
     try:
         served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
-        served.load()
+        load_in_background(served.load, _label(model))
     except (RuntimeError, ValueError) as e:  # ValueError: an option or a limit the engine refuses
         if served is not None:
             served.close()
         raise CliError(str(e).splitlines()[0], CONFIG_ERROR if isinstance(e, ValueError) else 1) from None
     return served
-
-
-def _interactive(ask) -> None:
-    """Turns until EOF (Ctrl-D); the conversation so far goes with each question."""
-    messages, lines = [], _Lines(sys.stdin.fileno())
-    while True:
-        sys.stdout.write("> ")
-        sys.stdout.flush()
-        question = lines.next()
-        if question is None:
-            print()
-            return
-        if not question.strip():
-            continue
-        messages.append({"role": "user", "content": question})
-        messages.append({"role": "assistant", "content": ask(messages)})
-
-
-class _Lines:
-    """Lines of a file descriptor, read so that Ctrl-C always interrupts the wait: the kernel may
-    hand SIGINT to any thread (an engine's), and a main thread blocked in read() would not see it
-    until the next line; this one returns to Python every 0.2 s."""
-
-    def __init__(self, fd):
-        self.fd, self.held = fd, b""
-
-    def next(self):
-        """The next line without its newline, or None at the end of the input."""
-        while b"\n" not in self.held:
-            if not select.select([self.fd], [], [], 0.2)[0]:
-                continue
-            chunk = os.read(self.fd, 4096)
-            if not chunk:
-                line, self.held = self.held, b""
-                return line.decode(errors="replace") if line else None
-            self.held += chunk
-        line, _, self.held = self.held.partition(b"\n")
-        return line.decode(errors="replace")
 
 
 class _EngineChat:

@@ -5,6 +5,11 @@ CONFIG_ERROR = 78  # EX_CONFIG: a supervisor must not restart a service that can
 DEFAULT_NAMES = ("default", "SmolLM2-135M-Instruct")  # MODEL left out means the default model too
 
 
+def first_paragraph(doc) -> str:
+    """A module docstring's first paragraph on one line: a subcommand's whole --help description."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
 class CliError(Exception):
     """An expected failure: printed as one line, the command exits with `code`."""
 

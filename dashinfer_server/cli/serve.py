@@ -13,7 +13,8 @@ import threading
 
 from dashinfer_server.http.admission import MAX_WAITING, Admission, env_number
 
-from .common import CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, resolve
+from .common import (CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, first_paragraph,
+                     resolve)
 
 log = logging.getLogger("dashinfer_server.http")
 KV_CACHE_MODES = {"default": "AsCacheDefault", "int8": "AsCacheQuantI8", "uint4": "AsCacheQuantU4"}
@@ -21,7 +22,7 @@ KV_CACHE_MODES = {"default": "AsCacheDefault", "int8": "AsCacheQuantI8", "uint4"
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                       description=__doc__.split("\n")[0])
+                       description=first_paragraph(__doc__))
     p.add_argument("model", nargs="?", default=None,
                    help="a Hugging Face directory, a GGUF file, a serialized model directory, or the "
                         "default model's name (default: SmolLM2-135M-Instruct)")
@@ -51,6 +52,11 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    from dashinfer_client.proto.wire import REQUEST_LOGGER
+    from dashinfer_client.spawned import server_request_log
+    if args.log_level != "DEBUG":  # ServedModel.finish logs each request once, with its HTTP id
+        for name in (REQUEST_LOGGER, server_request_log.name):
+            logging.getLogger(name).setLevel(logging.WARNING)
     check_ranks(args.tp)
     admission = _admission(args)
     model_dir, prefix = resolve(args.model, args.dtype, args.quant)

@@ -1,5 +1,6 @@
 """Errors of the HTTP API in OpenAI's shape, and the one table from the engine's AsStatus to an
 HTTP status: the engine decides what is wrong with a request, this module only says it in HTTP."""
+from dashinfer_client.refusals import CALLER_MISTAKES
 from dashinfer_client.types import AsStatus
 
 # AsStatus of a refused engine call -> (HTTP status, OpenAI error type).
@@ -7,11 +8,7 @@ _BAD = (400, "invalid_request_error")
 _UNAVAILABLE = (503, "service_unavailable_error")
 _INTERNAL = (500, "server_error")
 STATUS_TO_HTTP = {
-    AsStatus.ALLSPARK_PARAM_ERROR: _BAD,
-    AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR: _BAD,       # prompt over the context, max_tokens too large
-    AsStatus.ALLSPARK_EMPTY_REQUEST: _BAD,
-    AsStatus.ALLSPARK_CACHE_MEMORY_OUT: _BAD,         # a prompt that can never fit the KV cache
-    AsStatus.ALLSPARK_LORA_NOT_LOADED: _BAD,
+    **{status: _BAD for status in CALLER_MISTAKES},  # prompt over the context, max_tokens too large, ...
     AsStatus.ALLSPARK_REQUEST_DENIED: _UNAVAILABLE,   # the model is stopping (drain)
     AsStatus.ALLSPARK_INVALID_CALL_ERROR: _UNAVAILABLE,  # the model is not running
     AsStatus.ALLSPARK_RUNTIME_ERROR: _UNAVAILABLE,    # the rank group is lost or restarting

@@ -1,0 +1,97 @@
+"""A GGUF's tokenizer rebuilt with `tokenizers` only (dashinfer_client/model/gguf_tokenizer.py)
+against transformers' own GGUF tokenizer (AutoTokenizer with gguf_file=) on the same file: ids with
+and without special tokens, text back, the chat template's output, the special tokens."""
+import os
+import sys
+
+import pytest
+
+from dashinfer_client import default_model
+from dashinfer_client.model import DashInferModel, GGUFModel
+from dashinfer_client.model.gguf_tokenizer import Unsupported, derived_merges, write_tokenizer_dir
+from dashinfer_client.tokenizer import Tokenizer
+from tests.helpers import build_sentencepiece_gguf, build_tiny_gguf, build_tiny_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+with open(os.path.join(ROOT, "bench", "data", "project_docs.txt"), encoding="utf-8") as _f:
+    CORPUS = [p for p in _f.read().split("\n\n") if p.strip()]
+EXTRA = ["", " ", "  leading spaces, tabs\tand\nnew lines\n\n", "é, 日本語, emoji 🙂 and ß, Ελληνικά, русский",
+         "control \x01 chars \u200b and a lone combining \u0301", "<|im_start|>user\nhi<|im_end|>\n",
+         "<|endoftext|>x<|im_end|><|im_end|>", "<s> inside </s> text <unk>", "a <tool> call", "123456789 3.14159"]
+CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "2+2? 🙂"}]]
+
+
+@pytest.fixture(scope="module", params=["smollm2", "tiny-gpt2", "sentencepiece"])
+def gguf_path(request, tmp_path_factory):
+    if request.param == "smollm2":  # byte-level BPE with merges, llama.cpp pre-tokenizer "smollm"
+        return default_model.default_model_path(progress=False)
+    out = tmp_path_factory.mktemp(request.param)
+    if request.param == "tiny-gpt2":  # byte-level BPE without merges: derived from the vocabulary
+        return build_tiny_gguf(out / "tiny.gguf", build_tiny_model(str(out / "hf")))
+    return build_sentencepiece_gguf(out / "spm.gguf")
+
+
+@pytest.fixture(scope="module")
+def pair(gguf_path):
+    """(ours, transformers') for one GGUF file."""
+    from transformers import AutoTokenizer
+    ours = GGUFModel(gguf_path, "t").get_tokenizer()
+    assert isinstance(ours, Tokenizer)  # built without transformers
+    reference = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+    return ours, reference
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_same_ids(pair, special):
+    ours, ref = pair
+    for text in CORPUS + EXTRA:
+        assert ours.encode(text, add_special_tokens=special) == ref.encode(text, add_special_tokens=special), text
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_same_text(pair, skip):
+    ours, ref = pair
+    for text in CORPUS + EXTRA:
+        ids = ref.encode(text)
+        assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip), text
+    every_id = list(range(len(ref)))  # each token alone, specials and byte tokens included
+    assert ours.batch_decode([[i] for i in every_id]) == ref.batch_decode([[i] for i in every_id])
+
+
+def test_same_chat_template_and_special_tokens(pair):
+    ours, ref = pair
+    for chat in CHATS:
+        text = ref.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        assert ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == text
+        assert ours.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False)
+    assert ours.special_tokens_map == {k: v for k, v in ref.special_tokens_map.items() if isinstance(v, str)}
+    assert len(ours) == len(ref) and ours.get_vocab() == ref.get_vocab()
+
+
+def test_derived_merges_order():
+    """transformers' order (generate_merges): the best-scored merged token first, then the longer
+    left piece."""
+    tokens = ["a", "b", "c", "ab", "bc", "abc"]
+    assert derived_merges(tokens, [0, 0, 0, -1, -2, -0.5]) == [("ab", "c"), ("a", "bc"), ("a", "b"), ("b", "c")]
+
+
+def test_gguf_converts_and_serves_its_tokenizer_without_transformers(tmp_path, monkeypatch):
+    gguf_file = build_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_model(str(tmp_path / "hf")))
+    from transformers import AutoTokenizer
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="tiny.gguf")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "torch", None)
+    GGUFModel(gguf_file, "tiny").load_model().read_model_config().serialize_to_path(None, str(tmp_path / "out"))
+    served = DashInferModel(str(tmp_path / "out"), "tiny").get_tokenizer()
+    assert served.encode("hi é <|im_end|>") == ref.encode("hi é <|im_end|>")
+
+
+def test_families_transformers_rebuilds_its_own_way_are_left_to_it(tmp_path):
+    """Gemma's and Phi-3's SentencePiece GGUFs are built differently by transformers (respelled
+    spaces, a normalizer): not rebuilt here, so the loader falls back to transformers."""
+    from gguf import GGUFReader
+    path = build_sentencepiece_gguf(tmp_path / "phi3.gguf", arch="phi3")
+    with pytest.raises(Unsupported, match="phi3"):
+        write_tokenizer_dir(GGUFReader(path), str(tmp_path / "out"))
