@@ -71,22 +71,15 @@ class Family:
                 shapes[p + "self_attn.k_norm.weight"] = (kv_out if whole else D,)
             attn = ({"self_attn.qkv_proj": q_out + 2 * kv_out} if self.fused_qkv else
                     {"self_attn.q_proj": q_out, "self_attn.k_proj": kv_out, "self_attn.v_proj": kv_out})
-            for name, rows in attn.items():
-                shapes[p + name + ".weight"] = (rows, H)
-                if c.attention_bias:
-                    shapes[p + name + ".bias"] = (rows,)
-            shapes[p + "self_attn.o_proj.weight"] = (H, q_out)
-            if c.attention_out_bias:
-                shapes[p + "self_attn.o_proj.bias"] = (H,)
             mlp = {"mlp.gate_up_proj": 2 * inter} if self.fused_gate_up else {"mlp.gate_proj": inter,
                                                                                "mlp.up_proj": inter}
-            for name, rows in mlp.items():
-                shapes[p + name + ".weight"] = (rows, H)
-                if c.mlp_bias:
-                    shapes[p + name + ".bias"] = (rows,)
-            shapes[p + "mlp.down_proj.weight"] = (H, inter)
-            if c.mlp_bias:
-                shapes[p + "mlp.down_proj.bias"] = (H,)
+            for linears, inputs, bias in ((attn, H, c.attention_bias), ({"self_attn.o_proj": H}, q_out,
+                                          c.attention_out_bias), (mlp, H, c.mlp_bias),
+                                          ({"mlp.down_proj": H}, inter, c.mlp_bias)):
+                for name, rows in linears.items():
+                    shapes[p + name + ".weight"] = (rows, inputs)
+                    if bias:
+                        shapes[p + name + ".bias"] = (rows,)
         shapes["model.norm.weight"] = (H,)
         if not c.tie_word_embeddings:
             shapes["lm_head.weight"] = (c.vocab_size, H)
