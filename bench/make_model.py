@@ -1,7 +1,7 @@
 """Write a random-weight Hugging Face model of a real shape, for benchmarks at scale.
 
-    PYTHONPATH=. python bench/make_model.py qwen2-1.5b /tmp/qwen2-1.5b-random
-    PYTHONPATH=. python bench/make_model.py llama3-8b /tmp/llama3-8b-random   # memory, start-up
+    PYTHONPATH=. python -m bench.make_model qwen2-1.5b /tmp/qwen2-1.5b-random
+    PYTHONPATH=. python -m bench.make_model llama3-8b /tmp/llama3-8b-random   # memory, start-up
     (also qwen3-1.7b and gemma3-1b: SHAPES)
 
 transformers gives the config and, on the meta device (no memory), every tensor's name and
