@@ -48,6 +48,12 @@ def _response_format(key, v):
     return dict(v)
 
 
+# Whitespace between JSON tokens of a guided answer: any, as JSON allows, but at most 20 characters
+# in a row (enough for a newline and nine levels of indentation): unbounded, a model can emit
+# whitespace until its max_length and never close the object. llguidance's JSON options.
+JSON_WHITESPACE = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}"}
+
+
 def response_format_schema(response_format, key="response_format"):
     """The JSON schema a response_format constrains the output to (a dict), or None for none.
     Forms: {"type": "text"} (none); {"type": "json_object"} (any object); DashInfer's
@@ -57,6 +63,9 @@ def response_format_schema(response_format, key="response_format"):
     if response_format is None:
         return None
     kind = response_format.get("type")
+    if kind == "grammar":  # constrains the output, but to no JSON schema
+        response_format_grammar(response_format, key)
+        return None
     extra = set(response_format) - {"type", "json_schema"}
     if extra:
         raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; it takes 'type' and 'json_schema'")
@@ -83,6 +92,21 @@ def response_format_schema(response_format, key="response_format"):
     if not isinstance(schema, dict):
         raise ValueError(f"{key}: the JSON schema must be a JSON object, got {schema!r}")
     return schema
+
+
+def response_format_grammar(response_format, key="response_format"):
+    """The lark grammar (llguidance's dialect) of DashInfer's form {"type": "grammar", "grammar":
+    LARK}, or None for the other forms. ValueError if malformed. The front end constrains forced
+    tool calls with it (dashinfer_client/frontend/parsers)."""
+    if response_format is None or response_format.get("type") != "grammar":
+        return None
+    extra = set(response_format) - {"type", "grammar"}
+    if extra:
+        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; type 'grammar' takes 'grammar'")
+    grammar = response_format.get("grammar")
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise ValueError(f"{key}: type 'grammar' needs a 'grammar' string (lark)")
+    return grammar
 
 
 def _vocab(key, v):

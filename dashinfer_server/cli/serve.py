@@ -11,6 +11,8 @@ import socket
 import sys
 import threading
 
+from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
+
 from .common import CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, resolve
 
 log = logging.getLogger("dashinfer_server.http")
@@ -34,6 +36,11 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("DASHINFER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default $DASHINFER_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the tool-call format of the answers (default: the one the chat template speaks, "
+                        "else 'json' with the tools described in the prompt)")
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS) + ["none"],
+                   help="split reasoning out of the answers (default: when the chat template uses <think>)")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds running requests get to finish at shutdown")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -50,7 +57,8 @@ def run(args) -> int:
     try:
         served = ServedModel(model_dir, prefix, name, tp=args.tp, threads=args.threads,
                              max_batch=args.max_batch, max_length=args.max_model_len,
-                             kv_cache_mode=KV_CACHE_MODES[args.kv_cache])
+                             kv_cache_mode=KV_CACHE_MODES[args.kv_cache], tool_parser=args.tool_call_parser,
+                             reasoning_parser=args.reasoning_parser)
     except ValueError as e:  # a runtime option the config refuses
         raise CliError(str(e), CONFIG_ERROR) from None
     sock = _listen(args.host, args.port)

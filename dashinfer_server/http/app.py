@@ -1,10 +1,15 @@
-"""The OpenAI-compatible HTTP API over one served model (FastAPI; run by uvicorn, see serve.py).
+"""The OpenAI- and Anthropic-compatible HTTP API over one served model (FastAPI; run by uvicorn,
+see serve.py).
 
-    POST /v1/chat/completions, POST /v1/completions   (stream: Server-Sent Events)
+    POST /v1/chat/completions, POST /v1/completions   OpenAI's (stream: Server-Sent Events)
+    POST /v1/messages, POST /v1/messages/count_tokens Anthropic's Messages API (anthropic.py)
     GET  /v1/models, /health (200 serving, 503 not), /metrics (Prometheus text)
 
-With an API key every /v1 route wants `Authorization: Bearer <key>`. Errors are OpenAI's
-{"error": {message, type, param, code}} with the HTTP status of errors.STATUS_TO_HTTP.
+With an API key every /v1 route wants `Authorization: Bearer <key>` or `x-api-key: <key>`.
+Errors are in the shape of the route's API (OpenAI's {"error": {message, type, param, code}},
+Anthropic's {"type": "error", "error": {type, message}}) with the HTTP status of
+errors.STATUS_TO_HTTP. Both APIs run on the same front end: a parsed Job, generate(), and an
+answer object that shapes the Deltas (responses.Answer, anthropic.MessageAnswer).
 """
 import asyncio
 import contextlib
@@ -16,13 +21,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from dashinfer_client.detokenize import IncrementalDecoder
-
+from . import anthropic
 from .errors import ApiError, bad_request
 from .generate import Usage, generate
 from .metrics import Metrics
 from .protocol import parse_chat, parse_completion
-from .responses import DONE, Answer
+from .responses import Answer
+
 
 def create_app(served, api_key=None) -> FastAPI:
     """served: a ServedModel (loading or serving); api_key: required on /v1 routes when set."""
@@ -35,24 +40,29 @@ def create_app(served, api_key=None) -> FastAPI:
         task.cancel()
     app = FastAPI(title="dashinfer", docs_url=None, redoc_url=None, lifespan=lifespan)
 
+    def error_answer(request, e: ApiError):
+        body = anthropic.error_body(e) if anthropic.is_route(request.url.path) else e.body()
+        return JSONResponse(body, status_code=e.http_status)
+
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.http_status)
+        return error_answer(request, e)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
-        return JSONResponse(ApiError(e.status_code, str(e.detail), "invalid_request_error").body(),
-                            status_code=e.status_code)
+        return error_answer(request, ApiError(e.status_code, str(e.detail), "invalid_request_error"))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e):
-        return JSONResponse(bad_request(str(e)).body(), status_code=400)
+        return error_answer(request, bad_request(str(e)))
 
     async def check_key(request: Request):
         if api_key:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)",
+            bearer = request.headers.get("authorization", "")
+            key = request.headers.get("x-api-key")
+            if not (hmac.compare_digest(bearer.encode(), f"Bearer {api_key}".encode()) or
+                    (key is not None and hmac.compare_digest(key.encode(), api_key.encode()))):
+                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key> or x-api-key: <key>)",
                                "authentication_error", code="invalid_api_key")
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
@@ -73,30 +83,43 @@ def create_app(served, api_key=None) -> FastAPI:
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0,
                                             "owned_by": "dashinfer", "max_model_len": served.max_length}]}
 
-    async def complete(request: Request, parse):
+    async def parsed(request: Request, parse):
         body = await _json(request)
         model = body.get("model")
         if isinstance(model, str) and model != served.name:
             raise ApiError(404, f"model {model!r} does not exist; this server serves {served.name!r}",
                            param="model", code="model_not_found")
-        job = parse(body, served)
-        answer = Answer(job, lambda i: served.tokenizer.decode([i]))
+        return parse(body, served)
+
+    async def complete(request: Request, parse, answer_of):
+        job = await parsed(request, parse)
+        answer = answer_of(job, served)
         usage = Usage()
-        pieces = generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer), answer.id)
+        deltas = generate(served, job, metrics, usage, answer.id)
         if job.stream:
-            first = await _first(pieces)  # a refusal is still an HTTP error, not a stream
-            return StreamingResponse(_events(answer, first, pieces, usage), media_type="text/event-stream",
+            first = await _first(deltas)  # a refusal is still an HTTP error, not a stream
+            return StreamingResponse(_closing(answer.events(first, deltas, usage), deltas),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        collected = await _unless_disconnected(request, _collect(pieces))
+        collected = await _unless_disconnected(request, _collect(deltas))
         return answer.whole(collected, usage) if collected is not None else Response(status_code=499)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, parse_chat)
+        return await complete(request, parse_chat, Answer)
 
     @v1.post("/completions")
     async def completions(request: Request):
-        return await complete(request, parse_completion)
+        return await complete(request, parse_completion, Answer)
+
+    @v1.post("/messages")
+    async def messages(request: Request):
+        return await complete(request, anthropic.parse_messages, anthropic.MessageAnswer)
+
+    @v1.post("/messages/count_tokens")
+    async def count_tokens(request: Request):
+        job = await parsed(request, anthropic.parse_count_tokens)
+        return {"input_tokens": len(job.prompt_ids)}
 
     app.include_router(v1)
     return app
@@ -141,20 +164,10 @@ async def _first(pieces):
         return None
 
 
-async def _events(answer, first, pieces, usage):
-    """The SSE stream: the role, the pieces, the finish reason, the usage if asked, [DONE]."""
-    from .generate import Piece
+async def _closing(events, deltas):
+    """The answer's events; the request ends with them (a client that leaves ends it too)."""
     try:
-        if answer.job.kind == "chat":
-            yield answer.chunk(Piece(""), first=True)
-        if first is not None:
-            yield answer.chunk(first)
-        async for piece in pieces:
-            yield answer.chunk(piece)
-        if answer.job.include_usage:
-            yield answer.chunk(usage=usage)
-    except ApiError as e:  # the request was interrupted mid-stream (a rank failed)
-        yield f"data: {json.dumps(e.body())}\n\n"
+        async for event in events:
+            yield event
     finally:
-        await pieces.aclose()
-    yield DONE
+        await deltas.aclose()

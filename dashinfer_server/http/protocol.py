@@ -7,7 +7,10 @@ key for are refused here unless they are at their neutral value: none is silentl
 """
 from dataclasses import dataclass, field
 
+from dashinfer_client.frontend import PromptError
+
 from .errors import bad_request
+from .openai_tools import ToolSettings, chat_messages, name_tool_results, tool_settings
 
 # OpenAI name -> the engine's (ASGenerationConfigBuilder) name, passed through unchanged.
 # response_format: OpenAI's forms ("text", "json_object", "json_schema") are the engine's own
@@ -17,9 +20,9 @@ _SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k
                  "repetition_penalty": "repetition_penalty", "n": "num_return_sequences",
                  "response_format": "response_format"}
 # OpenAI options with no counterpart here: accepted only when absent or neutral.
-_UNSUPPORTED = {"tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
-                "logit_bias": None, "suffix": None, "echo": False, "best_of": 1,
-                "parallel_tool_calls": None}
+_UNSUPPORTED = {"functions": None, "function_call": "none", "logit_bias": None, "suffix": None, "echo": False,
+                "best_of": 1}
+
 # OpenAI's defaults where the engine's differ (DashInfer samples with top_k 50 by default).
 _OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
@@ -36,19 +39,32 @@ class Job:
     stream: bool = False
     include_usage: bool = False
     logprobs: int = None      # None: no logprobs; else the top alternatives per token
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    prompt_text: str = ""     # a chat prompt's text (its end may open the reasoning)
 
 
 def parse_chat(body: dict, served) -> Job:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
-    turns = [_message(i, m) for i, m in enumerate(messages)]
-    ids = served.chat_prompt_ids(turns)
+    messages = name_tool_results(chat_messages(body.get("messages")))
+    tools = tool_settings(body)
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    try:
+        text = served.prompts.chat_text(messages, tools.functions, template_kwargs)
+    except PromptError as e:
+        raise bad_request(str(e), "messages") from None
+    ids = served.prompts.text_ids(text, special=False)
     logprobs = _count(body, "top_logprobs", 0) if _flag(body, "logprobs") else None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     job = _job("chat", body, served, ids, max_tokens, logprobs)
     if logprobs is None and body.get("top_logprobs") is not None:
         job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
+    job.tools, job.prompt_text = tools, text
+    if tools.forced:  # required or a named function: the output is only calls, by grammar
+        if body.get("response_format") not in (None, {"type": "text"}):
+            raise bad_request("'response_format' and a forced 'tool_choice' cannot go together", "response_format")
+        grammar = served.prompts.tool_format.grammar(tools.functions, tools.parallel)
+        job.generation["response_format"] = {"type": "grammar", "grammar": grammar}
     return job
 
 
@@ -57,7 +73,7 @@ def parse_completion(body: dict, served) -> Job:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        ids = served.text_prompt_ids(prompt)
+        ids = served.prompts.text_ids(prompt)
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = prompt  # token ids: the engine checks them against the vocabulary
     elif isinstance(prompt, list):
@@ -95,30 +111,12 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
         generation.update(logprobs=True, top_logprobs=logprobs)
     stop = _stop(body.get("stop"))
     if stop:
-        generation["stop_words_ids"] = [served.text_ids(s) for s in stop]
+        generation["stop_words_ids"] = served.prompts.word_ids(stop)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     return Job(kind, model, list(ids), generation, max_tokens, stop, _flag(body, "stream"),
                bool(options.get("include_usage")), logprobs)
-
-
-def _message(i, m) -> dict:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise bad_request(f"messages[{i}] must be an object with a 'role' string", "messages")
-    content = m.get("content")
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
-            texts.append(part["text"])
-        content = "".join(texts)
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    return {"role": m["role"], "content": content}
 
 
 def _stop(stop) -> list:

@@ -4,48 +4,89 @@ import json
 import time
 import uuid
 
+from dashinfer_client.frontend import Delta
+
+from .errors import ApiError
+from .openai_tools import calls_json
+
 
 class Answer:
     """The bodies of one request's answer, sharing its id and creation time."""
 
-    def __init__(self, job, token_text):
-        self.job, self.token_text = job, token_text
+    def __init__(self, job, served):
+        self.job = job
+        self.token_text = lambda i: served.tokenizer.decode([i])
         chat = job.kind == "chat"
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.offset = 0  # characters of text so far (text completions' text_offset)
+        self.calls = 0  # tool calls streamed so far (each delta's index)
 
     def _head(self, obj) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
 
-    def whole(self, pieces, usage) -> dict:
-        text = "".join(p.text for p in pieces)
-        tokens = [t for p in pieces for t in p.tokens]
-        choice = {"index": 0, "logprobs": self.logprobs(tokens), "finish_reason": pieces[-1].finish_reason}
+    def whole(self, deltas, usage) -> dict:
+        """deltas: the front end's Deltas of the whole answer."""
+        text = "".join(d.text for d in deltas)
+        tokens = [t for d in deltas for t in d.logprobs]
+        choice = {"index": 0, "logprobs": self.logprobs(tokens), "finish_reason": deltas[-1].finish_reason}
         if self.job.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            calls = [c for d in deltas for c in d.tool_calls]
+            reasoning = "".join(d.reasoning for d in deltas)
+            message = {"role": "assistant", "content": text if text or not calls else None}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = calls_json(calls)
+            choice["message"] = message
         else:
             choice["text"] = text
         return dict(self._head(self.object), choices=[choice], usage=usage.to_dict())
 
-    def chunk(self, piece=None, first=False, usage=None) -> str:
-        """One SSE event: a piece of the answer (the first announces the role), or the usage."""
+    def chunk(self, delta=None, first=False, usage=None) -> str:
+        """One SSE event: a Delta of the answer (the first announces the role), or the usage."""
         body = self._head(self.object + ".chunk" if self.job.kind == "chat" else self.object)
         if usage is not None:
             body.update(choices=[], usage=usage.to_dict())
             return sse(body)
-        choice = {"index": 0, "logprobs": self.logprobs(piece.tokens) if piece.tokens else None,
-                  "finish_reason": piece.finish_reason}
+        delta = delta or Delta()
+        choice = {"index": 0, "logprobs": self.logprobs(delta.logprobs) if delta.logprobs else None,
+                  "finish_reason": delta.finish_reason}
         if self.job.kind == "chat":
-            choice["delta"] = {"role": "assistant", "content": piece.text} if first else \
-                ({"content": piece.text} if piece.text or not piece.finish_reason else {})
+            choice["delta"] = {"role": "assistant", "content": ""} if first else self._chat_delta(delta)
         else:
-            choice["text"] = piece.text
+            choice["text"] = delta.text
         body["choices"] = [choice]
         if self.job.include_usage:
             body["usage"] = None
         return sse(body)
+
+    async def events(self, first, deltas, usage):
+        """The SSE stream: the role, the deltas, the finish reason, the usage if asked, [DONE]."""
+        try:
+            if self.job.kind == "chat":
+                yield self.chunk(first=True)
+            if first is not None:
+                yield self.chunk(first)
+            async for delta in deltas:
+                yield self.chunk(delta)
+            if self.job.include_usage:
+                yield self.chunk(usage=usage)
+        except ApiError as e:  # the request was interrupted mid-stream (a rank failed)
+            yield f"data: {json.dumps(e.body())}\n\n"
+        yield DONE
+
+    def _chat_delta(self, delta) -> dict:
+        out = {}
+        if delta.text or not (delta.finish_reason or delta.reasoning or delta.tool_calls):
+            out["content"] = delta.text
+        if delta.reasoning:
+            out["reasoning_content"] = delta.reasoning
+        if delta.tool_calls:  # each call whole: its id and name, then its arguments
+            out["tool_calls"] = [dict(c, index=self.calls + k) for k, c in enumerate(calls_json(delta.tool_calls))]
+            self.calls += len(delta.tool_calls)
+        return out
 
     def logprobs(self, tokens):
         if self.job.logprobs is None:
