@@ -48,12 +48,6 @@ def _response_format(key, v):
     return dict(v)
 
 
-# Whitespace between JSON tokens of a guided answer: any, as JSON allows, but at most 20 characters
-# in a row (enough for a newline and nine levels of indentation): unbounded, a model can emit
-# whitespace until its max_length and never close the object. llguidance's JSON options.
-JSON_WHITESPACE = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}"}
-
-
 def response_format_schema(response_format, key="response_format"):
     """The JSON schema a response_format constrains the output to (a dict), or None for none.
     Forms: {"type": "text"} (none); {"type": "json_object"} (any object); DashInfer's

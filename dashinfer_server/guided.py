@@ -27,9 +27,13 @@ import threading
 
 import numpy as np
 
-from dashinfer_client.generation_config import JSON_WHITESPACE, response_format_grammar, response_format_schema
+from dashinfer_client.generation_config import response_format_grammar, response_format_schema
 
 log = logging.getLogger("dashinfer_server")
+# Whitespace between JSON tokens: any, as JSON allows, but at most 20 characters in a row (enough
+# for a newline and nine levels of indentation): unbounded, a model can emit whitespace until its
+# max_length and never close the object. A schema's own "x-guidance" options override this.
+JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}"}
 NEG_INF = np.float32(-np.inf)
 # mask byte -> the 8 additive biases of its tokens (bit i set: token allowed, bias 0; else -inf)
 _BYTE_TO_BIAS = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") == 1,
@@ -101,7 +105,7 @@ class Grammars:
         tokenizer = self._tokenizer()
         import llguidance
         grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
-                   llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_WHITESPACE))  # a schema's x-guidance wins
+                   llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             what = "the grammar" if lark is not None else "the JSON schema"

@@ -97,12 +97,12 @@ class Server:
 class Reference:
     """The same model in this process (Engine, one rank): what the server's answers must equal."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, prefix="tiny"):
         from dashinfer_server.engine import Engine
-        self.loader = allspark.DashInferModel(model_dir, "tiny")
+        self.loader = allspark.DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
         self.engine = Engine()
-        self.runtime = (allspark.AsModelRuntimeConfigBuilder().model_name("ref").model_dir(model_dir, "tiny")
+        self.runtime = (allspark.AsModelRuntimeConfigBuilder().model_name("ref").model_dir(model_dir, prefix)
                         .max_length(MAX_MODEL_LEN).max_batch(4).build())
         assert self.engine.install_model(self.runtime) == AsStatus.ALLSPARK_SUCCESS
         assert self.engine.start_model("ref") == AsStatus.ALLSPARK_SUCCESS
@@ -125,6 +125,11 @@ class Reference:
         reason = queue.RequestStatInfo()["finish_reason"]
         self.engine.release_request("ref", handle)
         return ids, lps, tops, reason
+
+    def hf_tokenizer(self):
+        """transformers' tokenizer of the model's files: the reference rendering of its chat template."""
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(self.loader._tokenizer_path())
 
     def text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

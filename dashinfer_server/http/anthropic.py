@@ -13,6 +13,7 @@ import json
 import uuid
 
 from .errors import ApiError, bad_request
+from .generate import Usage
 from .protocol import parse_chat
 
 # HTTP status -> Anthropic's error type.
@@ -183,7 +184,8 @@ class MessageAnswer:
         return self._message(content, *_stop(deltas[-1]), usage)
 
     async def events(self, first, deltas, usage):
-        yield _event("message_start", {"message": self._message([], None, None, usage)})
+        # what message_start counts: the prompt (the first delta is taken already, not yet sent)
+        yield _event("message_start", {"message": self._message([], None, None, Usage(usage.prompt_tokens))})
         yield _event("ping", {})
         blocks = _Blocks()
         last = None

@@ -10,8 +10,9 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from ...generation_config import JSON_WHITESPACE
-
+# A forced call's JSON is written with json.dumps' separators and no other whitespace: free
+# whitespace lets a small model wander (135M: newlines until max_tokens) before the arguments.
+CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 TOOL_PARSERS = {}       # name -> ToolParser subclass
 REASONING_PARSERS = {}  # name -> reasoning parser class
 
@@ -87,9 +88,8 @@ def calls_schema(functions, arguments_key="arguments", parallel=False) -> dict:
 
 
 def lark_json(schema) -> str:
-    """A lark rule body: a JSON value of `schema` (llguidance's %json), whitespace bounded as
-    response_format's is."""
-    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_WHITESPACE}), ensure_ascii=False)
+    """A lark rule body: a JSON value of `schema` (llguidance's %json) written as CALL_JSON says."""
+    return "%json " + json.dumps(dict(schema, **{"x-guidance": CALL_JSON}), ensure_ascii=False)
 
 
 class ToolParser:
