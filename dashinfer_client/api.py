@@ -150,15 +150,15 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
 
     def serve_model(self, runtime_config) -> None:
         """install_model, then start_model; Refused (its status and reason) when either refuses."""
-        cfg = self._raising("install_model", lambda: _runtime_config(runtime_config))
-        self._raising("install_model", lambda: self._install_model(cfg))
-        self._raising("start_model", lambda: self._start_model(cfg.model_name))
+        cfg = self._typed("install_model", lambda: _runtime_config(runtime_config))
+        self._typed("install_model", lambda: self._install_model(cfg))
+        self._typed("start_model", lambda: self._start_model(cfg.model_name))
 
     def submit(self, model_name: str, input_ids, generation):
         """start_request_ids -> (handle, ResultQueue); Refused when the engine refuses the request
         (its reason says what is wrong, without the call's name: a front door's client made no call
         of that name)."""
-        return self._raising("start_request", lambda: self._start_request(
+        return self._typed("start_request", lambda: self._start_request(
             checked_model_name(model_name), None, input_ids, _generation_config(generation)))
 
     # ---- primitives --------------------------------------------------------------------------------
@@ -239,6 +239,15 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
         except Exception as e:  # not the caller's fault: say so and keep serving
             self.log.exception("%s failed", what)
             raise Refused(AsStatus.ALLSPARK_RUNTIME_ERROR, f"{type(e).__name__}: {e}") from e
+
+    def _typed(self, what, fn):
+        """fn()'s result; a refusal is logged and kept in last_error as the status-returning calls
+        do, then raised."""
+        try:
+            return self._raising(what, fn)
+        except Refused as e:
+            self._refuse(what, e)
+            raise
 
     def _guarded(self, what, fn):
         """fn() -> (SUCCESS, its result), or (the refusal's status, None)."""
