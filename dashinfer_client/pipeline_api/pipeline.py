@@ -14,8 +14,8 @@ import queue as queue_module
 import threading
 
 from ..config import ASGenerationConfigBuilder
-from ..model_cache import resolve_model
 from ..frontend import Prompts, start_engine
+from ..model_cache import resolve_model
 from ..refusals import Refused
 from ..types import TargetDevice
 from .chat_template import BUILTIN, ChatTemplateConfig, check_messages, prompt_text
