@@ -5,6 +5,8 @@ and checks their order), a forced tool_use has input that satisfies the tool's s
 round-trips, count_tokens counts the same prompt, and malformed bodies are 400s in Anthropic's
 error shape with the server still serving.
 """
+import os
+
 import anthropic
 import httpx
 import jsonschema
@@ -24,8 +26,9 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model_dir, _ = default_model.ensure_default_model("bfloat16", progress=False)
-    s = Server(model_dir, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY, tp=1)
+    model_dir, prefix = default_model.ensure_default_model("bfloat16", progress=False)
+    s = Server(os.path.join(model_dir, prefix), str(tmp_path_factory.mktemp("serve") / "serve.log"),
+               "--api-key", API_KEY, tp=1)
     try:
         s.wait_serving()
         yield s

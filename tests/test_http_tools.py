@@ -9,6 +9,7 @@ reasoning_content, and with enable_thinking false in content. Malformed tools an
 400s in OpenAI's shape and the server goes on serving.
 """
 import json
+import os
 
 import httpx
 import jsonschema
@@ -38,8 +39,9 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 def server(tmp_path_factory):
     """The default model on one rank (the front end is the same over any engine; the tiny model's
     reasoning test below runs on two ranks, as tests/test_http.py does)."""
-    model_dir, _ = default_model.ensure_default_model("bfloat16", progress=False)
-    s = Server(model_dir, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY, tp=1)
+    model_dir, prefix = default_model.ensure_default_model("bfloat16", progress=False)
+    s = Server(os.path.join(model_dir, prefix), str(tmp_path_factory.mktemp("serve") / "serve.log"),
+               "--api-key", API_KEY, tp=1)
     try:
         s.wait_serving()
         yield s

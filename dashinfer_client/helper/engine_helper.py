@@ -242,8 +242,11 @@ class EngineHelper:
                 request.out_text = "".join(texts)
                 if stream_mode:
                     yield request.out_text
-            texts.append(output.finish(queue.RequestStatInfo()["finish_reason"]).text)
-            request.out_text = "".join(texts) if output_ids else request.out_text
+            tail = output.finish(queue.RequestStatInfo()["finish_reason"]).text  # a character held back
+            if tail:
+                request.out_text = "".join(texts) + tail
+                if stream_mode:
+                    yield request.out_text
             final = queue.GenerateStatus()
             request.status = int(final)
             if final == GenerateRequestStatus.GenerateFinished:
