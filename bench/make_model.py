@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/make_model.py qwen2-1.5b /tmp/qwen2-1.5b-random
     PYTHONPATH=. python bench/make_model.py llama3-8b /tmp/llama3-8b-random   # memory, start-up
+    (also qwen3-1.7b and gemma3-1b: SHAPES)
 
 transformers gives the config and, on the meta device (no memory), every tensor's name and
 shape; the weights are drawn one tensor at a time in bf16 (normal, std 0.02 as transformers
@@ -18,6 +19,17 @@ SHAPES = {
                        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                        max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # Qwen3-1.7B: 4.06 GB of bf16 weights, tied embeddings, q/k norms, head_dim 128
+    "qwen3-1.7b": dict(model_type="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    # Gemma-3-1B (text): 2.0 GB of bf16 weights, tied, 5 sliding (512) layers to 1 global, head_dim 256
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                      max_position_embeddings=32768, rope_theta=1e6, rope_local_base_freq=10000.0,
+                      sliding_window=512, query_pre_attn_scalar=256, rms_norm_eps=1e-6,
+                      tie_word_embeddings=True),
     # LLaMA-3-8B: 16 GB of bf16 weights
     "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,

@@ -1,6 +1,8 @@
-"""The decoder forward of the LLaMA / Qwen2 families on one rank's shard, over the C kernels.
+"""The decoder forward of every model family on one rank's shard, over the C kernels.
 
-Pre-norm blocks; the residual stream `res` is updated by the fused add of rms_norm.
+What a layer computes is native/decoder.h's comment; which norms, biases, q/k norms, windows and
+soft-caps a model uses come from its family (dashinfer_client/model/families/) and config.
+The residual stream `res` is updated by the fused add of rms_norm where a norm follows.
 Row-parallel outputs (o_proj, down_proj) are completed by the group's allreduce; the
 vocabulary-sharded logits are gathered on rank 0. Every buffer is allocated once, for the
 largest step, and steps use leading slices of them.
@@ -25,6 +27,7 @@ from .kv_cache import KVCache
 from .plan import StepPlan
 from .shard import Shard
 from .weights import WeightLoader, drop_mapped_pages
+from dashinfer_client.model.families import family
 from .kv_cache import bytes_per_block
 
 # The embedding table is read in place from the model file's mapping: the rows a step looks up
@@ -42,6 +45,7 @@ class Workspace:
         self.q, self.attn = f(max_tokens, q_width), f(max_tokens, q_width)
         self.k, self.v = f(max_tokens, kv_width), f(max_tokens, kv_width)
         self.gate_up, self.act = f(max_tokens, 2 * inter), f(max_tokens, inter)
+        self.norm_ss = f(max_tokens, 2)  # q's and k's sums of squares of a whole-projection norm
         self.last = f(max_seqs, hidden)
         self.logits_r = f(max_seqs, vocab_r)
         self.logits = f(max_seqs, vocab) if vocab != vocab_r else self.logits_r
@@ -65,15 +69,29 @@ class DecoderModel:
         vocab_r = self.shard.vocab[1] - self.shard.vocab[0]
         self.heads, self.kv_heads = heads, kv_heads
         self.max_tokens = max_tokens
-        self.cos_sin = rope_cos_sin(rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling),
-                                    cfg.max_position_embeddings)
+        self.family = family(model.architecture)
+        self.rot_dim = cfg.rotary_dim or d
+        tables = {}  # one rope table per RoPE base the layers use (Gemma 3: a local and a global one)
+        for theta, scaling in {(cfg.rope_theta, _frozen(cfg.rope_scaling)), (cfg.rope_local_theta, None)}:
+            if theta is not None:
+                tables[theta] = rope_cos_sin(rope_inv_freq(self.rot_dim, theta, dict(scaling or ()) or None),
+                                             cfg.max_position_embeddings)
+        self.cos_sin = [tables[cfg.rope_local_theta if cfg.layer_window(i) and cfg.rope_local_theta
+                               else cfg.rope_theta] for i in range(cfg.num_hidden_layers)]
+        self.windows = [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)]
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros
         self.kv_args = [{n: a for n, a in arrays.items() if not n.endswith("cache")}
                         | dict(group=self.shard.group, q_head0=self.shard.q_head0) for arrays in self.kv.layers]
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
                             vocab_r, cfg.vocab_size)
-        self.scale = 1.0 / math.sqrt(d)
+        self.scale = cfg.attention_scale or 1.0 / math.sqrt(d)
+        # a whole-projection q/k norm spans every rank's heads: the widths it divides by, and
+        # whether this rank's first kv head is summed by the rank before (which also holds it)
+        self.qk_whole = self.family.qk_norm == "whole"
+        self.qk_totals = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d)
+        self.k_shared_first = self.shard.q_head0 != 0
+        self.embedding_multiplier = np.float32(cfg.embedding_multiplier)
         self.fused = fused
         self.cpu_share = CpuShare()
         # The kernel module forward() calls: a profiler may put a timing wrapper here (bench/
@@ -84,10 +102,15 @@ class DecoderModel:
     def bind_native(self) -> None:
         """(Re)build the native decoder over the weights, KV cache and workspace arrays as they
         are now (it holds those very arrays: call again after replacing one)."""
-        # each layer by name: its LayerWeights fields and its KV cache arrays
-        layers = [dict(vars(weights), **cache) for weights, cache in zip(self.weights.layers, self.kv.layers)]
-        self.native = K.decoder_new(layers, vars(self.ws), self.cos_sin, self.heads,
-                                    self.cfg.rms_norm_eps, self.scale, self.shard.group, self.shard.q_head0)
+        # each layer by name: its LayerWeights fields, its KV cache arrays, rope table and window
+        layers = [dict(vars(weights), **cache, cos_sin=cos_sin, window=window) for weights, cache, cos_sin, window
+                  in zip(self.weights.layers, self.kv.layers, self.cos_sin, self.windows)]
+        cfg = self.cfg
+        self.native = K.decoder_new(
+            layers, vars(self.ws), self.heads, cfg.rms_norm_eps, self.scale, self.shard.group,
+            self.shard.q_head0, softcap=cfg.attn_logit_softcap or 0.0, act=cfg.hidden_act,
+            rot_dim=self.rot_dim, qk_whole=int(self.qk_whole), q_total=self.qk_totals[0],
+            k_total=self.qk_totals[1], k_shared_first=int(self.k_shared_first))
 
     def forward(self, plan: StepPlan) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -100,6 +123,8 @@ class DecoderModel:
         res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
         self.cpu_share.adapt()  # the kernel threads follow the cores other processes leave
         K.embedding(plan.token_ids, w.embedding, res)
+        if self.embedding_multiplier != 1.0:
+            res *= self.embedding_multiplier
         if t >= EMBEDDING_DROP_TOKENS:
             drop_mapped_pages(w.embedding)
         native = self.group.native_allreduce() if self.fused else None
@@ -115,10 +140,18 @@ class DecoderModel:
         K.rms_norm(last, w.final_norm, eps, last, residual=h[:s])
         K.linear(last, w.lm_head, None, ws.logits_r[:s])
         self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s])
-        return ws.logits[:s]
+        logits = ws.logits[:s]
+        if self.cfg.logits_multiplier != 1.0:
+            logits *= np.float32(self.cfg.logits_multiplier)
+        if self.cfg.final_logit_softcap:
+            cap = np.float32(self.cfg.final_logit_softcap)
+            np.tanh(logits / cap, out=logits)
+            logits *= cap
+        return logits
 
     def _layers(self, plan: StepPlan) -> None:
-        """The layers op by op (what K.decoder_run does in one call)."""
+        """The layers op by op: the reference the tests hold K.decoder_run to (and the path of an
+        MPI group whose allreduce is not native), written as native/decoder.h describes a layer."""
         K = self.kernels
         w, ws, eps = self.weights, self.ws, self.cfg.rms_norm_eps
         t, d = plan.num_tokens, self.cfg.head_dim
@@ -128,28 +161,65 @@ class DecoderModel:
         # per-head views, built once per step, so the loop below only calls
         q3, attn3 = q.reshape(t, self.heads, d), attn.reshape(t, self.heads, d)
         k3, v3 = k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d)
-        positions, slots, cos_sin, scale = plan.positions, plan.slots, self.cos_sin, self.scale
+        positions, slots, scale = plan.positions, plan.slots, self.scale
         tables, q_offsets, context_lens = plan.block_tables, plan.q_offsets, plan.context_lens
         linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
+
+        def sublayer_input(norm, prev):  # norm(res + prev), or res += prev without a norm
+            if norm is None:
+                if prev is not None:
+                    res[...] += prev
+                return res
+            rms_norm(res if prev is None else prev, norm, eps, h, **({} if prev is None else {"residual": res}))
+            return h
+
         for i, layer in enumerate(w.layers):
-            if i == 0:
-                rms_norm(res, layer.input_norm, eps, h)
-            else:
-                rms_norm(o, layer.input_norm, eps, h, residual=res)
-            linear(h, layer.q, layer.q_bias, q)
-            linear(h, layer.k, layer.k_bias, k)
-            linear(h, layer.v, layer.v_bias, v)
-            K.rope(q3, k3, positions, cos_sin)
+            x = sublayer_input(layer.attn_norm, o if i else None)
+            linear(x, layer.q, layer.q_bias, q)
+            linear(x, layer.k, layer.k_bias, k)
+            linear(x, layer.v, layer.v_bias, v)
+            if layer.q_norm is not None:
+                self._qk_norm(layer, q, k, q3, k3, t)
+            K.rope(q3, k3, positions, self.cos_sin[i])
             cache, extra = self.kv.layers[i], self.kv_args[i]
             K.kv_write(k3, v3, slots, **cache)
             K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,
                         attn3, scale, **extra)
-            linear(attn, layer.o, None, o)
+            linear(attn, layer.o, layer.o_bias, o)
             allreduce_(o)
-            rms_norm(o, layer.post_norm, eps, h, residual=res)
-            K.linear_silu(h, layer.gate_up, gate_up, act)
-            linear(act, layer.down, None, o)
+            if layer.attn_out_norm is not None:
+                rms_norm(o, layer.attn_out_norm, eps, o)
+            x = sublayer_input(layer.mlp_norm, o)
+            if layer.gate_up_bias is None:
+                K.linear_silu(x, layer.gate_up, gate_up, act)
+            else:
+                linear(x, layer.gate_up, layer.gate_up_bias, gate_up)
+                K.silu_mul(gate_up, act)
+            linear(act, layer.down, layer.down_bias, o)
             allreduce_(o)
+            if layer.mlp_out_norm is not None:
+                rms_norm(o, layer.mlp_out_norm, eps, o)
+
+    def _qk_norm(self, layer, q, k, q3, k3, t):
+        """q and k through their norms (native/decoder.c's qk_norm)."""
+        eps = self.cfg.rms_norm_eps
+        if not self.qk_whole:
+            self.kernels.rms_norm(q3.reshape(-1, q3.shape[2]), layer.q_norm, eps, q3.reshape(-1, q3.shape[2]))
+            self.kernels.rms_norm(k3.reshape(-1, k3.shape[2]), layer.k_norm, eps, k3.reshape(-1, k3.shape[2]))
+            return
+        ss = self.ws.norm_ss[:t]
+        skip = self.cfg.head_dim if self.k_shared_first else 0
+        ss[:, 0] = np.einsum("ij,ij->i", q, q)
+        ss[:, 1] = np.einsum("ij,ij->i", k[:, skip:], k[:, skip:])
+        self.group.allreduce_(ss)
+        for x, col, total, weight in ((q, 0, self.qk_totals[0], layer.q_norm), (k, 1, self.qk_totals[1], layer.k_norm)):
+            x *= (np.float32(1.0) / np.sqrt(ss[:, col:col + 1] / np.float32(total) + np.float32(eps))) * weight
+
+
+def _frozen(scaling):
+    """A rope scaling dict as a hashable key (lists inside become tuples)."""
+    return None if scaling is None else tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                                     for k, v in scaling.items()))
 
 
 # ---- sizing: a runtime config -> this rank's decoder (rank 0's model loop and the workers) ----

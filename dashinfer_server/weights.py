@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashinfer_client.dtypes import from_bf16
+from dashinfer_client.dtypes import from_bf16, to_bf16
+from dashinfer_client.model.families import family
 
 from . import kernels as K
 from .shard import Shard
@@ -24,17 +25,26 @@ from .shard import Shard
 
 @dataclass
 class LayerWeights:
-    input_norm: np.ndarray   # [H] f32
-    q: np.ndarray            # packed [heads_r*D, H]
-    k: np.ndarray            # packed [kv_heads_r*D, H]
+    """One layer's shard, by the names native/decoder.c takes. A norm or bias the family does not
+    have is None (families/base.py: the four norm roles)."""
+    attn_norm: np.ndarray | None      # [H] f32: before attention
+    attn_out_norm: np.ndarray | None  # [H] f32: on attention's output (Gemma, OLMo2)
+    mlp_norm: np.ndarray | None       # [H] f32: before the MLP
+    mlp_out_norm: np.ndarray | None   # [H] f32: on the MLP's output
+    q_norm: np.ndarray | None         # [D] per head, or this rank's [heads_r*D] of a whole-projection norm
+    k_norm: np.ndarray | None         # [D], or [kv_heads_r*D]
+    q: np.ndarray                     # packed [heads_r*D, H]
+    k: np.ndarray                     # packed [kv_heads_r*D, H]
     v: np.ndarray
     q_bias: np.ndarray | None
     k_bias: np.ndarray | None
     v_bias: np.ndarray | None
-    o: np.ndarray            # packed [H, heads_r*D]  (row-parallel: partial sums)
-    post_norm: np.ndarray    # [H] f32
-    gate_up: np.ndarray      # packed [2*I_r, H]: gate rows, then up rows
-    down: np.ndarray         # packed [H, I_r]     (row-parallel: partial sums)
+    o: np.ndarray                     # packed [H, heads_r*D]  (row-parallel: partial sums)
+    o_bias: np.ndarray | None         # [H], on rank 0 only (the allreduce adds it once)
+    gate_up: np.ndarray               # packed [2*I_r, H]: gate rows, then up rows
+    gate_up_bias: np.ndarray | None   # [2*I_r]
+    down: np.ndarray                  # packed [H, I_r]     (row-parallel: partial sums)
+    down_bias: np.ndarray | None      # [H], on rank 0 only
 
 
 @dataclass
@@ -76,6 +86,12 @@ def _float(t: np.ndarray) -> np.ndarray:
     return t.astype(np.float32) if t.dtype == np.float16 else t
 
 
+def _scaled_float(w: np.ndarray, scale: float) -> np.ndarray:
+    """A float weight times scale, in its own dtype (bf16 bits stay bf16, rounded once)."""
+    scaled = _as_f32(w) * np.float32(scale)
+    return to_bf16(scaled) if w.dtype == np.uint16 else scaled
+
+
 def _as_f32(t: np.ndarray) -> np.ndarray:
     return from_bf16(t) if t.dtype == np.uint16 else np.asarray(t, np.float32)
 
@@ -83,6 +99,7 @@ def _as_f32(t: np.ndarray) -> np.ndarray:
 class WeightLoader:
     def __init__(self, model, shard: Shard):
         self.model, self.shard = model, shard
+        self.family = family(model.architecture)
         self.names = set(model.tensor_names())
         quant = model.quantization or {}
         self.wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
@@ -123,11 +140,16 @@ class WeightLoader:
                 np.ascontiguousarray(s[r, c0 // group:c1 // group], np.float32),
                 np.ascontiguousarray(z[r, c0 // group:c1 // group], np.float32))
 
-    def linear(self, *parts, quantize_float=False) -> np.ndarray:
+    def linear(self, *parts, quantize_float=False, scale=1.0) -> np.ndarray:
         """Pack one linear from parts (base, rows, cols) stacked along the output rows.
-        quantize_float: a float weight of a quantized model is quantized to int8 here."""
+        quantize_float: a float weight of a quantized model is quantized to int8 here.
+        scale: the weight times a constant (a float weight's values, a quantized one's scales)."""
         pieces = [self.slices(*p) for p in parts]
         w = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]
+        if scale != 1.0 and pieces[0][1] is None:
+            w = _scaled_float(w, scale)
+        elif scale != 1.0:
+            pieces = [(c, s * np.float32(scale), z) for c, s, z in pieces]
         if pieces[0][1] is None and quantize_float and self.wtype:
             group = head_group(self.model.quantization["group_size"], w.shape[1])
             bits = head_bits(self.wtype, group)
@@ -144,45 +166,81 @@ class WeightLoader:
         self.release_read()
         return self.arena.copy(packed)
 
-    def bias(self, base, rows) -> np.ndarray | None:
+    def bias(self, base, rows=None, offset=0) -> np.ndarray | None:
         name = f"{base}.bias"
-        return self.vector(name, rows) if name in self.names else None
+        if name not in self.names:
+            return None
+        r = (0, self.model.tensor(name).shape[0]) if rows is None else rows
+        return self.vector(name, (r[0] + offset, r[1] + offset))
+
+    def norm(self, name, rows=None) -> np.ndarray:
+        """An RMSNorm weight as the kernel multiplies by it (Gemma's stored w - 1 made 1 + w)."""
+        w = self.vector(name, rows)
+        return w + np.float32(self.family.norm_offset) if self.family.norm_offset else w
 
     def load(self) -> ModelWeights:
-        cfg, shard = self.model.config, self.shard
+        cfg, shard, fam = self.model.config, self.shard, self.family
         d = cfg.head_dim
         h0, h1 = shard.heads
         kv0, kv1 = shard.kv_heads
         i0, i1 = shard.intermediate
+        q_rows, kv_rows = (h0 * d, h1 * d), (kv0 * d, kv1 * d)
+        rows = {"q": q_rows, "k": kv_rows, "v": kv_rows, "gate": (i0, i1), "up": (i0, i1)}
+        first = shard.rank == 0  # a row-parallel bias is added once, by rank 0's partial sum
+        # Granite scales attention's and the MLP's outputs before the residual add: folded into o and down
+        out_scale = cfg.residual_multiplier
         layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}"
-            attn, mlp = f"{p}.self_attn", f"{p}.mlp"
-            q_rows, kv_rows = (h0 * d, h1 * d), (kv0 * d, kv1 * d)
+
+            def part(role):  # (HF base, this rank's rows of it) of a projection
+                base, offset = fam.linear(role, cfg)
+                return f"{p}.{base}", (rows[role][0] + offset, rows[role][1] + offset)
+
+            def bias(role):
+                base, offset = fam.linear(role, cfg)
+                return self.bias(f"{p}.{base}", rows[role], offset)
+
+            def norm(role):
+                return self.norm(f"{p}.{fam.norms[role]}.weight") if role in fam.norms else None
+
+            o_base, down_base = f"{p}.self_attn.o_proj", f"{p}.mlp.down_proj"
+            gate_bias, up_bias = bias("gate"), bias("up")
             layers.append(LayerWeights(
-                input_norm=self.vector(f"{p}.input_layernorm.weight"),
-                q=self.linear((f"{attn}.q_proj", q_rows)),
-                k=self.linear((f"{attn}.k_proj", kv_rows)),
-                v=self.linear((f"{attn}.v_proj", kv_rows)),
-                q_bias=self.bias(f"{attn}.q_proj", q_rows),
-                k_bias=self.bias(f"{attn}.k_proj", kv_rows),
-                v_bias=self.bias(f"{attn}.v_proj", kv_rows),
-                o=self.linear((f"{attn}.o_proj", None, q_rows)),
-                post_norm=self.vector(f"{p}.post_attention_layernorm.weight"),
-                gate_up=self.linear((f"{mlp}.gate_proj", (i0, i1)), (f"{mlp}.up_proj", (i0, i1))),
-                down=self.linear((f"{mlp}.down_proj", None, (i0, i1))),
+                attn_norm=norm("attn_in"), attn_out_norm=norm("attn_out"),
+                mlp_norm=norm("mlp_in"), mlp_out_norm=norm("mlp_out"),
+                q_norm=self._qk_norm(f"{p}.self_attn.q_norm.weight", q_rows),
+                k_norm=self._qk_norm(f"{p}.self_attn.k_norm.weight", kv_rows),
+                q=self.linear(part("q")), k=self.linear(part("k")), v=self.linear(part("v")),
+                q_bias=bias("q"), k_bias=bias("k"), v_bias=bias("v"),
+                o=self.linear((o_base, None, q_rows), scale=out_scale),
+                o_bias=self._scaled(self.bias(o_base), out_scale) if first else None,
+                gate_up=self.linear(part("gate"), part("up")),
+                gate_up_bias=None if gate_bias is None else np.concatenate([gate_bias, up_bias]),
+                down=self.linear((down_base, None, (i0, i1)), scale=out_scale),
+                down_bias=self._scaled(self.bias(down_base), out_scale) if first else None,
             ))
         head = "lm_head" if "lm_head.weight" in self.names or "lm_head.weight.qweight" in self.names \
             else "model.embed_tokens"
         return ModelWeights(
             embedding=np.ascontiguousarray(_float(self.tensor("model.embed_tokens.weight"))),
             layers=layers,
-            final_norm=self.vector("model.norm.weight"),
+            final_norm=self.norm("model.norm.weight"),
             # the output head (the embedding when tied) is quantized whenever the layers are
             # (head_bits): in bf16 it is 15% of Qwen2-1.5B's bytes and would cap the decode
             # speed-up at 1.6x (int8) / 2.4x (uint4); the embedding lookup stays exact on the bf16 table
             lm_head=self.linear((head, shard.vocab), quantize_float=True),
         )
+
+    def _qk_norm(self, name, rows):
+        """A q/k norm weight: the same [D] for every head, or this rank's slice of a whole one."""
+        if self.family.qk_norm is None:
+            return None
+        return self.norm(name, rows if self.family.qk_norm == "whole" else None)
+
+    @staticmethod
+    def _scaled(v, scale):
+        return v if v is None or scale == 1.0 else v * np.float32(scale)
 
 
 # Bits of a float head quantized at load, by the layers' format, up to the largest group they

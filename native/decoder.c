@@ -1,8 +1,45 @@
 /* The decoder's layers in one call (decoder.h): the kernels of every op, in model.py's order. */
+#include <math.h>
 #include <stdio.h>
 
 #include "decoder.h"
 #include "elementwise.h"
+#include "residual.h"
+
+/* q and k through their norms: one weight over each head, or over the whole projection (its
+ * sum of squares completed over the ranks when the heads are split). */
+static int qk_norm(const dn_decoder_t *d, const dn_layer_t *l, dn_comm *comm, double timeout, int T,
+                   char *err, size_t errlen) {
+    const int D = d->head_dim, qw = d->n_heads * D, kvw = d->n_kv_heads * D;
+    if (!d->qk_whole) {
+        dn_rms_norm(d->q, l->q_norm, NULL, d->q, T * d->n_heads, D, d->eps);
+        dn_rms_norm(d->k, l->k_norm, NULL, d->k, T * d->n_kv_heads, D, d->eps);
+        return 0;
+    }
+    if (!comm) {
+        dn_rms_norm(d->q, l->q_norm, NULL, d->q, T, qw, d->eps);
+        dn_rms_norm(d->k, l->k_norm, NULL, d->k, T, kvw, d->eps);
+        return 0;
+    }
+    int skip = d->k_shared_first ? D : 0;
+    dn_sum_squares(d->q, T, qw, qw, d->norm_ss, 2);
+    dn_sum_squares(d->k + skip, T, kvw - skip, kvw, d->norm_ss + 1, 2);
+    if (dn_comm_allreduce(comm, d->norm_ss, (size_t)T * 2, timeout, err, errlen)) return -1;
+    dn_scale_by_rms(d->q, T, qw, d->norm_ss, 2, (float)d->q_total, l->q_norm, d->eps);
+    dn_scale_by_rms(d->k, T, kvw, d->norm_ss + 1, 2, (float)d->k_total, l->k_norm, d->eps);
+    return 0;
+}
+
+/* The input of a sub-layer: norm(res + prev) into h, or (no norm) res += prev and res itself. */
+static const float *sublayer_input(const dn_decoder_t *d, const float *norm, const float *prev, int T) {
+    const int H = d->hidden;
+    if (norm) {
+        dn_rms_norm(prev ? prev : d->res, norm, prev ? d->res : NULL, d->h, T, H, d->eps);
+        return d->h;
+    }
+    if (prev) dn_add(d->res, prev, (long)T * H);
+    return d->res;
+}
 
 int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
                    const int32_t *positions, const int32_t *slots, const int32_t *block_tables,
@@ -11,23 +48,30 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
     const int H = d->hidden, D = d->head_dim, qw = d->n_heads * D, kvw = d->n_kv_heads * D;
     for (int i = 0; i < d->n_layers; i++) {
         const dn_layer_t *l = &d->layers[i];
-        /* res += o (the previous layer's output), h = norm(res) */
-        if (i == 0) dn_rms_norm(d->res, l->input_norm, NULL, d->h, T, H, d->eps);
-        else dn_rms_norm(d->o, l->input_norm, d->res, d->h, T, H, d->eps);
-        if (dn_linear(&l->q, d->h, T, l->q_bias, d->q) || dn_linear(&l->k, d->h, T, l->k_bias, d->k) ||
-            dn_linear(&l->v, d->h, T, l->v_bias, d->v))
+        /* the previous layer's output o joins the residual stream as this layer reads it */
+        const float *x = sublayer_input(d, l->attn_norm, i ? d->o : NULL, T);
+        if (dn_linear(&l->q, x, T, l->q_bias, d->q) || dn_linear(&l->k, x, T, l->k_bias, d->k) ||
+            dn_linear(&l->v, x, T, l->v_bias, d->v))
             goto no_memory;
-        dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, d->cos_sin, T, D);
+        if (l->q_norm && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
+        dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, l->cos_sin, T, D);
         dn_kv_write(&l->kv, d->k, d->v, slots, T);
         if (dn_attention(&l->kv, d->q, block_tables, max_blocks, q_offsets, context_lens, B,
                          d->n_heads, d->group, d->q_head0, d->scale, d->attn) ||
-            dn_linear(&l->o, d->attn, T, NULL, d->o))
+            dn_linear(&l->o, d->attn, T, l->o_bias, d->o))
             goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
-        dn_rms_norm(d->o, l->post_norm, d->res, d->h, T, H, d->eps);
-        if (dn_linear_silu(&l->gate_up, d->h, T, d->gate_up, d->act)) goto no_memory;
-        if (dn_linear(&l->down, d->act, T, NULL, d->o)) goto no_memory;
+        if (l->attn_out_norm) dn_rms_norm(d->o, l->attn_out_norm, NULL, d->o, T, H, d->eps);
+        x = sublayer_input(d, l->mlp_norm, d->o, T);
+        if (l->gate_up_bias) {
+            if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) goto no_memory;
+            dn_silu_mul(d->gate_up, d->act, T, d->inter);
+        } else if (dn_linear_silu(&l->gate_up, x, T, d->gate_up, d->act)) {
+            goto no_memory;
+        }
+        if (dn_linear(&l->down, d->act, T, l->down_bias, d->o)) goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
+        if (l->mlp_out_norm) dn_rms_norm(d->o, l->mlp_out_norm, NULL, d->o, T, H, d->eps);
     }
     return 0;
 no_memory:

@@ -1,5 +1,15 @@
 /* A decoder's every layer in one call: what dashinfer_server/model.py's per-op loop does, with
- * no Python between the kernels (a decode step is ~400 kernel calls). */
+ * no Python between the kernels (a decode step is ~400 kernel calls).
+ *
+ * One layer, each optional piece NULL / 0 when the model's family lacks it
+ * (dashinfer_client/model/families/base.py):
+ *   x = attn_norm ? norm(res) : res
+ *   q, k, v = x Wq + bq, x Wk + bk, x Wv + bv;  q, k = qk_norm(q), qk_norm(k);  RoPE(q, k)
+ *   a = attention(q, cache; window, softcap) Wo + bo   (allreduced);  a = attn_out_norm(a)
+ *   res += a;  x = mlp_norm ? norm(res) : res
+ *   m = (act(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
+ *   res += m
+ * The residual adds are fused into the next norm where there is one. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -9,21 +19,29 @@
 #include "linear.h"
 
 typedef struct {
-    const float *input_norm, *post_norm;   /* [hidden] */
+    const float *attn_norm, *attn_out_norm, *mlp_norm, *mlp_out_norm; /* [hidden] or NULL */
+    const float *q_norm, *k_norm; /* [head_dim] per head, or [n_heads * head_dim] / [n_kv_heads *
+                                     head_dim] of a whole-projection norm; or NULL */
     dn_linear_w q, k, v, o, gate_up, down; /* gate_up: gate rows, then up rows */
-    const float *q_bias, *k_bias, *v_bias; /* or NULL */
+    const float *q_bias, *k_bias, *v_bias, *o_bias, *gate_up_bias, *down_bias; /* or NULL */
+    const float *cos_sin; /* this layer's rope table [max_pos, rot_dim] */
+    int window;           /* keys a query sees at most, itself included; 0: the whole context */
     dn_kv_cache_t kv;
 } dn_layer_t;
 
 typedef struct {
-    int n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, max_tokens, max_pos;
+    int n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, max_tokens, max_pos, rot_dim;
     int group, q_head0; /* query head h reads kv head (h + q_head0) / group (attention.h) */
-    float eps, scale;
-    const float *cos_sin; /* [max_pos, head_dim] */
+    float eps, scale, softcap; /* softcap 0: none */
+    int gelu;                  /* the gated MLP's activation: 0 SiLU, 1 GELU (tanh) */
+    /* whole-projection q/k norms over tensor-parallel ranks: the widths of the whole q and k rows,
+     * and whether this rank's first kv head is cached by the rank before (it then leaves that
+     * head out of its sum of squares, so the allreduce counts every head once) */
+    int qk_whole, q_total, k_total, k_shared_first;
     dn_layer_t *layers;
     /* workspace, max_tokens rows each: res, h, o [hidden]; q, attn [n_heads * head_dim];
-     * k, v [n_kv_heads * head_dim]; gate_up [2 * inter]; act [inter] */
-    float *res, *h, *o, *q, *k, *v, *attn, *gate_up, *act;
+     * k, v [n_kv_heads * head_dim]; gate_up [2 * inter]; act [inter]; norm_ss [2] */
+    float *res, *h, *o, *q, *k, *v, *attn, *gate_up, *act, *norm_ss;
 } dn_decoder_t;
 
 /* Every layer over the T tokens whose embeddings are in res: leaves the last layer's output in

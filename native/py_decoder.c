@@ -1,15 +1,19 @@
 /* Bindings: decoder_new, decoder_run (decoder.h). decoder_new checks every weight, workspace
  * and cache array once and holds their buffers for the decoder's life; decoder_run checks only
  * the step's plan, so a step costs one call. */
+#include <math.h>
+#include <string.h>
+
 #include "decoder.h"
 #include "py_shared.h"
 
 #define CAPSULE "dashinfer.decoder"
 
-/* A layer's fields: weights.py's LayerWeights and kv_cache.py's arrays, by name. */
+/* A layer's fields: weights.py's LayerWeights, kv_cache.py's arrays, its rope table and window. */
 static const char *const LAYER_FIELDS[] = {
-    "input_norm", "post_norm", "q", "k", "v", "o", "gate_up", "down", "q_bias", "k_bias", "v_bias",
-    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", NULL};
+    "attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm", "q", "k", "v", "o",
+    "gate_up", "down", "q_bias", "k_bias", "v_bias", "o_bias", "gate_up_bias", "down_bias",
+    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", NULL};
 static const char *const KV_FIELDS[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
 
 typedef struct {
@@ -82,23 +86,39 @@ static int check_fields(PyObject *layer) {
     return 0;
 }
 
-/* A layer's arrays, by name: norms, weights and biases into held[0], the cache into held[1]. */
-static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_layer_t *l) {
+/* A layer's arrays, by name: norms, weights, biases and rope table into held[0], the cache into
+ * held[1]. qk_whole: q_norm and k_norm span the rank's whole q and k rows (else one head). */
+static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_layer_t *l, int qk_whole) {
     if (!PyDict_Check(layer)) {
         PyErr_SetString(PyExc_TypeError, "decoder_new: each layer is a dict of named arrays");
         return -1;
     }
     if (check_fields(layer)) return -1;
     dn_args *a = &held[0];
-    int64_t H = d->hidden, qw = (int64_t)d->n_heads * d->head_dim, I = d->inter;
-    if (!(l->input_norm = take_vector(a, field(layer, "input_norm"), "input_norm", H, 0)) ||
-        !(l->post_norm = take_vector(a, field(layer, "post_norm"), "post_norm", H, 0)))
-        return -1;
+    int64_t H = d->hidden, D = d->head_dim, qw = (int64_t)d->n_heads * D, I = d->inter;
     /* the cache first: it gives the kv heads */
     PyObject *cache[6];
     for (int i = 0; i < 6; i++) cache[i] = field(layer, KV_FIELDS[i]);
     if (dn_take_kv_cache(&held[1], cache, 1, d->head_dim, &l->kv)) return -1;
-    int64_t kvw = (int64_t)l->kv.n_kv_heads * d->head_dim;
+    int64_t kvw = (int64_t)l->kv.n_kv_heads * D;
+    struct {
+        const char *name;
+        const float **v;
+        int64_t n;
+    } vectors[] = {{"attn_norm", &l->attn_norm, H}, {"attn_out_norm", &l->attn_out_norm, H},
+                   {"mlp_norm", &l->mlp_norm, H},   {"mlp_out_norm", &l->mlp_out_norm, H},
+                   {"q_norm", &l->q_norm, qk_whole ? qw : D}, {"k_norm", &l->k_norm, qk_whole ? kvw : D},
+                   {"q_bias", &l->q_bias, qw},      {"k_bias", &l->k_bias, kvw},
+                   {"v_bias", &l->v_bias, kvw},     {"o_bias", &l->o_bias, H},
+                   {"gate_up_bias", &l->gate_up_bias, 2 * I}, {"down_bias", &l->down_bias, H}};
+    for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
+        *vectors[i].v = take_vector(a, field(layer, vectors[i].name), vectors[i].name, vectors[i].n, 1);
+        if (PyErr_Occurred()) return -1;
+    }
+    if (!l->q_norm != !l->k_norm) {
+        PyErr_SetString(PyExc_ValueError, "decoder_new: q_norm and k_norm come together");
+        return -1;
+    }
     struct {
         const char *name;
         dn_linear_w *w;
@@ -109,27 +129,45 @@ static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_laye
         if (take_linear(a, field(layer, linears[i].name), linears[i].name, linears[i].w,
                         linears[i].n, linears[i].k))
             return -1;
-    l->q_bias = take_vector(a, field(layer, "q_bias"), "q_bias", qw, 1);
-    if (!PyErr_Occurred()) l->k_bias = take_vector(a, field(layer, "k_bias"), "k_bias", kvw, 1);
-    if (!PyErr_Occurred()) l->v_bias = take_vector(a, field(layer, "v_bias"), "v_bias", kvw, 1);
-    return PyErr_Occurred() ? -1 : 0;
+    Py_buffer *c = dn_take(a, field(layer, "cos_sin"), "cos_sin", 'f', 2, 0);
+    if (!c || dn_check_dim(a, c, "cos_sin", 1, d->rot_dim)) return -1;
+    if (c->shape[0] < d->max_pos || !d->max_pos) d->max_pos = (int)c->shape[0];
+    l->cos_sin = c->buf;
+    PyObject *w = field(layer, "window");
+    long window = w == Py_None ? 0 : PyLong_AsLong(w);
+    if (window == -1 && PyErr_Occurred()) return -1;
+    if (window < 0 || window > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "decoder_new: window %ld must be 0 (none) or a positive int", window);
+        return -1;
+    }
+    l->window = (int)window;
+    return 0;
 }
 
 static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"layers", "workspace", "cos_sin", "n_heads", "eps", "scale", "group",
-                             "q_head0", NULL};
-    PyObject *layers, *ws, *cs;
-    int n_heads, group = 0, q_head0 = 0;
-    double eps, scale;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOidd|ii:decoder_new", kwlist, &layers, &ws, &cs,
-                                     &n_heads, &eps, &scale, &group, &q_head0))
+    static char *kwlist[] = {"layers", "workspace", "n_heads", "eps", "scale", "group", "q_head0",
+                             "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
+                             "k_shared_first", NULL};
+    PyObject *layers, *ws;
+    int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
+    int q_total = 0, k_total = 0;
+    double eps, scale, softcap = 0.0;
+    const char *act = "silu";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiii:decoder_new", kwlist, &layers, &ws,
+                                     &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
+                                     &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first))
         return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
         return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
     if (!PyDict_Check(ws))
         return PyErr_Format(PyExc_TypeError, "decoder_new: workspace must be a dict of named arrays "
-                                             "(res, h, o, q, k, v, attn, gate_up, act)");
+                                             "(res, h, o, q, k, v, attn, gate_up, act, norm_ss)");
     if (n_heads < 1) return PyErr_Format(PyExc_ValueError, "decoder_new: n_heads must be >= 1");
+    int gelu = !strcmp(act, "gelu_tanh");
+    if (!gelu && strcmp(act, "silu"))
+        return PyErr_Format(PyExc_ValueError, "decoder_new: act %s is not silu or gelu_tanh", act);
+    if (!(softcap >= 0.0) || isinf(softcap))
+        return PyErr_Format(PyExc_ValueError, "decoder_new: softcap must be 0 (none) or positive");
     int n_layers = (int)PyList_GET_SIZE(layers);
     box_t *b = PyMem_Calloc(1, sizeof *b);
     if (!b) return PyErr_NoMemory();
@@ -143,15 +181,20 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     b->n_held = 1 + 2 * n_layers;
     dn_decoder_t *d = &b->d;
     dn_args *a = &b->held[0];
-    static const char *const names[9] = {"res", "h", "o", "q", "k", "v", "attn", "gate_up", "act"};
-    float **dst[9] = {&d->res, &d->h, &d->o, &d->q, &d->k, &d->v, &d->attn, &d->gate_up, &d->act};
-    Py_buffer *v[9];
-    for (int i = 0; i < 9; i++) {
+    enum { N_WS = 10 };
+    static const char *const names[N_WS] = {"res", "h", "o", "q", "k", "v", "attn", "gate_up", "act",
+                                            "norm_ss"};
+    float **dst[N_WS] = {&d->res, &d->h, &d->o, &d->q, &d->k, &d->v, &d->attn, &d->gate_up, &d->act,
+                         &d->norm_ss};
+    Py_buffer *v[N_WS];
+    for (int i = 0; i < N_WS; i++) {
         if (!(v[i] = dn_take(a, field(ws, names[i]), names[i], 'f', 2, 1))) goto fail;
         if (i && dn_check_dim(a, v[i], names[i], 0, v[0]->shape[0])) goto fail;
         *dst[i] = v[i]->buf;
     }
     d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
+    d->softcap = (float)softcap, d->gelu = gelu, d->qk_whole = !!qk_whole;
+    d->k_shared_first = !!k_shared_first;
     d->max_tokens = (int)v[0]->shape[0], d->hidden = (int)v[0]->shape[1];
     d->inter = (int)v[8]->shape[1];
     if (v[3]->shape[1] % n_heads) {
@@ -160,16 +203,20 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         goto fail;
     }
     d->head_dim = (int)(v[3]->shape[1] / n_heads);
+    d->rot_dim = rot_dim ? rot_dim : d->head_dim;
+    if (d->rot_dim % 2 || d->rot_dim < 0 || d->rot_dim > d->head_dim) {
+        PyErr_Format(PyExc_ValueError, "decoder_new: rot_dim %d must be even and at most head_dim %d",
+                     d->rot_dim, d->head_dim);
+        goto fail;
+    }
     if (dn_check_dim(a, v[1], "h", 1, d->hidden) || dn_check_dim(a, v[2], "o", 1, d->hidden) ||
         dn_check_dim(a, v[6], "attn", 1, v[3]->shape[1]) || dn_check_dim(a, v[5], "v", 1, v[4]->shape[1]) ||
-        dn_check_dim(a, v[7], "gate_up", 1, 2 * (Py_ssize_t)d->inter))
+        dn_check_dim(a, v[7], "gate_up", 1, 2 * (Py_ssize_t)d->inter) ||
+        dn_check_dim(a, v[9], "norm_ss", 1, 2))
         goto fail;
-    Py_buffer *c = dn_take(a, cs, "cos_sin", 'f', 2, 0);
-    if (!c || dn_check_dim(a, c, "cos_sin", 1, d->head_dim)) goto fail;
-    d->cos_sin = c->buf, d->max_pos = (int)c->shape[0];
     for (int i = 0; i < n_layers; i++) {
         dn_layer_t *l = &d->layers[i];
-        if (take_layer(&b->held[1 + 2 * i], PyList_GET_ITEM(layers, i), d, l)) goto fail;
+        if (take_layer(&b->held[1 + 2 * i], PyList_GET_ITEM(layers, i), d, l, d->qk_whole)) goto fail;
         const dn_kv_cache_t *k0 = &d->layers[0].kv;
         if (l->kv.n_kv_heads * d->head_dim != v[4]->shape[1] || l->kv.num_blocks != k0->num_blocks ||
             l->kv.block_size != k0->block_size) {
@@ -181,6 +228,9 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     d->n_kv_heads = d->layers[0].kv.n_kv_heads;
     if (dn_check_groups(a, d->n_heads, d->n_kv_heads, &group, q_head0)) goto fail;
     d->group = group, d->q_head0 = q_head0;
+    /* a whole-projection norm's widths on every rank together (this rank's q and k when alone) */
+    d->q_total = q_total ? q_total : d->n_heads * d->head_dim;
+    d->k_total = k_total ? k_total : d->n_kv_heads * d->head_dim;
     PyObject *cap = PyCapsule_New(b, CAPSULE, destroy);
     if (!cap) goto fail;
     return cap;
@@ -240,14 +290,18 @@ static PyObject *py_decoder_run(PyObject *self, PyObject *args, PyObject *kw) {
 
 PyMethodDef dn_decoder_methods[] = {
     {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
-     "decoder_new(layers, workspace, cos_sin, n_heads, eps, scale, group=0, q_head0=0) -> decoder\n"
-     "layers: a list, per layer a dict of named arrays: float32 norms input_norm, post_norm; packed\n"
-     "weights q, k, v, o, gate_up, down; float32 biases q_bias, k_bias, v_bias (absent or None: no\n"
-     "bias); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"
-     "takes them). A field it does not know is an error.\n"
+     "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
+     "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0) -> decoder\n"
+     "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
+     "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's)\n"
+     "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
+     "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
+     "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"
+     "none); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"
+     "takes them); cos_sin, its rope table [max_pos, rot_dim]; window (int, 0: none). A field it\n"
+     "does not know is an error.\n"
      "workspace: a dict with the float32 [max_tokens, width] arrays res, h, o, q, k, v, attn,\n"
-     "gate_up, act (other entries are not read).\n"
-     "cos_sin: the rope table [max_pos, head_dim]. The decoder holds every array until it dies."},
+     "gate_up, act, norm_ss (other entries are not read). The decoder holds every array until it dies."},
     {"decoder_run", (PyCFunction)(void (*)(void))py_decoder_run, METH_VARARGS | METH_KEYWORDS,
      "decoder_run(decoder, positions, slots, block_tables, q_offsets, context_lens, comm=None,\n"
      "timeout=60.0): every layer over the T tokens whose embeddings are in workspace res[:T]\n"

@@ -6,13 +6,17 @@ import contextlib
 
 import numpy as np
 
-from dashinfer_client import ASGenerationConfigBuilder, GenerateRequestStatus
+from dashinfer_client import ASGenerationConfigBuilder, AsModelRuntimeConfigBuilder, GenerateRequestStatus
 
 FINAL = (GenerateRequestStatus.GenerateFinished, GenerateRequestStatus.GenerateInterrupted)
 API_CONTEXT = 8192  # long enough for a model whose KV pool is smaller than one max_length request
 API_MAX_BATCH = 16
 # How AsCacheDefault stores K/V of an fp32 model.
 DEFAULT_KV_FORMAT = "fp32"
+# transformers' modeling modules whose eager attention cache_rounding wraps
+HF_MODULES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi3", "gemma2", "gemma3")
+DECODE_STEPS = 16  # tokens the logits tests decode after the prompt
+BLOCK = 16         # their KV block size
 
 
 def greedy(max_length, **options) -> ASGenerationConfigBuilder:
@@ -76,10 +80,10 @@ def round_like_cache(x, fmt):
 
 @contextlib.contextmanager
 def cache_rounding(fmt):
-    """Within: transformers' eager attention (LLaMA, Qwen2) sees K/V rounded like the cache."""
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
-    saved = {m: m.eager_attention_forward for m in (modeling_llama, modeling_qwen2)}
+    """Within: transformers' eager attention (every family's) sees K/V rounded like the cache."""
+    import importlib
+    modules = [importlib.import_module(f"transformers.models.{name}.modeling_{name}") for name in HF_MODULES]
+    saved = {m: m.eager_attention_forward for m in modules}
 
     def wrap(original):
         def attention(module, query, key, value, *args, **kwargs):
@@ -94,3 +98,52 @@ def cache_rounding(fmt):
         for module, original in saved.items():
             module.eager_attention_forward = original
 
+
+def reference(hf_model, prompt, fmt):
+    """(greedy continuation ids [DECODE_STEPS], plain logits, logits with K/V rounded like `fmt`),
+    logits [DECODE_STEPS + 1, V] from the last prompt position on."""
+    import torch
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=DECODE_STEPS, do_sample=False,
+                                min_new_tokens=DECODE_STEPS, pad_token_id=0)
+        full = torch.tensor([out[0].tolist()])
+        plain = hf_model(full).logits[0].numpy()
+        with cache_rounding(fmt):
+            rounded = hf_model(full).logits[0].numpy()
+    rows = slice(len(prompt) - 1, len(prompt) + DECODE_STEPS)
+    return out[0, len(prompt):].tolist(), plain[rows], rounded[rows]
+
+
+def engine_logits(loop, prompt, forced):
+    """Run `prompt` through the loop's scheduler and model, feeding `forced` as the generated
+    tokens -> (logits rows [len(forced) + 1, V], the sequence)."""
+    from dashinfer_server.plan import build_plan
+    from dashinfer_server.sequence import Sequence
+    seq = Sequence(list(prompt), len(prompt) + len(forced) + 1)
+    loop.scheduler.add(seq)
+    rows = []
+    while len(rows) <= len(forced):
+        chunks, interrupted = loop.scheduler.schedule()
+        assert not interrupted and chunks
+        logits = loop.model.forward(build_plan(chunks, loop.pool.block_size))
+        loop.scheduler.advance(chunks)
+        sampled = [c.seq for c in chunks if c.sample]
+        if not sampled:
+            continue  # a prompt chunk that is not the last one
+        assert sampled == [seq]
+        rows.append(logits[0].copy())
+        if len(rows) <= len(forced):
+            seq.tokens.append(forced[len(rows) - 1])
+    loop.scheduler.finish(seq)
+    return np.array(rows), seq
+
+
+def make_loop(model, kv_mode):
+    """A loaded ModelLoop of a serialized model, stepped by hand (its thread is not started)."""
+    from dashinfer_server.model_loop import ModelLoop
+    cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
+           .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
+           .kv_cache_mode(kv_mode).build())
+    loop = ModelLoop(model, cfg)
+    loop.load()
+    return loop

@@ -28,19 +28,36 @@ THINK_CHATML = CHATML.replace("{{ '<|im_start|>assistant\n' }}",
                               "{% endif %}")
 
 
+# Tiny models of each family: (transformers config class, what the family sets beyond TINY). Each
+# feature is switched on with a value far from neutral, so leaving it out shows in the logits.
+FAMILY_CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "llama-bias": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True)),
+    "qwen3": ("Qwen3Config", dict(head_dim=32)),
+    "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4,
+                                      attention_multiplier=0.3, logits_scaling=3.0)),
+    "olmo2": ("Olmo2Config", {}),
+    "phi3": ("Phi3Config", dict(sliding_window=None)),
+}
+
+
 def tiny_config(arch="llama", uneven=False, **overrides):
-    """A transformers config of a tiny model; overrides go to the config class (e.g. rope_parameters)."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A transformers config of a tiny model of a family (FAMILY_CONFIGS); overrides go to the
+    config class (e.g. rope_parameters)."""
+    import transformers
+    class_name, family = FAMILY_CONFIGS[arch]
     kwargs = dict(UNEVEN if uneven else TINY, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kwargs.update(family)
     kwargs.update(overrides)
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](**kwargs)
+    return getattr(transformers, class_name)(**kwargs)
 
 
 def build_tiny_model(out_dir, arch="llama", dtype="float32", weights="safetensors", uneven=False, seed=0,
                      **config_overrides):
     """Write a random tiny model into out_dir and return out_dir.
 
-    arch: "llama" | "qwen2"; dtype: "float32" | "bfloat16" | "float16" (checkpoint dtype);
+    arch: a FAMILY_CONFIGS key; dtype: "float32" | "bfloat16" | "float16" (checkpoint dtype);
     weights: "safetensors" (one file) | "sharded" (safetensors + index) | "bin" | "bin-sharded".
     Weights are drawn with std 1/sqrt(fan_in) (not transformers' 0.02) so a wrong tensor anywhere
     changes the logits visibly.
@@ -199,11 +216,16 @@ def _llama_cpp_permute(w, n_head, n_kv_head):
 _GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
+               "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+# Gemma's four norms, as llama.cpp names them (and stores them: 1 + w)
+_GGUF_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"}
 
 
 def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
-    """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA or Qwen2) and return its path.
+    """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA, Qwen2/3, Phi-3,
+    Gemma 2/3) and return its path.
 
     quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
     the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata.
@@ -212,7 +234,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
     from safetensors.numpy import load_file
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
-    arch = cfg["model_type"]
+    arch = {"gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    gemma = arch.startswith("gemma")
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
     writer = gguf.GGUFWriter(str(gguf_path), arch)
@@ -226,8 +249,15 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
     theta = rope_theta or (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
     writer.add_rope_freq_base(theta)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    if arch == "llama":
-        writer.add_rope_dimension_count(head_dim)
+    rope = cfg.get("rope_parameters") or {}
+    rotary = int(head_dim * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0))
+    if arch == "llama" or rotary != head_dim:
+        writer.add_rope_dimension_count(rotary)
+    if cfg.get("sliding_window"):
+        writer.add_sliding_window(cfg["sliding_window"])
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key):
+            writer.add_float32(f"{arch}.{key}", cfg[key])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     with open(os.path.join(hf_dir, "tokenizer.json")) as f:
@@ -254,7 +284,9 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None):
         else:
             layer, rest = name[len("model.layers."):].split(".", 1)
             module, kind = rest.rsplit(".", 1)
-            gname = f"blk.{layer}.{_GGUF_BLOCK[module]}.{kind}"
+            gname = f"blk.{layer}.{(_GGUF_GEMMA if gemma else {}).get(module) or _GGUF_BLOCK[module]}.{kind}"
+        if gemma and name.endswith("norm.weight"):
+            w = w + np.float32(1.0)
         if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
         if quant_type and w.ndim == 2:

@@ -15,11 +15,9 @@ from dashinfer_client.model import DashInferModel
 from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.plan import build_plan
 from dashinfer_server.sequence import Sequence
-from tests.engine_helpers import DEFAULT_KV_FORMAT, cache_rounding
+from tests.engine_helpers import BLOCK, DEFAULT_KV_FORMAT, engine_logits, make_loop, reference
 from tests.helpers import load_hf_model
 
-DECODE_STEPS = 16
-BLOCK = 16
 # Per KV cache format: how the cache rounds K/V (simulated in the transformers reference), and
 # the max abs logits error against plain fp32 transformers. AsCacheDefault keeps an fp32 model's
 # K/V in fp32.
@@ -32,58 +30,12 @@ KV_FORMATS = {
 SIMULATED_TOLERANCE = 1e-3
 
 
-def reference(hf_model, prompt, fmt):
-    """(greedy continuation ids [DECODE_STEPS], plain logits, logits with K/V rounded like `fmt`),
-    logits [DECODE_STEPS + 1, V] from the last prompt position on."""
-    import torch
-    with torch.no_grad():
-        out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=DECODE_STEPS, do_sample=False,
-                                min_new_tokens=DECODE_STEPS, pad_token_id=0)
-        full = torch.tensor([out[0].tolist()])
-        plain = hf_model(full).logits[0].numpy()
-        with cache_rounding(fmt):
-            rounded = hf_model(full).logits[0].numpy()
-    rows = slice(len(prompt) - 1, len(prompt) + DECODE_STEPS)
-    return out[0, len(prompt):].tolist(), plain[rows], rounded[rows]
-
-
-def engine_logits(loop, prompt, forced):
-    """Run `prompt` through the loop's scheduler and model, feeding `forced` as the generated
-    tokens -> (logits rows [len(forced) + 1, V], the sequence)."""
-    seq = Sequence(list(prompt), len(prompt) + len(forced) + 1)
-    loop.scheduler.add(seq)
-    rows = []
-    while len(rows) <= len(forced):
-        chunks, interrupted = loop.scheduler.schedule()
-        assert not interrupted and chunks
-        logits = loop.model.forward(build_plan(chunks, loop.pool.block_size))
-        loop.scheduler.advance(chunks)
-        sampled = [c.seq for c in chunks if c.sample]
-        if not sampled:
-            continue  # a prompt chunk that is not the last one
-        assert sampled == [seq]
-        rows.append(logits[0].copy())
-        if len(rows) <= len(forced):
-            seq.tokens.append(forced[len(rows) - 1])
-    loop.scheduler.finish(seq)
-    return np.array(rows), seq
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def arch_models(request, serialized_tiny):
     loader = serialized_tiny(request.param)
     hf = load_hf_model(loader.model_path)
     hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
     return request.param, DashInferModel(loader.model_output_dir, loader.serialize_model_name), hf
-
-
-def make_loop(model, kv_mode):
-    cfg = (AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(model.model_dir, model.prefix)
-           .max_batch(4).max_length(256).max_prefill_length(16).kv_cache_span_size(BLOCK)
-           .kv_cache_mode(kv_mode).build())
-    loop = ModelLoop(model, cfg)
-    loop.load()
-    return loop
 
 
 @pytest.mark.parametrize("kv_mode", list(KV_FORMATS), ids=lambda m: m.name)
@@ -129,7 +81,7 @@ def test_a_wrong_weight_is_caught(arch_models):
     prompt = list(range(3, 30))
     forced, _, rounded = reference(hf, prompt, KV_FORMATS[AsCacheMode.AsCacheDefault][0])
     layer = loop.model.weights.layers[1]
-    layer.post_norm = layer.post_norm * np.float32(1.01)
+    layer.mlp_norm = layer.mlp_norm * np.float32(1.01)
     loop.model.bind_native()
     got, _ = engine_logits(loop, prompt, forced)
     assert np.abs(got - rounded).max() > 10 * SIMULATED_TOLERANCE
@@ -188,11 +140,10 @@ def test_native_decoder_refuses_a_bad_plan(arch_models):
     with pytest.raises(TypeError, match="decoder_new"):
         K.decoder_run(object(), **good)
     w = decoder.weights.layers[0]
-    layer = dict(input_norm=w.input_norm, post_norm=w.post_norm, q=w.q, k=w.k, v=w.v, o=w.o,
-                 gate_up=w.gate_up, down=w.down, **decoder.kv.layers[0])
+    layer = dict(attn_norm=w.attn_norm, mlp_norm=w.mlp_norm, q=w.q, k=w.k, v=w.v, o=w.o,
+                 gate_up=w.gate_up, down=w.down, cos_sin=decoder.cos_sin[0], **decoder.kv.layers[0])
     workspace = vars(decoder.ws)
-    new = lambda layers, ws=workspace: K.decoder_new(layers, ws, decoder.cos_sin, decoder.heads,  # noqa: E731
-                                                     1e-5, 0.1)
+    new = lambda layers, ws=workspace: K.decoder_new(layers, ws, decoder.heads, 1e-5, 0.1)  # noqa: E731
     with pytest.raises(ValueError, match=r"decoder_new: q is \["):  # k's weight where q's goes
         new([dict(layer, q=w.k)])
     with pytest.raises(ValueError, match="decoder_new: h has size"):  # a kv-wide row as h
@@ -205,3 +156,9 @@ def test_native_decoder_refuses_a_bad_plan(arch_models):
         new([dict(layer, qbias=np.zeros(w.q.shape[0], np.float32))])  # misspelt: not dropped
     with pytest.raises(TypeError, match="dict of named arrays"):
         new([tuple(layer.values())])
+    with pytest.raises(ValueError, match="q_norm and k_norm come together"):
+        new([dict(layer, q_norm=np.ones(decoder.cfg.head_dim, np.float32))])
+    with pytest.raises(ValueError, match="window -1"):
+        new([dict(layer, window=-1)])
+    with pytest.raises(ValueError, match="act relu"):
+        K.decoder_new([layer], workspace, decoder.heads, 1e-5, 0.1, act="relu")

@@ -84,15 +84,17 @@ def test_head_dim_explicit_or_derived(llama_dir, tmp_path):
     assert HuggingFaceModel(variant(llama_dir, tmp_path / "b", drop), "t").read_model_config().config.head_dim == 16
 
 
-def test_mistral_without_sliding_window_is_llama(llama_dir, tmp_path):
+def test_mistral_window(llama_dir, tmp_path):
     def mistral(window):
         def edit(cfg):
             cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=window)
             return cfg
         return edit
-    loader = HuggingFaceModel(variant(llama_dir, tmp_path / "ok", mistral(None)), "m").read_model_config()
-    assert loader.architecture == "llama"
-    with pytest.raises(ModelSerializerException, match="sliding_window=128 < max_position_embeddings=512"):
+    for window in (None, 512, 4096):  # none, or no narrower than the context: no window
+        loader = HuggingFaceModel(variant(llama_dir, tmp_path / f"w{window}", mistral(window)), "m").read_model_config()
+        assert loader.architecture == "mistral"
+        assert (loader.config.layer_types, loader.config.sliding_window) == (None, None)
+    with pytest.raises(ModelSerializerException, match="sliding_window is not supported yet"):
         HuggingFaceModel(variant(llama_dir, tmp_path / "bad", mistral(128)), "m").read_model_config()
 
 

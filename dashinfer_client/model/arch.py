@@ -1,28 +1,23 @@
-"""Supported architectures, and Hugging Face config.json (transformers 4.x and 5.x) -> ModelConfig.
+"""ModelConfig (the hyper-parameters a serialized model carries) and Hugging Face config.json
+(transformers 4.x and 5.x) -> ModelConfig through the model's family (families/).
 
-Every family here is the LLaMA decoder (RMSNorm, RoPE, GQA attention, SiLU-gated MLP); they differ
-only in q/k/v biases. Anything the runtime would compute differently from transformers is refused
-here, by name, instead of being converted into a model that silently produces other text.
+Anything the runtime would compute differently from transformers is refused here, by name, instead
+of being converted into a model that silently produces other text.
 """
 import dataclasses
 from typing import Optional
 
 from ..errors import ModelSerializerException
+from .families import FAMILIES, family_for_hf
+from .families.base import ConfigReader
+from .rope_config import check_rope_scaling, rope_of, rotary_dim
 
-# HF "architectures" entry -> (our architecture, attention_bias forced by the family or None = from config).
-ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", None),      # LLaMA 2/3, SmolLM, TinyLlama, ...
-    "MistralForCausalLM": ("llama", False),   # only without sliding window (checked below)
-    "Qwen2ForCausalLM": ("qwen2", True),      # Qwen1.5 / Qwen2 / Qwen2.5: q/k/v biases
-}
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-ROPE_TYPES = ("default", "linear", "llama3")
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 @dataclasses.dataclass
 class ModelConfig:
-    """Hyper-parameters of a serialized model (the "config" object of the .asgraph)."""
+    """Hyper-parameters of a serialized model (the "config" object of the .asgraph). The fields
+    after pad_token_id have defaults: models serialized before they existed load unchanged."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -35,18 +30,34 @@ class ModelConfig:
     rope_scaling: Optional[dict]
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
+    attention_bias: bool           # q/k/v (or the fused qkv) projections carry biases
     bos_token_id: Optional[int]
     eos_token_id: list
     pad_token_id: Optional[int]
+    attention_out_bias: bool = False   # o_proj carries a bias
+    mlp_bias: bool = False             # gate/up/down carry biases
+    hidden_act: str = "silu"           # the gated MLP's activation: silu | gelu_tanh
+    rotary_dim: Optional[int] = None   # dims of a head RoPE rotates (partial rotary); None: head_dim
+    layer_types: Optional[list] = None  # per layer full_attention | sliding_attention; None: all full
+    sliding_window: Optional[int] = None  # keys a sliding layer's query sees, itself included
+    rope_local_theta: Optional[float] = None  # the sliding layers' RoPE base (Gemma 3); None: rope_theta
+    attention_scale: Optional[float] = None   # the scores' scale; None: head_dim ** -0.5
+    attn_logit_softcap: Optional[float] = None  # scores -> cap * tanh(scores / cap)
+    final_logit_softcap: Optional[float] = None
+    embedding_multiplier: float = 1.0  # the embeddings are multiplied by it (Gemma, Granite)
+    residual_multiplier: float = 1.0   # attention and MLP outputs before the residual add (Granite)
+    logits_multiplier: float = 1.0     # the logits (Granite's 1 / logits_scaling)
 
     @classmethod
     def from_dict(cls, d, where="config"):
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in d]
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in d]
         if missing:
             raise ModelSerializerException(f"{where} lacks {', '.join(missing)}")
-        cfg = cls(**{n: d[n] for n in names})
+        unknown = sorted(set(d) - {f.name for f in fields})
+        if unknown:
+            raise ModelSerializerException(f"{where} has fields this runtime does not know: {', '.join(unknown)}")
+        cfg = cls(**d)
         cfg.validate(where)
         return cfg
 
@@ -63,65 +74,86 @@ class ModelConfig:
             raise ModelSerializerException(
                 f"{where}: num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}")
-        if self.head_dim % 2:
-            raise ModelSerializerException(f"{where}: head_dim {self.head_dim} must be even for RoPE")
+        rot = self.rotary_dim or self.head_dim
+        if rot % 2 or not 0 < rot <= self.head_dim:
+            raise ModelSerializerException(
+                f"{where}: the rotary dims ({rot}) must be even and at most head_dim {self.head_dim}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ModelSerializerException(f"{where}: rope_theta and rms_norm_eps must be positive")
         if not isinstance(self.eos_token_id, list):
             raise ModelSerializerException(f"{where}: eos_token_id must be a list of ids")
         if self.rope_scaling is not None:
-            _check_rope_scaling(self.rope_scaling, where)
+            check_rope_scaling(self.rope_scaling, where)
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ModelSerializerException(f"{where}: hidden_act {self.hidden_act!r} is not silu or gelu_tanh")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers or not self.sliding_window or \
+                    any(t not in ("full_attention", "sliding_attention") for t in self.layer_types):
+                raise ModelSerializerException(
+                    f"{where}: layer_types must name full_attention or sliding_attention for each of "
+                    f"{self.num_hidden_layers} layers, with a positive sliding_window")
+        for name in ("attention_scale", "attn_logit_softcap", "final_logit_softcap", "rope_local_theta"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ModelSerializerException(f"{where}: {name} must be positive, got {value!r}")
+
+    def layer_window(self, i):
+        """Keys layer i's query sees at most (0: the whole context)."""
+        sliding = self.layer_types is not None and self.layer_types[i] == "sliding_attention"
+        return self.sliding_window if sliding else 0
 
 
 def architecture_of(hf):
     """Our architecture name and the HF class name for a config.json dict; refuses unknown ones."""
-    names = hf.get("architectures") or []
-    if not names and hf.get("model_type") in _MODEL_TYPES:
-        names = [_MODEL_TYPES[hf["model_type"]]]
-    for name in names:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name][0], name
-    shown = names or [hf.get("model_type")]
-    raise ModelSerializerException(
-        f"unsupported architecture {', '.join(map(str, shown))}: supported are {', '.join(ARCHITECTURES)}")
+    family, hf_class = family_for_hf(hf)
+    return family.name, hf_class
 
 
 def normalize_hf_config(hf, generation_config=None):
     """config.json dict (+ generation_config.json dict) -> (architecture, ModelConfig)."""
-    arch, hf_class = architecture_of(hf)
-
-    def need(key):
-        if hf.get(key) is None:
-            raise ModelSerializerException(f"config.json of this {hf_class} lacks the required key '{key}'")
-        return hf[key]
-
-    _refuse_unsupported(hf, hf_class)
-    heads = need("num_attention_heads")
-    hidden = need("hidden_size")
-    rope_theta, rope_scaling = _rope(hf)
-    forced_bias = ARCHITECTURES[hf_class][1]
+    family, hf_class = family_for_hf(hf)
+    r = ConfigReader(hf, hf_class)
+    if hf.get("pretraining_tp", 1) not in (1, None):
+        r.refuse(f"pretraining_tp={hf['pretraining_tp']}")
+    heads, hidden = r.need("num_attention_heads"), r.need("hidden_size")
     gen = generation_config or {}
-    eos = gen.get("eos_token_id", hf.get("eos_token_id"))
-    cfg = ModelConfig(
-        vocab_size=need("vocab_size"),
+    fields = dict(
+        vocab_size=r.need("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=need("intermediate_size"),
-        num_hidden_layers=need("num_hidden_layers"),
+        intermediate_size=r.need("intermediate_size"),
+        num_hidden_layers=r.need("num_hidden_layers"),
         num_attention_heads=heads,
         num_key_value_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hidden // heads,
-        rms_norm_eps=float(need("rms_norm_eps")),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        max_position_embeddings=need("max_position_embeddings"),
+        rms_norm_eps=float(r.need("rms_norm_eps")),
+        max_position_embeddings=r.need("max_position_embeddings"),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention_bias=forced_bias if forced_bias is not None else bool(hf.get("attention_bias", False)),
+        attention_bias=bool(hf.get("attention_bias", False)),
         bos_token_id=gen.get("bos_token_id", hf.get("bos_token_id")),
-        eos_token_id=eos_list(eos),
+        eos_token_id=eos_list(gen.get("eos_token_id", hf.get("eos_token_id"))),
         pad_token_id=gen.get("pad_token_id", hf.get("pad_token_id")),
     )
+    fields["rope_theta"], fields["rope_scaling"] = rope_of(hf, "full_attention")
+    fields["rotary_dim"] = rotary_dim(hf, fields["head_dim"])
+    fields.update(family.read_config(hf, r))
+    foreign = r.unread_features()
+    if foreign:
+        raise ModelSerializerException(
+            f"config.json of this {hf_class} sets {', '.join(f'{k}={hf[k]!r}' for k in foreign)}, which a "
+            f"{hf_class} does not have: it describes another model family (check architectures / model_type)")
+    cfg = ModelConfig(**fields)
     cfg.validate(f"config.json of this {hf_class}")
-    return arch, cfg
+    _refuse_pending(cfg, hf_class)
+    return family.name, cfg
+
+
+def _refuse_pending(cfg, hf_class):
+    """Features whose kernels are not in yet (sliding windows, soft-caps, GELU, partial rotary)."""
+    pending = [name for name, value in (("sliding_window", cfg.sliding_window), ("attn_logit_softcapping",
+               cfg.attn_logit_softcap), ("hidden_act=gelu_tanh", cfg.hidden_act == "gelu_tanh"),
+               ("partial rotary", cfg.rotary_dim)) if value]
+    if pending:
+        raise ModelSerializerException(f"{hf_class} with {', '.join(pending)} is not supported yet")
 
 
 def eos_list(eos):
@@ -130,63 +162,4 @@ def eos_list(eos):
     return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
-def _refuse_unsupported(hf, hf_class):
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-        raise ModelSerializerException(f"{hf_class} with hidden_act={act!r} is not supported (only silu)")
-    if hf.get("mlp_bias"):
-        raise ModelSerializerException(f"{hf_class} with mlp_bias=true is not supported")
-    if hf.get("pretraining_tp", 1) not in (1, None):
-        raise ModelSerializerException(f"{hf_class} with pretraining_tp={hf['pretraining_tp']} is not supported")
-    window = hf.get("sliding_window")
-    if hf_class == "Qwen2ForCausalLM":
-        window = window if hf.get("use_sliding_window") else None
-    max_len = hf.get("max_position_embeddings")
-    if window is not None and max_len is not None and window < max_len:
-        raise ModelSerializerException(
-            f"{hf_class} with sliding_window={window} < max_position_embeddings={max_len} is not supported: "
-            f"this runtime attends to the whole context, so the model would compute something else past "
-            f"{window} tokens")
-    if any(t != "full_attention" for t in hf.get("layer_types") or []):
-        raise ModelSerializerException(f"{hf_class} with sliding-window layers (layer_types) is not supported")
-
-
-def _rope(hf):
-    """(rope_theta, rope_scaling or None) from either spelling.
-
-    transformers 5.x: rope_parameters = {"rope_type", "rope_theta", scaling keys...};
-    transformers 4.x: rope_theta at top level, rope_scaling = {"type" or "rope_type", scaling keys...}.
-    """
-    params = hf.get("rope_parameters")
-    if isinstance(params, dict) and "full_attention" in params:  # per-layer-type form of 5.x
-        params = params["full_attention"]
-    if params:
-        theta = params.get("rope_theta", hf.get("rope_theta"))
-        scaling = dict(params)
-    else:
-        theta = hf.get("rope_theta")
-        scaling = dict(hf.get("rope_scaling") or {})
-    scaling.pop("rope_theta", None)
-    kind = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
-    scaling.pop("type", None)
-    theta = 10000.0 if theta is None else float(theta)  # the transformers default for these families
-    if kind == "default":
-        return theta, None
-    scaling = {"rope_type": kind, **scaling}
-    _check_rope_scaling(scaling, "rope scaling")
-    keys = ("factor",) if kind == "linear" else _LLAMA3_KEYS
-    return theta, {"rope_type": kind, **{k: float(scaling[k]) if k != "original_max_position_embeddings"
-                                         else int(scaling[k]) for k in keys}}
-
-
-def _check_rope_scaling(scaling, where):
-    kind = scaling.get("rope_type")
-    if kind not in ("linear", "llama3"):
-        raise ModelSerializerException(
-            f"{where}: RoPE scaling type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-    keys = ("factor",) if kind == "linear" else _LLAMA3_KEYS
-    missing = [k for k in keys if scaling.get(k) is None]
-    if missing:
-        raise ModelSerializerException(f"{where}: {kind} RoPE scaling lacks {', '.join(missing)}")
-    if not scaling["factor"] > 0:
-        raise ModelSerializerException(f"{where}: RoPE scaling factor must be positive, got {scaling['factor']}")
+__all__ = ["ModelConfig", "FAMILIES", "architecture_of", "normalize_hf_config", "eos_list", "rope_of"]

@@ -1,37 +1,52 @@
-"""GGUFModel: a llama.cpp GGUF file (LLaMA or Qwen2), dequantized with the `gguf` package.
+"""GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, Qwen2, Qwen3,
+Gemma 2/3, Phi-3), dequantized with the `gguf` package.
 
-GGUF names map onto the Hugging Face LLaMA names. llama.cpp's converter permutes the rows of the
-LLaMA Q and K projections (its RoPE pairs neighbouring dims, HF's pairs the two halves of a head);
-the permutation is undone exactly as transformers' own GGUF loader does it
-(transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor). Qwen2 files are not permuted.
+GGUF names map onto the family's Hugging Face names (a norm by its role: families/base.py).
+llama.cpp's converter permutes the rows of the LLaMA Q and K projections (its RoPE pairs
+neighbouring dims, HF's pairs the two halves of a head); the permutation is undone exactly as
+transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor).
+Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w).
 Hyper-parameters come from the GGUF metadata, the tokenizer from transformers' GGUF conversion.
 """
 import os
 import re
 
+import numpy as np
+
 from ..errors import ModelSerializerException
-from .arch import ModelConfig, eos_list
+from .arch import ModelConfig, _refuse_pending, eos_list
 from .base import auto_tokenizer
+from .families import BY_GGUF
 from .source import SourceModel
 
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> ours
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
-_BLOCK_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
+_BLOCK_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_NORM_ROLES = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_norm": "mlp_in",
+               "post_ffw_norm": "mlp_out"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name):
-    """GGUF tensor name -> HF LLaMA name, or None when it has no HF counterpart."""
+def hf_name(gguf_name, family):
+    """GGUF tensor name -> the family's HF name, or None when it has no HF counterpart."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK.match(gguf_name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
-    return None
+    if not m:
+        return None
+    part = m.group(2)
+    if part in family.gguf_names:
+        module = family.gguf_names[part]
+    elif part in _NORM_ROLES and _NORM_ROLES[part] in family.norms:
+        module = family.norms[_NORM_ROLES[part]]
+    elif part in _BLOCK_NAMES:
+        module = _BLOCK_NAMES[part]
+    else:
+        return None
+    return f"model.layers.{m.group(1)}.{module}.{m.group(3)}"
 
 
 def reverse_llama_permute(w, n_head, n_kv_head=None):
@@ -69,50 +84,26 @@ class GGUFModel(SourceModel):
         reader = self._open_reader()
         meta = _Metadata(reader, self.model_path)
         gguf_arch = meta.get("general.architecture")
-        if gguf_arch not in ARCHITECTURES:
+        if gguf_arch not in BY_GGUF:
             raise ModelSerializerException(
                 f"GGUF architecture {gguf_arch!r} in {self.model_path} is not supported: "
-                f"supported are {', '.join(ARCHITECTURES)}")
+                f"supported are {', '.join(BY_GGUF)}")
+        family = BY_GGUF[gguf_arch]
         names = {t.name: t for t in reader.tensors}
         if "rope_freqs.weight" in names:
             raise ModelSerializerException(
                 f"{self.model_path} carries per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 "
                 "style), which this loader does not read; convert the Hugging Face checkpoint instead")
-        a = gguf_arch
-        hidden = meta.need(f"{a}.embedding_length")
-        heads = meta.need(f"{a}.attention.head_count")
-        kv_heads = meta.get(f"{a}.attention.head_count_kv", heads)
-        head_dim = meta.get(f"{a}.attention.key_length", hidden // heads)
-        rot = meta.get(f"{a}.rope.dimension_count", head_dim)
-        if rot != head_dim:
-            raise ModelSerializerException(
-                f"{self.model_path}: partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim}) "
-                "are not supported")
         if "token_embd.weight" not in names:
             raise ModelSerializerException(f"GGUF file {self.model_path} lacks tensor token_embd.weight")
-        vocab = meta.get(f"{a}.vocab_size", int(names["token_embd.weight"].shape[1]))
-        eos = [meta.get("tokenizer.ggml.eos_token_id")]
-        eos += [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
-        eos = eos_list(list(dict.fromkeys(e for e in eos if e is not None)))
-        config = ModelConfig(
-            vocab_size=int(vocab), hidden_size=int(hidden),
-            intermediate_size=int(meta.need(f"{a}.feed_forward_length")),
-            num_hidden_layers=int(meta.need(f"{a}.block_count")),
-            num_attention_heads=int(heads), num_key_value_heads=int(kv_heads), head_dim=int(head_dim),
-            rms_norm_eps=float(meta.need(f"{a}.attention.layer_norm_rms_epsilon")),
-            rope_theta=float(meta.get(f"{a}.rope.freq_base", 10000.0)),
-            rope_scaling=_rope_scaling(meta, a, self.model_path),
-            max_position_embeddings=int(meta.need(f"{a}.context_length")),
-            tie_word_embeddings="output.weight" not in names,
-            attention_bias=gguf_arch == "qwen2" or "blk.0.attn_q.bias" in names,
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=eos,
-            pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
+        config = ModelConfig(**_gguf_fields(meta, gguf_arch, names, self.model_path))
         config.validate(f"GGUF metadata of {self.model_path}")
+        _refuse_pending(config, f"GGUF {gguf_arch}")
         generation = {k: v for k, v in (("bos_token_id", config.bos_token_id), ("pad_token_id", config.pad_token_id))
                       if v is not None}
-        generation["eos_token_id"] = list(eos)
+        generation["eos_token_id"] = list(config.eos_token_id)
         self._gguf_arch = gguf_arch
-        return ARCHITECTURES[gguf_arch], config, generation
+        return family.name, config, generation
 
     def _open_weights(self, load_format):
         if load_format != "auto":
@@ -152,9 +143,10 @@ class GGUFWeights:
         self.path = path
         self._config = config
         self._permute = gguf_arch == "llama"
+        self._family = BY_GGUF[gguf_arch]
         self._tensors = {}
         for t in reader.tensors:
-            name = hf_name(t.name)
+            name = hf_name(t.name, self._family)
             if name is None:
                 raise ModelSerializerException(f"GGUF file {path} has tensor {t.name}, which this loader does not know")
             self._tensors[name] = t
@@ -178,6 +170,8 @@ class GGUFWeights:
         if self._permute and (".q_proj." in name or ".k_proj." in name):
             kv = self._config.num_attention_heads if ".q_proj." in name else self._config.num_key_value_heads
             w = reverse_llama_permute(w, self._config.num_attention_heads, kv)
+        if self._family.norm_offset and self._family.is_norm(name):
+            w = w - np.float32(self._family.norm_offset)  # llama.cpp stores Gemma's norms as 1 + w
         return w.reshape(self.shape(name)), "F32"
 
 
@@ -203,6 +197,48 @@ class _Metadata:
         if value is None:
             raise ModelSerializerException(f"GGUF file {self._path} lacks the metadata key '{key}'")
         return value
+
+
+def _gguf_fields(meta, a, names, path):
+    """ModelConfig fields out of GGUF metadata of architecture a, as llama.cpp reads them."""
+    hidden = int(meta.need(f"{a}.embedding_length"))
+    heads = int(meta.need(f"{a}.attention.head_count"))
+    head_dim = int(meta.get(f"{a}.attention.key_length", hidden // heads))
+    layers = int(meta.need(f"{a}.block_count"))
+    rot = int(meta.get(f"{a}.rope.dimension_count", head_dim))
+    eos = [meta.get("tokenizer.ggml.eos_token_id")] + [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
+    fields = dict(
+        vocab_size=int(meta.get(f"{a}.vocab_size", int(names["token_embd.weight"].shape[1]))), hidden_size=hidden,
+        intermediate_size=int(meta.need(f"{a}.feed_forward_length")), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=int(meta.get(f"{a}.attention.head_count_kv", heads)),
+        head_dim=head_dim, rms_norm_eps=float(meta.need(f"{a}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get(f"{a}.rope.freq_base", 10000.0)), rope_scaling=_rope_scaling(meta, a, path),
+        rotary_dim=rot if rot != head_dim else None,
+        max_position_embeddings=int(meta.need(f"{a}.context_length")),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias=a == "qwen2" or "blk.0.attn_q.bias" in names or "blk.0.attn_qkv.bias" in names,
+        attention_out_bias="blk.0.attn_output.bias" in names, mlp_bias="blk.0.ffn_down.bias" in names,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=eos_list(list(dict.fromkeys(e for e in eos if e is not None))),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
+    window = meta.get(f"{a}.attention.sliding_window")
+    if a in ("gemma2", "gemma3"):
+        # llama.cpp: every other layer sliding (Gemma 2), five of six (Gemma 3); scores scaled by
+        # head_dim ** -0.5 (query_pre_attn_scalar is head_dim but in the 27B models); the sliding
+        # layers' RoPE base is 10000
+        pattern = 2 if a == "gemma2" else 6
+        big = layers == (46 if a == "gemma2" else 62)
+        fields.update(hidden_act="gelu_tanh", embedding_multiplier=hidden ** 0.5,
+                      attention_scale=(hidden / heads if big else head_dim) ** -0.5,
+                      attn_logit_softcap=meta.get(f"{a}.attn_logit_softcapping"),
+                      final_logit_softcap=meta.get(f"{a}.final_logit_softcapping"),
+                      rope_local_theta=10000.0 if a == "gemma3" else None)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    else:
+        types = ["sliding_attention"] * layers
+    if window is not None and int(window) < fields["max_position_embeddings"]:
+        fields.update(layer_types=types, sliding_window=int(window))
+    return fields
 
 
 def _rope_scaling(meta, arch, path):

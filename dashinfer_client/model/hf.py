@@ -57,7 +57,7 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
-        unexpected = unexpected_tensors(weights.keys(), self.config)
+        unexpected = unexpected_tensors(weights.keys(), self.config, self.architecture)
         if unexpected:
             raise ModelSerializerException(
                 f"checkpoint {self.model_path} has tensor(s) this architecture does not use: "
@@ -74,10 +74,10 @@ class HuggingFaceModel(SourceModel):
         return {"trust_remote_code": self.trust_remote_code}
 
 
-def unexpected_tensors(names, config):
+def unexpected_tensors(names, config, architecture):
     """The tensor names a checkpoint of this config should not have (a tied lm_head and the
     rotary inv_freq buffers some checkpoints carry are expected)."""
-    expected = weight_shapes(config)
+    expected = weight_shapes(config, architecture)
     tied_head = {"lm_head.weight"} if config.tie_word_embeddings else set()
     return [n for n in names if n not in expected and n not in tied_head and not _IGNORED.search(n)]
 

@@ -14,7 +14,6 @@ import numpy as np
 from ..errors import ModelSerializerException
 
 BITS = {"int8": 8, "uint4": 4}
-LINEAR_WEIGHTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default model)
 # The group this runtime picks per format when the user names none (the default model, the
 # benches): uint4 in groups of 32 costs +0.1% NLL on the default model against +6.7% in groups of
@@ -63,10 +62,11 @@ class InstantQuantSettings:
         compute = _check_compute_method(config.get("compute_method", "weight_only"), fmt, group)
         return cls(fmt, group, bool(config.get("quantize_lm_head", False)), compute)
 
-    def quantized_names(self, num_layers, has_lm_head):
-        names = [f"model.layers.{i}.{'self_attn' if p[1:] == '_proj' else 'mlp'}.{p}.weight"
-                 for i in range(num_layers) for p in LINEAR_WEIGHTS]
-        if self.quantize_lm_head and has_lm_head:
+    def quantized_names(self, shapes):
+        """The tensors of weight_shapes' {name: shape} InstantQuant quantizes: every layer's
+        projection matrices, and lm_head (when untied) if quantize_lm_head."""
+        names = [n for n, s in shapes.items() if n.startswith("model.layers.") and n.endswith("_proj.weight")]
+        if self.quantize_lm_head and "lm_head.weight" in shapes:
             names.append("lm_head.weight")
         return names
 

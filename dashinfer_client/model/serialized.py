@@ -16,6 +16,7 @@ import numpy as np
 from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException
 from .arch import ModelConfig
+from .families import family
 from .base import ModelHandle
 from .quant import InstantQuantSettings, QuantErrorStats, quantize
 from .safetensors_io import SafetensorsFile, SafetensorsWriter
@@ -54,30 +55,12 @@ def tokenizer_dir_name(prefix):
     return prefix + ".tokenizer"
 
 
-def weight_shapes(config):
-    """{HF LLaMA tensor name: shape} of the unquantized model, in layer order."""
-    c = config
-    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
-        for name, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
-            shapes[p + f"self_attn.{name}.weight"] = (out, c.hidden_size)
-            if c.attention_bias:
-                shapes[p + f"self_attn.{name}.bias"] = (out,)
-        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, q_out)
-        shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
-        shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
-        shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
-        shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
-    shapes["model.norm.weight"] = (c.hidden_size,)
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
-    return shapes
+def weight_shapes(config, architecture):
+    """{HF tensor name: shape} of the unquantized model of this architecture, in layer order."""
+    return family(architecture).weight_shapes(config)
 
 
-def expected_tensors(config, dtype, quantization):
+def expected_tensors(config, architecture, dtype, quantization):
     """{stored tensor name: (safetensors dtype code, shape)} for a config, dtype and quantization dict."""
     code = DTYPES[dtype]
     quantized, settings = set(), None
@@ -85,7 +68,7 @@ def expected_tensors(config, dtype, quantization):
         settings = InstantQuantSettings(quantization["weight_format"], quantization["group_size"])
         quantized = set(quantization["quantized"])
     out = {}
-    for name, shape in weight_shapes(config).items():
+    for name, shape in weight_shapes(config, architecture).items():
         if name in quantized:
             for part, part_shape in zip(QUANT_PARTS, settings.packed_shapes(*shape)):
                 out[f"{name}.{part}"] = ("U8" if part == "qweight" else "F32", part_shape)
@@ -128,9 +111,8 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
         quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
                         "group_size": quant_settings.group_size,
                         "compute_method": quant_settings.compute_method,
-                        "quantized": quant_settings.quantized_names(config.num_hidden_layers,
-                                                                    not config.tie_word_embeddings)}
-    manifest = expected_tensors(config, dtype, quantization)
+                        "quantized": quant_settings.quantized_names(weight_shapes(config, architecture))}
+    manifest = expected_tensors(config, architecture, dtype, quantization)
     tok_name = tokenizer_dir_name(prefix)
     final = {"tok": os.path.join(model_dir, tok_name), "param": os.path.join(model_dir, prefix + suffixes[1]),
              "graph": os.path.join(model_dir, prefix + suffixes[0])}
@@ -139,7 +121,8 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
         _remove(temp["tok"])
         os.makedirs(temp["tok"])
         has_tokenizer = save_tokenizer(temp["tok"])
-        stats = _write_params(temp["param"], manifest, config, dtype, quant_settings, quantization, fetch,
+        stats = _write_params(temp["param"], manifest, weight_shapes(config, architecture), dtype,
+                              quant_settings, quantization, fetch,
                               model_name, progress)
         graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
                  "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
@@ -170,9 +153,8 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     return report
 
 
-def _write_params(path, manifest, config, dtype, quant_settings, quantization, fetch, model_name, progress):
+def _write_params(path, manifest, shapes, dtype, quant_settings, quantization, fetch, model_name, progress):
     """The .asparam, one source tensor in memory at a time; returns the quantization error stats."""
-    shapes = weight_shapes(config)
     quantized = set(quantization["quantized"]) if quantization else set()
     writer = SafetensorsWriter(path, [(n, c, s) for n, (c, s) in manifest.items()],
                                metadata={"format": FORMAT, "model_name": model_name})
@@ -271,7 +253,7 @@ class DashInferModel(ModelHandle):
 
     def _check_tensors(self, gpath, ppath):
         try:
-            expected = expected_tensors(self.config, self.dtype, self.quantization)
+            expected = expected_tensors(self.config, self.architecture, self.dtype, self.quantization)
         except (KeyError, TypeError) as e:
             raise ModelSerializerException(f"{gpath}: malformed quantization entry ({e!r})") from None
         for name, (code, shape) in expected.items():

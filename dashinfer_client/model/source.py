@@ -97,7 +97,7 @@ class SourceModel(ModelHandle):
         self.read_model_config()
         if self.weights is None:
             weights = self._open_weights(load_format or "auto")
-            shapes = weight_shapes(self.config)
+            shapes = weight_shapes(self.config, self.architecture)
             missing = [n for n in shapes if n not in weights]
             if missing:
                 raise ModelSerializerException(

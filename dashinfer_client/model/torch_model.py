@@ -13,6 +13,7 @@ import os
 from ..errors import ModelSerializerException
 from .hf import copy_tokenizer_files, torch_tensor_to_numpy, unexpected_tensors
 from .arch import normalize_hf_config
+from .families import FAMILIES
 from .serialized import DTYPES, V13_SUFFIXES, weight_shapes, write_serialized
 
 # DashInfer 1.3's model_type -> the Hugging Face class its checkpoints are. Its other types
@@ -23,11 +24,16 @@ UNSUPPORTED_MODEL_TYPES = ("Qwen_v10", "ChatGLM_v2", "ChatGLM_v3", "ChatGLM_v4",
 
 
 def check_model_type(model_type):
-    """Refuse a DashInfer 1.3 model_type this runtime cannot serve, naming the ones it can."""
+    """The Hugging Face class of a DashInfer 1.3 model_type, or of a class name given as model_type
+    (the families DashInfer 1.3 never had: "Qwen3ForCausalLM", ...); others refused by name."""
     if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
+    classes = [c for f in FAMILIES.values() for c in f.hf_classes]
+    if model_type in classes:
+        return model_type
     what = "an architecture this runtime does not have" if model_type in UNSUPPORTED_MODEL_TYPES else "unknown"
-    raise ModelSerializerException(f"model_type {model_type!r} is {what}; supported: {', '.join(MODEL_TYPES)}")
+    raise ModelSerializerException(f"model_type {model_type!r} is {what}; supported: "
+                                   f"{', '.join(MODEL_TYPES)}, or one of {', '.join(classes)}")
 
 
 def serialize_model_from_torch(model_name, model_type, torch_model, model_config, save_dir, multinode_mode=1,
@@ -58,7 +64,7 @@ def serialize_model_from_torch(model_name, model_type, torch_model, model_config
     if not hasattr(state, "keys") or not hasattr(state, "__getitem__"):
         raise ModelSerializerException(
             f"torch_model must be a state_dict (name -> tensor) or a torch module, got {type(torch_model).__name__}")
-    _check_tensors(state, config)
+    _check_tensors(state, config, architecture)
     source_dir = hf.get("_name_or_path") or ""
     report = write_serialized(
         save_dir, model_name, model_name=model_name, architecture=architecture, config=config, dtype=data_type,
@@ -101,13 +107,13 @@ def _config(model_type, hf_class, model_config, rotary_base):
     return architecture, config, hf
 
 
-def _check_tensors(state, config):
-    shapes = weight_shapes(config)
+def _check_tensors(state, config, architecture):
+    shapes = weight_shapes(config, architecture)
     missing = [n for n in shapes if n not in state]
     if missing:
         raise ModelSerializerException(f"torch_model lacks tensor(s) {', '.join(missing[:5])}"
                                        + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    extra = unexpected_tensors(state.keys(), config)
+    extra = unexpected_tensors(state.keys(), config, architecture)
     if extra:
         raise ModelSerializerException(f"torch_model has tensor(s) this architecture does not use: "
                                        f"{', '.join(sorted(extra)[:5])}")

@@ -1,0 +1,42 @@
+"""The model families this runtime serves, one module each (base.py says what a Family declares)."""
+from ...errors import ModelSerializerException
+from .gemma2 import GEMMA2
+from .gemma3 import GEMMA3
+from .granite import GRANITE
+from .llama import LLAMA, MISTRAL
+from .olmo2 import OLMO2
+from .phi3 import PHI3
+from .qwen2 import QWEN2
+from .qwen3 import QWEN3
+
+FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2)}
+_BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
+_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
+BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}
+
+
+def family(name):
+    """The Family of a serialized model's architecture name."""
+    if name not in FAMILIES:
+        raise ModelSerializerException(f"unknown architecture {name!r}: known are {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_for_hf(hf):
+    """(Family, HF class name) of a config.json dict. A model_type that is not the named class's
+    own is refused: the config describes another model than the class says."""
+    names = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    if not names and model_type in _BY_MODEL_TYPE:
+        names = [_BY_MODEL_TYPE[model_type].hf_classes[0]]
+    for name in names:
+        if name in _BY_CLASS:
+            fam = _BY_CLASS[name]
+            if model_type is not None and model_type not in fam.model_types:
+                raise ModelSerializerException(
+                    f"config.json names {name} but model_type {model_type!r}, which is not a {name}'s "
+                    f"({', '.join(fam.model_types)}): the config describes another model")
+            return fam, name
+    shown = names or [model_type]
+    raise ModelSerializerException(
+        f"unsupported architecture {', '.join(map(str, shown))}: supported are {', '.join(_BY_CLASS)}")

@@ -1,0 +1,136 @@
+"""Every model family against transformers, on tiny random fp32 checkpoints that transformers
+writes (tests/helpers.py FAMILY_CONFIGS): the engine's logits at every step of a prefilled prompt
+and 16 decoded tokens within 1e-3 of transformers', the op-by-op reference path equal to the
+native decoder, and 16 greedy tokens equal to transformers' on 2 tensor-parallel ranks.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dashinfer_client import AsCacheMode
+from dashinfer_client.errors import ModelSerializerException
+from dashinfer_client.model import DashInferModel, HuggingFaceModel
+from tests.engine_helpers import DEFAULT_KV_FORMAT, engine_logits, hf_greedy, make_loop, reference
+from tests.helpers import FAMILY_CONFIGS, build_tiny_gguf, load_hf_model, write_config_variant
+from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
+
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "phi3"]
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request, serialized_tiny):
+    loader = serialized_tiny(request.param)
+    hf = load_hf_model(loader.model_path)
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    return request.param, DashInferModel(loader.model_output_dir, loader.serialize_model_name), hf
+
+
+def prompt_of(model, n=45, seed=7):
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(3, model.config.vocab_size, n)]
+
+
+def test_logits_match_transformers(family_model):
+    name, model, hf = family_model
+    loop = make_loop(model, AsCacheMode.AsCacheDefault)
+    prompt = prompt_of(model)
+    forced, plain, _ = reference(hf, prompt, DEFAULT_KV_FORMAT)
+    got, _ = engine_logits(loop, prompt, forced)
+    err = np.abs(got - plain).max(axis=1)
+    assert err.max() < TOLERANCE, f"{name}: max abs logits error per step {err}"
+    assert list(np.argmax(got[:-1], axis=1)) == forced, f"{name}: greedy tokens differ"
+
+
+def test_op_by_op_reference_equals_native(family_model):
+    """The Python path (written from the same layer description) agrees with the native decoder."""
+    name, model, hf = family_model
+    loop = make_loop(model, AsCacheMode.AsCacheDefault)
+    prompt = prompt_of(model, 30, seed=3)
+    forced = hf_greedy(hf, prompt, 4)
+    native, _ = engine_logits(loop, prompt, forced)
+    loop.model.fused = False
+    python, _ = engine_logits(loop, prompt, forced)
+    assert np.abs(native - python).max() < 1e-4, name
+
+
+def test_two_ranks_generate_transformers_greedy(serialized_tiny):
+    """One mpiexec'd group of 2 ranks serves every family in turn; each gives transformers' 16
+    greedy tokens. The uneven 9-head / 3-KV-head shape makes a GQA group straddle the ranks (and
+    OLMo 2's whole-projection k norm then counts the shared head once)."""
+    specs, expected = [], []
+    for name in FAMILIES:
+        head_dim = {} if "head_dim" in FAMILY_CONFIGS[name][1] else {"head_dim": 16}  # the cache's smallest
+        loader = serialized_tiny(name, name=f"tp-{name}", uneven=True, **head_dim)
+        hf = load_hf_model(loader.model_path)
+        prompt = prompt_of(DashInferModel(loader.model_output_dir, loader.serialize_model_name), 20, seed=5)
+        specs.append({"dir": loader.model_output_dir, "prefix": loader.serialize_model_name,
+                      "prompts": [prompt], "max_new": 16})
+        expected.append(hf_greedy(hf, prompt, 16))
+    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_engine.py"), json.dumps({"models": specs})]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=group_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = result_of(run.stdout)
+    assert (result["world"], result["allreduce"]) == (2, "shm")
+    for name, want, got in zip(FAMILIES, expected, result["models"]):
+        assert got[0]["ids"] == want, f"{name} on 2 ranks: {got[0]} != transformers {want}"
+
+
+def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):
+    """A Granite config handed over as LLaMA_v2 must not be served as LLaMA (its multipliers would
+    be dropped); as the class it is, it serializes."""
+    from dashinfer_server.engine import Engine
+    loader = serialized_tiny("granite")
+    hf = load_hf_model(loader.model_path)
+    config = hf.config.to_dict()
+    config.pop("architectures", None)
+    engine = Engine()
+    with pytest.raises(ModelSerializerException, match="model_type 'granite'"):
+        engine.serialize_model_from_torch("g", "LLaMA_v2", hf.state_dict(), config, str(tmp_path))
+    engine.serialize_model_from_torch("g", "GraniteForCausalLM", hf.state_dict(), config, str(tmp_path))
+    assert DashInferModel(str(tmp_path), "g").architecture == "granite"
+
+
+def test_a_family_feature_this_runtime_lacks_is_refused(tmp_path, tiny_checkpoint):
+    """Known family, unknown feature: refused by name at conversion, never served wrong."""
+    src = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint("qwen3"), src)
+    write_config_variant(str(src), lambda c: dict(c, hidden_act="relu"))
+    with pytest.raises(ModelSerializerException, match="hidden_act='relu'"):
+        HuggingFaceModel(str(src), "m").read_model_config()
+
+
+def test_serialize_from_torch_refuses_a_foreign_config_without_model_type(tmp_path, serialized_tiny):
+    """DashInfer 1.3 scripts pass model.config.__dict__, which has no model_type: a Granite config
+    given as LLaMA_v2 is still refused, by the Granite features LLaMA lacks."""
+    from dashinfer_server.engine import Engine
+    hf = load_hf_model(serialized_tiny("granite").model_path)
+    config = dict(hf.config.__dict__, architectures=None)  # as a config built in code has it
+    config.pop("model_type", None)
+    with pytest.raises(ModelSerializerException, match="embedding_multiplier=6.0"):
+        Engine().serialize_model_from_torch("g", "LLaMA_v2", hf.state_dict(), config, str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "phi3"])
+def test_gguf_gives_the_tokens_of_the_hf_checkpoint(tmp_path, tiny_checkpoint, name):
+    """The family's GGUF, as llama.cpp's converter writes it (gguf package), serves transformers'
+    greedy tokens and logits, as the HF checkpoint does."""
+    from dashinfer_client.model import GGUFModel
+    hf_dir = tiny_checkpoint(name)
+    gguf_path = build_tiny_gguf(tmp_path / f"{name}.gguf", hf_dir)
+    GGUFModel(gguf_path, "g", user_set_data_type="float32", progress=False).load_model() \
+        .serialize_to_path(None, str(tmp_path / "out"))
+    model = DashInferModel(str(tmp_path / "out"), "g")
+    assert model.architecture == FAMILY_CONFIGS[name][0].lower().replace("config", "")
+    hf = load_hf_model(hf_dir)
+    hf.config._attn_implementation = "eager"
+    prompt = prompt_of(model, 30, seed=11)
+    forced, plain, _ = reference(hf, prompt, DEFAULT_KV_FORMAT)
+    got, _ = engine_logits(make_loop(model, AsCacheMode.AsCacheDefault), prompt, forced)
+    assert list(np.argmax(got[:-1], axis=1)) == forced
+    assert np.abs(got - plain).max() < TOLERANCE
