@@ -1,5 +1,6 @@
 """A `dashinfer serve` subprocess on a tiny model (the `tiny_model` fixture of tests/conftest.py)
 and an in-process Engine reference, shared by tests/test_http.py and tests/test_cli.py."""
+import contextlib
 import os
 import re
 import socket
@@ -92,6 +93,25 @@ class Server:
                 self.proc.kill()
         self.log.close()
         return self.proc.wait()
+
+
+@contextlib.contextmanager
+def serving(model_dir, log_path, *flags, tp=2):
+    """A Server that serves for the with block, then stops cleanly (SIGTERM: drained, exit 0)."""
+    s = Server(model_dir, log_path, *flags, tp=tp)
+    try:
+        s.wait_serving()
+        yield s
+    finally:
+        code = s.stop()
+    assert code == 0, s.output()
+
+
+def default_model_dir() -> str:
+    """The default model's serialized files, as `dashinfer serve` takes them ({dir}/{prefix}: the
+    cache directory may hold other conversions too)."""
+    from dashinfer_client import default_model
+    return os.path.join(*default_model.ensure_default_model("bfloat16", progress=False))
 
 
 class Reference:

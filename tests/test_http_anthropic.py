@@ -12,8 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from dashinfer_client import default_model
-from tests.http_server import API_KEY, Reference, Server
+from tests.http_server import API_KEY, Reference, default_model_dir, serving
 
 SYSTEM = "You are a concise assistant."
 # The anthropic client has no sampling arguments any more; the server still reads temperature.
@@ -26,15 +25,9 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model_dir, prefix = default_model.ensure_default_model("bfloat16", progress=False)
-    s = Server(os.path.join(model_dir, prefix), str(tmp_path_factory.mktemp("serve") / "serve.log"),
-               "--api-key", API_KEY, tp=1)
-    try:
-        s.wait_serving()
+    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
+                 tp=1) as s:
         yield s
-    finally:
-        code = s.stop()
-    assert code == 0, s.output()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +37,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def reference():
-    r = Reference(*default_model.ensure_default_model("bfloat16", progress=False))
+    r = Reference(*os.path.split(default_model_dir()))
     yield r
     r.close()
 

@@ -17,10 +17,9 @@ import openai
 import pytest
 
 import dashinfer_client as allspark
-from dashinfer_client import default_model
 from dashinfer_client.frontend.parsers.generic_json import GenericJsonToolParser
 from tests.helpers import THINK_CHATML, build_tiny_model, build_tiny_tokenizer
-from tests.http_server import API_KEY, Reference, Server
+from tests.http_server import API_KEY, Reference, default_model_dir, serving
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -39,15 +38,9 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 def server(tmp_path_factory):
     """The default model on one rank (the front end is the same over any engine; the tiny model's
     reasoning test below runs on two ranks, as tests/test_http.py does)."""
-    model_dir, prefix = default_model.ensure_default_model("bfloat16", progress=False)
-    s = Server(os.path.join(model_dir, prefix), str(tmp_path_factory.mktemp("serve") / "serve.log"),
-               "--api-key", API_KEY, tp=1)
-    try:
-        s.wait_serving()
+    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
+                 tp=1) as s:
         yield s
-    finally:
-        code = s.stop()
-    assert code == 0, s.output()
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +102,7 @@ def test_the_round_trip_answers_as_the_engine_does(client):
     # The reference: the model's own chat template (transformers' rendering) over the conversation
     # as a template without tools must see it: the tools described in a system message, the call
     # as the JSON the model writes, the result as a user turn.
-    reference = Reference(*default_model.ensure_default_model("bfloat16", progress=False))
+    reference = Reference(*os.path.split(default_model_dir()))
     try:
         tokenizer = reference.hf_tokenizer()
         turns = [{"role": "system", "content": GenericJsonToolParser.describe([t["function"] for t in TOOLS])},
@@ -175,12 +168,8 @@ def think_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def think_server(think_model, tmp_path_factory):
-    s = Server(think_model, str(tmp_path_factory.mktemp("think-serve") / "serve.log"))
-    try:
-        s.wait_serving()
+    with serving(think_model, str(tmp_path_factory.mktemp("think-serve") / "serve.log")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_reasoning_comes_back_apart_and_follows_enable_thinking(think_model, think_server):
