@@ -146,6 +146,21 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
             return self._sync_request(*_request(model_name, request_handle))
         return self._guarded("sync_request", sync)[0]
 
+    # ---- typed calls (the front doors'): they raise Refused instead of returning a status --------
+
+    def serve_model(self, runtime_config) -> None:
+        """install_model, then start_model; Refused (its status and reason) when either refuses."""
+        cfg = self._typed("install_model", lambda: _runtime_config(runtime_config))
+        self._typed("install_model", lambda: self._install_model(cfg))
+        self._typed("start_model", lambda: self._start_model(cfg.model_name))
+
+    def submit(self, model_name: str, input_ids, generation):
+        """start_request_ids -> (handle, ResultQueue); Refused when the engine refuses the request
+        (its reason says what is wrong, without the call's name: a front door's client made no call
+        of that name)."""
+        return self._typed("start_request", lambda: self._start_request(
+            checked_model_name(model_name), None, input_ids, _generation_config(generation)))
+
     # ---- primitives --------------------------------------------------------------------------------
 
     def get_stats(self) -> dict:
@@ -212,18 +227,35 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
         except Exception as e:
             raise Refused(PARAM_ERROR, f"cannot tokenize the text: {type(e).__name__}: {e}") from e
 
+    def _raising(self, what, fn):
+        """fn()'s result; any failure raised as Refused (one not the caller's fault is logged with
+        its traceback and becomes ALLSPARK_MEMORY_ERROR or ALLSPARK_RUNTIME_ERROR)."""
+        try:
+            return fn()
+        except Refused:
+            raise
+        except MemoryError as e:
+            self.log.exception("%s failed", what)
+            raise Refused(AsStatus.ALLSPARK_MEMORY_ERROR, f"out of memory: {e}") from e
+        except Exception as e:  # not the caller's fault: say so and keep serving
+            self.log.exception("%s failed", what)
+            raise Refused(AsStatus.ALLSPARK_RUNTIME_ERROR, f"{type(e).__name__}: {e}") from e
+
+    def _typed(self, what, fn):
+        """fn()'s result; a refusal is logged and kept in last_error as the status-returning calls
+        do, then raised."""
+        try:
+            return self._raising(what, fn)
+        except Refused as e:
+            self._refuse(what, e)
+            raise
+
     def _guarded(self, what, fn):
         """fn() -> (SUCCESS, its result), or (the refusal's status, None)."""
         try:
-            return SUCCESS, fn()
+            return SUCCESS, self._raising(what, fn)
         except Refused as e:
             return self._refuse(what, e), None
-        except MemoryError as e:
-            self.log.exception("%s failed", what)
-            return self._refuse(what, Refused(AsStatus.ALLSPARK_MEMORY_ERROR, f"out of memory: {e}")), None
-        except Exception as e:  # not the caller's fault: say so and keep serving
-            self.log.exception("%s failed", what)
-            return self._refuse(what, Refused(AsStatus.ALLSPARK_RUNTIME_ERROR, f"{type(e).__name__}: {e}")), None
 
     def _refuse(self, what, e: Refused) -> AsStatus:
         self.last_error = self._reason.text = str(e) if e.named else f"{what}: {e}"

@@ -164,8 +164,8 @@ class ClientEngine(EngineAPI):
             first = next(iter(conn.stub.StartRequest(request)))  # the only event: the rest come on the session
         except conn.RpcError as e:
             raise Refused(*conn.refusal(e)) from e
-        if first.started.status != SUCCESS:
-            raise Refused(first.started.status, first.started.message, named=True)
+        if first.started.status != SUCCESS:  # the Engine's reason, without the call's name
+            raise Refused(first.started.status, first.started.message)
         handle = next(self._handles)
         queue = ResultQueue(str(handle))
         wire.apply_event(first, queue)  # the server's arrival time and prompt length

@@ -33,6 +33,10 @@ def _id_sequences(key, v):
         return []
     if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
         raise ValueError(f"{key} must be a list of lists of token ids, got {brief(v)}")
+    try:
+        v = list(v)
+    except Exception:  # an iterable that fails to iterate is a bad value like the others
+        raise ValueError(f"{key} must be a list of lists of token ids, got {brief(v)}") from None
     out = [check_ids(f"{key}[{i}]", words) for i, words in enumerate(v)]
     if any(not words for words in out):
         raise ValueError(f"{key}: each sequence needs at least one token id, got {brief(v)}")
@@ -57,6 +61,9 @@ def response_format_schema(response_format, key="response_format"):
     if response_format is None:
         return None
     kind = response_format.get("type")
+    if kind == "grammar":  # constrains the output, but to no JSON schema
+        response_format_grammar(response_format, key)
+        return None
     extra = set(response_format) - {"type", "json_schema"}
     if extra:
         raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; it takes 'type' and 'json_schema'")
@@ -102,6 +109,21 @@ def _logit_bias(key, v):
         out[token] = check_float(f"{key}[{token}]", bias, lambda x: abs(x) <= LOGIT_BIAS_LIMIT,
                                  f"in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
     return out
+
+
+def response_format_grammar(response_format, key="response_format"):
+    """The lark grammar (llguidance's dialect) of DashInfer's form {"type": "grammar", "grammar":
+    LARK}, or None for the other forms. ValueError if malformed. The front end constrains forced
+    tool calls with it (dashinfer_client/frontend/parsers)."""
+    if response_format is None or response_format.get("type") != "grammar":
+        return None
+    extra = set(response_format) - {"type", "grammar"}
+    if extra:
+        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; type 'grammar' takes 'grammar'")
+    grammar = response_format.get("grammar")
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise ValueError(f"{key}: type 'grammar' needs a 'grammar' string (lark)")
+    return grammar
 
 
 def _vocab(key, v):

@@ -15,6 +15,9 @@ Forms of response_format (dashinfer_client.generation_config checks their shape)
                                                       JSON string or a dict
   {"type": "json_schema", "json_schema": {"schema": S, "name": ..., "strict": ...}}
                                                       OpenAI's form
+  {"type": "grammar", "grammar": LARK}                DashInfer's: a lark grammar (llguidance's
+                                                      dialect, %json {schema} inside it); forced
+                                                      tool calls use it
 The request ends where the grammar ends (the closing brace of the object), with finish reason
 eos; an eos id is allowed wherever the grammar may end, and ends the request too.
 """
@@ -24,7 +27,7 @@ import threading
 
 import numpy as np
 
-from dashinfer_client.generation_config import response_format_schema
+from dashinfer_client.generation_config import response_format_grammar, response_format_schema
 
 log = logging.getLogger("dashinfer_server")
 # Whitespace between JSON tokens: any, as JSON allows, but at most 20 characters in a row (enough
@@ -95,15 +98,18 @@ class Grammars:
     def guide(self, response_format, eos_ids) -> "Guide | None":
         """The Guide of a request with this (checked) response_format, or None without one;
         GrammarError if the schema cannot be compiled."""
+        lark = response_format_grammar(response_format)
         schema = response_format_schema(response_format)
-        if schema is None:
+        if lark is None and schema is None:
             return None
         tokenizer = self._tokenizer()
         import llguidance
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+        grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
+                   llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"response_format: the JSON schema cannot be compiled: {matcher.get_error()}")
+            what = "the grammar" if lark is not None else "the JSON schema"
+            raise GrammarError(f"response_format: {what} cannot be compiled: {matcher.get_error()}")
         return Guide(matcher, self.vocab_size, tokenizer.eos_token, eos_ids)
 
 

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 
-from dashinfer_client.refusals import unknown_handle, unknown_model
+from dashinfer_client.refusals import Refused, unknown_handle, unknown_model
 from dashinfer_client.proto import wire
 from dashinfer_client.proto.wire import pb, pb_grpc
 from dashinfer_client.types import AsStatus
@@ -112,13 +112,15 @@ class DashInferService(pb_grpc.DashInferServicer):
         """StartRequest's events, once its arguments are read and its stream allowed."""
         model = request.model_name
         with self._lock:  # a request admitted here is one the drain waits for
+            # The refusal's reason goes without the call's name: ClientEngine.submit hands it to
+            # its caller as it is, and its start_request_ids names the call itself.
             if self._draining:
-                yield pb.RequestEvent(started=self._denied("start_request"))
+                yield pb.RequestEvent(started=_reply(DENIED, self._draining))
                 return
-            (status, engine_handle, queue), why = self.engine.call_with_reason(
-                "start_request_ids", model, None, ids, gen)
-            if status != SUCCESS:
-                yield pb.RequestEvent(started=_reply(status, why))
+            try:
+                engine_handle, queue = self.engine.submit(model, ids, gen)
+            except Refused as e:
+                yield pb.RequestEvent(started=_reply(e.status, str(e)))
                 return
             handle = new_handle(lambda h: (model, h) in self._held)
             key = (model, handle)

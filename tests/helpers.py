@@ -20,6 +20,13 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
+# ChatML whose assistant turn opens the reasoning (Qwen3's convention: enable_thinking=False writes
+# an empty one instead), for the reasoning parser's tests.
+THINK_CHATML = CHATML.replace("{{ '<|im_start|>assistant\n' }}",
+                              "{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and not "
+                              "enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}"
+                              "{% endif %}")
+
 
 # Tiny models of each family: (transformers config class, what the family sets beyond TINY). Each
 # feature is switched on with a value far from neutral, so leaving it out shows in the logits.
@@ -116,7 +123,7 @@ def _save_bin(model, out_dir, sharded):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
-def build_tiny_tokenizer(out_dir):
+def build_tiny_tokenizer(out_dir, chat_template=CHATML):
     """A byte-level BPE tokenizer (256 byte tokens + ChatML specials, ids < 272) with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -130,7 +137,7 @@ def build_tiny_tokenizer(out_dir):
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    unk_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHATML
+    fast.chat_template = chat_template
     fast.save_pretrained(out_dir)
     return str(out_dir)
 

@@ -107,15 +107,22 @@ def serving(model_dir, log_path, *flags, **options):
     assert code == 0, server.output()
 
 
+def default_model_dir() -> str:
+    """The default model's serialized files, as `dashinfer serve` takes them ({dir}/{prefix}: the
+    cache directory may hold other conversions too)."""
+    from dashinfer_client import default_model
+    return os.path.join(*default_model.ensure_default_model("bfloat16", progress=False))
+
+
 class Reference:
     """The same model in this process (Engine, one rank): what the server's answers must equal."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, prefix="tiny"):
         from dashinfer_server.engine import Engine
-        self.loader = allspark.DashInferModel(model_dir, "tiny")
+        self.loader = allspark.DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
         self.engine = Engine()
-        self.runtime = (allspark.AsModelRuntimeConfigBuilder().model_name("ref").model_dir(model_dir, "tiny")
+        self.runtime = (allspark.AsModelRuntimeConfigBuilder().model_name("ref").model_dir(model_dir, prefix)
                         .max_length(MAX_MODEL_LEN).max_batch(4).build())
         assert self.engine.install_model(self.runtime) == AsStatus.ALLSPARK_SUCCESS
         assert self.engine.start_model("ref") == AsStatus.ALLSPARK_SUCCESS
@@ -138,6 +145,11 @@ class Reference:
         reason = queue.RequestStatInfo()["finish_reason"]
         self.engine.release_request("ref", handle)
         return ids, lps, tops, reason
+
+    def hf_tokenizer(self):
+        """transformers' tokenizer of the model's files: the reference rendering of its chat template."""
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(self.loader._tokenizer_path())
 
     def text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from dashinfer_client.frontend import Delta
 from dashinfer_server.http.admission import Admission
 from dashinfer_server.http.errors import ApiError
-from dashinfer_server.http.generate import Piece
 
 
 class Source:
@@ -20,10 +20,10 @@ class Source:
     async def pieces(self):
         try:
             for i in range(self.n):
-                yield Piece(f"p{i}")
+                yield Delta(f"p{i}")
             if self.endless:
                 await asyncio.Event().wait()
-            yield Piece("", finish_reason="length")
+            yield Delta(finish_reason="length")
         finally:
             self.closed = True
 

@@ -171,6 +171,8 @@ def test_kv_pressure_preempts_and_every_request_finishes_as_alone(api_engine):
 
 def test_a_request_the_whole_pool_cannot_hold_is_interrupted(api_engine, small_pool, caplog):
     engine, name, loader = api_engine
+    for logger in ("dashinfer_client", "dashinfer_server"):  # a Pipeline earlier in the process set ERROR
+        caplog.set_level(logging.WARNING, logger=logger)
     # alone, 10 + 4200 tokens outgrow the 2048-token pool: DashInfer's GenerateInterrupted ("no
     # resource to finish this request's generation"), after every token the pool could hold
     ids, _, queue, handle = run(api_engine, prompt_of(10, 7), greedy(10 + 4200), model=small_pool)

@@ -153,6 +153,7 @@ def test_errors_have_openai_shape_and_status(server, body, status, words):
     error = r.json()["error"]
     assert r.status_code == status and set(error) == {"message", "type", "param", "code"}, r.text
     assert all(w in error["message"] for w in words), error
+    assert not error["message"].startswith("start_request")  # the engine's reason, not a call the client made
 
 
 def test_a_prompt_over_the_context_names_both_lengths(client):

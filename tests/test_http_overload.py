@@ -11,6 +11,7 @@ import re
 import threading
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -139,8 +140,10 @@ def test_512_streaming_clients_finish_or_are_refused_at_once(server):
 
 
 def test_the_openai_client_reads_the_429_as_rate_limit_error(server):
-    """While the server holds all it may, the official client gets RateLimitError (status 429)."""
+    """While the server holds all it may, the official clients get RateLimitError (status 429):
+    openai's on /v1/completions, anthropic's on /v1/messages (the same gate, Anthropic's error shape)."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    messages = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
 
     async def hold_and_ask():
         body = dict(BODY, max_tokens=600, min_tokens=600)
@@ -150,11 +153,16 @@ def test_the_openai_client_reads_the_429_as_rate_limit_error(server):
         try:
             with pytest.raises(openai.RateLimitError) as caught:
                 await asyncio.to_thread(client.completions.create, model="tiny", prompt="hi", max_tokens=4)
+            with pytest.raises(anthropic.RateLimitError) as caught_messages:
+                await asyncio.to_thread(messages.messages.create, model="tiny", max_tokens=4,
+                                        messages=[{"role": "user", "content": "hi"}])
         finally:
             results = await held
-        return caught.value, results
-    error, results = asyncio.run(hold_and_ask())
+        return caught.value, caught_messages.value, results
+    error, messages_error, results = asyncio.run(hold_and_ask())
     assert error.status_code == 429 and error.response.headers["retry-after"] == "1"
+    assert messages_error.status_code == 429 and messages_error.response.headers["retry-after"] == "1"
+    assert messages_error.body["type"] == "error" and messages_error.body["error"]["type"] == "rate_limit_error"
     assert all(r[0] == "done" for r in results)
 
 
@@ -166,7 +174,10 @@ def test_a_deadline_ends_the_request_with_finish_reason_timeout(server):
     assert kind == "done" and saw_done and reasons == ["timeout"]
     whole = httpx.post(server.url + "/v1/completions", json=dict(body, stream=False), timeout=60).json()
     assert whole["choices"][0]["finish_reason"] == "timeout" and whole["usage"]["completion_tokens"] < 900
-    assert metric(server, "dashinfer_http_requests_timed_out_total") >= 2
+    message = httpx.post(server.url + "/v1/messages", timeout=60, json={
+        "model": "tiny", "max_tokens": 900, "timeout": 0.01, "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert message["type"] == "message" and message["usage"]["output_tokens"] < 900, message
+    assert metric(server, "dashinfer_http_requests_timed_out_total") >= 3
     assert wait_for(lambda: metric(server, "dashinfer_requests_running") == 0, 30)
     bad = httpx.post(server.url + "/v1/completions", json=dict(body, timeout="soon"), timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "timeout"

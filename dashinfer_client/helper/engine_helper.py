@@ -22,7 +22,9 @@ from typing import Any, List, Optional
 import numpy as np
 
 from ..as_model_config import AsModelConfig
+from ..frontend import OutputProcessor, Prompts, new_engine
 from ..quantization import QuantizeConfig
+from ..refusals import Refused
 from ..types import AsStatus, GenerateRequestStatus
 from .config_manager import ConfigManager
 from .profiling import ProfilingData
@@ -86,8 +88,7 @@ class EngineHelper:
         self.torch_model_module = None
         self.model_config = None
         self.verbose = False
-        import dashinfer_client as allspark  # lazy engine names: only the one used is loaded
-        self.engine = allspark.ClientEngine() if self.multinode_mode else allspark.Engine()
+        self.engine = new_engine(None if self.multinode_mode else 1)
 
     # ---- tokenizer and conversion ---------------------------------------------------------------------
 
@@ -160,22 +161,21 @@ class EngineHelper:
         cfg.compute_unit = f"{self.device_type}:{','.join(map(str, self.device_ids))}"
         cfg.num_threads = max(0, int(self.engine_config["num_threads"]))  # 0: every core of the node
         cfg.matmul_precision = self.engine_config["matmul_precision"]
-        self._call("build_model_from_config_struct", cfg)
+        try:
+            self.engine.serve_model(cfg)
+        except Refused as e:
+            raise RuntimeError(f"init_engine failed: {e.status.name}: {e}") from None
         print(f"build model over, build time is {time.time() - begin}")
-        self._call("start_model", self.model_name)
 
     def uninit_engine(self):
         if self.engine_config["do_profiling"]:
             profile = getattr(self.engine, "get_op_profiling_info", None)
             info = profile(self.model_name) if profile else "op profiling is not available on this engine"
             print(f"\n***************\n* profile_info\n***************\n{info}\n")
-        self._call("stop_model", self.model_name)
-        self._call("release_model", self.model_name)
-
-    def _call(self, method, *args):
-        status, reason = self.engine.call_with_reason(method, *args)
-        if status != AsStatus.ALLSPARK_SUCCESS:
-            raise RuntimeError(f"{method} failed: {status.name}: {reason}")
+        for call in (self.engine.stop_model, self.engine.release_model):
+            status = call(self.model_name)
+            if status != AsStatus.ALLSPARK_SUCCESS:
+                raise RuntimeError(f"{call.__name__} failed: {status.name}: {self.engine.last_error}")
 
     def _model_files(self):
         return tuple(os.path.join(self.model_path, self.model_name + s) for s in (".dimodel", ".ditensors"))
@@ -200,7 +200,7 @@ class EngineHelper:
             if is_encoded:
                 ids, text = [int(t) for t in p], self.tokenizer.decode(p, skip_special_tokens=False)
             else:
-                ids, text = list(self.tokenizer(p)["input_ids"]), p
+                ids, text = Prompts(self.tokenizer).text_ids(p), p
             requests.append(Request(
                 id=i, model_info=self.model_name, in_text=text, in_tokens=ids, in_tokens_len=len(ids),
                 torch_input={"input_ids": np.asarray([ids], dtype=np.int64)},
@@ -220,13 +220,14 @@ class EngineHelper:
             print(f"### generation_config: {request.gen_cfg}")
         request.start_timestamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         start = time.time()
-        (status, handle, queue), reason = self.engine.call_with_reason(
-            "start_request_ids", self.model_name, None, request.in_tokens, dict(request.gen_cfg))
-        request.status = int(status)
-        if status != AsStatus.ALLSPARK_SUCCESS:
-            raise RuntimeError(f"request {request.id} refused: {status.name}: {reason}")
+        try:
+            handle, queue = self.engine.submit(self.model_name, request.in_tokens, dict(request.gen_cfg))
+        except Refused as e:
+            request.status = int(e.status)
+            raise RuntimeError(f"request {request.id} refused: {e.status.name}: {e}") from None
+        request.status = int(AsStatus.ALLSPARK_SUCCESS)
         request.handle, request.queue = handle, queue
-        output_ids, first_token_at = [], None
+        output, output_ids, texts, first_token_at = OutputProcessor(self.tokenizer), [], [], None
         try:
             while (elements := queue.Get()) is not None:  # None: ended and everything delivered
                 new_ids = elements.ids_from_generate
@@ -236,8 +237,14 @@ class EngineHelper:
                     first_token_at = time.time()
                     request.context_time = first_token_at - start
                 output_ids.extend(new_ids)
+                texts.append(output.push(elements).text)
                 request.out_tokens, request.out_tokens_len = output_ids, len(output_ids)
-                request.out_text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
+                request.out_text = "".join(texts)
+                if stream_mode:
+                    yield request.out_text
+            tail = output.finish(queue.RequestStatInfo()["finish_reason"]).text  # a character held back
+            if tail:
+                request.out_text = "".join(texts) + tail
                 if stream_mode:
                     yield request.out_text
             final = queue.GenerateStatus()

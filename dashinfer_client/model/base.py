@@ -95,7 +95,7 @@ class ModelHandle:
         from ..config import ASGenerationConfigBuilder
         self._need_config()
         defaults = dict(self.generation_config)
-        eos = defaults.get("eos_token_id") or self.config.eos_token_id
+        eos = self.eos_token_ids()
         defaults.pop("eos_token_id", None)
         if eos:  # one id stays an int (DashInfer reads several as eos + stop words)
             defaults["eos_token_id"] = eos[0] if len(eos) == 1 else list(eos)
@@ -104,6 +104,12 @@ class ModelHandle:
             built = runtimeConfig.build() if hasattr(runtimeConfig, "build") else runtimeConfig
             builder.update({"max_length": min(self.get_model_context_length(), built.engine_max_length)})
         return builder
+
+    def eos_token_ids(self) -> list:
+        """The ids that end an answer: generation_config.json's eos_token_id, else config.json's."""
+        self._need_config()
+        eos = self.generation_config.get("eos_token_id") or self.config.eos_token_id
+        return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def _default_engine_model_name(self):
         return self._serialized_location()[1]

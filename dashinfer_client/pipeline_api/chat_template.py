@@ -74,14 +74,15 @@ def check_messages(messages, where):
             raise ValueError(f"{where}: each message needs a role in {ROLES} and a str content, got {m!r}")
 
 
-def prompt_text(tokenizer, messages, config: ChatTemplateConfig):
-    """The prompt of a conversation, the assistant's turn opened."""
+def prompt_text(prompts, messages, config: ChatTemplateConfig):
+    """The prompt of a conversation, the assistant's turn opened (prompts: the front end's Prompts,
+    whose chat_text is the model's own template)."""
     system = config.system_prompt()
     if system is not None and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system}] + list(messages)
     markers = config.markers()
     if markers is None:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompts.chat_text(messages)
     parts = []
     for m in messages:
         begin, end = {"system": ("system", "eosys"), "user": ("user", "eoh"),

@@ -94,10 +94,10 @@ def _positive(name, value, lo, none_ok=False, hi=None):
                          f"{' or None' if none_ok else ''}, got {value!r}")
 
 
-def encode_words(tokenizer, words, ids):
-    """Token sequences of the strings `words` and of the single ids `ids`."""
-    out = [tokenizer.encode(w, add_special_tokens=False) for w in words or ()]
-    return [seq for seq in out if seq] + [[i] for i in ids or ()]
+def encode_words(prompts, words, ids):
+    """Token sequences of the strings `words` (prompts: the front end's Prompts) and of the single
+    ids `ids`."""
+    return prompts.word_ids(words) + [[i] for i in ids or ()]
 
 
 def request_options(gen: GenerationConfig, prompt_len: int, session_len: int, stop_words_ids,

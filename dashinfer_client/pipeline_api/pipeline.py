@@ -14,8 +14,10 @@ import queue as queue_module
 import threading
 
 from ..config import ASGenerationConfigBuilder
+from ..frontend import Prompts, start_engine
 from ..model_cache import resolve_model
-from ..types import AsStatus, TargetDevice
+from ..refusals import Refused
+from ..types import TargetDevice
 from .chat_template import BUILTIN, ChatTemplateConfig, check_messages, prompt_text
 from .engine_config import engine_settings
 from .generation import GenerationConfig, encode_words, request_options
@@ -85,17 +87,13 @@ class Pipeline:
         self.loader = DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
         self.session_len = s.session_len or min(DEFAULT_SESSION_LEN, self.loader.get_model_context_length())
-        self.eos_ids = self._eos_ids()
-        self._template_stops = encode_words(self.tokenizer, self.chat_template.template_stop_words(), ())
+        self.prompts = Prompts(self.tokenizer)
+        self.eos_ids = self.loader.eos_token_ids()
+        self._template_stops = encode_words(self.prompts, self.chat_template.template_stop_words(), ())
         self.engine = self._open_engine()
         self._lock = threading.Lock()
 
-    def _eos_ids(self):
-        eos = self.loader.create_reference_generation_config_builder().build()["eos_token_id"]
-        return list(eos) if isinstance(eos, list) else [eos]
-
     def _open_engine(self):
-        import dashinfer_client as allspark
         s = self.settings
         runtime = (self.loader.create_reference_runtime_config_builder(
                        MODEL_NAME, TargetDevice.CPU, [0], max_batch=s.max_batch_size)
@@ -103,15 +101,10 @@ class Pipeline:
                    .kv_cache_span_size(s.block_size).prefill_cache(s.enable_prefix_caching)
                    .max_prefill_length(s.max_prefill_token_num).thread_num(s.threads_per_rank or 0)
                    .kv_cache_memory_mb(_kv_budget_mb(s, self.loader, self.session_len)).build())
-        engine = allspark.Engine() if s.tp == 1 else allspark.ClientEngine(
-            nodes=s.tp, threads_per_rank=s.threads_per_rank)
-        for step, args in (("install_model", (runtime,)), ("start_model", (MODEL_NAME,))):
-            status, why = engine.call_with_reason(step, *args)
-            if status != AsStatus.ALLSPARK_SUCCESS:
-                if s.tp > 1:
-                    engine.close()
-                raise RuntimeError(f"pipeline: {step} failed ({AsStatus(status).name}): {why}")
-        return engine
+        try:
+            return start_engine(runtime, s.tp, s.threads_per_rank)
+        except Refused as e:
+            raise RuntimeError(f"pipeline: the engine refused the model ({e.status.name}): {e}") from None
 
     # ---- prompts -------------------------------------------------------------------------------
 
@@ -133,13 +126,12 @@ class Pipeline:
     def _input_ids(self, prompt, i, do_preprocess):
         if isinstance(prompt, str):
             if not do_preprocess:
-                return self.tokenizer.encode(prompt, add_special_tokens=True)
+                return self.prompts.text_ids(prompt)
             prompt = [{"role": "user", "content": prompt}]
         elif not do_preprocess:
             raise ValueError(f"prompts[{i}]: a conversation needs do_preprocess=True (the chat template)")
         check_messages(prompt, f"prompts[{i}]")
-        return self.tokenizer.encode(prompt_text(self.tokenizer, prompt, self.chat_template),
-                                     add_special_tokens=False)
+        return self.prompts.text_ids(prompt_text(self.prompts, prompt, self.chat_template), special=False)
 
     def _gen_configs(self, gen_config, n, deprecated):
         """One GenerationConfig per prompt (gen_config: None, one, or a list of n, as LMDeploy)."""
@@ -167,11 +159,11 @@ class Pipeline:
             ids = self._input_ids(prompt, i, do_preprocess)
             if not ids:
                 raise ValueError(f"prompts[{i}] is empty after tokenization")
-            stops = encode_words(self.tokenizer, gen.stop_words, gen.stop_token_ids) + self._template_stops
+            stops = encode_words(self.prompts, gen.stop_words, gen.stop_token_ids) + self._template_stops
             options = None
             if len(ids) < self.session_len:
                 options = request_options(gen, len(ids), self.session_len, stops,
-                                          encode_words(self.tokenizer, gen.bad_words, gen.bad_token_ids))
+                                          encode_words(self.prompts, gen.bad_words, gen.bad_token_ids))
                 ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
             terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
             plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens,
@@ -187,10 +179,10 @@ class Pipeline:
                     started.append(too_long(i, len(ids)))
                     continue
                 builder = ASGenerationConfigBuilder(eos_token_id=self.eos_ids).update(options)
-                status, handle, queue = self.engine.start_request_ids(MODEL_NAME, self.loader, ids, builder)
-                if status != AsStatus.ALLSPARK_SUCCESS:
-                    raise RuntimeError(f"pipeline: prompts[{i}] was refused ({AsStatus(status).name}): "
-                                       f"{self.engine.last_error}")
+                try:
+                    handle, queue = self.engine.submit(MODEL_NAME, ids, builder)
+                except Refused as e:
+                    raise RuntimeError(f"pipeline: prompts[{i}] was refused ({e.status.name}): {e}") from None
                 started.append((answer, handle, queue))
         except BaseException:
             self._end(started)
@@ -255,10 +247,9 @@ class Pipeline:
                     i, elements = arrivals.get()
                     answer, _, queue = answers[i]
                     if elements is None:
-                        yield answer.piece(queue.RequestStatInfo()["finish_reason"] or "interrupted")
+                        yield answer.end(queue.RequestStatInfo()["finish_reason"])
                         break
-                    answer.add(elements)
-                    piece = answer.piece()
+                    piece = answer.add(elements)
                     if piece is not None:
                         yield piece
         finally:

@@ -1,19 +1,15 @@
 """Response (LMDeploy's fields) and Answer, which turns one request's GeneratedElements into
-Responses: the whole answer for pipe(), pieces for stream_infer().
+Responses through the front end's output side: the whole answer for pipe(), pieces for
+stream_infer().
 
 As in LMDeploy, the tokens that ended a request (the eos, a stop word) are not part of the answer:
-neither its text nor its token_ids. Streaming holds back the newest tokens, as many as the longest
-of them, until the next tokens show they did not end it.
+neither its text nor its token_ids (the OutputProcessor's terminators). The finish reasons are
+the front end's: 'stop', 'length', 'abort' (stopped), 'error' (interrupted).
 """
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..detokenize import IncrementalDecoder
-from ..types import FinishReason
-
-# RequestStatInfo's finish_reason -> LMDeploy's.
-FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_WORDS: "stop", FinishReason.LENGTH: "length",
-          FinishReason.STOPPED: "abort", FinishReason.INTERRUPTED: "error"}
+from ..frontend import Delta, OutputProcessor
 
 
 @dataclass
@@ -49,58 +45,39 @@ def too_long(session_id, input_len) -> Response:
 
 
 class Answer:
-    """One request's output. terminators: the token sequences that may end it (eos ids, stop words);
-    with_logprobs: the request asked for logprobs."""
+    """One request's output through the front end's OutputProcessor. terminators: the token
+    sequences that may end it (eos ids, stop words): never part of the answer; with_logprobs: the
+    request asked for logprobs."""
 
     def __init__(self, session_id, input_len, tokenizer, skip_special_tokens, terminators, with_logprobs):
         self.session_id = session_id
         self.input_len = input_len
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.terminators = [list(t) for t in terminators]
-        self.hold = max((len(t) for t in self.terminators), default=0)
         self.with_logprobs = with_logprobs
-        self.ids, self.logprobs = [], []
-        self.sent = 0  # ids already handed out as pieces
-        self.decoder = None
+        self.output = OutputProcessor(tokenizer, terminators=terminators, skip_special_tokens=skip_special_tokens,
+                                      logprobs=with_logprobs)
+        self.deltas = []
 
-    def add(self, elements) -> None:
-        self.ids += elements.ids_from_generate
-        if self.with_logprobs:
-            for chosen, token_lp, top in zip(elements.ids_from_generate, elements.token_logprobs_list,
-                                             elements.log_probs_list):
-                self.logprobs.append({**dict(top or ()), chosen: token_lp})
+    def add(self, elements) -> Optional[Response]:
+        """Take in new tokens -> the piece they complete (None while all of them are held back)."""
+        delta = self.output.push(elements)
+        self.deltas.append(delta)
+        return self._response(delta, self.output.sent) if delta.token_ids else None
 
-    def _answer_len(self, reason):
-        """How many of the ids are the answer once the request ended for `reason`."""
-        n = len(self.ids)
-        if reason == FinishReason.EOS and n:
-            return n - 1
-        if reason == FinishReason.STOP_WORDS:
-            for t in sorted(self.terminators, key=len, reverse=True):
-                if len(t) <= n and self.ids[n - len(t):] == t:
-                    return n - len(t)
-        return n
+    def end(self, reason) -> Response:
+        """The last piece, once the request ended for `reason` (RequestStatInfo's finish_reason)."""
+        delta = self.output.finish(reason)
+        self.deltas.append(delta)
+        return self._response(delta, self.output.sent)
 
     def response(self, reason) -> Response:
         """The whole answer of a finished request."""
-        n = self._answer_len(reason)
-        ids = self.ids[:n]
-        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-        return Response(text, len(ids), self.input_len, self.session_id, FINISH.get(reason, "error"), ids,
-                        self.logprobs[:n] if self.with_logprobs else None)
+        self.end(reason)
+        whole = Delta("".join(d.text for d in self.deltas), token_ids=[i for d in self.deltas for i in d.token_ids],
+                      logprobs=[t for d in self.deltas for t in d.logprobs], finish_reason=self.deltas[-1].finish_reason)
+        return self._response(whole, len(whole.token_ids))
 
-    def piece(self, reason=None) -> Optional[Response]:
-        """The next piece: the ids not handed out yet (but the newest `hold` while it runs); None when
-        there is nothing to hand out. reason: the request has ended, for that reason."""
-        if self.decoder is None:
-            self.decoder = IncrementalDecoder(self.tokenizer, self.skip_special_tokens)
-        end = self._answer_len(reason) if reason else max(self.sent, len(self.ids) - self.hold)
-        ids = self.ids[self.sent:end]
-        if not ids and not reason:
-            return None
-        text = self.decoder.push(ids) + (self.decoder.finish() if reason else "")
-        logprobs = self.logprobs[self.sent:end] if self.with_logprobs else None
-        self.sent = end
-        return Response(text, end, self.input_len, self.session_id,
-                        FINISH.get(reason, "error") if reason else None, ids, logprobs)
+    def _response(self, delta, generated) -> Response:
+        logprobs = [{**dict(top or ()), chosen: lp} for chosen, lp, top in delta.logprobs] \
+            if self.with_logprobs else None
+        return Response(delta.text, generated, self.input_len, self.session_id, delta.finish_reason,
+                        delta.token_ids, logprobs)

@@ -105,23 +105,26 @@ class _EngineChat:
         self.served, self.options = served, options
 
     def __call__(self, messages) -> str:
-        from dashinfer_client.detokenize import IncrementalDecoder
         from dashinfer_client.types import GenerateRequestStatus
         from dashinfer_server.http.errors import ApiError
+        from dashinfer_server.http.generate import output_processor
         from dashinfer_server.http.protocol import parse_chat
         served = self.served
         try:
-            handle, queue = served.start(parse_chat(dict(self.options, model=served.name, messages=messages), served))
+            job = parse_chat(dict(self.options, model=served.name, messages=messages), served)
+            handle, queue = served.start(job)
         except ApiError as e:
             raise CliError(e.message) from None
-        decoder, text = IncrementalDecoder(served.tokenizer), []
+        output, text = output_processor(served, job), []
+
+        def show(delta):  # the reasoning is shown, but only the answer goes back in the history
+            text.append(delta.text)
+            sys.stdout.write(delta.reasoning + delta.text)
+            sys.stdout.flush()
         try:
             while (elements := queue.Get()) is not None:
-                text.append(decoder.push(elements.ids_from_generate))
-                sys.stdout.write(text[-1])
-                sys.stdout.flush()
-            text.append(decoder.finish())
-            sys.stdout.write(text[-1])
+                show(output.push(elements))
+            show(output.finish(queue.RequestStatInfo()["finish_reason"]))
         finally:
             served.finish(handle, queue)
         print(flush=True)

@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 
+from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
 from dashinfer_server.http.admission import MAX_WAITING, Admission, env_number
 
 from .common import (CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, first_paragraph,
@@ -43,6 +44,11 @@ def add_parser(sub) -> None:
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take when its body names no 'timeout'; it then ends with "
                         "finish_reason 'timeout' (default $DASHINFER_REQUEST_TIMEOUT, else 0: no deadline)")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the tool-call format of the answers (default: the one the chat template speaks, "
+                        "else 'json' with the tools described in the prompt)")
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS) + ["none"],
+                   help="split reasoning out of the answers (default: when the chat template uses <think>)")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds running requests get to finish at shutdown")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -66,7 +72,8 @@ def run(args) -> int:
     try:
         served = ServedModel(model_dir, prefix, name, tp=args.tp, threads=args.threads,
                              max_batch=args.max_batch, max_length=args.max_model_len,
-                             kv_cache_mode=KV_CACHE_MODES[args.kv_cache])
+                             kv_cache_mode=KV_CACHE_MODES[args.kv_cache], tool_parser=args.tool_call_parser,
+                             reasoning_parser=args.reasoning_parser)
     except (ValueError, ModelSerializerException) as e:  # a runtime option the config refuses, bad files
         raise CliError(str(e), CONFIG_ERROR) from None
     sock = _listen(args.host, args.port)

@@ -14,8 +14,9 @@ import json
 import math
 import os
 
+from dashinfer_client.frontend import Delta
+
 from .errors import ApiError, bad_request
-from .generate import Piece
 
 MAX_WAITING = 128     # requests queued beyond the batch before new ones get 429
 RETRY_AFTER_S = 1     # what a refused client is told to wait
@@ -52,7 +53,7 @@ class Admission:
         return max(0, self.held - self.max_batch)
 
     def admit(self, body: dict, pieces):
-        """pieces (a request's output, an async iterator of Piece) counted among the held requests
+        """pieces (a request's output, an async iterator of Delta) counted among the held requests
         and cut at the request's deadline; ApiError 429 when the server holds all it may, 400 when
         `timeout` is not a positive number. Its place is held until the output ends or is closed."""
         timeout = self._timeout(body)
@@ -69,16 +70,17 @@ class Admission:
                            "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    def refuse_early(self, app, paths):
+    def refuse_early(self, app, paths, error_body=lambda path, e: e.body()):
         """ASGI middleware over `app`: a POST to one of `paths` that finds the server full is answered
         429 before the framework parses anything of it, so a burst of refusals costs the event loop
-        (which also answers /health) as little as it can."""
+        (which also answers /health) as little as it can. error_body(path, ApiError): the route's
+        API's shape of the error."""
         async def gate(scope, receive, send):
             if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in paths:
                 try:
                     self.check()
                 except ApiError as e:
-                    body = json.dumps(e.body()).encode()
+                    body = json.dumps(error_body(scope["path"], e)).encode()
                     await send({"type": "http.response.start", "status": e.http_status, "headers": [
                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                         *((k.lower().encode(), v.encode()) for k, v in e.headers.items())]})
@@ -121,7 +123,7 @@ class _Held:
         except asyncio.TimeoutError:
             self.gate.timed_out += 1
             await self.aclose()
-            return Piece("", finish_reason=TIMEOUT_REASON)
+            return Delta(finish_reason=TIMEOUT_REASON)
         except BaseException:  # the end, an error, or a cancelled consumer
             await self.aclose()
             raise

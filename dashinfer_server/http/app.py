@@ -1,14 +1,19 @@
-"""The OpenAI-compatible HTTP API over one served model (FastAPI; run by uvicorn, see serve.py).
+"""The OpenAI- and Anthropic-compatible HTTP API over one served model (FastAPI; run by uvicorn,
+see serve.py).
 
-    POST /v1/chat/completions, POST /v1/completions   (stream: Server-Sent Events)
+    POST /v1/chat/completions, POST /v1/completions   OpenAI's (stream: Server-Sent Events)
+    POST /v1/messages, POST /v1/messages/count_tokens Anthropic's Messages API (anthropic.py)
     GET  /v1/models, /health (200 serving, 503 not), /metrics (Prometheus text)
     POST /tokenize, /detokenize                        (vLLM's shapes: tokenize.py)
 
-With an API key every /v1 route and /tokenize, /detokenize want `Authorization: Bearer <key>`.
-Errors are OpenAI's {"error": {message, type, param, code}} with the HTTP status of
-errors.STATUS_TO_HTTP. Every choice of a generating request passes the admission gate
-(admission.py: 429 beyond the queue's bound, deadlines). /health and /metrics run on threads of
-their own, so a queue of engine calls never delays them.
+With an API key every /v1 route and /tokenize, /detokenize want `Authorization: Bearer <key>` or
+`x-api-key: <key>`. Errors are in the shape of the route's API (OpenAI's {"error": {message, type,
+param, code}}, Anthropic's {"type": "error", "error": {type, message}}) with the HTTP status of
+errors.STATUS_TO_HTTP. Both APIs run on the same front end: parsed Jobs, one per choice, each
+through generate() and the admission gate (admission.py: 429 beyond the queue's bound, deadlines)
+in a Choices, and an answer object that shapes the Deltas (responses.Answer,
+anthropic.MessageAnswer). /health and /metrics run on threads of their own, so a queue of engine
+calls never delays them.
 """
 import asyncio
 import contextlib
@@ -21,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from . import anthropic
 from .admission import Admission
 from .choices import Choices
 from .errors import ApiError, bad_request
@@ -29,7 +35,7 @@ from .protocol import chat_choices, check_model, completion_choices
 from .responses import Answer
 from .tokenize import tokenize_routes
 
-GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions")  # what the admission gate bounds
+GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")  # what the admission gate bounds
 
 
 def create_app(served, api_key=None, admission=None) -> FastAPI:
@@ -49,22 +55,23 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.http_status, headers=e.headers)
+        return error_answer(request, e)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
-        return JSONResponse(ApiError(e.status_code, str(e.detail), "invalid_request_error").body(),
-                            status_code=e.status_code)
+        return error_answer(request, ApiError(e.status_code, str(e.detail), "invalid_request_error"))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e):
-        return JSONResponse(bad_request(str(e)).body(), status_code=400)
+        return error_answer(request, bad_request(str(e)))
 
     async def check_key(request: Request):
         if api_key:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)",
+            bearer = request.headers.get("authorization", "")
+            key = request.headers.get("x-api-key")
+            if not (hmac.compare_digest(bearer.encode(), f"Bearer {api_key}".encode()) or
+                    (key is not None and hmac.compare_digest(key.encode(), api_key.encode()))):
+                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key> or x-api-key: <key>)",
                                "authentication_error", code="invalid_api_key")
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
@@ -86,30 +93,42 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
                                             "owned_by": "dashinfer", "max_model_len": served.max_length,
                                             "sampling_defaults": served.sampling_defaults}]}
 
-    async def complete(request: Request, parse):
+    async def parsed(request: Request, parse):
         body = await _json(request)
         check_model(body, served)
-        jobs = parse(body, served)
-        answer = Answer(jobs[0], lambda i: served.tokenizer.decode([i]))
-        choices = Choices(served, jobs, metrics, answer.id, lambda pieces: admission.admit(body, pieces))
+        return body, parse(body, served)
+
+    async def complete(request: Request, parse, answer_of):
+        body, jobs = await parsed(request, parse)
+        answer = answer_of(jobs[0], served)
+        choices = Choices(served, jobs, metrics, answer.id, lambda deltas: admission.admit(body, deltas))
         if answer.job.stream:
             firsts = await choices.first_pieces()  # a refusal is still an HTTP error, not a stream
-            return StreamingResponse(choices.events(answer, firsts), media_type="text/event-stream",
+            return StreamingResponse(answer.events(choices, firsts), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         collected = await _unless_disconnected(request, choices.whole())
         return answer.whole(collected, choices.usage()) if collected is not None else Response(status_code=499)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
-        return await complete(request, chat_choices)
+        return await complete(request, chat_choices, Answer)
 
     @v1.post("/completions")
     async def completions(request: Request):
-        return await complete(request, completion_choices)
+        return await complete(request, completion_choices, Answer)
+
+    @v1.post("/messages")
+    async def messages(request: Request):
+        return await complete(request, anthropic.parse_messages, anthropic.MessageAnswer)
+
+    @v1.post("/messages/count_tokens")
+    async def count_tokens(request: Request):
+        _, job = await parsed(request, anthropic.parse_count_tokens)
+        return {"input_tokens": len(job.prompt_ids)}
 
     app.include_router(v1)
     app.include_router(tokenize_routes(served, _json, check_key))
-    app.add_middleware(lambda inner: admission.refuse_early(inner, GENERATING_ROUTES))
+    app.add_middleware(lambda inner: admission.refuse_early(inner, GENERATING_ROUTES, _error_body))
     return app
 
 
@@ -138,3 +157,12 @@ async def _unless_disconnected(request, work):
         task.cancel()
         return None
     return task.result()
+
+
+def error_answer(request, e: ApiError) -> JSONResponse:
+    return JSONResponse(_error_body(request.url.path, e), status_code=e.http_status, headers=e.headers)
+
+
+def _error_body(path, e: ApiError) -> dict:
+    """The error in the shape of the route's API."""
+    return anthropic.error_body(e) if anthropic.is_route(path) else e.body()

@@ -1,25 +1,26 @@
 """The choices of one OpenAI request (n > 1, a batch of prompts, or just one): each runs as its
 own engine request, started together (the engine's prefix cache lets the choices of one prompt
 share its KV blocks), and their pieces are gathered into one answer: whole, or one SSE stream
-whose chunks carry each choice's index as its pieces come."""
+whose chunks carry each choice's index as its Deltas come. The Messages API (anthropic.py) runs
+its one choice through here too, so that every generating request passes the admission gate."""
 import asyncio
 import json
 
-from dashinfer_client.detokenize import IncrementalDecoder
+from dashinfer_client.frontend import Delta
 
 from .errors import ApiError
-from .generate import Piece, Usage, generate
+from .generate import Usage, generate
 from .responses import DONE
 
 
 class Choices:
-    """jobs: the Jobs of protocol.parse_*, in index order; answer_id names them in the log; admit
-    wraps each choice's output (the admission gate: its place among the held requests, its deadline)."""
+    """jobs: the Jobs of protocol.*_choices (or anthropic.parse_messages), in index order; answer_id
+    names them in the log; admit wraps each choice's output (the admission gate: its place among the held requests, its deadline)."""
 
     def __init__(self, served, jobs, metrics, answer_id, admit=lambda pieces: pieces):
         self.jobs = jobs
         self.usages = [Usage() for _ in jobs]
-        self.streams = [admit(generate(served, job, metrics, usage, IncrementalDecoder(served.tokenizer),
+        self.streams = [admit(generate(served, job, metrics, usage,
                                        answer_id if len(jobs) == 1 else f"{answer_id}/{job.index}"))
                         for job, usage in zip(jobs, self.usages)]
 
@@ -29,7 +30,7 @@ class Choices:
         return Usage(sum(prompts.values()), sum(u.completion_tokens for u in self.usages))
 
     async def whole(self) -> list:
-        """(Job, its pieces) of every choice; ApiError when the engine refuses one or one is
+        """(Job, its Deltas) of every choice; ApiError when the engine refuses one or one is
         interrupted (the others are stopped and released)."""
         firsts = await self.first_pieces()
         rests = await _all(_collect(s) for s in self.streams)
@@ -37,7 +38,7 @@ class Choices:
                 for job, first, rest in zip(self.jobs, firsts, rests)]
 
     async def first_pieces(self) -> list:
-        """The first piece of every choice (None: an empty answer), so that a refusal is still an
+        """The first Delta of every choice (None: an empty answer), so that a refusal is still an
         HTTP error rather than a stream. Each start runs to its end (a start cancelled in its
         thread would leave a request nobody releases); then, if one was refused, all are closed."""
         firsts = await asyncio.gather(*(_first(s) for s in self.streams), return_exceptions=True)
@@ -48,16 +49,16 @@ class Choices:
         return firsts
 
     async def events(self, answer, firsts):
-        """The SSE stream: each choice's role (chat) or echo (text), then the pieces of all choices
+        """OpenAI's SSE stream: each choice's role (chat) or echo (text), then the pieces of all choices
         as they come, the usage if asked, [DONE]."""
         queue = asyncio.Queue()
         pumps = []
         try:
             for job, first in zip(self.jobs, firsts):
                 if answer.job.kind == "chat":
-                    yield answer.chunk(Piece(""), first=True, index=job.index)
+                    yield answer.chunk(first=True, index=job.index)
                 if job.echo:
-                    yield answer.chunk(Piece(job.echo), index=job.index)
+                    yield answer.chunk(Delta(text=job.echo), index=job.index)
                 if first is not None:
                     yield answer.chunk(first, index=job.index)
             pumps = [asyncio.ensure_future(_pump(s, job.index, queue)) for job, s in zip(self.jobs, self.streams)]

@@ -36,11 +36,10 @@ def bad_request(message: str, param=None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def refused(status, reason: str) -> ApiError:
-    """The engine refused a call with `status` and said why."""
-    status = AsStatus(status)
-    http_status, err_type = STATUS_TO_HTTP.get(status, _INTERNAL)
-    return ApiError(http_status, reason or status.name, err_type, code=status.name)
+def refused(e) -> ApiError:
+    """The engine refused a request (e: a Refused, its status and reason)."""
+    http_status, err_type = STATUS_TO_HTTP.get(e.status, _INTERNAL)
+    return ApiError(http_status, str(e) or e.status.name, err_type, code=e.status.name)
 
 
 def unavailable(message: str) -> ApiError:

@@ -9,7 +9,10 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 
+from dashinfer_client.frontend import PromptError
+
 from .errors import ApiError, bad_request
+from .openai_tools import ToolSettings, chat_messages, name_tool_results, tool_settings
 
 # OpenAI name -> the engine's (ASGenerationConfigBuilder) name, passed through unchanged.
 # response_format: OpenAI's forms ("text", "json_object", "json_schema") are the engine's own
@@ -19,8 +22,7 @@ _SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k
                  "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
                  "logit_bias": "logit_bias", "response_format": "response_format"}
 # OpenAI options with no counterpart here: accepted only when absent or neutral.
-_UNSUPPORTED = {"tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
-                "suffix": None, "best_of": 1, "parallel_tool_calls": None}
+_UNSUPPORTED = {"functions": None, "function_call": "none", "suffix": None, "best_of": 1}
 # What a request that leaves sampling out gets: OpenAI's neutral values (DashInfer's own top_k is
 # 50), under the model's generation_config.json where it names these keys, as vLLM does.
 _OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -49,6 +51,8 @@ class Job:
     index: int = 0            # the choice's index in the answer
     prompt_index: int = 0     # which prompt of a batch (usage counts each prompt once)
     echo: str = ""            # text put before the answer (/v1/completions' echo)
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    prompt_text: str = ""     # a chat prompt's text (its end may open the reasoning)
 
 
 def check_model(body: dict, served) -> None:
@@ -66,10 +70,24 @@ def chat_choices(body: dict, served) -> list:
     return _choices([parse_chat(body, served)], n)
 
 
+def chat_prompt(body: dict, served):
+    """The conversation of a chat body through the model's chat template, its tools described as
+    the template wants them -> (prompt text, ToolSettings). /tokenize reads it the same way."""
+    messages = name_tool_results(chat_messages(body.get("messages")))
+    tools = tool_settings(body)
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    try:
+        return served.prompts.chat_text(messages, tools.functions, template_kwargs), tools
+    except PromptError as e:
+        raise bad_request(str(e), "messages") from None
+
+
 def parse_chat(body: dict, served) -> Job:
     """A chat request as one Job (its first choice)."""
-    messages = body.get("messages")
-    ids = served.chat_prompt_ids(parse_messages(messages))
+    text, tools = chat_prompt(body, served)
+    ids = served.prompts.text_ids(text, special=False)
     logprobs = _count(body, "top_logprobs", 0) if flag(body, "logprobs") else None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     job = _job("chat", body, served, ids, max_tokens, logprobs)
@@ -77,6 +95,12 @@ def parse_chat(body: dict, served) -> Job:
         job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
     if body.get("echo") not in (None, False):
         raise bad_request("'echo' is an option of /v1/completions", "echo")
+    job.tools, job.prompt_text = tools, text
+    if tools.forced:  # required or a named function: the output is only calls, by grammar
+        if body.get("response_format") not in (None, {"type": "text"}):
+            raise bad_request("'response_format' and a forced 'tool_choice' cannot go together", "response_format")
+        grammar = served.prompts.tool_format.grammar(tools.functions, tools.parallel)
+        job.generation["response_format"] = {"type": "grammar", "grammar": grammar}
     return job
 
 
@@ -93,7 +117,7 @@ def completion_choices(body: dict, served) -> list:
                           "of prompt tokens", "echo")
     jobs = []
     for i, prompt in enumerate(prompts):
-        ids = served.text_prompt_ids(prompt) if isinstance(prompt, str) else prompt  # ids: the engine checks them
+        ids = served.prompts.text_ids(prompt) if isinstance(prompt, str) else prompt  # ids: the engine checks them
         job = _job("text", body, served, ids, body.get("max_tokens"), logprobs)
         job.prompt_index = i
         if echo:
@@ -165,37 +189,12 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
         generation.update(logprobs=True, top_logprobs=logprobs)
     stop = _stop(body.get("stop"))
     if stop:
-        generation["stop_words_ids"] = [served.text_ids(s) for s in stop]
+        generation["stop_words_ids"] = served.prompts.word_ids(stop)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     return Job(kind, model, list(ids), generation, max_tokens, stop, flag(body, "stream"),
                bool(options.get("include_usage")), logprobs)
-
-
-def parse_messages(messages) -> list:
-    """OpenAI's messages -> [{role, content}] for the chat template."""
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
-    return [_message(i, m) for i, m in enumerate(messages)]
-
-
-def _message(i, m) -> dict:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise bad_request(f"messages[{i}] must be an object with a 'role' string", "messages")
-    content = m.get("content")
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
-            texts.append(part["text"])
-        content = "".join(texts)
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    return {"role": m["role"], "content": content}
 
 
 def _stop(stop) -> list:

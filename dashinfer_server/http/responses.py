@@ -5,55 +5,84 @@ import json
 import time
 import uuid
 
+from dashinfer_client.frontend import Delta
+
+from .openai_tools import calls_json
+
 
 class Answer:
     """The bodies of one request's answer, sharing its id and creation time (job: any of its
     choices' Jobs, which agree on all it reads)."""
 
-    def __init__(self, job, token_text):
-        self.job, self.token_text = job, token_text
+    def __init__(self, job, served):
+        self.job = job
+        self.token_text = lambda i: served.tokenizer.decode([i])
         chat = job.kind == "chat"
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.offsets = {}  # choice index -> characters of text so far (text completions' text_offset)
+        self.calls = {}  # choice index -> tool calls streamed so far (each delta's index)
 
     def _head(self, obj) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
 
     def whole(self, answers, usage) -> dict:
-        """answers: (Job, its pieces) of each choice, in index order."""
-        return dict(self._head(self.object), choices=[self._choice(job, pieces) for job, pieces in answers],
+        """answers: (Job, its Deltas) of each choice, in index order (Choices.whole)."""
+        return dict(self._head(self.object), choices=[self._choice(job, deltas) for job, deltas in answers],
                     usage=usage.to_dict())
 
-    def _choice(self, job, pieces) -> dict:
-        text = job.echo + "".join(p.text for p in pieces)
-        tokens = [t for p in pieces for t in p.tokens]
+    def _choice(self, job, deltas) -> dict:
+        text = job.echo + "".join(d.text for d in deltas)
+        tokens = [t for d in deltas for t in d.logprobs]
         choice = {"index": job.index, "logprobs": self.logprobs(tokens, job.index),
-                  "finish_reason": pieces[-1].finish_reason}
+                  "finish_reason": deltas[-1].finish_reason}
         if self.job.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            calls = [c for d in deltas for c in d.tool_calls]
+            reasoning = "".join(d.reasoning for d in deltas)
+            message = {"role": "assistant", "content": text if text or not calls else None}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = calls_json(calls)
+            choice["message"] = message
         else:
             choice["text"] = text
         return choice
 
-    def chunk(self, piece=None, first=False, usage=None, index=0) -> str:
-        """One SSE event: a piece of the answer (the first announces the role), or the usage."""
+    def chunk(self, delta=None, first=False, usage=None, index=0) -> str:
+        """One SSE event: a Delta of choice `index` (the first announces the role), or the usage."""
         body = self._head(self.object + ".chunk" if self.job.kind == "chat" else self.object)
         if usage is not None:
             body.update(choices=[], usage=usage.to_dict())
             return sse(body)
-        choice = {"index": index, "logprobs": self.logprobs(piece.tokens, index) if piece.tokens else None,
-                  "finish_reason": piece.finish_reason}
+        delta = delta or Delta()
+        choice = {"index": index, "logprobs": self.logprobs(delta.logprobs, index) if delta.logprobs else None,
+                  "finish_reason": delta.finish_reason}
         if self.job.kind == "chat":
-            choice["delta"] = {"role": "assistant", "content": piece.text} if first else \
-                ({"content": piece.text} if piece.text or not piece.finish_reason else {})
+            choice["delta"] = {"role": "assistant", "content": ""} if first else self._chat_delta(delta, index)
         else:
-            choice["text"] = piece.text
+            choice["text"] = delta.text
         body["choices"] = [choice]
         if self.job.include_usage:
             body["usage"] = None
         return sse(body)
+
+    def events(self, choices, firsts):
+        """The SSE stream of the choices (Choices.events: their deltas as they come, by index)."""
+        return choices.events(self, firsts)
+
+    def _chat_delta(self, delta, index) -> dict:
+        out = {}
+        if delta.text or not (delta.finish_reason or delta.reasoning or delta.tool_calls):
+            out["content"] = delta.text
+        if delta.reasoning:
+            out["reasoning_content"] = delta.reasoning
+        if delta.tool_calls:  # each call whole: its id and name, then its arguments
+            calls = self.calls.get(index, 0)
+            out["tool_calls"] = [dict(c, index=calls + k) for k, c in enumerate(calls_json(delta.tool_calls))]
+            self.calls[index] = calls + len(delta.tool_calls)
+        return out
 
     def logprobs(self, tokens, index=0):
         if self.job.logprobs is None:

@@ -7,13 +7,13 @@ import logging
 import threading
 import time
 
-from dashinfer_client.types import AsStatus
+from dashinfer_client.frontend import Prompts, start_engine
+from dashinfer_client.refusals import Refused
 
 from .errors import refused, unavailable
 from .protocol import sampling_defaults
 
 log = logging.getLogger("dashinfer_server.http")
-SUCCESS = AsStatus.ALLSPARK_SUCCESS
 PROBE_TIMEOUT_S = 0.4  # /health and /metrics answer within a second: two probes fit in it
 
 
@@ -21,10 +21,13 @@ class ServedModel:
     """name: the model's name in the API; tp: tensor-parallel ranks (1: in-process Engine)."""
 
     def __init__(self, model_dir, prefix, name, tp=1, threads=0, max_batch=32, max_length=None,
-                 kv_cache_mode="AsCacheDefault", engine_env=None):
+                 kv_cache_mode="AsCacheDefault", engine_env=None, tool_parser=None, reasoning_parser=None):
+        """tool_parser / reasoning_parser: a parser's name (frontend/parsers) instead of the one the
+        chat template speaks; ValueError for an unknown one."""
         from dashinfer_client.model.serialized import DashInferModel
         self.loader = DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
+        self.prompts = Prompts(self.tokenizer, tool_parser, reasoning_parser)
         self.name, self.tp, self.threads, self.engine_env = name, tp, threads, engine_env
         # Longer than the context is refused by install_model, with its message.
         self.max_length = max_length or min(self.loader.get_model_context_length(), 2048)
@@ -65,24 +68,15 @@ class ServedModel:
 
     def load(self) -> None:
         """Start the engine and the model; raises ValueError when the engine refuses the model or its
-        limits, RuntimeError when the rank group cannot start."""
-        import dashinfer_client as allspark
+        limits, RuntimeError (EngineStartError) when the rank group cannot start."""
         started = time.monotonic()
-        if self.tp == 1:
-            self.engine = allspark.Engine()
-        else:
-            from dashinfer_client.client_engine import Unavailable
-            try:
-                self.engine = allspark.ClientEngine(nodes=self.tp, threads_per_rank=self.threads or None,
-                                                    env=self.engine_env)
-            except Unavailable as e:
-                raise RuntimeError(str(e)) from None
+        try:
+            self.engine = start_engine(self.runtime, self.tp, self.threads, self.engine_env)
+        except Refused as e:  # the engine refuses this configuration
+            raise ValueError(str(e)) from None
+        if self.tp > 1:
             self._probe = _GroupProbe(self.engine.address)
             self._instance = self._probe.instance()
-        for call, arg in (("install_model", self.runtime), ("start_model", self.name)):
-            status, why = self.engine.call_with_reason(call, arg)
-            if status != SUCCESS:  # the engine refuses this configuration
-                raise ValueError(f"{why or AsStatus(status).name}")
         self.state, self.why = "serving", ""
         log.info("model %r serving: %d rank(s), max_length %d, max_batch %d, loaded in %.1f s",
                  self.name, self.tp, self.max_length, self.runtime.max_batch, time.monotonic() - started)
@@ -100,35 +94,16 @@ class ServedModel:
         if self._probe is not None:
             self._probe.close()
 
-    # ---- prompts --------------------------------------------------------------------------------
-
-    def chat_prompt_ids(self, messages) -> list:
-        """The conversation through the model's own chat template, the assistant's turn opened."""
-        from .errors import bad_request
-        try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # a template that refuses the conversation (roles out of order...)
-            raise bad_request(f"the model's chat template refused the messages: {e}", "messages") from None
-        return self.text_ids(text)
-
-    def text_prompt_ids(self, text) -> list:
-        return self.tokenizer(text)["input_ids"]  # with the model's special tokens (BOS), as the engine does
-
-    def text_ids(self, text) -> list:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
     # ---- requests -------------------------------------------------------------------------------
 
     def start(self, job):
         """-> (handle, queue); ApiError when the engine refuses."""
         if self.state != "serving":
             raise unavailable(self.why)
-        generation = dict(self.defaults, **job.generation)
-        (status, handle, queue), why = self.engine.call_with_reason(
-            "start_request_ids", self.name, None, job.prompt_ids, generation)
-        if status != SUCCESS:
-            raise refused(status, _strip_call(why))
-        return handle, queue
+        try:
+            return self.engine.submit(self.name, job.prompt_ids, dict(self.defaults, **job.generation))
+        except Refused as e:
+            raise refused(e) from None
 
     def finish(self, handle, queue, request_id="") -> None:
         """Stop the request if it still runs, free everything it holds, log one line about it."""
@@ -230,8 +205,3 @@ class _GroupProbe:
     def close(self) -> None:
         self.channel.close()
 
-
-def _strip_call(why: str) -> str:
-    """'start_request: <reason>' -> '<reason>': the client did not call start_request."""
-    head, sep, rest = why.partition(": ")
-    return rest if sep and head in ("start_request", "start_request_ids") else why

@@ -14,7 +14,7 @@ import asyncio
 from fastapi import APIRouter, Depends, Request
 
 from .errors import bad_request
-from .protocol import check_model, flag, parse_messages
+from .protocol import chat_prompt, check_model, flag
 
 
 def tokenize_routes(served, read_json, check_key) -> APIRouter:
@@ -50,11 +50,11 @@ def _tokens(served, body) -> list:
         if body.get("add_generation_prompt", True) is not True:
             raise bad_request("'add_generation_prompt': only true is supported (the assistant's turn "
                               "opened, as /v1/chat/completions prompts)", "add_generation_prompt")
-        return served.chat_prompt_ids(parse_messages(body["messages"]))
+        return served.prompts.text_ids(chat_prompt(body, served)[0], special=False)
     prompt = body["prompt"]
     if not isinstance(prompt, str):
         raise bad_request("'prompt' must be a string", "prompt")
     special = body.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise bad_request("'add_special_tokens' must be true or false", "add_special_tokens")
-    return served.text_prompt_ids(prompt) if special else served.text_ids(prompt)
+    return served.prompts.text_ids(prompt, special)

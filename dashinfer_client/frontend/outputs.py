@@ -1,0 +1,136 @@
+"""The output side of every front door: one request's GeneratedElements in, Deltas out.
+
+    tokens -> (terminators held back) -> text on whole characters -> stop strings cut
+           -> reasoning parser -> tool-call parser -> Delta(text, reasoning, tool_calls, ...)
+
+Used by the HTTP server (OpenAI and Anthropic), the pipeline, `dashinfer chat` and EngineHelper.
+Terminators are token sequences that end the answer without being part of it (the pipeline's eos
+and stop words, as LMDeploy answers): while the request runs the newest tokens, as many as the
+longest terminator, are held back until the next ones show they did not end it. Stop strings
+are texts cut from the answer with everything after them (OpenAI's `stop`).
+"""
+from dataclasses import dataclass, field
+
+from ..detokenize import IncrementalDecoder
+from ..types import FinishReason
+
+# The engine's finish reason (RequestStatInfo) -> the answer's; a front door words these its way.
+FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_WORDS: "stop", FinishReason.LENGTH: "length",
+          FinishReason.STOPPED: "abort", FinishReason.INTERRUPTED: "error"}
+
+
+@dataclass
+class Delta:
+    """What one step of the answer adds. logprobs: (id, logprob, [(id, logprob), ...]) per token
+    of token_ids, when asked. finish_reason: set on the last Delta only ('stop', 'length',
+    'tool_calls', 'abort' or 'error'); stop_string: there, the stop string that ended the answer."""
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)
+    token_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str = None
+    stop_string: str = None
+
+    def __bool__(self):
+        return bool(self.text or self.reasoning or self.tool_calls or self.token_ids or self.finish_reason)
+
+
+class StopText:
+    """Cuts the text at the first stop string; holds back an ending that may begin one."""
+
+    def __init__(self, stops):
+        self.stops, self.held, self.hit = list(stops), "", False
+        self.matched = None  # the stop string met
+
+    def push(self, piece: str) -> str:
+        if self.hit:
+            return ""
+        text = self.held + piece
+        found = [(i, s) for s in self.stops for i in (text.find(s),) if i >= 0]
+        if found:
+            cut, self.matched = min(found)
+            self.held, self.hit = "", True
+            return text[:cut]
+        keep = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+class OutputProcessor:
+    """One request's answer. stop: stop strings; terminators: token sequences (lists of ids);
+    logprobs: keep each token's logprobs; reasoning / tools: parser instances (parsers/) or None."""
+
+    def __init__(self, tokenizer, stop=(), terminators=(), skip_special_tokens=True, logprobs=False,
+                 reasoning=None, tools=None):
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
+        self.stop = StopText(stop)
+        self.terminators = [list(t) for t in terminators]
+        self.hold = max((len(t) for t in self.terminators), default=0)
+        self.with_logprobs = logprobs
+        self.reasoning, self.tools = reasoning, tools
+        self.ids, self.logprobs = [], []
+        self.sent = 0  # ids handed out
+        self.called = False  # a tool call was handed out
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string ended the answer: nothing after it is handed out."""
+        return self.stop.hit
+
+    def push(self, elements) -> Delta:
+        """The Delta of newly generated tokens (a GeneratedElements)."""
+        new = elements.ids_from_generate
+        self.ids += new
+        if self.with_logprobs:
+            self.logprobs += zip(new, elements.token_logprobs_list, elements.log_probs_list)
+        return self._release(max(self.sent, len(self.ids) - self.hold))
+
+    def finish(self, engine_reason) -> Delta:
+        """The last Delta, once the request ended for engine_reason (a FinishReason; None or ''
+        when the engine interrupted it)."""
+        delta = self._release(self._answer_len(engine_reason))
+        tail = self.stop.push(self.decoder.finish()) + self.stop.flush()
+        rest = self._parse(tail, final=True)
+        delta.text += rest.text
+        delta.reasoning += rest.reasoning
+        delta.tool_calls += rest.tool_calls
+        reason = "stop" if self.stop.hit else FINISH.get(engine_reason or FinishReason.INTERRUPTED, "error")
+        delta.finish_reason = "tool_calls" if self.called and reason == "stop" else reason
+        delta.stop_string = self.stop.matched
+        return delta
+
+    def _answer_len(self, engine_reason) -> int:
+        """How many ids are the answer: without the terminator that ended it."""
+        n = len(self.ids)
+        if engine_reason in (FinishReason.EOS, FinishReason.STOP_WORDS):
+            for t in sorted(self.terminators, key=len, reverse=True):
+                if len(t) <= n and self.ids[n - len(t):] == t:
+                    return n - len(t)
+        return n
+
+    def _release(self, end) -> Delta:
+        ids, logprobs = self.ids[self.sent:end], self.logprobs[self.sent:end]
+        self.sent = max(self.sent, end)
+        delta = self._parse(self.stop.push(self.decoder.push(ids)) if ids else "", final=False)
+        delta.token_ids, delta.logprobs = ids, logprobs
+        return delta
+
+    def _parse(self, text, final) -> Delta:
+        reasoning, calls = "", []
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.feed(text)
+            if final:
+                more_reasoning, more_text = self.reasoning.finish()
+                reasoning, text = reasoning + more_reasoning, text + more_text
+        if self.tools is not None:
+            text, calls = self.tools.feed(text)
+            if final:
+                more_text, more_calls = self.tools.finish()
+                text, calls = text + more_text, calls + more_calls
+        self.called = self.called or bool(calls)
+        return Delta(text, reasoning, calls)

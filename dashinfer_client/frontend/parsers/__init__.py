@@ -1,0 +1,40 @@
+"""Tool-call and reasoning parsers, one small registered class per model format, and the choice
+of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --reasoning-parser`).
+
+    hermes        <tool_call>{...}</tool_call>              Qwen2.5, Qwen3, Hermes
+    llama3_json   {"name", "parameters"}                    Llama 3.1+
+    mistral       [TOOL_CALLS][{...}]                       Mistral
+    json          {"name", "arguments"} (tools in the prompt)  templates that know no tools
+    think         <think>...</think>                        reasoning of Qwen3, DeepSeek-R1 distills
+"""
+from . import generic_json, hermes, llama3, mistral, think  # noqa: F401  (they register themselves)
+from .base import REASONING_PARSERS, TOOL_PARSERS, ToolCall, ToolParser
+
+__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "ToolParser", "tool_parser_for",
+           "reasoning_parser_for"]
+
+
+def tool_parser_for(template, name=None):
+    """The ToolParser class by name, else the one whose markers the chat template holds, else the
+    generic JSON format. ValueError for an unknown name."""
+    if name is not None:
+        return _named(TOOL_PARSERS, name, "tool-call parser")
+    for cls in TOOL_PARSERS.values():
+        if any(m in (template or "") for m in cls.markers):
+            return cls
+    return TOOL_PARSERS["json"]
+
+
+def reasoning_parser_for(template, name=None):
+    """The reasoning parser class by name ("none": no parsing), else the one the template speaks,
+    else None."""
+    if name is not None:
+        return None if name == "none" else _named(REASONING_PARSERS, name, "reasoning parser")
+    return next((cls for cls in REASONING_PARSERS.values() if any(m in (template or "") for m in cls.markers)),
+                None)
+
+
+def _named(registry, name, what):
+    if name not in registry:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(sorted(registry))}")
+    return registry[name]

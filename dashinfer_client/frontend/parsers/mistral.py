@@ -1,0 +1,26 @@
+"""Mistral: `[TOOL_CALLS]` then a JSON list of {"name", "arguments"}. [TOOL_CALLS] is a special
+token of Mistral's tokenizers, which the decoder skips: a list alone is read as calls too."""
+import json
+
+from .base import WholeJsonToolParser, calls_schema, lark_json, register_tool_parser
+
+MARKER = "[TOOL_CALLS]"
+
+
+@register_tool_parser
+class MistralToolParser(WholeJsonToolParser):
+    name = "mistral"
+    markers = (MARKER,)
+    prefix = MARKER
+    openers = ("[",)
+
+    @classmethod
+    def grammar(cls, functions, parallel):
+        schema = calls_schema(functions, parallel=True)
+        if not parallel:
+            schema["maxItems"] = 1
+        return f'start: "{MARKER}" {lark_json(schema)}\n'
+
+    @classmethod
+    def text_of(cls, calls):
+        return MARKER + json.dumps(calls, ensure_ascii=False)

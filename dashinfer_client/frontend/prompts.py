@@ -1,0 +1,119 @@
+"""The input side of every front door: a conversation (with tools and template options) or a text
+-> the prompt's token ids, through the model's own chat template and tokenizer.
+
+Messages come in one normalized form, whatever API they arrived by:
+    {"role": "system" | "user" | "assistant" | "tool", "content": str,
+     "tool_calls": [{"id", "name", "arguments": dict}]   (assistant, optional)
+     "tool_call_id": str, "name": str}                    (tool)
+A template that renders tools itself gets them, and the history's calls in Hugging Face's shape;
+for one that knows no tools the tool-call format (parsers/) describes them in a system message
+and writes the history's calls and results as ordinary turns.
+"""
+import json
+
+from .parsers import reasoning_parser_for, tool_parser_for
+
+
+class PromptError(ValueError):
+    """The conversation cannot be made into a prompt (the message says why)."""
+
+
+class Prompts:
+    """tokenizer: the model's; tool_parser / reasoning_parser: a registered name to override what
+    the chat template says (None: from the template)."""
+
+    def __init__(self, tokenizer, tool_parser=None, reasoning_parser=None):
+        self.tokenizer = tokenizer
+        template = getattr(tokenizer, "chat_template", None)
+        self.template = template if isinstance(template, str) else ""
+        self.tool_format = tool_parser_for(self.template, tool_parser)
+        self.reasoning_format = reasoning_parser_for(self.template, reasoning_parser)
+
+    def chat_text(self, messages, tools=None, template_kwargs=None) -> str:
+        """The conversation through the chat template, the assistant's turn opened. tools: OpenAI
+        function definitions ({"name", "description", "parameters"})."""
+        fmt = self.tool_format
+        if fmt.template_renders_tools:
+            turns = [_hf_message(m) for m in messages]
+            rendered_tools = [{"type": "function", "function": f} for f in tools] if tools else None
+        else:
+            turns = _plain_turns(messages, fmt)
+            rendered_tools = None
+            if tools:
+                system = fmt.describe(tools)
+                if turns and turns[0]["role"] == "system":
+                    turns[0] = {"role": "system", "content": turns[0]["content"] + "\n\n" + system}
+                else:
+                    turns.insert(0, {"role": "system", "content": system})
+        try:
+            return self.tokenizer.apply_chat_template(turns, tools=rendered_tools, tokenize=False,
+                                                      add_generation_prompt=True, **(template_kwargs or {}))
+        except Exception as e:  # a template that refuses the conversation (roles out of order...)
+            raise PromptError(f"the model's chat template refused the messages: {e}") from None
+
+    def chat_ids(self, messages, tools=None, template_kwargs=None) -> list:
+        return self.text_ids(self.chat_text(messages, tools, template_kwargs), special=False)
+
+    def text_ids(self, text, special=True) -> list:
+        """special: with the model's special tokens (BOS), as the engine's own tokenization does;
+        a chat template writes its own."""
+        return self.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+    def word_ids(self, words) -> list:
+        """Each string's token sequence (stop words), empty ones dropped."""
+        return [seq for seq in (self.text_ids(w, special=False) for w in words or ()) if seq]
+
+    def tool_parser(self, tools):
+        """A fresh parser of the answer's tool calls when the request offers tools, else None."""
+        return self.tool_format() if tools else None
+
+    def reasoning_parser(self, prompt_text=""):
+        """A fresh reasoning parser, or None when the model has none; it starts inside the reasoning
+        when the prompt already opened it."""
+        fmt = self.reasoning_format
+        if fmt is None:
+            return None
+        opened = prompt_text.rstrip().endswith(fmt.markers[0])
+        return fmt(inside=opened)
+
+
+def _hf_message(m) -> dict:
+    """A normalized message in the shape Hugging Face chat templates read."""
+    out = {"role": m["role"], "content": m.get("content", "")}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{"id": c["id"], "type": "function",
+                              "function": {"name": c["name"], "arguments": c["arguments"]}}
+                             for c in m["tool_calls"]]
+    for key in ("tool_call_id", "name"):
+        if m.get(key) is not None:
+            out[key] = m[key]
+    return out
+
+
+def _plain_turns(messages, fmt) -> list:
+    """Messages for a template that knows no tools: a call as the text the model would have written,
+    a result as a user turn that names its function."""
+    turns = []
+    for m in messages:
+        content = m.get("content", "")
+        if m["role"] == "tool":
+            turns.append({"role": "user", "content": f"Result of {m.get('name') or 'the function'}: {content}"})
+        elif m.get("tool_calls"):
+            calls = fmt.text_of([{"name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]])
+            turns.append({"role": "assistant", "content": (content + "\n" if content else "") + calls})
+        else:
+            turns.append({"role": m["role"], "content": content})
+    return turns
+
+
+def arguments_object(text, where) -> dict:
+    """A call's arguments (JSON text, as OpenAI sends them) -> the object, or PromptError."""
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError as e:
+        raise PromptError(f"{where}: arguments are not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise PromptError(f"{where}: arguments must be a JSON object")
+    return value

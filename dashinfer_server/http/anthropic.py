@@ -1,0 +1,267 @@
+"""Anthropic's Messages API on the same front end: a /v1/messages body is translated into the
+OpenAI chat body protocol.parse_chat takes (messages, tools, tool_choice, stop, sampling), and the
+Deltas generate() yields are shaped into a Message or its stream of events.
+
+    system                    -> a system message
+    content blocks            text; tool_use (assistant) -> tool_calls; tool_result (user) -> tool messages
+    stop_sequences            -> stop (stop_reason "stop_sequence", stop_sequence the one met)
+    tools[].input_schema      -> tools[].function.parameters
+    tool_choice auto/any/tool/none (+ disable_parallel_tool_use) -> auto/required/named/none
+    thinking enabled/disabled -> chat_template_kwargs.enable_thinking; reasoning -> thinking blocks
+"""
+import json
+import uuid
+
+from .errors import ApiError, bad_request
+from .generate import Usage
+from .protocol import parse_chat
+
+# HTTP status -> Anthropic's error type.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                503: "overloaded_error"}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# Keys of a Messages body that change nothing here.
+_IGNORED = {"metadata", "service_tier"}
+# timeout: DashInfer's deadline, read by the admission gate as on the OpenAI routes.
+_KNOWN = {"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
+          "top_k", "tools", "tool_choice", "thinking", "timeout"} | _IGNORED
+
+
+def is_route(path) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_body(e: ApiError) -> dict:
+    return {"type": "error", "error": {"type": _ERROR_TYPES.get(e.http_status, "api_error"), "message": e.message}}
+
+
+def parse_messages(body, served) -> list:
+    """The request's one choice, as a list (app.py runs every route's choices through Choices)."""
+    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+        raise bad_request("'max_tokens' is required: an integer", "max_tokens")
+    return [parse_chat(_openai_body(body), served)]
+
+
+def parse_count_tokens(body, served):
+    return parse_chat(dict(_openai_body(body), max_tokens=None), served)
+
+
+def _openai_body(body) -> dict:
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(unknown)}")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of {role, content} objects")
+    out = {"model": body.get("model"), "max_tokens": body.get("max_tokens"),
+           "messages": _system(body.get("system")) + [m for i, msg in enumerate(messages)
+                                                      for m in _message(i, msg)]}
+    for key in ("temperature", "top_p", "top_k", "stream"):
+        if body.get(key) is not None:
+            out[key] = body[key]
+    if body.get("stop_sequences") is not None:
+        out["stop"] = body["stop_sequences"]
+    if body.get("tools") is not None:
+        out["tools"] = _tools(body["tools"])
+        out["tool_choice"], out["parallel_tool_calls"] = _tool_choice(body.get("tool_choice"))
+    elif body.get("tool_choice") is not None:
+        raise bad_request("'tool_choice' needs 'tools'")
+    thinking = body.get("thinking")
+    if thinking is not None:
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
+            raise bad_request("'thinking' must be {'type': 'enabled' | 'disabled', ...}")
+        out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] == "enabled"}
+    return out
+
+
+def _system(system) -> list:
+    if system is None:
+        return []
+    return [{"role": "system", "content": _text(system, "system")}]
+
+
+def _text(content, where) -> str:
+    """A string, or a list of text blocks, as one string."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" and
+                                         isinstance(b.get("text"), str) for b in content):
+        return "".join(b["text"] for b in content)
+    raise bad_request(f"{where} must be a string or a list of text blocks")
+
+
+def _message(i, m) -> list:
+    """One Anthropic message -> OpenAI messages (tool results become tool messages)."""
+    where = f"messages.{i}"
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise bad_request(f"{where}: role must be 'user' or 'assistant'")
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"role": m["role"], "content": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string or a list of content blocks")
+    texts, calls, results = [], [], []
+    for k, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        at = f"{where}.content.{k}"
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+            continue  # earlier reasoning does not go back into the prompt
+        elif kind == "tool_use" and m["role"] == "assistant":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) or \
+                    not isinstance(block.get("input"), dict):
+                raise bad_request(f"{at}: a tool_use block needs 'id', 'name' and an 'input' object")
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": block["name"], "arguments": json.dumps(block["input"])}})
+        elif kind == "tool_result" and m["role"] == "user":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise bad_request(f"{at}: a tool_result block needs its 'tool_use_id'")
+            result = block.get("content", "")
+            text = _text(result, f"{at}.content") if result is not None else ""
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                            "content": ("Error: " + text) if block.get("is_error") else text})
+        else:
+            raise bad_request(f"{at}: a {m['role']} message takes text"
+                              f"{', tool_use' if m['role'] == 'assistant' else ', tool_result'} blocks, "
+                              f"got {kind!r}")
+    out = results
+    if texts or calls or not results:
+        message = {"role": m["role"], "content": "".join(texts)}
+        if calls:
+            message["tool_calls"] = calls
+        out = out + [message]
+    return out
+
+
+def _tools(tools) -> list:
+    if not isinstance(tools, list) or not tools:
+        raise bad_request("'tools' must be a non-empty list of {name, description, input_schema}")
+    out = []
+    for k, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("input_schema"), dict):
+            raise bad_request(f"tools.{k} must be {{'name': str, 'description': str, 'input_schema': {{...}}}}")
+        function = {"name": t["name"], "parameters": t["input_schema"]}
+        if t.get("description") is not None:
+            function["description"] = t["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice):
+    """-> (OpenAI tool_choice, parallel_tool_calls)."""
+    if choice is None:
+        return "auto", True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    parallel = not choice.get("disable_parallel_tool_use", False) if isinstance(choice, dict) else True
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    raise bad_request("'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")
+
+
+class MessageAnswer:
+    """The Message of one request, whole or as Anthropic's stream of events."""
+
+    def __init__(self, job, served):
+        self.job = job
+        self.id = "msg_" + uuid.uuid4().hex
+
+    def _message(self, content, stop_reason, stop_sequence, usage) -> dict:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.job.model, "content": content,
+                "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}}
+
+    def whole(self, answers, usage) -> dict:
+        """answers: [(Job, its Deltas)] of the one choice (Choices.whole)."""
+        [(_, deltas)] = answers
+        reasoning = "".join(d.reasoning for d in deltas)
+        text = "".join(d.text for d in deltas)
+        content = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
+        if text or not any(d.tool_calls for d in deltas):
+            content.append({"type": "text", "text": text})
+        content += [_tool_use(c) for d in deltas for c in d.tool_calls]
+        return self._message(content, *_stop(deltas[-1]), usage)
+
+    async def events(self, choices, firsts):
+        """The stream of the one choice of `choices` (a Choices), whose first Delta is firsts[0]."""
+        [first], [deltas], [usage] = firsts, choices.streams, choices.usages
+        # what message_start counts: the prompt (the first delta is taken already, not yet sent)
+        yield _event("message_start", {"message": self._message([], None, None, Usage(usage.prompt_tokens))})
+        yield _event("ping", {})
+        blocks = _Blocks()
+        last = None
+        try:
+            if first is not None:
+                last = first
+                for event in blocks.add(first):
+                    yield event
+            async for delta in deltas:
+                last = delta
+                for event in blocks.add(delta):
+                    yield event
+        except ApiError as e:  # the request was interrupted mid-stream (a rank failed)
+            yield _event("error", {"error": error_body(e)["error"]})
+            return
+        finally:  # the request ends with the stream (a client that leaves ends it too)
+            await choices.close()
+        for event in blocks.close():
+            yield event
+        stop_reason, stop_sequence = _stop(last) if last is not None else ("end_turn", None)
+        yield _event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                       "usage": {"output_tokens": usage.completion_tokens}})
+        yield _event("message_stop", {})
+
+
+class _Blocks:
+    """The content blocks of a streamed Message: one open at a time, each a new index."""
+
+    def __init__(self):
+        self.index, self.open = -1, None  # the open block's kind: "thinking", "text" or None
+
+    def add(self, delta):
+        if delta.reasoning:
+            yield from self._switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            yield self._delta({"type": "thinking_delta", "thinking": delta.reasoning})
+        if delta.text:
+            yield from self._switch("text", {"type": "text", "text": ""})
+            yield self._delta({"type": "text_delta", "text": delta.text})
+        for call in delta.tool_calls:
+            yield from self._switch("tool_use", dict(_tool_use(call), input={}))
+            yield self._delta({"type": "input_json_delta", "partial_json": call.arguments})
+            yield from self.close()
+
+    def close(self):
+        if self.open is not None:
+            yield _event("content_block_stop", {"index": self.index})
+            self.open = None
+
+    def _switch(self, kind, block):
+        if self.open == kind:
+            return
+        yield from self.close()
+        self.index, self.open = self.index + 1, kind
+        yield _event("content_block_start", {"index": self.index, "content_block": block})
+
+    def _delta(self, delta):
+        return _event("content_block_delta", {"index": self.index, "delta": delta})
+
+
+def _tool_use(call) -> dict:
+    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
+            "input": call.arguments_dict()}
+
+
+def _stop(last):
+    """(stop_reason, stop_sequence) of the answer's last Delta."""
+    if last.stop_string is not None:
+        return "stop_sequence", last.stop_string
+    return _STOP_REASONS.get(last.finish_reason, "end_turn"), None
+
+
+def _event(kind, body) -> str:
+    return f"event: {kind}\ndata: {json.dumps(dict(type=kind, **body), ensure_ascii=False)}\n\n"

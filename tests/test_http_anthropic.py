@@ -1,0 +1,144 @@
+"""Anthropic's Messages API of `dashinfer serve`, through the official anthropic client, on the
+default model: plain answers equal the in-process Engine's for the prompt transformers renders
+with the model's chat template, streamed answers equal whole ones (the client assembles the events
+and checks their order), a forced tool_use has input that satisfies the tool's schema and
+round-trips, count_tokens counts the same prompt, and malformed bodies are 400s in Anthropic's
+error shape with the server still serving.
+"""
+import os
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+from tests.http_server import API_KEY, Reference, default_model_dir, serving
+
+SYSTEM = "You are a concise assistant."
+# The anthropic client has no sampling arguments any more; the server still reads temperature.
+GREEDY = {"temperature": 0}
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER = {"name": "get_weather", "description": "Get the current weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
+                 tp=1) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    r = Reference(*os.path.split(default_model_dir()))
+    yield r
+    r.close()
+
+
+def _prompt_ids(reference, turns):
+    tokenizer = reference.hf_tokenizer()
+    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_plain_message_equals_the_engine(client, reference):
+    message = client.messages.create(model="tiny", system=SYSTEM, messages=ASK, max_tokens=24, extra_body=GREEDY)
+    ids = _prompt_ids(reference, [{"role": "system", "content": SYSTEM}] + ASK)
+    expected, _, _, reason = reference.generate(ids, 24)
+    assert message.role == "assistant" and message.type == "message"
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text == reference.text(expected)
+    assert message.stop_reason == ("max_tokens" if reason == "length" else "end_turn")
+    assert message.usage.input_tokens == len(ids) and message.usage.output_tokens == len(expected)
+    counted = client.messages.count_tokens(model="tiny", system=SYSTEM, messages=ASK)
+    assert counted.input_tokens == len(ids)
+
+
+def test_streamed_message_equals_the_whole(client):
+    kwargs = dict(model="tiny", system=SYSTEM, messages=ASK, max_tokens=24, extra_body=GREEDY)
+    whole = client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert final.content[0].text == whole.content[0].text and final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_stop" in kinds
+
+
+def test_stop_sequences_say_which_one_ended_it(client, reference):
+    ids = _prompt_ids(reference, ASK)
+    full = reference.text(reference.generate(ids, 24)[0])
+    stop = next(word for word in full.split()[1:] if word.isalpha())
+    message = client.messages.create(model="tiny", messages=ASK, max_tokens=24, extra_body=GREEDY,
+                                     stop_sequences=[stop, "never-there"])
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    assert message.content[0].text == full[:full.index(stop)]
+
+
+def test_forced_tool_use_satisfies_the_schema_and_round_trips(client):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    message = client.messages.create(model="tiny", messages=ask, tools=[WEATHER], tool_choice={"type": "any"},
+                                     max_tokens=64, extra_body=GREEDY)
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and uses and all(u.name == "get_weather" for u in uses)
+    for use in uses:
+        jsonschema.validate(use.input, WEATHER["input_schema"])
+    with client.messages.stream(model="tiny", messages=ask, tools=[WEATHER], max_tokens=64, extra_body=GREEDY,
+                                tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == \
+        [(u.name, u.input) for u in uses]
+    history = ask + [{"role": "assistant", "content": message.content},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "18 C"}
+                                                  for u in uses]}]
+    answer = client.messages.create(model="tiny", messages=history, tools=[WEATHER], tool_choice={"type": "none"},
+                                    max_tokens=16, extra_body=GREEDY)
+    assert answer.content[0].type == "text" and answer.usage.input_tokens > message.usage.input_tokens
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"messages": ASK}, ["max_tokens"]),
+    ({"max_tokens": 8, "messages": []}, ["messages"]),
+    ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, ["role"]),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, ["image"]),
+    ({"max_tokens": 8, "messages": ASK, "tools": [{"name": "f"}]}, ["input_schema"]),
+    ({"max_tokens": 8, "messages": ASK, "tools": [WEATHER], "tool_choice": {"type": "tool"}}, ["tool_choice"]),
+    ({"max_tokens": 8, "messages": ASK, "tool_choice": {"type": "any"}}, ["tools"]),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, ["tool_use_id"]),
+    ({"max_tokens": 8, "messages": ASK, "temperature": -1}, ["temperature"]),
+    ({"max_tokens": 8, "messages": ASK, "surprise": 1}, ["surprise"]),
+], ids=["no-max_tokens", "no-messages", "system-role", "image", "tool-without-schema", "tool-choice-no-name",
+        "choice-without-tools", "result-without-id", "temperature", "unknown-field"])
+def test_malformed_bodies_are_400s_in_anthropic_shape(server, client, body, words):
+    r = httpx.post(server.url + "/v1/messages", json=dict(body, model="tiny"), headers={"x-api-key": API_KEY},
+                   timeout=120)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+    assert all(w in error["error"]["message"] for w in words), error
+    if "max_tokens" in body and set(body) <= {"max_tokens", "messages", "tools", "tool_choice"}:
+        # what the client's arguments can carry: it reads the error as Anthropic's
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(**dict(body, model="tiny"))
+        assert e.value.body["error"]["type"] == "invalid_request_error"
+    assert client.messages.create(model="tiny", messages=ASK, max_tokens=2).usage.output_tokens > 0
+
+
+def test_the_key_is_checked_in_either_header(server):
+    for bad in (anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0),
+                anthropic.Anthropic(base_url=server.url, auth_token="wrong", max_retries=0)):
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            bad.messages.create(model="tiny", messages=ASK, max_tokens=2)
+        assert e.value.body["error"]["type"] == "authentication_error"
+    bearer = anthropic.Anthropic(base_url=server.url, auth_token=API_KEY, api_key=None, max_retries=0)
+    assert bearer.messages.create(model="tiny", messages=ASK, max_tokens=2).usage.output_tokens > 0
+    with pytest.raises(anthropic.NotFoundError):
+        anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0).messages.create(
+            model="claude-nope", messages=ASK, max_tokens=2)

@@ -1,0 +1,196 @@
+"""Tool calls and reasoning through `dashinfer serve`, with the official openai client.
+
+The default model (SmolLM2-135M-Instruct, whose template knows no tools: the generic JSON format)
+must call a tool when tool_choice forces it, with arguments that parse and satisfy the tool's
+JSON schema (checked with jsonschema), whole and streamed; the round trip with the tool's result
+answers what the in-process Engine answers for the prompt the chat template renders from the
+same conversation. A tiny model whose template opens <think> (Qwen3's convention) answers in
+reasoning_content, and with enable_thinking false in content. Malformed tools and messages get
+400s in OpenAI's shape and the server goes on serving.
+"""
+import json
+import os
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+import dashinfer_client as allspark
+from dashinfer_client.frontend.parsers.generic_json import GenericJsonToolParser
+from tests.helpers import THINK_CHATML, build_tiny_model, build_tiny_tokenizer
+from tests.http_server import API_KEY, Reference, default_model_dir, serving
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the current time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+TOOLS = [WEATHER, TIME]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The default model on one rank (the front end is the same over any engine; the tiny model's
+    reasoning test below runs on two ranks, as tests/test_http.py does)."""
+    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
+                 tp=1) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def _check_calls(calls, names=None):
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id
+        assert names is None or call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_tool_call_satisfies_the_schema(client):
+    answer = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                                            max_tokens=96, temperature=0)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    _check_calls(choice.message.tool_calls)
+    assert not choice.message.content
+
+
+def test_a_named_function_is_the_one_called(client):
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "What time is it in Tokyo?"}], tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False,
+        max_tokens=96, temperature=0)
+    calls = answer.choices[0].message.tool_calls
+    assert len(calls) == 1
+    _check_calls(calls, {"get_time"})
+
+
+def test_streamed_tool_call_deltas_join_into_valid_json(client):
+    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                                                 max_tokens=96, temperature=0, stream=True))
+    calls = {}
+    for chunk in chunks:
+        for d in chunk.choices[0].delta.tool_calls or ():
+            entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = entry["id"] or d.id
+            entry["name"] += d.function.name or ""
+            entry["arguments"] += d.function.arguments or ""
+    assert calls and chunks[-1].choices[0].finish_reason == "tool_calls"
+    for entry in calls.values():
+        assert entry["id"]
+        jsonschema.validate(json.loads(entry["arguments"]), SCHEMAS[entry["name"]])
+
+
+def test_the_round_trip_answers_as_the_engine_does(client):
+    first = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=96, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "18 degrees celsius, sunny"}]
+    answer = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=24,
+                                            temperature=0)
+    # The reference: the model's own chat template (transformers' rendering) over the conversation
+    # as a template without tools must see it: the tools described in a system message, the call
+    # as the JSON the model writes, the result as a user turn.
+    reference = Reference(*os.path.split(default_model_dir()))
+    try:
+        tokenizer = reference.hf_tokenizer()
+        turns = [{"role": "system", "content": GenericJsonToolParser.describe([t["function"] for t in TOOLS])},
+                 ASK[0],
+                 {"role": "assistant", "content": json.dumps({"name": call.function.name,
+                                                              "arguments": json.loads(call.function.arguments)})},
+                 {"role": "user", "content": f"Result of {call.function.name}: 18 degrees celsius, sunny"}]
+        ids = tokenizer(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)["input_ids"]
+        expected = reference.text(reference.generate(ids, 24)[0])
+    finally:
+        reference.close()
+    assert answer.usage.prompt_tokens == len(ids)
+    message = answer.choices[0].message
+    if message.tool_calls:  # the answer begins like a call: it came back as calls, which must parse
+        _check_calls(message.tool_calls)
+    else:
+        assert message.content == expected
+
+
+def test_tool_choice_none_answers_in_text(client):
+    answer = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none",
+                                            max_tokens=8, temperature=0)
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("patch, words", [
+    ({"tools": {"type": "function"}}, ["tools"]),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, ["tools[0]"]),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, ["nope"]),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, ["tool_choice"]),
+    ({"tool_choice": "required"}, ["tools"]),
+    ({"tools": [WEATHER, WEATHER]}, ["unique"]),
+    ({"messages": ASK + [{"role": "tool", "content": "18"}]}, ["tool_call_id"]),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]}]},
+     ["arguments"]),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, ["role"]),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, ["response_format"]),
+], ids=["tools-not-list", "no-name", "unknown-choice", "bad-choice", "choice-without-tools", "duplicate",
+        "tool-without-id", "bad-arguments", "bad-role", "with-response-format"])
+def test_malformed_tools_and_messages_are_400s(server, client, patch, words):
+    body = dict({"model": "tiny", "messages": ASK, "max_tokens": 4}, **patch)
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=120)
+    error = r.json()["error"]
+    assert r.status_code == 400 and set(error) == {"message", "type", "param", "code"}, r.text
+    assert error["type"] == "invalid_request_error" and all(w in error["message"] for w in words), error
+    assert client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2).usage.completion_tokens > 0
+
+
+# ---- reasoning, on a tiny model whose template opens <think> ----------------------------------
+
+@pytest.fixture(scope="module")
+def think_model(tmp_path_factory):
+    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp("think") / "hf"), max_position_embeddings=2048)
+    build_tiny_tokenizer(hf_dir, THINK_CHATML)
+    loader = allspark.HuggingFaceModel(hf_dir, "tiny", user_set_data_type="float32", progress=False)
+    out = str(tmp_path_factory.mktemp("think") / "serialized")
+    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
+    return out
+
+
+@pytest.fixture(scope="module")
+def think_server(think_model, tmp_path_factory):
+    with serving(think_model, str(tmp_path_factory.mktemp("think-serve") / "serve.log")) as s:
+        yield s
+
+
+def test_reasoning_comes_back_apart_and_follows_enable_thinking(think_model, think_server):
+    client = openai.OpenAI(base_url=think_server.url + "/v1", api_key="none", max_retries=0)
+    reference = Reference(think_model)
+    tokenizer = reference.hf_tokenizer()
+    try:
+        for thinking in (True, False):
+            text = tokenizer.apply_chat_template(ASK, tokenize=False, add_generation_prompt=True,
+                                                 enable_thinking=thinking)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            expected = reference.text(reference.generate(ids, 16)[0])
+            assert "</think>" not in expected  # a random model: the answer stays in the reasoning
+            kwargs = dict(model="tiny", messages=ASK, max_tokens=16, temperature=0,
+                          extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+            whole = client.chat.completions.create(**kwargs).choices[0].message
+            chunks = list(client.chat.completions.create(stream=True, **kwargs))
+            streamed = {key: "".join(getattr(c.choices[0].delta, key, None) or "" for c in chunks)
+                        for key in ("content", "reasoning_content")}
+            got = getattr(whole, "reasoning_content", None) or "", whole.content or ""
+            want = (expected, "") if thinking else ("", expected)
+            assert got == want and (streamed["reasoning_content"], streamed["content"]) == want
+    finally:
+        reference.close()

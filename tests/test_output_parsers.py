@@ -1,0 +1,182 @@
+"""The tool-call and reasoning parsers (dashinfer_client/frontend/parsers), each on its format as
+the model family documents it (the texts below are written by hand in that format, not by the
+parsers), fed whole and split at every character: the same calls and content come out, and no
+tag ever leaks into the content. The grammars of forced calls are checked with llguidance itself
+(what it accepts parses and validates against the schema with jsonschema), and the output side
+against the tokenizer's own decode."""
+import json
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from dashinfer_client.frontend import OutputProcessor, Prompts
+from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS, reasoning_parser_for, tool_parser_for
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                           "unit": {"enum": ["C", "F"]}},
+                          "required": ["city"], "additionalProperties": False}}
+TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                                           "required": ["zone"]}}
+
+# (format, answer text as the family writes it, expected content, expected [(name, arguments)])
+CASES = [
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     "Let me look.\n", [("get_weather", {"city": "Paris"})]),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+     "\n", [("get_weather", {"city": "Oslo", "unit": "C"}), ("get_time", {"zone": "CET"})]),
+    ("hermes", "No tools needed: 2 < 3 and <b>bold</b>.", "No tools needed: 2 < 3 and <b>bold</b>.", []),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}', "", [("get_weather", {"city": "Rome"})]),
+    ("llama3_json", "The capital of Italy is Rome.", "The capital of Italy is Rome.", []),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]', "", [("get_time", {"zone": "UTC"})]),
+    ("mistral", '[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_weather", "arguments": '
+                '{"city": "Lima"}}]', "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Lima"})]),
+    ("json", '{"name": "get_weather", "arguments": {"city": "Kyiv"}}', "", [("get_weather", {"city": "Kyiv"})]),
+    ("json", '[{"name": "get_time", "arguments": {"zone": "EST"}}]', "", [("get_time", {"zone": "EST"})]),
+    ("json", '{"answer": 42}', '{"answer": 42}', []),  # JSON, but no call: content
+    ("json", "Paris is the capital.", "Paris is the capital.", []),
+]
+
+
+def _run(parser, chunks):
+    content, calls = [], []
+    for c in chunks:
+        text, got = parser.feed(c)
+        content.append(text)
+        calls += got
+    text, got = parser.finish()
+    return "".join(content) + text, calls + got
+
+
+@pytest.mark.parametrize("fmt, answer, content, calls", CASES)
+def test_tool_parser_whole_and_split_everywhere(fmt, answer, content, calls):
+    splits = [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]
+    for chunks in splits:
+        got_content, got_calls = _run(TOOL_PARSERS[fmt](), chunks)
+        # the pieces join into exactly the content: no tag, nor a piece of one, was handed out
+        assert got_content == content, chunks
+        assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
+
+
+def test_call_ids_are_unique():
+    _, calls = _run(TOOL_PARSERS["hermes"](), [CASES[1][1]])
+    assert len({c.id for c in calls}) == 2
+
+
+THINK = [
+    ("<think>\nWeigh it.\n</think>\n\nThe answer is 4.", False, "\nWeigh it.\n", "The answer is 4."),
+    ("Just 4.", False, "", "Just 4."),
+    ("Weigh it. </think>4", True, "Weigh it. ", "4"),     # the template opened the tag in the prompt
+    ("<think>never closed", False, "never closed", ""),   # cut by max_tokens: all reasoning
+    ("4 <think>not at the start</think>", False, "", "4 <think>not at the start</think>"),
+]
+
+
+@pytest.mark.parametrize("answer, inside, reasoning, content", THINK)
+def test_think_split_everywhere(answer, inside, reasoning, content):
+    for chunks in [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]:
+        parser = REASONING_PARSERS["think"](inside=inside)
+        parts = [parser.feed(c) for c in chunks] + [parser.finish()]
+        assert "".join(r for r, _ in parts) == reasoning and "".join(c for _, c in parts) == content, chunks
+
+
+@pytest.mark.parametrize("template, tool, reasoning", [
+    ("{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>{{ m }}</tool_call>", "hermes", None),
+    ("{{- '<|python_tag|>' + tool_call.name }}", "llama3_json", None),
+    ("{{ '[TOOL_CALLS]' }}{{ messages }}", "mistral", None),
+    ("{% if enable_thinking %}<think>{% endif %}<tool_call>", "hermes", "think"),
+    ("{{ messages[0]['content'] }}", "json", None),
+    (None, "json", None),
+])
+def test_parsers_chosen_from_the_chat_template(template, tool, reasoning):
+    assert tool_parser_for(template).name == tool
+    assert (reasoning_parser_for(template).name if reasoning_parser_for(template) else None) == reasoning
+    assert tool_parser_for(template, "mistral").name == "mistral"
+    with pytest.raises(ValueError, match="unknown tool-call parser"):
+        tool_parser_for(template, "nope")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from dashinfer_client.tokenizer import Tokenizer
+    from tests.helpers import build_tiny_tokenizer
+    return Tokenizer(build_tiny_tokenizer(str(tmp_path_factory.mktemp("tok"))))
+
+
+def _accepts(tokenizer, grammar, text) -> bool:
+    import llguidance
+    ll = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str())
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("fmt, parallel, good, bad", [
+    ("hermes", False, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'),
+    ("llama3_json", False, '{"name": "get_time", "parameters": {"zone": "UTC"}}', 'It is noon.'),
+    ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     '[TOOL_CALLS][{"name": "get_date", "arguments": {}}]'),
+    ("json", True, '[{"name": "get_weather", "arguments": {"city": "Rome", "unit": "F"}}]',
+     '[{"name": "get_weather", "arguments": {"city": "Rome", "unit": "K"}}]'),
+    ("json", False, '{"name": "get_time", "arguments": {"zone": "UTC"}}', '{"name": "get_time"}'),
+])
+def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, fmt, parallel, good, bad):
+    cls = TOOL_PARSERS[fmt]
+    grammar = cls.grammar([WEATHER, TIME], parallel)
+    assert _accepts(tokenizer, grammar, good) and not _accepts(tokenizer, grammar, bad)
+    _, calls = _run(cls(), [good])
+    schemas = {f["name"]: f["parameters"] for f in (WEATHER, TIME)}
+    for call in calls:  # what the grammar lets through parses, and its arguments meet the schema
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+def test_templates_without_tools_get_them_in_a_system_message(tokenizer):
+    prompts = Prompts(tokenizer)
+    assert prompts.tool_format.name == "json" and not prompts.tool_format.template_renders_tools
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "get_weather",
+                                                                     "arguments": {"city": "Paris"}}]},
+               {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "18 C"}]
+    text = prompts.chat_text(history, [WEATHER])
+    # The tiny tokenizer's ChatML template, rendered by jinja2 by hand: what the prompt must be.
+    system = TOOL_PARSERS["json"].describe([WEATHER])
+    expected = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                '<|im_start|>assistant\n{"name": "get_weather", "arguments": {"city": "Paris"}}<|im_end|>\n'
+                "<|im_start|>user\nResult of get_weather: 18 C<|im_end|>\n<|im_start|>assistant\n")
+    assert text == expected
+    assert json.dumps(WEATHER["parameters"]) in system
+
+
+def _elements(ids):
+    return SimpleNamespace(ids_from_generate=ids, token_logprobs_list=[0.0] * len(ids),
+                           log_probs_list=[[]] * len(ids))
+
+
+def test_output_side_streams_reasoning_and_calls_token_by_token(tokenizer):
+    answer = ('<think>short</think>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "ÜTC"}}\n'
+              '</tool_call>')
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    out = OutputProcessor(tokenizer, terminators=[[tokenizer.eos_token_id]],
+                          reasoning=REASONING_PARSERS["think"](), tools=TOOL_PARSERS["hermes"]())
+    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    assert "".join(d.reasoning for d in deltas) == "short"
+    assert "".join(d.text for d in deltas) == ""
+    calls = [c for d in deltas for c in d.tool_calls]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"zone": "ÜTC"})]
+    assert deltas[-1].finish_reason == "tool_calls"
+    assert [i for d in deltas for i in d.token_ids] == ids[:-1]  # the eos is no part of the answer
+
+
+def test_output_side_text_equals_decode_and_cuts_stop_strings(tokenizer):
+    text = "Grüße aus Köln 😀, und dann STOP hier"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    out = OutputProcessor(tokenizer, stop=["STOP", "never"])
+    pieces = [out.push(_elements([i])).text for i in ids]
+    last = out.finish("length")
+    assert "".join(pieces) + last.text == tokenizer.decode(ids)[:text.index("STOP")]
+    assert all("\ufffd" not in p for p in pieces)  # whole characters only
+    assert last.finish_reason == "stop" and last.stop_string == "STOP"
