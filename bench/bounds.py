@@ -9,7 +9,8 @@ than shortest first at that rate. Attention and the elementwise kernels are left
 at these context lengths): the bound is optimistic, a fraction is honest.
 """
 from dashinfer_server import kernels as K
-from dashinfer_server.weights import head_bits, head_group, quantized_wtype
+from dashinfer_server import weights
+from dashinfer_server.weights import head_group, quantized_wtype
 
 K.load()  # which packed type a weight gets (quantized_wtype) depends on the CPU; a bench runs where started
 
@@ -39,7 +40,7 @@ def weight_bytes_per_token(model) -> int:
         elif base in names:  # a float head of a quantized model is quantized at load
             n, k = model.tensor(head).shape
             group = head_group(quant["group_size"], k)
-            bits = head_bits(wtype, group)
+            bits = weights.HEAD_BITS
             total += n * (k * bits // 8 + scale_bytes("i8" if bits == 8 else "u4", k, group))
         else:
             q, ngroups = model.tensor(base + ".qweight"), model.tensor(base + ".scales").shape[1]

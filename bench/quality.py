@@ -1,10 +1,9 @@
 """What quantized weights cost in quality: next-token negative log-likelihood of the default model
 (SmolLM2-135M-Instruct) on the text in bench/data/project_docs.txt (this project's README and
 design notes, ~3,900 tokens), bf16 weights against int8 and uint4, per group and per channel. The
-output head is quantized whenever the layers are, in the model's group, to the bits of
-dashinfer_server/weights.py head_bits (int8 under int8 layers; 4-bit under uint4 in groups of 32,
-else int8); the "head" rows force an int8 or a 4-bit head under uint4 layers, so the head's share
-of the loss shows.
+output head is quantized whenever the layers are, in the model's group, to
+dashinfer_server/weights.py HEAD_BITS (int8); the "4-bit head" rows force a uint4 head under uint4
+layers, so the head's share of the loss shows.
 
     PYTHONPATH=. python -m bench.quality [--window 512] [--threads 2]
 
@@ -27,9 +26,9 @@ BLOCK = 64
 TARGET_PCT = {"int8": 0.5, "uint4": 3.0}  # issue 14: NLL within this much of bf16
 # (label, quant, group_size, head bits); group None: this runtime's default group
 # (quant.DEFAULT_GROUPS: int8 64, uint4 32); the DashInfer settings: a group_size (64, 128, ...) or
-# -1 (per channel, its default); head bits None: weights.head_bits
+# -1 (per channel, its default); head bits None: weights.HEAD_BITS
 SETTINGS = [("bf16", None, None, None), ("int8 g64", "int8", None, None), ("int8 per-channel", "int8", -1, None),
-            ("uint4 g32", "uint4", None, None), ("uint4 g32, int8 head", "uint4", None, 8),
+            ("uint4 g32", "uint4", None, None), ("uint4 g32, 4-bit head", "uint4", None, 4),
             ("uint4 g64", "uint4", 64, None), ("uint4 g64, 4-bit head", "uint4", 64, 4),
             ("uint4 per-channel", "uint4", -1, None), ("uint4 per-channel, 4-bit head", "uint4", -1, 4)]
 
@@ -45,7 +44,7 @@ def nll(quant, group_size, head_bits, window, threads) -> dict:
     from dashinfer_server.plan import StepPlan
 
     if head_bits:
-        weights.HEAD_BITS["u4"] = (head_bits, None)
+        weights.HEAD_BITS = head_bits
     K.load()
     K.set_num_threads(threads)
     model = models.load("default", "bfloat16", quant, group_size)

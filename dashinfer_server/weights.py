@@ -154,9 +154,8 @@ class WeightLoader:
             pieces = [(c, s * np.float32(scale), z) for c, s, z in pieces]
         if pieces[0][1] is None and quantize_float and self.wtype:
             group = head_group(self.model.quantization["group_size"], w.shape[1])
-            bits = head_bits(self.wtype, group)
-            codes, scales, zeros = K.quantize(w, group, bits)
-            packed = K.pack_linear(codes, quantized_wtype("i8" if bits == 8 else "u4", group), group, scales, zeros)
+            codes, scales, zeros = K.quantize(w, group, HEAD_BITS)
+            packed = K.pack_linear(codes, quantized_wtype("i8" if HEAD_BITS == 8 else "u4", group), group, scales, zeros)
         elif pieces[0][1] is None:
             packed = K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
         else:
@@ -229,7 +228,7 @@ class WeightLoader:
             layers=layers,
             final_norm=self.norm("model.norm.weight"),
             # the output head (the embedding when tied) is quantized whenever the layers are
-            # (head_bits): in bf16 it is 15% of Qwen2-1.5B's bytes and would cap the decode
+            # (HEAD_BITS): in bf16 it is 15% of Qwen2-1.5B's bytes and would cap the decode
             # speed-up at 1.6x (int8) / 2.4x (uint4); the embedding lookup stays exact on the bf16 table
             lm_head=self.linear((head, shard.vocab), quantize_float=True),
         )
@@ -245,18 +244,12 @@ class WeightLoader:
         return v if v is None or scale == 1.0 else v * np.float32(scale)
 
 
-# Bits of a float head quantized at load, by the layers' format, up to the largest group they
-# apply in. A uint4 head in groups of 32 (5 bits a weight with fp16 scales) instead of int8 (8.5)
-# takes Qwen2-1.5B's decode step from 0.36 to 0.31 of bf16's bytes, the share the 3x target needs;
-# python -m bench.quality on the default model: next-token NLL +1.30% vs bf16 with it against
-# +0.11% with an int8 head, inside the 3% target. In bigger groups uint4 layers already miss the
-# target (g64 +6.7%, per channel +19.6%) and a 4-bit head adds 2-10 points more: int8 there.
-HEAD_BITS = {"i8": (8, None), "u4": (4, 32)}  # format: (bits, largest group), else 8 bits
-
-
-def head_bits(wtype: str, group: int) -> int:
-    bits, largest = HEAD_BITS[wtype]
-    return bits if largest is None or group <= largest else 8
+# Bits of a float head quantized at load. int8 under uint4 layers too: on the default model
+# (python -m bench.quality) a 4-bit head in groups of 32 costs +1.30% next-token NLL against bf16
+# where an int8 head costs +0.11%, and it turned the first answer to "What is the capital of
+# France?" wrong on CPUs without VNNI (fp32 activations); its price is the head's extra bytes,
+# a few % of a uint4 decode step from 1.5B parameters up (bench/bounds.py counts them).
+HEAD_BITS = 8
 
 
 def head_group(group_size: int, k: int) -> int:

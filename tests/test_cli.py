@@ -152,8 +152,8 @@ PARIS = "What is the capital of France?"
 def test_convert_default_quantizes_as_serve_does(tmp_path):
     """`dashinfer convert default OUT --quant uint4` takes the groups `--quant uint4` serves with
     (32, not DashInfer's per-channel default), says what it wrote, and answers as the model that
-    serve / chat --quant uint4 convert (cli/common.resolve), ending by itself (per channel, it
-    looped: "Parisislouvre...")."""
+    serve / chat --quant uint4 convert (cli/common.resolve): Paris, ending by itself (per channel,
+    it looped: "Parisislouvre..."; with a 4-bit head, fp32 activations named another city)."""
     out = tmp_path / "out"
     done = dashinfer("convert", "default", str(out), "--quant", "uint4")
     assert done.returncode == 0, done.stderr
@@ -161,7 +161,7 @@ def test_convert_default_quantizes_as_serve_does(tmp_path):
     converted = dashinfer("chat", str(out), PARIS, "--max-new-tokens", "48")
     served = dashinfer("chat", "default", PARIS, "--quant", "uint4", "--max-new-tokens", "48")
     assert converted.returncode == 0 and served.returncode == 0, (converted.stderr, served.stderr)
-    assert converted.stdout == served.stdout and "France" in converted.stdout
+    assert converted.stdout == served.stdout and "Paris" in converted.stdout
     generated = int(re.search(r"\[(\d+) tokens", converted.stderr).group(1))
     assert generated < 48, converted.stdout  # it ended by itself: no loop
 

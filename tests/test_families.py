@@ -167,10 +167,10 @@ LOW_PRECISION = {
 
 def dequantized_into(hf, model):
     """hf with every weight the serialized model quantized replaced by its dequantization, and the
-    output head quantized as the engine quantizes it at load (weights.py head_bits, head_group)."""
+    output head quantized as the engine quantizes it at load (int8: weights.py HEAD_BITS, head_group)."""
     import torch
     from dashinfer_client.model.quant import dequantize, quantize
-    from dashinfer_server.weights import head_bits, head_group
+    from dashinfer_server.weights import head_group
     q = model.quantization
     fmt, group = q["weight_format"], q["group_size"]
     params = dict(hf.named_parameters())
@@ -181,8 +181,7 @@ def dequantized_into(hf, model):
         out = hf.get_output_embeddings()  # a tied head gets a weight of its own: the lookup stays exact
         head = out.weight.detach().numpy()
         g = head_group(group, head.shape[1])
-        head_fmt = "int8" if head_bits({"int8": "i8", "uint4": "u4"}[fmt], g) == 8 else "uint4"
-        out.weight = torch.nn.Parameter(torch.from_numpy(dequantize(*quantize(head, head_fmt, g), head_fmt, g)))
+        out.weight = torch.nn.Parameter(torch.from_numpy(dequantize(*quantize(head, "int8", g), "int8", g)))
     return hf
 
 

@@ -1,5 +1,5 @@
-"""The output head of a quantized model is quantized in memory, int8 under int8 layers and 4-bit under
-uint4 ones in groups of 32 (dashinfer_server/weights.py head_bits); the embedding, tied or not, stays exact."""
+"""The output head of a quantized model is quantized in memory to int8 in the model's group, under int8
+and uint4 layers alike (dashinfer_server/weights.py HEAD_BITS); the embedding, tied or not, stays exact."""
 import os
 
 import numpy as np
@@ -11,7 +11,7 @@ from dashinfer_client.model import DashInferModel
 from dashinfer_client.model.quant import dequantize, quantize, unpack_codes
 from dashinfer_server import kernels as K
 from dashinfer_server.shard import Shard
-from dashinfer_server.weights import WeightLoader, head_bits
+from dashinfer_server.weights import WeightLoader
 from tests.helpers import TINY, ragged_reference, serialize
 
 
@@ -26,13 +26,6 @@ def test_native_quantize_is_instant_quant_bit_for_bit(fmt, bits):
             assert got.dtype == want.dtype and np.array_equal(got, want)
     with pytest.raises(ValueError, match="does not divide"):
         K.quantize(w, 100, bits)
-
-
-def test_head_bits_follow_the_quality_figures():
-    """4-bit only under uint4 layers in groups of 32 (bench.quality: +1.3% NLL); in bigger groups,
-    where uint4 layers already miss the 3% target, and under int8 layers the head is int8."""
-    assert [head_bits("u4", g) for g in (32, 64, 128, 1536)] == [4, 8, 8, 8]
-    assert [head_bits("i8", g) for g in (32, 64, 1536)] == [8, 8, 8]
 
 
 def q8_error_bound(x, w):
@@ -55,18 +48,17 @@ def test_head_is_quantized_when_weights_are(isa, tiny_checkpoint, tmp_path, tied
     weights = WeightLoader(model, shard).load()
     hidden, g = TINY["hidden_size"], TINY["hidden_size"] if group == -1 else group
     wtype, n, k, packed_group = K.unpack_linear(weights.lm_head)
-    base = "u4" if fmt == "uint4" else "i8"
-    assert wtype == (base + "q" if K.linear_vnni() else base) and (n, k, packed_group) == (TINY["vocab_size"], hidden, g)
+    assert wtype == ("i8q" if K.linear_vnni() else "i8") and (n, k, packed_group) == (TINY["vocab_size"], hidden, g)
     table = model.tensor("model.embed_tokens.weight")
     assert np.array_equal(weights.embedding, table)  # the lookup reads the exact bf16 rows
     head = from_bf16(model.tensor("model.embed_tokens.weight" if tied else "lm_head.weight"))
-    stored, scales, zeros = quantize(head, fmt, g)
-    ref_w = dequantize(stored, scales, zeros, fmt, g)
+    stored, scales, zeros = quantize(head, "int8", g)
+    ref_w = dequantize(stored, scales, zeros, "int8", g)
     x = np.random.default_rng(2).standard_normal((3, hidden)).astype(np.float32)
     y, ref = K.linear(x, weights.lm_head), x.astype(np.float64) @ ref_w.T
     slack = 0
     if wtype.endswith("q"):
-        slack = vnni_slack(x, ref_w, unpack_codes(stored, fmt), np.repeat(scales, g, 1), np.repeat(zeros, g, 1))
+        slack = vnni_slack(x, ref_w, unpack_codes(stored, "int8"), np.repeat(scales, g, 1), np.repeat(zeros, g, 1))
     assert (np.abs(y - ref) <= slack + 1e-4 * (1 + np.abs(ref))).all()
 
 
