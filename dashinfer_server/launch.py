@@ -97,7 +97,15 @@ def build_command(args, rest, env=None, sysfs: str = topology.SYSFS, numactl=Non
         for k, v in rank_env.items():
             cmd += ["-env", k, v]
         cmd += argv
-    return cmd, {}
+    return cmd, mpiexec_env(env)
+
+
+def mpiexec_env(env) -> dict:
+    """What mpiexec's environment needs beyond the caller's. Without HWLOC_XMLFILE, MPICH's mpiexec
+    writes the machine's topology to /tmp/hydra_hwloc_xmlfile_* for its ranks and removes it when
+    it exits: a SIGKILLed or OOM-killed group leaves the file behind. Set (empty: hwloc reads the
+    machine itself, as it did to write the file), nothing is written."""
+    return {} if "HWLOC_XMLFILE" in env else {"HWLOC_XMLFILE": ""}
 
 
 def _numactl(place, numactl) -> list:

@@ -37,7 +37,9 @@ def rank_blocks(cmd):
 def test_two_nodes_one_rank_each_with_its_environment():
     cmd, extra = command(["--address", "127.0.0.1:5555", "--model-dir", "/m", "--model-prefix", "p",
                           "--model-name", "qwen", "--some-rank-flag", "x"], SIM)
-    assert extra == {}
+    # hydra writes no topology file that a killed mpiexec would leave; a user's own is kept
+    assert extra == {"HWLOC_XMLFILE": ""}
+    assert command(["--address", "127.0.0.1:5555"], dict(SIM, HWLOC_XMLFILE="/etc/topo.xml"))[1] == {}
     assert cmd[0] == os.path.join(os.path.dirname(sys.executable), "mpiexec")
     blocks = rank_blocks(cmd)
     assert len(blocks) == 2
@@ -96,7 +98,8 @@ def test_shell_wrapper_runs_the_launcher():
     out = subprocess.run([os.path.join(LAUNCH, "dashinfer-launch"), "--dry-run", "--address", "127.0.0.1:1"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().startswith(os.path.join(os.path.dirname(sys.executable), "mpiexec") + " -n 1")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    assert out.stdout.strip().startswith(f"HWLOC_XMLFILE= {mpiexec} -n 1"), out.stdout
     assert out.stdout.count("-m dashinfer_server --address 127.0.0.1:1") == 2
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from dashinfer_server.group import LocalGroup
+from dashinfer_server.launch import mpiexec_env
 from dashinfer_server.shard import Shard, split_range
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +26,7 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 def group_env(**extra):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                DASHINFER_NUMA_NODES="0:0;1:1")
-    env.update(extra)
+    env.update(mpiexec_env(env), **extra)
     return env
 
 
