@@ -78,3 +78,26 @@ def test_a_timeout_that_is_not_a_positive_number_is_a_400(value):
             gate.admit({"timeout": value}, Source().pieces())
         assert bad.value.http_status == 400 and bad.value.param == "timeout" and gate.held == 0
     asyncio.run(scenario())
+
+
+def test_a_full_server_still_answers_a_wrong_key_401_not_429():
+    """The early gate refuses only requests that would pass the API key check: a client with a
+    wrong key learns that (401 from the route), not that the server is busy."""
+    async def scenario():
+        gate = Admission(max_batch=1, max_waiting=0)
+        held = gate.admit({}, Source(endless=True).pieces())
+        reached, sent = [], []
+
+        async def route(scope, receive, send):
+            reached.append(dict(scope["headers"]).get(b"x-api-key"))
+
+        async def send(message):
+            sent.append(message)
+        app = gate.refuse_early(route, {"/v1/messages"}, authorized=lambda h: h.get("x-api-key") == "right")
+        for key in (b"wrong", b"right"):
+            scope = {"type": "http", "method": "POST", "path": "/v1/messages", "headers": [(b"x-api-key", key)]}
+            await app(scope, None, send)
+        assert reached == [b"wrong"]  # the route (and its key check) saw the wrong key
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [429]
+        await held.aclose()
+    asyncio.run(scenario())

@@ -70,13 +70,15 @@ class Admission:
                            "rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    def refuse_early(self, app, paths, error_body=lambda path, e: e.body()):
+    def refuse_early(self, app, paths, error_body=lambda path, e: e.body(), authorized=lambda headers: True):
         """ASGI middleware over `app`: a POST to one of `paths` that finds the server full is answered
         429 before the framework parses anything of it, so a burst of refusals costs the event loop
         (which also answers /health) as little as it can. error_body(path, ApiError): the route's
-        API's shape of the error."""
+        API's shape of the error; authorized(headers {lowercase name: value}): whether the request
+        passes the API key check, which comes first (a wrong key gets 401 from the route, full or not)."""
         async def gate(scope, receive, send):
-            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in paths:
+            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in paths and \
+                    authorized({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}):
                 try:
                     self.check()
                 except ApiError as e:

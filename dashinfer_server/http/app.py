@@ -65,14 +65,17 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
     async def validation_error(request, e):
         return error_answer(request, bad_request(str(e)))
 
+    def key_ok(headers) -> bool:
+        if not api_key:
+            return True
+        bearer, key = headers.get("authorization", ""), headers.get("x-api-key")
+        return hmac.compare_digest(bearer.encode(), f"Bearer {api_key}".encode()) or \
+            (key is not None and hmac.compare_digest(key.encode(), api_key.encode()))
+
     async def check_key(request: Request):
-        if api_key:
-            bearer = request.headers.get("authorization", "")
-            key = request.headers.get("x-api-key")
-            if not (hmac.compare_digest(bearer.encode(), f"Bearer {api_key}".encode()) or
-                    (key is not None and hmac.compare_digest(key.encode(), api_key.encode()))):
-                raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key> or x-api-key: <key>)",
-                               "authentication_error", code="invalid_api_key")
+        if not key_ok(request.headers):
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key> or x-api-key: <key>)",
+                           "authentication_error", code="invalid_api_key")
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
@@ -128,7 +131,7 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
 
     app.include_router(v1)
     app.include_router(tokenize_routes(served, _json, check_key))
-    app.add_middleware(lambda inner: admission.refuse_early(inner, GENERATING_ROUTES, _error_body))
+    app.add_middleware(lambda inner: admission.refuse_early(inner, GENERATING_ROUTES, _error_body, key_ok))
     return app
 
 
