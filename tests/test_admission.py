@@ -101,3 +101,35 @@ def test_a_full_server_still_answers_a_wrong_key_401_not_429():
         assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [429]
         await held.aclose()
     asyncio.run(scenario())
+
+
+def test_a_request_cancelled_while_the_engine_starts_it_is_finished_once_started():
+    """A deadline (or a client leaving) that cancels the request while served.start runs in its
+    thread: the start completes there, and what it started is stopped and released, not left
+    running with no one to read it."""
+    import threading
+    from dashinfer_server.http import generate
+
+    class Served:
+        def __init__(self):
+            self.go, self.finished = threading.Event(), threading.Event()
+            self.finished_with = None
+
+        def start(self, job):
+            self.go.wait(10)
+            return "handle-1", "queue-1"
+
+        def finish(self, handle, queue, request_id=""):
+            self.finished_with = (handle, queue, request_id)
+            self.finished.set()
+
+    served = Served()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(generate._started(loop, served, None, "req-7"), 0.05)
+        served.go.set()  # the engine's start returns only now
+        assert await loop.run_in_executor(None, served.finished.wait, 10)
+    asyncio.run(scenario())
+    assert served.finished_with == ("handle-1", "queue-1", "req-7")

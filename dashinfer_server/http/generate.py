@@ -43,7 +43,7 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     output = output_processor(served, job)
-    handle, queue = await asyncio.to_thread(served.start, job)
+    handle, queue = await _started(loop, served, job, request_id)
     wake = asyncio.Event()
 
     def listener():  # called by the producer thread with the queue's lock held: only wake the loop
@@ -80,3 +80,18 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
     finally:
         # Not awaited: the consumer may be a cancelled task (the client went away).
         loop.run_in_executor(None, served.finish, handle, queue, request_id)
+
+
+async def _started(loop, served, job, request_id):
+    """served.start(job) in a thread. When the waiting task is cancelled (the client left, the
+    deadline passed), the start still completes in its thread: what it started is then finished
+    (stopped and released) as soon as it is there, never left running unowned."""
+    start = loop.run_in_executor(None, served.start, job)
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        def finish(f):
+            if not f.cancelled() and f.exception() is None:
+                loop.run_in_executor(None, served.finish, *f.result(), request_id)
+        start.add_done_callback(finish)
+        raise
