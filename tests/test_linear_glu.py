@@ -84,6 +84,6 @@ def test_linear_glu_rejects_bad_arguments():
     odd, _ = make_weight("bf16", 127, 64, 0, rng)
     with pytest.raises(ValueError, match="gate and up"):
         K.linear_glu(x, odd, np.zeros((8, 127), np.float32), out)
-    with pytest.raises(ValueError, match="act must be 'silu' or 'gelu_tanh', got 'gelu_erf'"):
+    with pytest.raises(ValueError, match="act must be 'silu', 'gelu_tanh' or 'clamped_swiglu', got 'gelu_erf'"):
         K.linear_glu(x, packed, gate_up, out, act="gelu_erf")
     assert not out.any()  # nothing written
