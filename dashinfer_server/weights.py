@@ -46,6 +46,7 @@ class LayerWeights:
     gate_up_bias: np.ndarray | None   # [2*I_r]
     down: np.ndarray                  # packed [H, I_r]     (row-parallel: partial sums)
     down_bias: np.ndarray | None      # [H], on rank 0 only
+    sinks: np.ndarray | None = None   # [heads_r] f32: attention sink logits of this rank's heads (gpt-oss)
 
 
 @dataclass
