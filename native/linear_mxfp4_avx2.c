@@ -13,6 +13,8 @@ typedef __m256i vi;
 #define vf_zero _mm256_setzero_ps
 #define vf_bcast _mm256_broadcast_ss
 #define vf_fma _mm256_fmadd_ps
+#define vf_load _mm256_loadu_ps
+#define vf_save _mm256_storeu_ps
 #define vf_mul _mm256_mul_ps
 
 static inline vi vi_load(const uint32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -37,13 +39,6 @@ static inline vf vf_scales(const uint8_t *p) {
     __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
     __m256i is_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
-}
-
-static inline void vf_store(float *y, vf a, int valid, const float *bias) {
-    if (valid <= 0) return;
-    __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    if (bias) a = _mm256_add_ps(a, _mm256_maskload_ps(bias, m));
-    _mm256_maskstore_ps(y, m, a);
 }
 
 #define KERNELS dn_linear_mxfp4_avx2

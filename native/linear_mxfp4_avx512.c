@@ -13,6 +13,8 @@ typedef __m512i vi;
 #define vf_zero _mm512_setzero_ps
 #define vf_bcast(p) _mm512_set1_ps(*(p))
 #define vf_fma _mm512_fmadd_ps
+#define vf_load _mm512_loadu_ps
+#define vf_save _mm512_storeu_ps
 #define vf_mul _mm512_mul_ps
 
 static inline vi vi_load(const uint32_t *p) { return _mm512_loadu_si512(p); }
@@ -26,13 +28,6 @@ static inline vf vf_scales(const uint8_t *p) {
     __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
     __mmask16 is_tiny = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, is_tiny, tiny));
-}
-
-static inline void vf_store(float *y, vf a, int valid, const float *bias) {
-    if (valid <= 0) return;
-    __mmask16 m = valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1);
-    if (bias) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m, bias));
-    _mm512_mask_storeu_ps(y, m, a);
 }
 
 #define KERNELS dn_linear_mxfp4_avx512
