@@ -185,7 +185,7 @@ class DecoderModel:
             cache, extra = self.kv.layers[i], self.kv_args[i]
             K.kv_write(k3, v3, slots, **cache)
             K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,
-                        attn3, scale, window=self.windows[i], softcap=softcap, **extra)
+                        attn3, scale, window=self.windows[i], softcap=softcap, sinks=layer.sinks, **extra)
             linear(attn, layer.o, layer.o_bias, o)
             allreduce_(o)
             if layer.attn_out_norm is not None:

@@ -47,7 +47,7 @@ void attn_finish(const attn_tile_t *t, const float *acc, const float *mx, const 
     for (int i = 0; i < M; i++) {
         int r = i / t->n_q_heads, h = i % t->n_q_heads;
         float *o = t->out + r * t->q_stride + (int64_t)h * D;
-        float inv = 1.0f / sum[i];
+        float inv = 1.0f / (sum[i] + (t->sinks ? expf(t->sinks[h] - mx[i]) : 0.0f));
         for (int d = 0; d < D; d++) o[d] = acc[(int64_t)i * D + d] * inv;
     }
 }
@@ -55,9 +55,10 @@ void attn_finish(const attn_tile_t *t, const float *acc, const float *mx, const 
 /* ---- planning */
 
 /* Combine the partials of one split context, one kv head of the unit: weights exp(max_s - max)
- * rescale each split. */
+ * rescale each split; sinks (or NULL) of the unit's first query head of that kv head join the
+ * sum. */
 static void merge_split(const attn_unit_t *u, int head, const float *parts, int D,
-                        float *out_row0, int64_t q_stride) {
+                        const float *sinks, float *out_row0, int64_t q_stride) {
     int M = u->n_q_heads * u->n_rows, ns = u->n_split;
     int64_t at = (int64_t)head * M * (D + 2); /* this head's partial within each split's */
     for (int i = 0; i < M; i++) {
@@ -68,6 +69,7 @@ static void merge_split(const attn_unit_t *u, int head, const float *parts, int 
             l += p[M * D + M + i] * expf(p[M * D + i] - m);
         }
         int r = i / u->n_q_heads, h = i % u->n_q_heads;
+        if (sinks) l += expf(sinks[h] - m);
         float *o = out_row0 + r * q_stride + (int64_t)h * D;
         for (int d = 0; d < D; d++) o[d] = 0.0f;
         for (int s = 0; s < ns; s++) {
@@ -174,7 +176,7 @@ static int64_t plan(const dn_kv_cache_t *c, const int32_t *q_offsets, const int3
 int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_tables,
                  int max_blocks, const int32_t *q_offsets, const int32_t *context_lens, int B,
                  int n_heads, int group, int q_head0, float scale, int window, float softcap,
-                 float *out) {
+                 const float *sinks, float *out) {
     int D = c->head_dim;
     /* a window that holds every context is none (and keeps the position arithmetic small) */
     int longest = 0;
@@ -234,6 +236,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 .kv_end = u->kv_end,
                 .scale = scale,
                 .softcap = softcap,
+                .sinks = sinks ? sinks + head0 : NULL,
                 .out = u->part < 0 ? out + row0 * q_stride + head0 * D : NULL,
                 .part = u->part < 0 ? NULL : parts + u->part,
                 .work = work,
@@ -249,7 +252,8 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
                 int64_t row0 = q_offsets[u->seq] + u->row0;
                 for (int h = 0; h < u->n_kv; h++) {
                     int64_t head0 = (int64_t)(u->kv_head + h) * group + u->head0 - q_head0;
-                    merge_split(u, h, parts, D, out + row0 * q_stride + head0 * D, q_stride);
+                    merge_split(u, h, parts, D, sinks ? sinks + head0 : NULL,
+                                out + row0 * q_stride + head0 * D, q_stride);
                 }
             }
         }

@@ -64,6 +64,7 @@ static inline __attribute__((always_inline)) void decode_m(const attn_tile_t *t,
         }
         attn_tile_t one = *t;
         if (t->out) one.out = t->out + (int64_t)h * t->n_q_heads * D;
+        if (t->sinks) one.sinks = t->sinks + (int64_t)h * t->n_q_heads;
         if (t->part) one.part = t->part + (int64_t)h * M * (D + 2);
         attn_finish(&one, nat, st.mx + h * M, sum);
     }

@@ -26,6 +26,8 @@ typedef struct {
                             * seen by row 0 unless a window starts inside its block */
     float scale;           /* softmax scale */
     float softcap;         /* > 0: scores become softcap * tanh(score / softcap) */
+    const float *sinks;    /* NULL, or the sink logit of each query head of the tile (vector i's
+                            * head i % n_q_heads), added to a complete unit's denominator */
     float *out;            /* complete unit: output of vector 0, same strides as q; else NULL */
     float *part;           /* split unit, per kv head: [M][head_dim] unnormalized acc, [M] max,
                             * [M] sum */
@@ -35,7 +37,8 @@ typedef struct {
 /* Scratch one thread needs for any tile of this cache shape. */
 size_t attn_work_bytes(int block_size, int head_dim);
 
-/* Write a one-head tile's result: out = acc / sum (complete) or the partial triple (split). */
+/* Write a one-head tile's result: out = acc / (sum + exp(sink - max)) (complete; no sink term
+ * without sinks) or the partial triple (split: dn_attention adds the sink when it merges). */
 void attn_finish(const attn_tile_t *t,
                  const float *acc,  /* [M][head_dim] */
                  const float *mx,   /* [M] running max of the scaled scores */

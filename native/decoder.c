@@ -58,7 +58,8 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
                 d->rot_dim);
         dn_kv_write(&l->kv, d->k, d->v, slots, T);
         if (dn_attention(&l->kv, d->q, block_tables, max_blocks, q_offsets, context_lens, B,
-                         d->n_heads, d->group, d->q_head0, d->scale, l->window, d->softcap, d->attn) ||
+                         d->n_heads, d->group, d->q_head0, d->scale, l->window, d->softcap,
+                         l->sinks, d->attn) ||
             dn_linear(&l->o, d->attn, T, l->o_bias, d->o))
             goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;

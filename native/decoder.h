@@ -5,7 +5,7 @@
  * (dashinfer_client/model/families/base.py):
  *   x = attn_norm ? norm(res) : res
  *   q, k, v = x Wq + bq, x Wk + bk, x Wv + bv;  q, k = qk_norm(q), qk_norm(k);  RoPE(q, k)
- *   a = attention(q, cache; window, softcap) Wo + bo   (allreduced);  a = attn_out_norm(a)
+ *   a = attention(q, cache; window, softcap, sinks) Wo + bo   (allreduced);  a = attn_out_norm(a)
  *   res += a;  x = mlp_norm ? norm(res) : res
  *   m = (glu(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
  *   res += m
@@ -26,6 +26,7 @@ typedef struct {
     dn_linear_w q, k, v, o, gate_up, down; /* gate_up: gate rows, then up rows */
     const float *q_bias, *k_bias, *v_bias, *o_bias, *gate_up_bias, *down_bias; /* or NULL */
     const float *cos_sin; /* this layer's rope table [max_pos, rot_dim] */
+    const float *sinks;   /* [n_heads] attention sink logits of this rank's query heads, or NULL */
     int window;           /* keys a query sees at most, itself included; 0: the whole context */
     dn_kv_cache_t kv;
 } dn_layer_t;

@@ -297,11 +297,16 @@ DN_TARGET_AVX2 static inline __m256 exp_avx2(__m256 x) {
 
 DN_TARGET_AVX2 static void glu_span_avx2(const float *gate, const float *up, float *out, int n,
                                          dn_act act) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const int gelu = act == DN_ACT_GELU_TANH;
+    const __m256 one = _mm256_set1_ps(1.0f), limit = _mm256_set1_ps(SWIGLU_LIMIT);
+    const int gelu = act == DN_ACT_GELU_TANH, clamped = act == DN_ACT_CLAMPED_SWIGLU;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i), z = g;
+        __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+        if (clamped) { /* vminps/vmaxps return the second operand on NaN: g, u */
+            g = _mm256_min_ps(limit, g);
+            u = _mm256_add_ps(_mm256_max_ps(_mm256_set1_ps(-SWIGLU_LIMIT), _mm256_min_ps(limit, u)), one);
+        }
+        __m256 z = clamped ? _mm256_mul_ps(g, _mm256_set1_ps(SWIGLU_ALPHA)) : g;
         if (gelu)
             z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(GELU_Z3),
                                                  _mm256_set1_ps(GELU_Z1)));
@@ -309,7 +314,7 @@ DN_TARGET_AVX2 static void glu_span_avx2(const float *gate, const float *up, flo
         __m256 keep = _mm256_cmp_ps(neg, _mm256_set1_ps(EXP_HI), _CMP_NGT_UQ); /* NaN kept */
         __m256 e = exp_avx2(neg);
         __m256 s = _mm256_and_ps(keep, _mm256_div_ps(g, _mm256_add_ps(one, e)));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, u));
     }
     if (i < n) glu_span_portable(gate + i, up + i, out + i, n - i, act);
 }

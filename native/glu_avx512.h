@@ -39,7 +39,13 @@ DN_TARGET_AVX512 static inline __m512 exp_avx512(__m512 x) {
 
 /* act(g) * u = g / (1 + exp(-z)) * u, z as glu.h says */
 DN_TARGET_AVX512 static inline __m512 glu_mul_avx512(__m512 g, __m512 u, dn_act act) {
-    __m512 z = g;
+    if (act == DN_ACT_CLAMPED_SWIGLU) { /* vminps/vmaxps return the second operand on NaN: g, u */
+        const __m512 limit = _mm512_set1_ps(SWIGLU_LIMIT);
+        g = _mm512_min_ps(limit, g);
+        u = _mm512_add_ps(_mm512_max_ps(_mm512_set1_ps(-SWIGLU_LIMIT), _mm512_min_ps(limit, u)),
+                          _mm512_set1_ps(1.0f));
+    }
+    __m512 z = act == DN_ACT_CLAMPED_SWIGLU ? _mm512_mul_ps(g, _mm512_set1_ps(SWIGLU_ALPHA)) : g;
     if (act == DN_ACT_GELU_TANH)
         z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(GELU_Z3),
                                              _mm512_set1_ps(GELU_Z1)));

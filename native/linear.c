@@ -10,9 +10,13 @@
 static const char magic[8] = {'D', 'N', 'L', 'I', 'N', 'E', 'A', 'R'};
 
 const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t group) {
-    if (t < DN_W_F32 || t > DN_W_U4Q) return "unknown weight type";
+    if (t < DN_W_F32 || t > DN_W_MXFP4) return "unknown weight type";
     if (n < 1 || k < 1) return "N and K must be at least 1";
     if (n > ((int64_t)1 << 31) || k > ((int64_t)1 << 31)) return "N or K is too large";
+    if (t == DN_W_MXFP4) {
+        if (group != DN_MXFP4_GROUP) return "mxfp4 has group_size 32 (one e8m0 scale per 32 k)";
+        return k % DN_MXFP4_GROUP == 0 ? NULL : "mxfp4 needs K a multiple of 32 (whole blocks)";
+    }
     if (!dn_linear_quantized(t)) return group == 0 ? NULL : "group_size applies to i8/u4 only";
     if (group != 32 && group != 64 && group != 128 && group != 256 && group != k)
         return "group_size must be 32, 64, 128, 256 or K";
@@ -28,6 +32,7 @@ static int64_t panel_bytes(dn_wtype t, int64_t k, int64_t group, int width) {
     switch (t) {
     case DN_W_F32: return k * width * 4;
     case DN_W_BF16: return kp * width * 2;
+    case DN_W_MXFP4: return k / DN_MXFP4_GROUP * dn_linear_mxfp4_group_bytes(width);
     default: return k / group * dn_linear_group_bytes(t, group, width);
     }
 }
@@ -40,6 +45,28 @@ static int64_t data_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group) {
 
 int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group) {
     return DN_LINEAR_HEADER + data_bytes(t, n, k, group);
+}
+
+/* An mxfp4 panel: the checkpoint's blocks regrouped 4 bytes at a time (linear.h), no value
+ * changed. Padded columns get code 0 (+0.0). */
+static void pack_mxfp4_panel(uint8_t *dst, int64_t n, int64_t k, int64_t n0, int width,
+                             const uint8_t *blocks, const uint8_t *scales) {
+    int64_t ng = k / DN_MXFP4_GROUP, gb = dn_linear_mxfp4_group_bytes(width);
+    for (int64_t g = 0; g < ng; g++) {
+        uint32_t *codes = (uint32_t *)(dst + g * gb); /* [4][width] */
+        uint8_t *scale = dst + g * gb + 16 * width;
+        for (int c = 0; c < width; c++) {
+            /* the block's 16 bytes, k 2b in byte b's low nibble: little endian, word j's nibble i
+             * is k 8j + i */
+            const uint8_t *src = n0 + c < n ? blocks + ((n0 + c) * ng + g) * 16 : NULL;
+            for (int j = 0; j < 4; j++) {
+                uint32_t word = 0;
+                if (src) memcpy(&word, src + 4 * j, 4);
+                codes[j * width + c] = word;
+            }
+            scale[c] = n0 + c < n ? scales[(n0 + c) * ng + g] : 0;
+        }
+    }
 }
 
 /* One panel: columns [n0, n0 + width) of W, zero past N (scale and zero 0 too, so padded
@@ -101,7 +128,7 @@ static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t g
 }
 
 void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
-                    const float *scales, const float *zeros) {
+                    const void *scales, const float *zeros) {
     dn_linear_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, magic, 8);
@@ -119,8 +146,9 @@ void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t grou
     for (int64_t p = 0; p < npanels; p++) {
         int64_t n0 = p * DN_LINEAR_NR, n16 = (n + 15) / 16 * 16;
         int width = (int)(n16 - n0 < DN_LINEAR_NR ? n16 - n0 : DN_LINEAR_NR);
-        pack_panel(dst + DN_LINEAR_HEADER + p * h.panel_bytes, t, n, k, group, n0, width, w,
-                   scales, zeros, h.scale_exp);
+        uint8_t *panel = dst + DN_LINEAR_HEADER + p * h.panel_bytes;
+        if (t == DN_W_MXFP4) pack_mxfp4_panel(panel, n, k, n0, width, w, scales);
+        else pack_panel(panel, t, n, k, group, n0, width, w, scales, zeros, h.scale_exp);
     }
 }
 
@@ -131,7 +159,7 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
     if (memcmp(h.magic, magic, 8) != 0) return "not a packed linear weight (bad magic)";
     if (h.version != DN_LINEAR_VERSION) return "packed by another version of the linear kernels";
     if (h.nr != DN_LINEAR_NR) return "packed with another panel width";
-    if (h.wtype > DN_W_U4Q) return "corrupt header (unknown weight type)";
+    if (h.wtype > DN_W_MXFP4) return "corrupt header (unknown weight type)";
     dn_wtype t = (dn_wtype)h.wtype;
     if (dn_linear_check_shape(t, h.n, h.k, h.group)) return "corrupt header (bad shape)";
     if (h.panel_bytes != panel_bytes(t, h.k, h.group, DN_LINEAR_NR) ||
@@ -152,12 +180,15 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
 
 static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear_avx2,
                                                  &dn_linear_avx512};
+static const dn_linear_kernels *const mxfp4_paths[] = {&dn_linear_portable, &dn_linear_mxfp4_avx2,
+                                                       &dn_linear_mxfp4_avx512};
 
 const dn_linear_kernels *dn_linear_isa_kernels(void) { return paths[dn_isa()]; }
 
 /* AMX tiles need the avx512 path (every AMX CPU has it); their emulation runs anywhere. */
 static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
     if (dn_linear_act_quantized(w->wtype)) return dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable;
+    if (w->wtype == DN_W_MXFP4) return mxfp4_paths[dn_isa()];
     dn_amx_mode amx = dn_amx();
     if (w->wtype == DN_W_BF16 && (amx == DN_AMX_EMULATED || (amx == DN_AMX_TILES && dn_isa() == DN_ISA_AVX512)))
         return &dn_linear_amx;

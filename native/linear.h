@@ -1,5 +1,7 @@
 /* Linear layer y[M,N] = x[M,K] . W[N,K]^T (+ bias[N]): fp32 activations, weights fp32, bf16,
- * int8 or uint4 with per-group asymmetric quantization along K (w = (q - zero) * scale).
+ * int8 or uint4 with per-group asymmetric quantization along K (w = (q - zero) * scale), or
+ * MXFP4 (OCP microscaling: 4-bit e2m1 codes, one e8m0 power-of-two scale per 32 k; gpt-oss's
+ * checkpoints store their experts so, and they are packed as stored, never re-quantized).
  *
  * Weights are packed once into a self-describing buffer: a 64-byte header, then panels of
  * DN_LINEAR_NR output columns (the last one narrower, a multiple of 16; columns past N are zero),
@@ -14,6 +16,10 @@
  *         consecutive k per column, the vpdpbusd operand order
  *   u4q   per group: scale[w] fp16, scale*zero[w] fp16, codes [G/8][w][4] bytes: byte i of
  *         column c in row j holds k = 8j + i in its low nibble and k = 8j + 4 + i in its high one
+ *   mxfp4 per group of 32 k: codes [4][w] uint32, word j of column c holding k = 8j + i in its
+ *         nibble i (the checkpoint's bytes of that row and block, 4 at a time), then the e8m0
+ *         scales [w] uint8 (w = e2m1(code) * 2^(scale - 127)): 17 bytes per 32 weights. One
+ *         32-bit lane of codes feeds 8 k of a column by shifting 4 bits a step.
  *   The fp16 pairs of i8q/u4q hold scale * 2^e and scale*zero * 2^e, e (header scale_exp) one
  *   power of two per weight that puts its largest such value in [2^14, 2^15): fp16's 5-bit
  *   exponent then spans the weight's own range (no overflow, no underflow for the 2^28 below it)
@@ -34,19 +40,21 @@
 
 #include "glu.h"
 
-typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3, DN_W_I8Q = 4, DN_W_U4Q = 5 } dn_wtype;
+typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3, DN_W_I8Q = 4, DN_W_U4Q = 5,
+               DN_W_MXFP4 = 6 } dn_wtype;
 
 #define DN_LINEAR_NR 64          /* output columns per panel */
 #define DN_LINEAR_HEADER 64      /* header bytes; panels start 64-byte aligned after it */
 #define DN_LINEAR_VERSION 2  /* 2: fp16 group scales of i8q/u4q */
 #define DN_Q8_BLOCK 32           /* k per activation quantization block of i8q/u4q */
+#define DN_MXFP4_GROUP 32        /* k per e8m0 scale of mxfp4 */
 
 typedef struct {
     char magic[8];        /* "DNLINEAR" */
     uint32_t version;
     uint32_t wtype;       /* dn_wtype */
     int64_t n, k;
-    int64_t group;        /* quantization group along K; 0 for f32/bf16 */
+    int64_t group;        /* quantization group along K; 0 for f32/bf16, 32 for mxfp4 */
     int32_t nr;           /* DN_LINEAR_NR at pack time */
     int32_t scale_exp;    /* e of i8q/u4q (layout above); 0 for the others */
     int64_t panel_bytes;  /* bytes of one full-width panel */
@@ -79,6 +87,9 @@ static inline int dn_linear_valid(const dn_linear_w *w, int64_t p) {
     return (int)(left < DN_LINEAR_NR ? left : DN_LINEAR_NR);
 }
 
+/* Bytes of one mxfp4 group block of a panel `width` wide: 16 code bytes and a scale a column. */
+static inline int64_t dn_linear_mxfp4_group_bytes(int width) { return 17 * (int64_t)width; }
+
 /* Bytes of a group block's scales (and zeros) ahead of its codes: fp32 pairs for i8/u4, fp16
  * pairs for i8q/u4q. */
 static inline int64_t dn_linear_group_head(dn_wtype t, int width) {
@@ -98,10 +109,16 @@ const char *dn_linear_check_shape(dn_wtype t, int64_t n, int64_t k, int64_t grou
 int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group);
 
 /* Pack into dst (64-byte aligned, dn_linear_packed_bytes long).
- * w: f32 float[n][k] | bf16 uint16[n][k] | i8, i8q uint8[n][k] | u4, u4q uint8[n][k/2] (low nibble = even k)
- * scales, zeros: float[n][k/group] for i8/u4, else unused. */
+ * w: f32 float[n][k] | bf16 uint16[n][k] | i8, i8q uint8[n][k] | u4, u4q, mxfp4 uint8[n][k/2] (low
+ * nibble = even k; mxfp4: the checkpoint's blocks [n][k/32][16] as they are)
+ * scales: float[n][k/group] for i8/u4/i8q/u4q, uint8 e8m0 [n][k/32] for mxfp4; zeros: float
+ * [n][k/group] for i8/u4/i8q/u4q; else unused. */
 void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
-                    const float *scales, const float *zeros);
+                    const void *scales, const float *zeros);
+
+/* The weight a packed buffer of f32, bf16, i8, u4 or mxfp4 holds, dequantized exactly into dst
+ * float[n][k] (the portable path's reading of the layout). */
+void dn_linear_unpack(const dn_linear_w *w, float *dst);
 
 /* Check a packed buffer of `len` bytes and describe it; NULL or the reason it is not one. */
 const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);

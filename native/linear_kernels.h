@@ -36,6 +36,23 @@ extern const dn_linear_kernels dn_linear_amx;
 const dn_linear_kernels *dn_linear_isa_kernels(void);
 /* i8q/u4q (linear_q8.c, linear_q8_vnni.c) */
 extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_vnni;
+/* mxfp4 (linear_mxfp4_avx2.c, linear_mxfp4_avx512.c; the portable path reads it too) */
+extern const dn_linear_kernels dn_linear_mxfp4_avx2, dn_linear_mxfp4_avx512;
+
+/* An mxfp4 weight is e2m1(code) * 2^(e - 127), computed as (2 e2m1(code)) * 2^(e - 128): both
+ * factors are floats for every code and every e (2^-128 is a subnormal, 2^127 the largest power),
+ * so the one rounding is the product's, which is exact but past float's range (inf) -- the very
+ * value of transformers' ldexp(e2m1, e - 127), e = 255 included (which the OCP spec calls NaN). */
+static const float dn_e2m1_twice[16] = {0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8.0f,  12.0f,
+                                        -0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -6.0f, -8.0f, -12.0f};
+
+/* 2^(e - 128) as a float: biased exponent e - 1, or the subnormals 2^-127 (e = 1), 2^-128 (e = 0). */
+static inline float dn_e8m0_half(uint8_t e) {
+    uint32_t u = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* One i8q/u4q panel (the rest of dn_linear_pack, linear_q8.c); e: dn_q8_scale_exp. */
 void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,

@@ -4,10 +4,22 @@
 
 #define KC 64 /* k rows per dequantized slice: 64 x 64 floats = 16 KB */
 
-/* Rows [k0, k0+kc) of a bf16/i8/u4 panel `width` wide as fp32 dst[kc][width], exactly
- * w = (q - zero) * scale for i8/u4: the packed layout (linear.h) read the plain way. */
+/* Rows [k0, k0+kc) of a bf16/i8/u4/mxfp4 panel `width` wide as fp32 dst[kc][width], exactly
+ * w = (q - zero) * scale for i8/u4, e2m1(q) * 2^(e - 127) for mxfp4 (linear_kernels.h): the
+ * packed layout (linear.h) read the plain way. */
 static void dequant_f32(const dn_linear_w *w, const uint8_t *panel, int width, int64_t k0,
                         int64_t kc, float *dst) {
+    if (w->wtype == DN_W_MXFP4) {
+        const int64_t gb = dn_linear_mxfp4_group_bytes(width);
+        for (int64_t k = k0; k < k0 + kc; k++) {
+            const uint8_t *blk = panel + k / DN_MXFP4_GROUP * gb, *scale = blk + 16 * width;
+            const uint32_t *words = (const uint32_t *)blk + k % DN_MXFP4_GROUP / 8 * width;
+            const int shift = 4 * (int)(k % 8);
+            float *d = dst + (k - k0) * width;
+            for (int c = 0; c < width; c++) d[c] = dn_e2m1_twice[words[c] >> shift & 15] * dn_e8m0_half(scale[c]);
+        }
+        return;
+    }
     if (w->wtype == DN_W_BF16) {
         const uint16_t *src = (const uint16_t *)panel; /* [kp/2][width][2] */
         for (int64_t k = k0; k < k0 + kc; k++) {
@@ -67,6 +79,25 @@ static void run(const dn_linear_call *c, int t, int nt) {
                 for (int64_t kk = 0; kk < kc; kk++)
                     for (int j = 0; j < valid; j++) yr[j] += xr[kk] * wf[kk * width + j];
             }
+        }
+    }
+}
+
+void dn_linear_unpack(const dn_linear_w *w, float *dst) {
+    float slice[KC * DN_LINEAR_NR];
+    for (int64_t p = 0; p < w->npanels; p++) {
+        const uint8_t *panel = dn_linear_panel(w, p);
+        int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
+        for (int64_t k0 = 0; k0 < w->k; k0 += KC) {
+            int64_t kc = w->k - k0 < KC ? w->k - k0 : KC;
+            const float *wf = (const float *)panel + k0 * width; /* [kc][width] */
+            if (w->wtype != DN_W_F32) {
+                dequant_f32(w, panel, width, k0, kc, slice);
+                wf = slice;
+            }
+            for (int j = 0; j < valid; j++)
+                for (int64_t kk = 0; kk < kc; kk++)
+                    dst[(p * DN_LINEAR_NR + j) * w->k + k0 + kk] = wf[kk * width + j];
         }
     }
 }

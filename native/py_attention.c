@@ -68,14 +68,15 @@ static int overlaps(const Py_buffer *x, const Py_buffer *y) {
 static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"q", "k_cache", "v_cache", "block_tables", "q_offsets",
                              "context_lens", "out", "scale", "k_scale", "v_scale", "k_zero",
-                             "v_zero", "group", "q_head0", "window", "softcap", NULL};
+                             "v_zero", "group", "q_head0", "window", "softcap", "sinks", NULL};
     PyObject *q, *bt, *qo, *cl, *out, *cache[6] = {NULL, NULL, Py_None, Py_None, Py_None, Py_None};
+    PyObject *sinks_obj = Py_None;
     double scale, softcap = 0.0;
     int group = 0, q_head0 = 0, window = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOd|OOOOiiid:attention", kwlist, &q,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOd|OOOOiiidO:attention", kwlist, &q,
                                      &cache[0], &cache[1], &bt, &qo, &cl, &out, &scale, &cache[2],
                                      &cache[3], &cache[4], &cache[5], &group, &q_head0, &window,
-                                     &softcap))
+                                     &softcap, &sinks_obj))
         return NULL;
     dn_args a = {.fn = "attention"};
     if (window < 0) return dn_fail(&a, PyExc_ValueError, "window must be >= 0 (0: none), got %d", window);
@@ -102,10 +103,12 @@ static PyObject *py_attention(PyObject *self, PyObject *args, PyObject *kw) {
     if (!clb || dn_check_dim(&a, clb, "context_lens", 0, B)) return dn_done(&a, NULL);
     const int32_t *offs = qob->buf, *ctx = clb->buf, *tables = btb->buf;
     if (dn_check_step(&a, &c, T, offs, ctx, tables, B, max_blocks)) return dn_done(&a, NULL);
+    Py_buffer *sb = dn_take_opt(&a, sinks_obj, "sinks", 'f', 1, 0);
+    if (PyErr_Occurred() || (sb && dn_check_dim(&a, sb, "sinks", 0, n_heads))) return dn_done(&a, NULL);
     int rc;
     Py_BEGIN_ALLOW_THREADS;
     rc = dn_attention(&c, qb->buf, tables, max_blocks, offs, ctx, B, n_heads, group, q_head0,
-                      (float)scale, window, (float)softcap, ob->buf);
+                      (float)scale, window, (float)softcap, sb ? sb->buf : NULL, ob->buf);
     Py_END_ALLOW_THREADS;
     if (rc) return dn_fail(&a, PyExc_MemoryError, "no memory for the scratch buffer");
     return dn_done(&a, NULL);
@@ -115,12 +118,13 @@ PyMethodDef dn_attention_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_VARARGS | METH_KEYWORDS,
      "attention(q, k_cache, v_cache, block_tables, q_offsets, context_lens, out, scale, "
      "k_scale=None, v_scale=None, k_zero=None, v_zero=None, group=0, q_head0=0, window=0, "
-     "softcap=0.0): causal GQA attention of a batch step over the paged cache. q, out [T_total, "
+     "softcap=0.0, sinks=None): causal GQA attention of a batch step over the paged cache. q, out [T_total, "
      "n_heads, head_dim] float32; sequence b owns rows q_offsets[b]..q_offsets[b+1], the last "
      "positions of its context_lens[b] cached tokens. Head h reads kv head (h + q_head0) // group "
      "(group 0: n_heads / n_kv_heads): a tensor-parallel rank's heads may start or end inside a "
      "group. window > 0: the query at position p sees the keys at p - window < j <= p only. "
      "softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) before the "
-     "softmax."},
+     "softmax. sinks: float32 [n_heads] or None: gpt-oss's per-head sink logit, one more term "
+     "exp(sink) in each softmax's denominator (a key every query sees, with value 0)."},
     {NULL, NULL, 0, NULL},
 };

@@ -13,7 +13,7 @@
 static const char *const LAYER_FIELDS[] = {
     "attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm", "q", "k", "v", "o",
     "gate_up", "down", "q_bias", "k_bias", "v_bias", "o_bias", "gate_up_bias", "down_bias",
-    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", NULL};
+    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", "sinks", NULL};
 static const char *const KV_FIELDS[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
 
 typedef struct {
@@ -110,7 +110,8 @@ static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_laye
                    {"q_norm", &l->q_norm, qk_whole ? qw : D}, {"k_norm", &l->k_norm, qk_whole ? kvw : D},
                    {"q_bias", &l->q_bias, qw},      {"k_bias", &l->k_bias, kvw},
                    {"v_bias", &l->v_bias, kvw},     {"o_bias", &l->o_bias, H},
-                   {"gate_up_bias", &l->gate_up_bias, 2 * I}, {"down_bias", &l->down_bias, H}};
+                   {"gate_up_bias", &l->gate_up_bias, 2 * I}, {"down_bias", &l->down_bias, H},
+                   {"sinks", &l->sinks, d->n_heads}};
     for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
         *vectors[i].v = take_vector(a, field(layer, vectors[i].name), vectors[i].name, vectors[i].n, 1);
         if (PyErr_Occurred()) return -1;
@@ -163,9 +164,9 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         return PyErr_Format(PyExc_TypeError, "decoder_new: workspace must be a dict of named arrays "
                                              "(res, h, o, q, k, v, attn, gate_up, act, norm_ss)");
     if (n_heads < 1) return PyErr_Format(PyExc_ValueError, "decoder_new: n_heads must be >= 1");
-    int gelu = !strcmp(act, "gelu_tanh");
-    if (!gelu && strcmp(act, "silu"))
-        return PyErr_Format(PyExc_ValueError, "decoder_new: act %s is not silu or gelu_tanh", act);
+    dn_args act_arg = {.fn = "decoder_new"};
+    dn_act glu;
+    if (dn_parse_act(&act_arg, act, &glu)) return NULL;
     if (!(softcap >= 0.0) || isinf(softcap))
         return PyErr_Format(PyExc_ValueError, "decoder_new: softcap must be 0 (none) or positive");
     int n_layers = (int)PyList_GET_SIZE(layers);
@@ -193,7 +194,7 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         *dst[i] = v[i]->buf;
     }
     d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
-    d->softcap = (float)softcap, d->glu = gelu ? DN_ACT_GELU_TANH : DN_ACT_SILU, d->qk_whole = !!qk_whole;
+    d->softcap = (float)softcap, d->glu = glu, d->qk_whole = !!qk_whole;
     d->k_shared_first = !!k_shared_first;
     d->max_tokens = (int)v[0]->shape[0], d->hidden = (int)v[0]->shape[1];
     d->inter = (int)v[8]->shape[1];

@@ -2,7 +2,8 @@
 #include "linear.h"
 #include "pyarg.h"
 
-static const char *const wtype_names[] = {"f32", "bf16", "i8", "u4", "i8q", "u4q"};
+static const char *const wtype_names[] = {"f32", "bf16", "i8", "u4", "i8q", "u4q", "mxfp4"};
+#define N_WTYPES 7
 
 /* numpy.empty(shape, dtype): arrays users get back are plain numpy arrays. */
 static PyObject *np_empty(PyObject *shape, const char *dtype) {
@@ -39,12 +40,12 @@ static PyObject *aligned_bytes(Py_ssize_t bytes) {
 }
 
 static int parse_wtype(const char *fn, const char *name, dn_wtype *t) {
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < N_WTYPES; i++)
         if (strcmp(name, wtype_names[i]) == 0) {
             *t = (dn_wtype)i;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "%s: unknown wtype '%s' (f32, bf16, i8, u4, i8q or u4q)", fn, name);
+    PyErr_Format(PyExc_ValueError, "%s: unknown wtype '%s' (f32, bf16, i8, u4, i8q, u4q or mxfp4)", fn, name);
     return -1;
 }
 
@@ -59,11 +60,13 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
     dn_args a = {.fn = "pack_linear"};
     dn_wtype t;
     if (parse_wtype(a.fn, tname, &t) != 0) return NULL;
-    static const char fmts[] = {'f', 'H', 'B', 'B', 'B', 'B'};
+    static const char fmts[] = {'f', 'H', 'B', 'B', 'B', 'B', 'B'};
     Py_buffer *w = dn_take(&a, w_obj, "w", fmts[t], 2, 0);
     if (!w) return dn_done(&a, NULL);
-    int64_t n = w->shape[0], k = w->shape[1] * (dn_linear_nibbles(t) ? 2 : 1);
+    int mxfp4 = t == DN_W_MXFP4;
+    int64_t n = w->shape[0], k = w->shape[1] * (dn_linear_nibbles(t) || mxfp4 ? 2 : 1);
     int quant = dn_linear_quantized(t);
+    if (mxfp4 && group == 0) group = DN_MXFP4_GROUP;
     if (quant && group == 0)
         return dn_fail(&a, PyExc_ValueError, "%s needs group_size (32, 64, 128, 256 or K)", tname);
     const char *why = dn_linear_check_shape(t, n, k, group);
@@ -71,7 +74,12 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
         return dn_fail(&a, PyExc_ValueError, "%s weight [N=%lld, K=%lld], group_size %zd: %s",
                        tname, (long long)n, (long long)k, group, why);
     Py_buffer *s = NULL, *z = NULL;
-    if (quant) {
+    if (mxfp4) {
+        if (!(s = dn_take(&a, s_obj, "scales", 'B', 2, 0)) || dn_check_dim(&a, s, "scales", 0, n) ||
+            dn_check_dim(&a, s, "scales", 1, k / group))
+            return dn_done(&a, NULL);
+        if (z_obj != Py_None) return dn_fail(&a, PyExc_ValueError, "mxfp4 has no zeros (its scales are powers of two)");
+    } else if (quant) {
         if (!(s = dn_take(&a, s_obj, "scales", 'f', 2, 0)) || dn_check_dim(&a, s, "scales", 0, n) ||
             dn_check_dim(&a, s, "scales", 1, k / group) ||
             !(z = dn_take(&a, z_obj, "zeros", 'f', 2, 0)) || dn_check_dim(&a, z, "zeros", 0, n) ||
@@ -111,6 +119,27 @@ static PyObject *py_unpack_linear(PyObject *self, PyObject *arg) {
     if (!take_packed(&a, arg, &w)) return dn_done(&a, NULL);
     return dn_done(&a, Py_BuildValue("(sLLL)", wtype_names[w.wtype], (long long)w.n,
                                      (long long)w.k, (long long)w.group));
+}
+
+static PyObject *new_array(const char *dtype, int64_t n, int64_t k);
+
+static PyObject *py_dequantize_linear(PyObject *self, PyObject *arg) {
+    dn_args a = {.fn = "dequantize_linear"};
+    dn_linear_w w;
+    if (!take_packed(&a, arg, &w)) return dn_done(&a, NULL);
+    if (dn_linear_act_quantized(w.wtype))
+        return dn_fail(&a, PyExc_ValueError, "packed: %s weights keep fp16 scales; dequantize the codes instead",
+                       wtype_names[w.wtype]);
+    PyObject *out = new_array("float32", w.n, w.k);
+    Py_buffer *o = out ? dn_take(&a, out, "out", 'f', 2, 1) : NULL;
+    if (!o) {
+        Py_XDECREF(out);
+        return dn_done(&a, NULL);
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    dn_linear_unpack(&w, o->buf);
+    Py_END_ALLOW_THREADS;
+    return dn_done(&a, out);
 }
 
 static int overlaps(const Py_buffer *a, const Py_buffer *b) {
@@ -243,7 +272,12 @@ PyMethodDef dn_linear_methods[] = {
      "wtype 'f32' (w float32 [N,K]), 'bf16' (w uint16 bits [N,K]), 'i8' (w uint8 codes [N,K]),\n"
      "'u4' (w uint8 [N,K/2], low nibble = even k). i8/u4: scales, zeros float32 [N, K/group_size],\n"
      "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
-     "codes, computed with x quantized to int8 per 32 k (see linear_vnni)."},
+     "codes, computed with x quantized to int8 per 32 k (see linear_vnni). 'mxfp4': w uint8\n"
+     "[N,K/2] e2m1 codes (a checkpoint's *_blocks [N,K/32,16] reshaped), scales uint8 e8m0\n"
+     "[N,K/32] (*_scales), weight = e2m1(code) * 2^(scale - 127); group_size 32 (or 0)."},
+    {"dequantize_linear", py_dequantize_linear, METH_O,
+     "dequantize_linear(packed) -> float32 [N,K]: the weight a packed f32/bf16/i8/u4/mxfp4 buffer\n"
+     "holds, exactly (the portable kernel's reading of the layout)"},
     {"linear_glu", (PyCFunction)(void (*)(void))py_linear_glu, METH_VARARGS | METH_KEYWORDS,
      "linear_glu(x, packed, gate_up, out, act='silu') -> out: out[M,I] = act(x . Wg^T) * (x . Wu^T)\n"
      "of a packed [2I,K] gate_up weight (gate rows, then up rows), act 'silu' or 'gelu_tanh' (GELU\n"

@@ -99,11 +99,13 @@ int dn_check_dim(dn_args *a, Py_buffer *v, const char *name, int dim, Py_ssize_t
 }
 
 int dn_parse_act(dn_args *a, const char *name, dn_act *act) {
-    if (!name || strcmp(name, "silu") == 0) *act = DN_ACT_SILU;
-    else if (strcmp(name, "gelu_tanh") == 0) *act = DN_ACT_GELU_TANH;
-    else {
-        PyErr_Format(PyExc_ValueError, "%s: act must be 'silu' or 'gelu_tanh', got '%s'", a->fn, name);
-        return -1;
-    }
-    return 0;
+    static const char *const names[] = {"silu", "gelu_tanh", "clamped_swiglu"}; /* dn_act's order */
+    for (int i = 0; i < 3; i++)
+        if (!name ? i == 0 : strcmp(name, names[i]) == 0) {
+            *act = (dn_act)i;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "%s: act must be 'silu', 'gelu_tanh' or 'clamped_swiglu', got '%s'",
+                 a->fn, name);
+    return -1;
 }

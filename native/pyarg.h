@@ -6,7 +6,7 @@
 
 #include "glu.h"
 
-#define DN_MAX_ARGS 16
+#define DN_MAX_ARGS 24 /* a decoder layer with every optional array takes 20 */
 
 /* The buffers one call holds; dn_done/dn_fail release them all. */
 typedef struct {
@@ -39,6 +39,7 @@ static inline Py_ssize_t dn_numel(const Py_buffer *v) {
     return v->itemsize ? v->len / v->itemsize : 0;
 }
 
-/* The gate activation named `name` ("silu" or "gelu_tanh"; NULL means "silu") into *act: 0, or
+/* The gate activation named `name` ("silu", "gelu_tanh" or "clamped_swiglu"; NULL means "silu")
+ * into *act: 0, or
  * -1 with a ValueError naming the choices. */
 int dn_parse_act(dn_args *a, const char *name, dn_act *act);

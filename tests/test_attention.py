@@ -74,10 +74,12 @@ def dequant(fmt, which, cache, scale=None, zero=None):
     return (rows.astype(np.float64) - zero[..., None]) * scale[..., None]
 
 
-def reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window=0, softcap=0.0):
+def reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window=0, softcap=0.0, sinks=None):
     """Causal attention per sequence, gathering K/V through the block table, in float64; window:
     the query at position p sees p - window < j <= p (transformers' sliding_window_overlay);
-    softcap: scores become softcap * tanh(score / softcap) before the mask (Gemma 2's eager)."""
+    softcap: scores become softcap * tanh(score / softcap) before the mask (Gemma 2's eager);
+    sinks [n_heads]: gpt-oss's eager, each head's sink logit concatenated to its scores, the
+    softmax taken, the sink's column dropped."""
     bs = kd.shape[2]
     out = np.zeros(q.shape, np.float64)
     for b in range(len(ctx)):
@@ -97,15 +99,18 @@ def reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window=0, softcap
         if window:
             hidden |= pos[None, :] <= limit[:, None] - window
         s[:, hidden] = -np.inf
+        if sinks is not None:
+            s = np.concatenate([s, np.broadcast_to(sinks[:, None, None], s.shape[:2] + (1,))], axis=-1)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        out[rows] = np.einsum("hqk,khd->qhd", p, v)
+        out[rows] = np.einsum("hqk,khd->qhd", p[..., : ctx[b]], v)
     return out
 
 
-def make_step(fmt, seqs, n_kv, group, d, bs, seed=0, window=0, softcap=0.0):
+def make_step(fmt, seqs, n_kv, group, d, bs, seed=0, window=0, softcap=0.0, sinks=None):
     """A batch step: seqs = [(q_len, context_len)]. Writes every sequence's K/V through kv_write
-    into shuffled blocks, returns (args for attention, float64 reference output)."""
+    into shuffled blocks, returns (args for attention, float64 reference output). sinks: float32
+    [n_kv * group] or None."""
     rng = np.random.default_rng(seed)
     n_heads = n_kv * group
     need = [(c + bs - 1) // bs for _, c in seqs]
@@ -130,9 +135,12 @@ def make_step(fmt, seqs, n_kv, group, d, bs, seed=0, window=0, softcap=0.0):
     scale = 1.0 / np.sqrt(d)
     kd = dequant(fmt, "k", kc, extra.get("k_scale"), extra.get("k_zero"))
     vd = dequant(fmt, "v", vc, extra.get("v_scale"), extra.get("v_zero"))
-    ref = reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window, softcap)
+    ref = reference(q, kd, vd, tables, q_offsets, ctx, scale, group, window, softcap,
+                    None if sinks is None else sinks.astype(np.float64))
     args = dict(q=q, k_cache=kc, v_cache=vc, block_tables=tables, q_offsets=q_offsets,
                 context_lens=ctx, scale=scale, window=window, softcap=softcap, **extra)
+    if sinks is not None:
+        args["sinks"] = sinks
     return args, ref
 
 

@@ -160,5 +160,27 @@ def test_native_decoder_refuses_a_bad_plan(arch_models):
         new([dict(layer, q_norm=np.ones(decoder.cfg.head_dim, np.float32))])
     with pytest.raises(ValueError, match="window -1"):
         new([dict(layer, window=-1)])
-    with pytest.raises(ValueError, match="act relu"):
+    with pytest.raises(ValueError, match="act must be .silu., .gelu_tanh. or .clamped_swiglu., got .relu."):
         K.decoder_new([layer], workspace, decoder.heads, 1e-5, 0.1, act="relu")
+
+
+def test_native_decoder_takes_attention_sinks(arch_models):
+    """gpt-oss's attention sinks (LayerWeights.sinks, this rank's heads) reach both forwards: the
+    native decoder gives the op-by-op logits bit for bit (whose attention test_attention_sinks holds
+    to transformers' formula), and the sinks move the logits."""
+    arch, model, hf = arch_models
+    loop = make_loop(model, AsCacheMode.AsCacheDefault)
+    decoder = loop.model
+    loop.scheduler.add(Sequence(list(range(3, 15)), 40))  # one chunk (max_prefill_length 16), sampled
+    chunks, _ = loop.scheduler.schedule()
+    plan = build_plan(chunks, loop.pool.block_size)
+    decoder.fused = False
+    plain = decoder.forward(plan).copy()
+    rng = np.random.default_rng(5)
+    for layer in decoder.weights.layers:
+        layer.sinks = rng.normal(0.0, 2.0, decoder.heads).astype(np.float32)
+    decoder.bind_native()
+    by_op = decoder.forward(plan).copy()  # writes the same K/V into the same slots again
+    decoder.fused = True
+    assert np.array_equal(decoder.forward(plan), by_op)
+    assert np.abs(by_op - plain).max() > 1e-2

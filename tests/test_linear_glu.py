@@ -1,11 +1,12 @@
-"""linear_glu (the gate_up linear with act(gate) * up as its store, act SiLU or GELU-tanh) against
-a float64 reference (numpy's SiLU, torch's gelu(approximate="tanh")), and bit for bit against
-linear then glu_mul, on every ISA path and weight type.
+"""linear_glu (the gate_up linear with act(gate) * up as its store, act SiLU, GELU-tanh or gpt-oss's
+clamped SwiGLU) against a float64 reference (numpy's SiLU and clamped SwiGLU, torch's
+gelu(approximate="tanh")), and bit for bit against linear then glu_mul, on every ISA path and
+weight type.
 
 Where the path fuses (AVX-512, M > 4, I a multiple of 64) the GEMM stores act(g) * u from the
 very floats linear would have stored, so the two must agree exactly; elsewhere linear_glu is
 linear then glu_mul. The reference bound is test_linear's on g and u, carried through act
-(|silu'(g)| < 1.1, |gelu_tanh'(g)| < 1.13).
+(|silu'(g)| < 1.1, |gelu_tanh'(g)| < 1.13, and so for g sigmoid(1.702 g)).
 """
 import numpy as np
 import pytest
@@ -25,6 +26,9 @@ SHAPES = [(5, 64, 128), (37, 128, 576), (200, 192, 256), (7, 64, 4224), (1, 64, 
 def activation(g, act):
     if act == "silu":
         return g / (1 + np.exp(-g))
+    if act == "clamped_swiglu":  # gpt-oss (test_glu_clamped_swiglu.py holds it to transformers)
+        g = np.minimum(g, 7.0)
+        return g / (1 + np.exp(-1.702 * g))
     return torch.nn.functional.gelu(torch.from_numpy(g), approximate="tanh").numpy()
 
 
@@ -38,13 +42,15 @@ def check(out, x, wexact, wtype, isa, act):
         rounded = 2 if wtype in ("i8", "u4") else 1
     rel = rounded * BF16_EPS * 1.001 + 2e-5
     a = activation(g, act)
+    if act == "clamped_swiglu":
+        u = np.clip(u, -7.0, 7.0) + 1
     ref = a * u
     tol = rel * (1.13 * mag_g * (np.abs(u) + rel * mag_u) + np.abs(a) * mag_u) + 1e-6 * np.abs(ref)
     err = np.abs(out.astype(np.float64) - ref)
     assert np.all(err <= tol + 1e-30), f"max excess {np.max(err - tol)}"
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "clamped_swiglu"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("wtype", ["f32", "bf16", "i8", "u4"])
 def test_linear_glu_matches_reference_and_linear_then_glu(isa, wtype, threads, act):
@@ -84,6 +90,6 @@ def test_linear_glu_rejects_bad_arguments():
     odd, _ = make_weight("bf16", 127, 64, 0, rng)
     with pytest.raises(ValueError, match="gate and up"):
         K.linear_glu(x, odd, np.zeros((8, 127), np.float32), out)
-    with pytest.raises(ValueError, match="act must be 'silu' or 'gelu_tanh', got 'gelu_erf'"):
+    with pytest.raises(ValueError, match="act must be 'silu', 'gelu_tanh' or 'clamped_swiglu', got 'gelu_erf'"):
         K.linear_glu(x, packed, gate_up, out, act="gelu_erf")
     assert not out.any()  # nothing written
