@@ -2,7 +2,7 @@
 streaming clients) against the same requests through a ClientEngine, and the idle CPU of the
 HTTP server.
 
-    PYTHONPATH=. python bench/http.py [--tp 2] [--repeat 3] [--idle 10] [--dtype bfloat16]
+    python bench/http_load.py [--tp 2] [--repeat 3] [--idle 10] [--dtype bfloat16]
 
 serve32: 32 requests at once, prompt 16 + (37 i mod 241) token ids, 32 + (29 i mod 97) new tokens,
 greedy, eos masked (min_tokens = max_tokens; early_stopping off on the engine) so both paths
@@ -17,8 +17,7 @@ import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
-# This file is named http: the standard library's http package must not resolve to it.
-sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != BENCH]
+sys.path.insert(0, ROOT)  # this checkout's packages
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
