@@ -59,6 +59,16 @@ class BuildPy(build_py):
         super().run()
 
 
+def _settings():
+    """dashinfer_client/settings.py, loaded by path: the package is not importable while it builds."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "dashinfer_settings", os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashinfer_client", "settings.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compile_in_parallel(self, sources, output_dir=None, macros=None, include_dirs=None, debug=0,
                         extra_preargs=None, extra_postargs=None, depends=None):
     """CCompiler.compile with the sources of one extension compiled at once, one job per core
@@ -71,7 +81,7 @@ def compile_in_parallel(self, sources, output_dir=None, macros=None, include_dir
     def one(obj):
         src, ext = build[obj]
         self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
-    jobs = int(os.environ.get("DASHINFER_BUILD_JOBS") or os.cpu_count() or 1)
+    jobs = _settings().get("DASHINFER_BUILD_JOBS") or os.cpu_count() or 1
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         list(pool.map(one, objects))
     return objects

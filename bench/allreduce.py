@@ -33,9 +33,10 @@ def per_call_us(g, reduce, x, reps):
 
 def relaunch_under_mpi(ranks: int) -> int:
     from dashinfer_server.launch import mpiexec_path
+    from dashinfer_client import settings
     from dashinfer_server.topology import simulated_nodes
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path[:1] + [os.environ.get("PYTHONPATH", "")]))
-    if not env.get("DASHINFER_NUMA_NODES"):
+    if not settings.get("DASHINFER_NUMA_NODES", env):
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(ranks)
     cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, os.path.abspath(__file__)]
     return subprocess.run(cmd, env=env).returncode

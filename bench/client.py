@@ -78,9 +78,10 @@ def idle_cpu(runtime_cfg, nodes, seconds) -> float:
     """CPU% (of one core) that a spawned group of `nodes` ranks burns while it serves nothing:
     the model installed and started, one request run, then `seconds` of quiet."""
     import psutil
+    from dashinfer_client import settings
     from dashinfer_server.topology import simulated_nodes
     env = {}
-    if nodes > 1 and not os.environ.get("DASHINFER_NUMA_NODES"):
+    if nodes > 1 and not settings.get("DASHINFER_NUMA_NODES"):
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(nodes)
     engine = allspark.ClientEngine(nodes=nodes, env=env)
     try:

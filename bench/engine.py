@@ -296,7 +296,8 @@ def main():
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     sys.path.insert(0, ROOT)
-    if args.ranks and not env.get("DASHINFER_NUMA_NODES"):
+    from dashinfer_client import settings
+    if args.ranks and not settings.get("DASHINFER_NUMA_NODES", env):
         from dashinfer_server.topology import simulated_nodes
         env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)
     from bench import bounds, models

@@ -19,16 +19,11 @@ import argparse
 import ctypes
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-# `python bench/guided.py` puts bench/ first on sys.path, where bench/http.py hides the standard
-# library's http (xgrammar imports http.client through transformers).
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-from bench.timing import best_seconds  # noqa: E402
+from bench.timing import best_seconds
 
 SCHEMA = {
     "type": "object",

@@ -88,8 +88,6 @@ def main():
     for label, quant, group, head in SETTINGS:
         for path in (["vnni", "exact"] if quant else ["bf16"]):
             run_env = dict(env, DASHINFER_ISA="avx2") if path == "exact" else env
-            # -m, not the script's path: bench/ on sys.path would shadow the standard library's
-            # `http` (bench/http.py) for transformers when the model is converted here
             cmd = [sys.executable, "-m", "bench.quality", "--window", str(args.window), "--threads",
                    str(args.threads), "--child", quant or "-", "-" if group is None else str(group),
                    "-" if head is None else str(head)]

@@ -147,7 +147,6 @@ def main():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     model = args.model or args.model_dir
     if not args.model and not os.path.exists(os.path.join(args.model_dir, "config.json")):
-        # as a module: run as a script, bench/http.py would shadow the standard library's http
         run([python, "-m", "bench.make_model", "qwen2-1.5b", args.model_dir], env, cwd=ROOT)
     results = {"threads": threads, "workloads": workloads, "rank_threads": max(1, cores // 2),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 
 import dashinfer_client as allspark  # noqa: E402
+from dashinfer_client import settings  # noqa: E402
 from dashinfer_client.model_cache import resolve_model  # noqa: E402
 
 OK = allspark.AsStatus.ALLSPARK_SUCCESS
@@ -157,7 +158,7 @@ def main():
     model_dir, prefix = resolve_model(args.model, args.dtype)
     vocab = allspark.DashInferModel(model_dir, prefix).config.vocab_size
     env = {}
-    if args.ranks > 1 and not os.environ.get("DASHINFER_NUMA_NODES"):
+    if args.ranks > 1 and not settings.get("DASHINFER_NUMA_NODES"):
         from dashinfer_server.topology import numa_nodes, simulated_nodes
         if len(numa_nodes()) < args.ranks:
             env["DASHINFER_NUMA_NODES"] = simulated_nodes(args.ranks)

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import threading
 
+from . import settings
 from .config import ASGenerationConfig, ASGenerationConfigBuilder, AsModelRuntimeConfig
 from .generation_config import check_generation
 from .queries import QueryAPI
@@ -39,6 +40,7 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
     log = logging.getLogger("dashinfer_client")
 
     def __init__(self):
+        settings.check_environment()  # a bad DASHINFER_* value refuses the engine, before any work
         self.last_error = None  # the reason of the last refused call, for logs
         self._reason = threading.local()  # the reason of the calling thread's last refused call
         self._tokenizer_lock = threading.Lock()

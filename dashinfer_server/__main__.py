@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+from dashinfer_client import settings
 from dashinfer_client.config import AsModelRuntimeConfigBuilder
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_client.proto.wire import unix_socket_path
@@ -147,8 +148,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     try:
+        settings.check_environment()
         group = init_group(args.threads or None)  # first: it places the rank before the kernels load
-    except PlacementError as e:
+    except (PlacementError, settings.SettingError) as e:
         log.error("%s", e)
         return EX_CONFIG
     if group.rank > 0:

@@ -15,6 +15,7 @@ import string
 
 import grpc
 
+from dashinfer_client import settings
 from dashinfer_client.proto.wire import SESSION_METADATA, TOKEN_METADATA, is_local_address, unix_socket_path
 
 log = logging.getLogger("dashinfer_server.service")
@@ -149,10 +150,10 @@ def add_arguments(p) -> None:
 def from_arguments(args, env):
     """(Access, tls or None) of the parsed flags, environment defaults applied; ValueError when a
     token or a TLS file is bad or missing."""
-    token = read_token(args.token or env.get("DASHINFER_TOKEN") or None,
-                       args.token_file or env.get("DASHINFER_TOKEN_FILE"))
-    admin = read_token(args.admin_token or env.get("DASHINFER_ADMIN_TOKEN") or None,
-                       args.admin_token_file or env.get("DASHINFER_ADMIN_TOKEN_FILE"), "admin token")
+    token = read_token(args.token or settings.get("DASHINFER_TOKEN", env),
+                       args.token_file or settings.get("DASHINFER_TOKEN_FILE", env))
+    admin = read_token(args.admin_token or settings.get("DASHINFER_ADMIN_TOKEN", env),
+                       args.admin_token_file or settings.get("DASHINFER_ADMIN_TOKEN_FILE", env), "admin token")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = None

@@ -15,6 +15,8 @@ tests do, to compare runs bit for bit).
 import os
 import time
 
+from dashinfer_client import settings
+
 from . import kernels as K
 
 INTERVAL_S = 0.25   # long enough to average over the OS's timeslices (jiffies are 10 ms)
@@ -44,7 +46,7 @@ class CpuShare:
     """Call adapt() once per step: every INTERVAL_S it sets the kernels' thread count."""
 
     def __init__(self):
-        self.enabled = os.environ.get("DASHINFER_ADAPTIVE_THREADS", "1") != "0"
+        self.enabled = settings.get("DASHINFER_ADAPTIVE_THREADS")
         self.cpus = sorted(os.sched_getaffinity(0))
         self.configured = K.num_threads()
         self.chosen = self.configured

@@ -6,6 +6,8 @@ binds itself to its NUMA node (topology.py), then loads the kernels.
 """
 import os
 
+from dashinfer_client import settings
+
 from . import kernels as K
 from . import topology
 from .parallel import MPIGroup
@@ -64,7 +66,7 @@ def init_group(threads: int | None = None):
     kernels, whose OpenMP runtime reads that placement when it loads.
     threads: OpenMP threads per rank (default: the cores of its node)."""
     rank, world = launched_world()
-    if world <= 1 and "DASHINFER_NODE" not in os.environ:
+    if world <= 1 and settings.get("DASHINFER_NODE") is None:
         return LocalGroup()
     topology.place_rank(rank, world, threads)
     K.load()

@@ -16,6 +16,8 @@ import importlib
 import os
 import sys
 
+from dashinfer_client import settings
+
 
 class KernelsNotLoaded(RuntimeError):
     """A kernel was used before dashinfer_server.kernels.load()."""
@@ -41,10 +43,10 @@ def load():
         os.environ["GOMP_SPINCOUNT"] = "30000"
     native = importlib.import_module("._native", __package__)
     globals().update({name: getattr(native, name) for name in dir(native) if not name.startswith("_")})
-    if os.environ.get("DASHINFER_ISA"):
-        native.set_isa(os.environ["DASHINFER_ISA"])
-    if os.environ.get("DASHINFER_AMX"):
-        native.set_amx(os.environ["DASHINFER_AMX"])
+    if settings.get("DASHINFER_ISA"):
+        native.set_isa(settings.get("DASHINFER_ISA"))
+    if settings.get("DASHINFER_AMX"):
+        native.set_amx(settings.get("DASHINFER_AMX"))
     _native = native
     return sys.modules[__name__]
 

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 
+from dashinfer_client import settings
 from dashinfer_client.proto.wire import default_address
 
 from . import logs, topology
@@ -40,23 +41,23 @@ def mpiexec_path() -> str:
 
 def parse_args(argv, env):
     p = argparse.ArgumentParser(prog="dashinfer-launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=int(env.get("DASHINFER_NODES") or 0),
+    p.add_argument("--nodes", type=int, default=settings.get("DASHINFER_NODES", env),
                    help="ranks, one per NUMA node (default: every node)")
     p.add_argument("--first-node", type=int, default=0,
                    help="the ranks take the nodes from this node id on (DashInfer's AS_NUMA_OFFSET)")
     p.add_argument("--mpiexec", default=None,
                    help="the mpiexec that starts the ranks (default: the one beside this Python); it must "
                         "be of the MPI mpi4py was built with")
-    p.add_argument("--threads-per-rank", type=int, default=int(env.get("DASHINFER_THREADS_PER_RANK") or 0),
+    p.add_argument("--threads-per-rank", type=int, default=settings.get("DASHINFER_THREADS_PER_RANK", env),
                    help="OpenMP threads per rank (default: the cores of its node)")
-    p.add_argument("--address", default=env.get("DASHINFER_ADDRESS") or None,
+    p.add_argument("--address", default=settings.get("DASHINFER_ADDRESS", env),
                    help="gRPC address of rank 0: unix:///path.sock or 127.0.0.1:PORT "
                         "(default: a unix socket under $XDG_RUNTIME_DIR or /tmp)")
-    p.add_argument("--model-dir", default=env.get("DASHINFER_MODEL_DIR") or None)
-    p.add_argument("--model-prefix", default=env.get("DASHINFER_MODEL_PREFIX") or None)
-    p.add_argument("--model-name", default=env.get("DASHINFER_MODEL_NAME") or None)
-    p.add_argument("--log-level", default=env.get("DASHINFER_LOG_LEVEL") or None)
-    p.add_argument("--log-format", default=env.get("DASHINFER_LOG_FORMAT") or None, help="text or json")
+    p.add_argument("--model-dir", default=settings.get("DASHINFER_MODEL_DIR", env))
+    p.add_argument("--model-prefix", default=settings.get("DASHINFER_MODEL_PREFIX", env))
+    p.add_argument("--model-name", default=settings.get("DASHINFER_MODEL_NAME", env))
+    p.add_argument("--log-level", default=settings.get("DASHINFER_LOG_LEVEL", env))
+    p.add_argument("--log-format", default=settings.get("DASHINFER_LOG_FORMAT", env), help="text or json")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     return p.parse_known_args(argv)
 
@@ -195,6 +196,11 @@ def sweep_stale_mpich_segments(shm_dir: str = "/dev/shm", min_age_s: float = 1) 
 
 
 def main(argv=None) -> int:
+    try:
+        settings.check_environment()
+    except settings.SettingError as e:
+        print(f"dashinfer-launch: {e}", file=sys.stderr)
+        return EX_CONFIG
     args, rest = parse_args(sys.argv[1:] if argv is None else argv, os.environ)
     # the launcher's own lines in the ranks' format: a collector reading JSON gets only JSON
     logs.configure((args.log_level or "INFO").upper(), args.log_format or "text")

@@ -12,12 +12,14 @@ import os
 import threading
 import time
 
+from dashinfer_client import settings
+
 ENV = "AS_PROFILE"
 
 
 def enabled(env=None) -> bool:
     env = os.environ if env is None else env
-    return env.get(ENV, "OFF").strip().upper() == "ON"
+    return settings.get(ENV, env) == "ON"
 
 
 class OpProfiler:

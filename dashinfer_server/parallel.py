@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from dashinfer_client import settings
+
 from . import kernels as K
 from .plan import StepPlan
 from .shard import split_range
@@ -80,9 +82,9 @@ class MPIGroup:
         self._stage = np.zeros(0, np.float32)  # rank 0: logits shards of several rows
         self._starts = None                     # int32 [world+1]: vocabulary shard borders
         self._replies = np.zeros((self.world, REPLY), np.int32) if self.rank == 0 else None
-        self.timeout = float(os.environ.get("DASHINFER_ALLREDUCE_TIMEOUT") or 60)
+        self.timeout = settings.get("DASHINFER_ALLREDUCE_TIMEOUT")
         self._shm = None
-        self.allreduce_kind = self._setup_allreduce(os.environ.get("DASHINFER_ALLREDUCE") or "auto")
+        self.allreduce_kind = self._setup_allreduce(settings.get("DASHINFER_ALLREDUCE"))
         if self.rank == 0:
             atexit.register(self.close)
 
@@ -109,8 +111,6 @@ class MPIGroup:
 
     def _setup_allreduce(self, kind: str) -> str:
         """'shm' when every rank is on this host (unless DASHINFER_ALLREDUCE=mpi), else 'mpi'."""
-        if kind not in ("auto", "shm", "mpi"):
-            raise ValueError(f"DASHINFER_ALLREDUCE={kind!r}: use auto, shm or mpi")
         if kind == "mpi":
             return "mpi"
         local = self.comm.Split_type(self._MPI.COMM_TYPE_SHARED)

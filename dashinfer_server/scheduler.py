@@ -35,36 +35,28 @@ GenerateInterrupted, "no resource to finish this request's generation"). Pure po
 no threads. Its decisions are logged at DEBUG.
 """
 import logging
-import os
 import time
 from dataclasses import dataclass
+
+from dashinfer_client import settings
 
 from .block_pool import BlockPool
 from .sequence import Phase, Sequence
 
 log = logging.getLogger("dashinfer_server")
 
-MAX_WAIT_STEPS = 4  # steps in which shorter prompts may overtake a prompt before it goes first
-PROMPT_STEP_TOKENS = 32  # a prompt-only step ends with the prompt that brings it to this many tokens
-
-
-def _env_count(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value.isdigit():
-        if value:
-            log.warning("%s=%r is not a count: using %d", name, value, default)
-        return default
-    return int(value)
+MAX_WAIT_STEPS = settings.REGISTRY["DASHINFER_MAX_WAIT_STEPS"].default  # steps in which shorter prompts may overtake a prompt before it goes first
+PROMPT_STEP_TOKENS = settings.REGISTRY["DASHINFER_PROMPT_STEP_TOKENS"].default  # a prompt-only step ends with the prompt that brings it to this many tokens
 
 
 def max_wait_steps() -> int:
     """DASHINFER_MAX_WAIT_STEPS, or MAX_WAIT_STEPS; 0 is first come first served."""
-    return _env_count("DASHINFER_MAX_WAIT_STEPS", MAX_WAIT_STEPS)
+    return settings.get("DASHINFER_MAX_WAIT_STEPS")
 
 
 def prompt_step_tokens() -> int:
     """DASHINFER_PROMPT_STEP_TOKENS, or PROMPT_STEP_TOKENS; 0 runs decodes in every step."""
-    return _env_count("DASHINFER_PROMPT_STEP_TOKENS", PROMPT_STEP_TOKENS)
+    return settings.get("DASHINFER_PROMPT_STEP_TOKENS")
 
 
 @dataclass

@@ -14,6 +14,8 @@ with the JSON log format each record also carries its figures as fields.
 import logging
 import os
 
+from dashinfer_client import settings
+
 from . import kernels as K
 from . import topology
 from .kv_cache import bytes_per_block
@@ -28,7 +30,7 @@ def rank_placements(world: int, threads=None, env=None) -> list:
     places them (rank r on the r-th NUMA node; this rank on DASHINFER_NODE). A lone rank started
     without a node is not pinned: it runs on the cpus this process may use."""
     env = os.environ if env is None else env
-    if world == 1 and not env.get("DASHINFER_NODE"):
+    if world == 1 and settings.get("DASHINFER_NODE", env) is None:
         cpus = sorted(os.sched_getaffinity(0))
         count = threads or K.num_threads()
         return [{"rank": 0, "node": None, "cpus": cpus, "threads": count, "memory": "not bound",

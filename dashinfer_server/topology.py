@@ -16,6 +16,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from dashinfer_client import settings
+
 from . import kernels
 
 log = logging.getLogger("dashinfer_server")
@@ -77,6 +79,14 @@ def sysfs_nodes(sysfs: str = SYSFS) -> dict:
     return nodes
 
 
+def _setting(name: str, env):
+    """settings.get, a bad value refused as a PlacementError like the other placement mistakes."""
+    try:
+        return settings.get(name, env)
+    except settings.SettingError as e:
+        raise PlacementError(str(e)) from None
+
+
 def parse_override(text: str) -> dict:
     """'0:0-3;1:4-7' -> {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}."""
     nodes = {}
@@ -101,7 +111,7 @@ def numa_nodes(env=None, sysfs: str = SYSFS) -> list[Node]:
     env = os.environ if env is None else env
     real = sysfs_nodes(sysfs)
     online = online_cpus(sysfs)
-    override = env.get("DASHINFER_NUMA_NODES", "").strip()
+    override = _setting("DASHINFER_NUMA_NODES", env)
     if override:
         wanted = parse_override(override)
         seen = {}
@@ -155,8 +165,8 @@ def plan_placement(rank: int, world: int, threads: int | None = None, env=None,
     """Where rank `rank` of `world` runs: node DASHINFER_NODE if set, else the rank-th node."""
     env = os.environ if env is None else env
     nodes = numa_nodes(env, sysfs)
-    if env.get("DASHINFER_NODE", "").strip():
-        wanted = int(env["DASHINFER_NODE"])
+    wanted = _setting("DASHINFER_NODE", env)
+    if wanted is not None:
         by_id = {n.id: n for n in nodes}
         if wanted not in by_id:
             raise PlacementError(f"rank {rank}: node {wanted} does not exist (nodes: "
@@ -168,10 +178,8 @@ def plan_placement(rank: int, world: int, threads: int | None = None, env=None,
             raise PlacementError(f"{world} ranks but only {len(nodes)} NUMA node(s) "
                                  f"({', '.join(str(n.id) for n in nodes)}): one rank per node")
         node = nodes[rank]
-    membind = env.get("DASHINFER_MEMBIND", "bind").strip() or "bind"
-    if membind not in MEMBIND_MODES:
-        raise PlacementError(f"DASHINFER_MEMBIND={membind!r}: use bind, preferred or none")
-    threads = threads or int(env.get("DASHINFER_THREADS") or 0) or physical_cores(node.cpus, sysfs)
+    membind = _setting("DASHINFER_MEMBIND", env)
+    threads = threads or _setting("DASHINFER_THREADS", env) or physical_cores(node.cpus, sysfs)
     if not 1 <= threads <= len(node.cpus):
         raise PlacementError(f"rank {rank}: {threads} threads do not fit the {len(node.cpus)} cpu(s) "
                              f"of node {node.id}")

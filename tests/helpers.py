@@ -27,6 +27,11 @@ THINK_CHATML = CHATML.replace("{{ '<|im_start|>assistant\n' }}",
                               "enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}"
                               "{% endif %}")
 
+# ChatML that renders tools as Qwen2.5 / Hermes templates do (a system turn listing them and the
+# <tool_call> format, which selects the hermes parser), for the tool-call streaming tests.
+HERMES_CHATML = ("{% if tools %}{{ '<|im_start|>system\nCall a function as <tool_call>{\"name\": ..., "
+                 "\"arguments\": ...}</tool_call>. Functions:\n' }}{% for tool in tools %}{{ tool | tojson }}"
+                 "{{ '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}" + CHATML)
 
 # Tiny models of each family: (transformers config class, what the family sets beyond TINY). Each
 # feature is switched on with a value far from neutral, so leaving it out shows in the logits.

@@ -194,3 +194,16 @@ def test_reasoning_comes_back_apart_and_follows_enable_thinking(think_model, thi
             assert got == want and (streamed["reasoning_content"], streamed["content"]) == want
     finally:
         reference.close()
+
+
+def test_a_bare_request_samples_as_the_model_card_says(client):
+    """SmolLM2-135M-Instruct's model card samples with temperature 0.2 and top_p 0.9; its GGUF holds
+    no sampling settings, so the default model's conversion carries those: a request that names
+    no sampling option answers what one naming them answers, seed for seed."""
+    [model] = client.models.list().data
+    assert model.model_dump()["sampling_defaults"] == {"temperature": 0.2, "top_p": 0.9, "top_k": 0}
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=24)
+    bare = [client.chat.completions.create(**ask, seed=s).choices[0].message.content for s in (1, 2, 3)]
+    card = [client.chat.completions.create(**ask, seed=s, temperature=0.2, top_p=0.9, extra_body={"top_k": 0})
+            .choices[0].message.content for s in (1, 2, 3)]
+    assert bare == card

@@ -180,3 +180,53 @@ def test_output_side_text_equals_decode_and_cuts_stop_strings(tokenizer):
     assert "".join(pieces) + last.text == tokenizer.decode(ids)[:text.index("STOP")]
     assert all("\ufffd" not in p for p in pieces)  # whole characters only
     assert last.finish_reason == "stop" and last.stop_string == "STOP"
+
+
+# Hermes calls as a model writes them (compact, spaced, nested, escaped), and the arguments' exact
+# text in each: what the streamed pieces must join into (the reference is the text itself, cut by hand).
+STREAMED = [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>',
+     ['{"city": "Paris", "unit": "C"}']),
+    ('Sure.<tool_call>{"name":"f","arguments":{"a":[1,{"b":"}]\\"{"}],"c":"Grüße"}}</tool_call>'
+     '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
+     ['{"a":[1,{"b":"}]\\"{"}],"c":"Grüße"}', '{}']),
+]
+
+
+@pytest.mark.parametrize("answer, arguments", STREAMED)
+def test_hermes_streams_arguments_as_written(tokenizer, answer, arguments):
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["hermes"]())
+    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    parts = [p for d in deltas for p in d.tool_call_parts]
+    calls = [c for d in deltas for c in d.tool_calls]
+    assert [c.arguments for c in calls] == arguments  # the whole answer's arguments: as the model wrote them
+    for index, call in enumerate(calls):
+        mine = [p for p in parts if p.index == index]
+        assert (mine[0].id, mine[0].name) == (call.id, call.name)
+        assert all(p.name is None and p.id == call.id for p in mine[1:])
+        assert "".join(p.arguments for p in mine) == call.arguments
+        json.loads(call.arguments)
+    # a long argument list streams in many pieces, each as soon as its characters are decoded
+    assert len([p for p in parts if p.index == 0]) > 5
+
+
+def test_hermes_call_in_another_key_order_comes_whole_in_one_part(tokenizer):
+    answer = '<tool_call>{"arguments": {"zone": "UTC"}, "name": "get_time"}</tool_call>'
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["hermes"]())
+    deltas = [out.push(_elements([i])) for i in tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    deltas.append(out.finish("eos"))
+    parts = [p for d in deltas for p in d.tool_call_parts]
+    [call] = [c for d in deltas for c in d.tool_calls]
+    assert [(p.index, p.name, p.arguments) for p in parts] == [(0, "get_time", call.arguments)]
+    assert json.loads(call.arguments) == {"zone": "UTC"}
+
+
+def test_whole_json_formats_stream_each_call_in_one_part(tokenizer):
+    answer = '[{"name": "get_time", "arguments": {"zone": "EST"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["json"]())
+    deltas = [out.push(_elements([i])) for i in tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    deltas.append(out.finish("eos"))
+    parts = [p for d in deltas for p in d.tool_call_parts]
+    assert [(p.index, p.name, json.loads(p.arguments)) for p in parts] == \
+        [(0, "get_time", {"zone": "EST"}), (1, "get_weather", {"city": "Rome"})]

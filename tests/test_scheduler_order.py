@@ -1,10 +1,9 @@
 """The scheduler's order and budget, step by step (no model, no clock): prompts shortest first,
 aged prompts first come first served, a prompt not started where it cannot finish, decodes held
 to half a step while prompts wait."""
-import logging
-
 import pytest
 
+from dashinfer_client.settings import SettingError
 from dashinfer_server.block_pool import BlockPool
 from dashinfer_server.scheduler import (MAX_WAIT_STEPS, PROMPT_STEP_TOKENS, Scheduler, max_wait_steps,
                                         prompt_step_tokens)
@@ -117,14 +116,14 @@ def test_decodes_hold_at_most_half_a_step_while_prompts_wait():
 @pytest.mark.parametrize("name, read, default", [
     ("DASHINFER_MAX_WAIT_STEPS", max_wait_steps, MAX_WAIT_STEPS),
     ("DASHINFER_PROMPT_STEP_TOKENS", prompt_step_tokens, PROMPT_STEP_TOKENS)])
-def test_counts_from_the_environment(monkeypatch, caplog, name, read, default):
-    caplog.set_level(logging.WARNING, logger="dashinfer_server")
+def test_counts_from_the_environment(monkeypatch, name, read, default):
     monkeypatch.setenv(name, "0")
     assert read() == 0
     monkeypatch.setenv(name, "64")
     assert read() == 64
-    monkeypatch.setenv(name, "soon")
-    assert read() == default
-    assert f"{name}='soon' is not a count" in caplog.text
+    for bad in ("soon", "-1"):  # refused with the one-line error, never replaced by the default
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(SettingError, match=f"^{name}='{bad}': expected an integer >= 0$"):
+            read()
     monkeypatch.delenv(name)
     assert read() == default

@@ -67,7 +67,7 @@ def test_override_simulates_nodes_and_binds_memory_only_to_real_ones(tmp_path):
     ("0:0;1:5", "cpu 5 of node 1 is not online"),
     ("0:0-1;1:1", "cpu 1 is in nodes 0 and 1"),
     ("0:0;0:1", "node 0 is given twice"),
-    ("zero:0", "not node:cpulist"),
+    ("zero:0", "node:cpulist"),
     ("0:0-", "cpu list"),
     (";", "names no node"),
 ])

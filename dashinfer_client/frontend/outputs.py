@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..detokenize import IncrementalDecoder
 from ..types import FinishReason
+from .parsers.base import ToolCallPart
 
 # The engine's finish reason (RequestStatInfo) -> the answer's; a front door words these its way.
 FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_WORDS: "stop", FinishReason.LENGTH: "length",
@@ -23,17 +24,25 @@ FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_WORDS: "stop", FinishReaso
 class Delta:
     """What one step of the answer adds. logprobs: (id, logprob, [(id, logprob), ...]) per token
     of token_ids, when asked. finish_reason: set on the last Delta only ('stop', 'length',
-    'tool_calls', 'abort' or 'error'); stop_string: there, the stop string that ended the answer."""
+    'tool_calls', 'abort' or 'error'); stop_string: there, the stop string that ended the answer.
+    tool_calls: the calls that ended in this step, whole (what a whole answer lists); tool_call_parts:
+    the same calls as they stream (ToolCallPart: a call's id and name first, then its arguments' text
+    in pieces, as the model writes them where its format allows, else whole). raw_text: the text as
+    the model wrote it, before the parsers took reasoning and calls out of it (LMDeploy's pipeline
+    answers it)."""
     text: str = ""
     reasoning: str = ""
     tool_calls: list = field(default_factory=list)
+    tool_call_parts: list = field(default_factory=list)
     token_ids: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     finish_reason: str = None
     stop_string: str = None
+    raw_text: str = ""
 
     def __bool__(self):
-        return bool(self.text or self.reasoning or self.tool_calls or self.token_ids or self.finish_reason)
+        return bool(self.text or self.reasoning or self.tool_calls or self.tool_call_parts or self.token_ids
+                    or self.finish_reason)
 
 
 class StopText:
@@ -76,6 +85,7 @@ class OutputProcessor:
         self.ids, self.logprobs = [], []
         self.sent = 0  # ids handed out
         self.called = False  # a tool call was handed out
+        self.call_index = {}  # tool call id -> its index in the answer, in the order calls began
 
     @property
     def stopped(self) -> bool:
@@ -99,6 +109,8 @@ class OutputProcessor:
         delta.text += rest.text
         delta.reasoning += rest.reasoning
         delta.tool_calls += rest.tool_calls
+        delta.tool_call_parts += rest.tool_call_parts
+        delta.raw_text += rest.raw_text
         reason = "stop" if self.stop.hit else FINISH.get(engine_reason or FinishReason.INTERRUPTED, "error")
         delta.finish_reason = "tool_calls" if self.called and reason == "stop" else reason
         delta.stop_string = self.stop.matched
@@ -121,7 +133,7 @@ class OutputProcessor:
         return delta
 
     def _parse(self, text, final) -> Delta:
-        reasoning, calls = "", []
+        raw, reasoning, calls, parts = text, "", [], []
         if self.reasoning is not None:
             reasoning, text = self.reasoning.feed(text)
             if final:
@@ -132,5 +144,15 @@ class OutputProcessor:
             if final:
                 more_text, more_calls = self.tools.finish()
                 text, calls = text + more_text, calls + more_calls
+            parts = self._parts(calls)
         self.called = self.called or bool(calls)
-        return Delta(text, reasoning, calls)
+        return Delta(text, reasoning, calls, parts, raw_text=raw)
+
+    def _parts(self, calls) -> list:
+        """The parser's streamed parts, then each call it did not stream as one part; numbered."""
+        parts = self.tools.take_parts()
+        streamed = {p.id for p in parts} | set(self.call_index)
+        parts += [ToolCallPart(c.id, c.name, c.arguments) for c in calls if c.id not in streamed]
+        for part in parts:
+            part.index = self.call_index.setdefault(part.id, len(self.call_index))
+        return parts

@@ -106,6 +106,35 @@ def _plain_turns(messages, fmt) -> list:
     return turns
 
 
+def tool_functions(tools) -> list:
+    """OpenAI's tools ([{"type": "function", "function": {"name", "description", "parameters"}}]) ->
+    the functions ({"name", "parameters", "description"?}) a chat template renders; PromptError
+    for the first malformed one."""
+    if not isinstance(tools, list) or not tools:
+        raise PromptError("'tools' must be a non-empty list of {'type': 'function', 'function': {...}}")
+    functions = [_function(k, t) for k, t in enumerate(tools)]
+    names = [f["name"] for f in functions]
+    if len(set(names)) != len(names):
+        raise PromptError("'tools': function names must be unique")
+    return functions
+
+
+def _function(k, tool) -> dict:
+    function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise PromptError(f"tools[{k}] must be {{'type': 'function', 'function': {{'name': str, ...}}}}")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(parameters, dict):
+        raise PromptError(f"tools[{k}].function.parameters must be a JSON schema object")
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise PromptError(f"tools[{k}].function.description must be a string")
+    out = {"name": function["name"], "parameters": parameters}
+    if description:
+        out["description"] = description
+    return out
+
+
 def arguments_object(text, where) -> dict:
     """A call's arguments (JSON text, as OpenAI sends them) -> the object, or PromptError."""
     if isinstance(text, dict):

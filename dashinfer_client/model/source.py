@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 
+from .. import settings
 from ..errors import ModelSerializerException, malformed
 from .base import ModelHandle
 from .quant import InstantQuantSettings
@@ -28,7 +29,7 @@ def _remove_temp_dirs():
 
 
 def quiet_by_env():
-    return os.environ.get("DASHINFER_QUIET", "").lower() in ("1", "true", "yes", "on")
+    return settings.get("DASHINFER_QUIET")
 
 
 class SourceModel(ModelHandle):

@@ -5,8 +5,10 @@ apply_chat_template). ChatTemplateConfig(model_name='chatml' | 'qwen' | 'llama3'
 template instead; the role markers (system, eosys, user, eoh, assistant, eoa, separator) make a
 custom one; meta_instruction is a system prompt, put first when the conversation has none.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import List, Optional
+
+from ..frontend.prompts import tool_functions
 
 MARKERS = ("system", "eosys", "user", "eoh", "assistant", "eoa", "separator")
 _CHATML = dict(system="<|im_start|>system\n", eosys="<|im_end|>\n", user="<|im_start|>user\n",
@@ -66,6 +68,29 @@ class ChatTemplateConfig:
         return self.stop_words if self.stop_words is not None else BUILTIN.get(self.model_name, {}).get("stop_words")
 
 
+@dataclass
+class ChatOptions:
+    """What a call gives the chat template beside the conversation, as LMDeploy's pipeline takes it:
+    tools (OpenAI's [{"type": "function", "function": {...}}], checked into functions), and
+    chat_template_kwargs, where enable_thinking and reasoning_effort go unless it names them."""
+    functions: Optional[list] = None
+    template_kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tools, chat_template_kwargs, enable_thinking, reasoning_effort) -> "ChatOptions":
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r}")
+        if enable_thinking is not None and not isinstance(enable_thinking, bool):
+            raise ValueError(f"enable_thinking must be a bool, got {enable_thinking!r}")
+        if reasoning_effort is not None and reasoning_effort not in ("low", "medium", "high"):
+            raise ValueError(f"reasoning_effort must be 'low', 'medium' or 'high', got {reasoning_effort!r}")
+        kwargs = dict(chat_template_kwargs or {})
+        for name, value in (("enable_thinking", enable_thinking), ("reasoning_effort", reasoning_effort)):
+            if value is not None:
+                kwargs.setdefault(name, value)
+        return cls(tool_functions(tools) if tools is not None else None, kwargs)
+
+
 def check_messages(messages, where):
     if not messages or not all(isinstance(m, dict) for m in messages):
         raise ValueError(f"{where} must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r}")
@@ -74,15 +99,18 @@ def check_messages(messages, where):
             raise ValueError(f"{where}: each message needs a role in {ROLES} and a str content, got {m!r}")
 
 
-def prompt_text(prompts, messages, config: ChatTemplateConfig):
+def prompt_text(prompts, messages, config: ChatTemplateConfig, functions=None, template_kwargs=None):
     """The prompt of a conversation, the assistant's turn opened (prompts: the front end's Prompts,
-    whose chat_text is the model's own template)."""
+    whose chat_text is the model's own template, which alone renders tools and template options)."""
     system = config.system_prompt()
     if system is not None and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system}] + list(messages)
     markers = config.markers()
     if markers is None:
-        return prompts.chat_text(messages)
+        return prompts.chat_text(messages, functions, template_kwargs)
+    if functions or template_kwargs:
+        raise ValueError("tools and chat template options need the model's own chat template, not "
+                         "ChatTemplateConfig's markers")
     parts = []
     for m in messages:
         begin, end = {"system": ("system", "eosys"), "user": ("user", "eoh"),

@@ -12,6 +12,9 @@ generation options for one prompt.
   random_seed                        the request's sampling seed
   logprobs                           N: the log-probability of each token and its N most likely
                                      alternatives (N <= 10)
+  response_format                    LMDeploy's guided decoding: {"type": "json_schema", "json_schema":
+                                     {"name", "schema"}} or {"type": "regex_schema", "regex_schema": R}
+                                     (the answer matches the regular expression R)
 """
 import dataclasses
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ class GenerationConfig:
     bad_token_ids: Optional[List[int]] = None
     do_sample: Optional[bool] = None  # newer LMDeploy: False = greedy whatever top_k says
     min_p: float = 0.0
+    response_format: Optional[dict] = None
 
     def __post_init__(self):
         if self.n != 1:
@@ -68,6 +72,8 @@ class GenerationConfig:
             if ids is not None and (isinstance(ids, (str, bytes)) or not all(
                     isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
                 raise ValueError(f"GenerationConfig.{name} must be a list of token ids, got {ids!r}")
+        if self.response_format is not None and not isinstance(self.response_format, dict):
+            raise ValueError(f"GenerationConfig.response_format must be a dict or None, got {self.response_format!r}")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GenerationConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -122,4 +128,17 @@ def request_options(gen: GenerationConfig, prompt_len: int, session_len: int, st
         options["seed"] = gen.random_seed
     if gen.logprobs is not None:
         options.update(logprobs=True, top_logprobs=gen.logprobs)
+    if gen.response_format is not None:
+        options["response_format"] = _engine_response_format(gen.response_format)
     return options
+
+
+def _engine_response_format(response_format: dict) -> dict:
+    """LMDeploy's response_format as the engine's (dashinfer_server/guided.py): a regex_schema
+    becomes a lark grammar of that one regular expression; the others are the engine's own forms."""
+    if response_format.get("type") != "regex_schema":
+        return response_format
+    regex = response_format.get("regex_schema")
+    if not isinstance(regex, str) or not regex:
+        raise ValueError("GenerationConfig.response_format: regex_schema must be a non-empty string")
+    return {"type": "grammar", "grammar": "start: /" + regex.replace("/", "\\/") + "/\n"}

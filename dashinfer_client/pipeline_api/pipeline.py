@@ -18,7 +18,7 @@ from ..frontend import Prompts, start_engine
 from ..model_cache import resolve_model
 from ..refusals import Refused
 from ..types import TargetDevice
-from .chat_template import BUILTIN, ChatTemplateConfig, check_messages, prompt_text
+from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, check_messages, prompt_text
 from .engine_config import engine_settings
 from .generation import GenerationConfig, encode_words, request_options
 from .response import Answer, too_long
@@ -123,15 +123,19 @@ class Pipeline:
                                 f"got {type(p).__name__}")
         return list(prompts), False
 
-    def _input_ids(self, prompt, i, do_preprocess):
+    def _input(self, prompt, i, do_preprocess, chat):
+        """(ids, the prompt's text through the chat template or None) of one prompt."""
         if isinstance(prompt, str):
             if not do_preprocess:
-                return self.prompts.text_ids(prompt)
+                if chat.functions or chat.template_kwargs:
+                    raise ValueError("tools and chat template options need do_preprocess=True (the chat template)")
+                return self.prompts.text_ids(prompt), None
             prompt = [{"role": "user", "content": prompt}]
         elif not do_preprocess:
             raise ValueError(f"prompts[{i}]: a conversation needs do_preprocess=True (the chat template)")
         check_messages(prompt, f"prompts[{i}]")
-        return self.prompts.text_ids(prompt_text(self.prompts, prompt, self.chat_template), special=False)
+        text = prompt_text(self.prompts, prompt, self.chat_template, chat.functions, chat.template_kwargs)
+        return self.prompts.text_ids(text, special=False), text
 
     def _gen_configs(self, gen_config, n, deprecated):
         """One GenerationConfig per prompt (gen_config: None, one, or a list of n, as LMDeploy)."""
@@ -147,7 +151,7 @@ class Pipeline:
             out.append(gen.with_deprecated(deprecated))
         return out
 
-    def _plan(self, prompts, gen_config, do_preprocess, deprecated):
+    def _plan(self, prompts, gen_config, do_preprocess, chat, deprecated):
         """Everything checked before anything is submitted -> (one prompt?, [(ids, options | None
         when the prompt fills the session, Answer)])."""
         if self.engine is None:
@@ -156,7 +160,7 @@ class Pipeline:
         plan = []
         for i, (prompt, gen) in enumerate(zip(prompt_list, self._gen_configs(gen_config, len(prompt_list),
                                                                              deprecated))):
-            ids = self._input_ids(prompt, i, do_preprocess)
+            ids, text = self._input(prompt, i, do_preprocess, chat)
             if not ids:
                 raise ValueError(f"prompts[{i}] is empty after tokenization")
             stops = encode_words(self.prompts, gen.stop_words, gen.stop_token_ids) + self._template_stops
@@ -166,8 +170,10 @@ class Pipeline:
                                           encode_words(self.prompts, gen.bad_words, gen.bad_token_ids))
                 ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
             terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
-            plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens,
-                                              terminators, gen.logprobs is not None)))
+            reasoning = self.prompts.reasoning_parser(text) if text is not None else None
+            plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens, terminators,
+                                              gen.logprobs is not None, reasoning,
+                                              self.prompts.tool_parser(chat.functions))))
         return one, plan
 
     def _submit(self, plan):
@@ -197,13 +203,19 @@ class Pipeline:
 
     # ---- the API -------------------------------------------------------------------------------
 
-    def __call__(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
+    def __call__(self, prompts, gen_config=None, do_preprocess=True, tools=None, chat_template_kwargs=None,
+                 enable_thinking=None, reasoning_effort=None, **deprecated):
         """One Response for one prompt, a list in input order for several. gen_config: one
-        GenerationConfig for all prompts or a list of one per prompt."""
-        return self.infer(prompts, gen_config, do_preprocess, **deprecated)
+        GenerationConfig for all prompts or a list of one per prompt. As LMDeploy's: tools (OpenAI's
+        function tools) and chat_template_kwargs go to the model's chat template, enable_thinking
+        and reasoning_effort into chat_template_kwargs; see ChatOptions."""
+        return self.infer(prompts, gen_config, do_preprocess, tools, chat_template_kwargs, enable_thinking,
+                          reasoning_effort, **deprecated)
 
-    def infer(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
-        one, plan = self._plan(prompts, gen_config, do_preprocess, deprecated)
+    def infer(self, prompts, gen_config=None, do_preprocess=True, tools=None, chat_template_kwargs=None,
+              enable_thinking=None, reasoning_effort=None, **deprecated):
+        chat = ChatOptions.of(tools, chat_template_kwargs, enable_thinking, reasoning_effort)
+        one, plan = self._plan(prompts, gen_config, do_preprocess, chat, deprecated)
         started = self._submit(plan)
         out = []
         try:
@@ -222,10 +234,12 @@ class Pipeline:
             self._end(started)
         return out[0] if one else out
 
-    def stream_infer(self, prompts, gen_config=None, do_preprocess=True, **deprecated):
+    def stream_infer(self, prompts, gen_config=None, do_preprocess=True, tools=None, chat_template_kwargs=None,
+                     enable_thinking=None, reasoning_effort=None, **deprecated):
         """A generator of Response pieces as tokens come, interleaved across the prompts; the last
         piece of each prompt carries its finish_reason. Closing it early stops the requests."""
-        return self._stream(self._plan(prompts, gen_config, do_preprocess, deprecated)[1])
+        chat = ChatOptions.of(tools, chat_template_kwargs, enable_thinking, reasoning_effort)
+        return self._stream(self._plan(prompts, gen_config, do_preprocess, chat, deprecated)[1])
 
     def _stream(self, plan):
         started = self._submit(plan)

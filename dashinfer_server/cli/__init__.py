@@ -6,8 +6,10 @@ answer, Ctrl-C) print one line and exit non-zero; a traceback means a bug.
 import argparse
 import sys
 
+from dashinfer_client import settings
+
 from . import chat, convert, launch, serve
-from .common import CliError
+from .common import CONFIG_ERROR, CliError
 
 SUBCOMMANDS = (serve, chat, convert, launch)
 
@@ -23,6 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        settings.check_environment()
+    except settings.SettingError as e:
+        print(f"dashinfer: {e}", file=sys.stderr)
+        return CONFIG_ERROR
     if argv[:1] == ["launch"]:  # its flags belong to the launcher (and to the ranks)
         return launch.run_argv(argv[1:])
     args = build_parser().parse_args(argv)

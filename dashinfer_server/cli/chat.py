@@ -12,6 +12,8 @@ import sys
 import urllib.error
 import urllib.request
 
+from dashinfer_client import settings
+
 from .chat_terminal import converse, load_in_background
 from .common import (CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks,
                      first_paragraph, resolve)
@@ -27,7 +29,7 @@ def add_parser(sub) -> None:
     add_engine_options(p)
     add_model_options(p)
     p.add_argument("--model-name", default=None, help="with --address / --url: which served model")
-    p.add_argument("--api-key", default=os.environ.get("DASHINFER_API_KEY"), help="with --url")
+    p.add_argument("--api-key", default=settings.get("DASHINFER_API_KEY"), help="with --url")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--seed", type=int, default=None)

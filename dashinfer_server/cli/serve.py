@@ -11,8 +11,9 @@ import socket
 import sys
 import threading
 
+from dashinfer_client import settings
 from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
-from dashinfer_server.http.admission import MAX_WAITING, Admission, env_number
+from dashinfer_server.http.admission import MAX_WAITING, Admission
 
 from .common import (CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, first_paragraph,
                      resolve)
@@ -35,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch", type=int, default=32, help="requests running at once")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest request, prompt + answer, in tokens (default: min(context, 2048))")
-    p.add_argument("--api-key", default=os.environ.get("DASHINFER_API_KEY"),
+    p.add_argument("--api-key", default=settings.get("DASHINFER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default $DASHINFER_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API")
     p.add_argument("--max-waiting", type=int, default=None,
@@ -103,9 +104,9 @@ def _admission(args) -> Admission:
     """The admission gate of --max-waiting and --request-timeout (or their variables)."""
     try:
         max_waiting = args.max_waiting if args.max_waiting is not None else \
-            env_number("DASHINFER_MAX_WAITING", MAX_WAITING)
+            settings.get("DASHINFER_MAX_WAITING")
         timeout = args.request_timeout if args.request_timeout is not None else \
-            env_number("DASHINFER_REQUEST_TIMEOUT", 0.0, float)
+            settings.get("DASHINFER_REQUEST_TIMEOUT")
         return Admission(args.max_batch, max_waiting, timeout)
     except ValueError as e:
         raise CliError(f"--max-waiting / --request-timeout: {e}", CONFIG_ERROR) from None

@@ -12,26 +12,15 @@ kept). Any front door (chat, completions, the Messages API) wraps its output the
 import asyncio
 import json
 import math
-import os
 
+from dashinfer_client import settings
 from dashinfer_client.frontend import Delta
 
 from .errors import ApiError, bad_request
 
-MAX_WAITING = 128     # requests queued beyond the batch before new ones get 429
+MAX_WAITING = settings.REGISTRY["DASHINFER_MAX_WAITING"].default  # requests queued beyond the batch before new ones get 429
 RETRY_AFTER_S = 1     # what a refused client is told to wait
 TIMEOUT_REASON = "timeout"
-
-
-def env_number(name: str, default, kind=int):
-    """DASHINFER_* variable `name` as `kind`, or default when unset; ValueError when malformed."""
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return kind(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number") from None
 
 
 class Admission:

@@ -230,10 +230,13 @@ class _Blocks:
         if delta.text:
             yield from self._switch("text", {"type": "text", "text": ""})
             yield self._delta({"type": "text_delta", "text": delta.text})
-        for call in delta.tool_calls:
-            yield from self._switch("tool_use", dict(_tool_use(call), input={}))
-            yield self._delta({"type": "input_json_delta", "partial_json": call.arguments})
-            yield from self.close()
+        for part in delta.tool_call_parts:  # a block per call, its input's JSON in pieces
+            if part.name is not None:
+                yield from self.close()
+                yield from self._switch("tool_use", {"type": "tool_use", "id": _tool_use_id(part.id),
+                                                     "name": part.name, "input": {}})
+            if part.arguments:
+                yield self._delta({"type": "input_json_delta", "partial_json": part.arguments})
 
     def close(self):
         if self.open is not None:
@@ -252,8 +255,11 @@ class _Blocks:
 
 
 def _tool_use(call) -> dict:
-    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
-            "input": call.arguments_dict()}
+    return {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": call.arguments_dict()}
+
+
+def _tool_use_id(call_id) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def _stop(last):

@@ -67,7 +67,7 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
                 last = now
                 usage.completion_tokens += len(ids)
                 delta = output.push(elements)
-                if delta.text or delta.reasoning or delta.tool_calls or delta.logprobs:
+                if delta.text or delta.reasoning or delta.tool_calls or delta.tool_call_parts or delta.logprobs:
                     yield delta
             if ended:  # a final queue takes no more pushes: everything was in that GetNoWait
                 break

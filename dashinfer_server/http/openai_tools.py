@@ -3,7 +3,7 @@ request's tool settings (dashinfer_client/frontend/prompts.py says the normalize
 import uuid
 from dataclasses import dataclass
 
-from dashinfer_client.frontend.prompts import PromptError, arguments_object
+from dashinfer_client.frontend.prompts import PromptError, arguments_object, tool_functions
 
 from .errors import bad_request
 
@@ -92,33 +92,16 @@ def tool_settings(body) -> ToolSettings:
         if choice not in (None, "none", "auto"):
             raise bad_request("'tool_choice' needs 'tools'", "tool_choice")
         return ToolSettings()
-    if not isinstance(tools, list) or not tools:
-        raise bad_request("'tools' must be a non-empty list of {'type': 'function', 'function': {...}}", "tools")
-    functions = [_function(k, t) for k, t in enumerate(tools)]
+    try:
+        functions = tool_functions(tools)
+    except PromptError as e:
+        raise bad_request(str(e), "tools") from None
     names = [f["name"] for f in functions]
-    if len(set(names)) != len(names):
-        raise bad_request("'tools': function names must be unique", "tools")
     forced = _forced(choice, names)
     if forced == "none":
         return ToolSettings()
     return ToolSettings(functions if not forced or forced == "required" else
                         [f for f in functions if f["name"] == forced], forced, parallel is not False)
-
-
-def _function(k, tool) -> dict:
-    function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-        raise bad_request(f"tools[{k}] must be {{'type': 'function', 'function': {{'name': str, ...}}}}", "tools")
-    parameters = function.get("parameters", {"type": "object", "properties": {}})
-    if not isinstance(parameters, dict):
-        raise bad_request(f"tools[{k}].function.parameters must be a JSON schema object", "tools")
-    description = function.get("description")
-    if description is not None and not isinstance(description, str):
-        raise bad_request(f"tools[{k}].function.description must be a string", "tools")
-    out = {"name": function["name"], "parameters": parameters}
-    if description:
-        out["description"] = description
-    return out
 
 
 def _forced(choice, names):
@@ -136,9 +119,3 @@ def _forced(choice, names):
         raise bad_request(f"'tool_choice' names {name!r}, which is not among 'tools' ({', '.join(names)})",
                           "tool_choice")
     return name
-
-
-def calls_json(calls) -> list:
-    """ToolCalls as OpenAI's message.tool_calls."""
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls]

@@ -7,8 +7,6 @@ import uuid
 
 from dashinfer_client.frontend import Delta
 
-from .openai_tools import calls_json
-
 
 class Answer:
     """The bodies of one request's answer, sharing its id and creation time (job: any of its
@@ -22,7 +20,6 @@ class Answer:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.offsets = {}  # choice index -> characters of text so far (text completions' text_offset)
-        self.calls = {}  # choice index -> tool calls streamed so far (each delta's index)
 
     def _head(self, obj) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
@@ -44,7 +41,7 @@ class Answer:
             if reasoning:
                 message["reasoning_content"] = reasoning
             if calls:
-                message["tool_calls"] = calls_json(calls)
+                message["tool_calls"] = [c.openai() for c in calls]
             choice["message"] = message
         else:
             choice["text"] = text
@@ -74,14 +71,12 @@ class Answer:
 
     def _chat_delta(self, delta, index) -> dict:
         out = {}
-        if delta.text or not (delta.finish_reason or delta.reasoning or delta.tool_calls):
+        if delta.text or not (delta.finish_reason or delta.reasoning or delta.tool_calls or delta.tool_call_parts):
             out["content"] = delta.text
         if delta.reasoning:
             out["reasoning_content"] = delta.reasoning
-        if delta.tool_calls:  # each call whole: its id and name, then its arguments
-            calls = self.calls.get(index, 0)
-            out["tool_calls"] = [dict(c, index=calls + k) for k, c in enumerate(calls_json(delta.tool_calls))]
-            self.calls[index] = calls + len(delta.tool_calls)
+        if delta.tool_call_parts:  # a call's id and name first, then pieces of its arguments
+            out["tool_calls"] = [_call_chunk(p) for p in delta.tool_call_parts]
         return out
 
     def logprobs(self, tokens, index=0):
@@ -102,6 +97,14 @@ class Answer:
     def _entry(self, token_id, logprob) -> dict:
         text = self.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def _call_chunk(part) -> dict:
+    """A ToolCallPart as an entry of a chunk's delta.tool_calls."""
+    if part.name is None:
+        return {"index": part.index, "function": {"arguments": part.arguments}}
+    return {"index": part.index, "id": part.id, "type": "function",
+            "function": {"name": part.name, "arguments": part.arguments}}
 
 
 def sse(body) -> str:

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 
+from dashinfer_client import settings
 from dashinfer_client.frontend import Prompts, start_engine
 from dashinfer_client.refusals import Refused
 
@@ -181,7 +182,7 @@ class _GroupProbe:
         from dashinfer_client.proto import load
         self.grpc = grpc
         self.pb, pb_grpc = load()
-        self.channel, _ = open_channel(address, os.environ.get("DASHINFER_TOKEN"))
+        self.channel, _ = open_channel(address, settings.get("DASHINFER_TOKEN"))
         self.stub = pb_grpc.DashInferStub(self.channel)
 
     def instance(self):

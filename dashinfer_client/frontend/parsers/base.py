@@ -7,6 +7,7 @@ the beginning of a tag stays with it until the next piece (or the end) says what
 never leaks into the content.
 """
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -25,6 +26,80 @@ class ToolCall:
 
     def arguments_dict(self) -> dict:
         return json.loads(self.arguments)
+
+    def openai(self) -> dict:
+        """As an entry of OpenAI's message.tool_calls."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class ToolCallPart:
+    """A piece of a tool call as it streams: the first piece of a call carries its id and name,
+    later ones (name None) only more of its arguments' text; a call's pieces join into its final
+    arguments. index: the call's place in the answer (OutputProcessor numbers them)."""
+    id: str
+    name: str = None
+    arguments: str = ""
+    index: int = None
+
+
+class ArgumentsStream:
+    """One call written as {"name": "...", "arguments": {...}}, read while the model writes it:
+    its name once the arguments' first brace is there, then the arguments' text as it comes, exactly
+    as written (nothing is held back: the text inside the object is the arguments). A call written
+    otherwise (another key first) is not streamed; its parser hands it out whole at its end."""
+    HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+    def __init__(self):
+        self.call = None                # the ToolCall, once its head is read
+        self.start = self.end = None    # the arguments' span in the body (end: once they closed)
+        self.scanned = self.sent = 0    # body characters scanned / handed out
+        self.depth, self.in_string, self.escaped = 0, False, False
+
+    def feed(self, body: str) -> list:
+        """The ToolCallParts that the call's body so far adds (body: all of it, not the new piece)."""
+        parts = []
+        if self.call is None:
+            head = self.HEAD.match(body)
+            if head is None:
+                return parts
+            self.call = ToolCall(json.loads(head.group(1)), "")
+            self.start = self.scanned = self.sent = head.end()
+            parts.append(ToolCallPart(self.call.id, self.call.name))
+        while self.end is None and self.scanned < len(body):
+            c = body[self.scanned]
+            self.scanned += 1
+            if self.in_string:
+                self.escaped, self.in_string = (False, True) if self.escaped else (c == "\\", c != '"')
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                self.end = self.scanned if self.depth == 0 else None
+        stop = self.scanned if self.end is None else self.end
+        if stop > self.sent:
+            piece, self.sent = body[self.sent:stop], stop
+            if parts:
+                parts[0].arguments = piece
+            else:
+                parts.append(ToolCallPart(self.call.id, arguments=piece))
+        return parts
+
+    def result(self, body: str):
+        """At the call's end (body: all of it): the ToolCall, its arguments as streamed, when the body
+        is that call and the arguments a JSON object; else None."""
+        if self.end is None:
+            return None
+        try:
+            whole, arguments = json.loads(body), json.loads(body[self.start:self.end])
+        except ValueError:
+            return None
+        if not isinstance(whole, dict) or whole.get("name") != self.call.name or not isinstance(arguments, dict):
+            return None
+        self.call.arguments = body[self.start:self.end]
+        return self.call
 
 
 def register_tool_parser(cls):
@@ -108,6 +183,11 @@ class ToolParser:
     def finish(self):
         """-> (content, [ToolCall]) of what was held back at the end of the answer."""
         raise NotImplementedError
+
+    def take_parts(self) -> list:
+        """The ToolCallParts of calls streamed since the last take (a format that streams its calls'
+        arguments); the output side streams any other call whole, in one part."""
+        return []
 
     @classmethod
     def grammar(cls, functions, parallel: bool) -> str:

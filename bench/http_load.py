@@ -2,7 +2,7 @@
 streaming clients) against the same requests through a ClientEngine, and the idle CPU of the
 HTTP server.
 
-    PYTHONPATH=. python bench/http.py [--tp 2] [--repeat 3] [--idle 10] [--dtype bfloat16]
+    python bench/http_load.py [--tp 2] [--repeat 3] [--idle 10] [--dtype bfloat16]
 
 serve32: 32 requests at once, prompt 16 + (37 i mod 241) token ids, 32 + (29 i mod 97) new tokens,
 greedy, eos masked (min_tokens = max_tokens; early_stopping off on the engine) so both paths
@@ -17,8 +17,7 @@ import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
-# This file is named http: the standard library's http package must not resolve to it.
-sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != BENCH]
+sys.path.insert(0, ROOT)  # this checkout's packages
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
@@ -29,6 +28,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 
 import dashinfer_client as allspark  # noqa: E402
+from dashinfer_client import settings  # noqa: E402
 from dashinfer_client.default_model import ensure_default_model  # noqa: E402
 
 MAX_LENGTH = 512
@@ -126,7 +126,7 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16")
     args = p.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (ROOT, os.environ.get("PYTHONPATH")) if x))
-    if args.tp > 1 and "DASHINFER_NUMA_NODES" not in env:
+    if args.tp > 1 and not settings.get("DASHINFER_NUMA_NODES", env):
         from dashinfer_server import topology
         if len(topology.numa_nodes()) < args.tp:
             env["DASHINFER_NUMA_NODES"] = topology.simulated_nodes(args.tp)
@@ -134,8 +134,8 @@ def main() -> int:
     loader = allspark.DashInferModel(model_dir, prefix)
     requests = prompts("serve32", loader.config.vocab_size)
     proc, url = start_server(args, env)
-    engine = allspark.ClientEngine(nodes=args.tp, env={"DASHINFER_NUMA_NODES": env["DASHINFER_NUMA_NODES"]}
-                                   if "DASHINFER_NUMA_NODES" in env else None)
+    nodes = settings.get("DASHINFER_NUMA_NODES", env)
+    engine = allspark.ClientEngine(nodes=args.tp, env={"DASHINFER_NUMA_NODES": nodes} if nodes else None)
     runtime = (loader.create_reference_runtime_config_builder("bench", allspark.TargetDevice.CPU, [0], 32)
                .max_length(MAX_LENGTH).build())
     try:

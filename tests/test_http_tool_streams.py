@@ -1,0 +1,74 @@
+"""Tool calls streamed as the model writes them, through `dashinfer serve`, with the official openai
+and anthropic clients: a tiny model whose chat template speaks Qwen2.5 / Hermes' <tool_call> format
+is forced to call (tool_choice required / any) a function whose arguments are long. The pieces of
+a streamed call (OpenAI's function.arguments deltas, Anthropic's input_json_delta) join into
+exactly the arguments the same request answers unstreamed (greedy: the same tokens), which satisfy
+the schema, and they come in many pieces, not in one at the end."""
+import json
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+import dashinfer_client as allspark
+from tests.helpers import HERMES_CHATML, build_tiny_model, build_tiny_tokenizer
+from tests.http_server import serving
+
+SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "minLength": 12, "maxLength": 12},
+                                           "body": {"type": "string", "minLength": 48, "maxLength": 48}},
+          "required": ["title", "body"], "additionalProperties": False}
+NOTE = {"type": "function", "function": {"name": "write_note", "description": "Write a note down",
+                                         "parameters": SCHEMA}}
+ASK = [{"role": "user", "content": "Note that the meeting moved to Friday."}]
+
+
+@pytest.fixture(scope="module")
+def hermes_server(tmp_path_factory):
+    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp("hermes") / "hf"), max_position_embeddings=2048)
+    build_tiny_tokenizer(hf_dir, HERMES_CHATML)
+    loader = allspark.HuggingFaceModel(hf_dir, "tiny", user_set_data_type="float32", progress=False)
+    out = str(tmp_path_factory.mktemp("hermes") / "serialized")
+    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
+    with serving(out, str(tmp_path_factory.mktemp("hermes-serve") / "serve.log")) as s:
+        yield s
+
+
+def test_openai_stream_joins_into_the_unstreamed_arguments(hermes_server):
+    client = openai.OpenAI(base_url=hermes_server.url + "/v1", api_key="none", max_retries=0)
+    request = dict(model="tiny", messages=ASK, tools=[NOTE], tool_choice="required", parallel_tool_calls=False,
+                   max_tokens=256, temperature=0)
+    whole = client.chat.completions.create(**request)
+    [call] = whole.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    first, rest = pieces[0], pieces[1:]
+    assert first.index == 0 and first.id and first.type == "function" and first.function.name == "write_note"
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p in rest)  # OpenAI's shape
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    assert len([p for p in pieces if p.function.arguments]) > 3
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+
+
+def test_anthropic_stream_joins_into_the_unstreamed_input(hermes_server):
+    client = anthropic.Anthropic(base_url=hermes_server.url, api_key="none", max_retries=0)
+    request = dict(model="tiny", max_tokens=256, extra_body={"temperature": 0}, messages=ASK,
+                   tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                   tools=[{"name": "write_note", "description": "Write a note down", "input_schema": SCHEMA}])
+    whole = client.messages.create(**request)
+    uses = [b for b in whole.content if b.type == "tool_use"]
+    assert uses
+    for use in uses:
+        jsonschema.validate(use.input, SCHEMA)
+
+    events = list(client.messages.create(**request, stream=True))
+    starts = [e for e in events if e.type == "content_block_start" and e.content_block.type == "tool_use"]
+    assert [(s.content_block.name, s.content_block.input) for s in starts] == [("write_note", {})] * len(uses)
+    for start, use in zip(starts, uses):
+        partial = [e.delta.partial_json for e in events if e.type == "content_block_delta"
+                   and e.index == start.index and e.delta.type == "input_json_delta"]
+        assert len(partial) > 3
+        assert json.loads("".join(partial)) == use.input
+    assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == [whole.stop_reason] == ["tool_use"]

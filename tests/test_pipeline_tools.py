@@ -1,0 +1,95 @@
+"""The pipeline takes tools and reasoning options where LMDeploy's does: keyword arguments of
+pipe() / infer() / stream_infer() (tools, chat_template_kwargs, enable_thinking, reasoning_effort)
+that go to the model's chat template. Its Response keeps LMDeploy's text (what the model wrote) and
+adds the front end's parse: tool_calls and reasoning_content.
+
+LMDeploy's pipeline has no tool_choice, so a tiny model whose template speaks the <tool_call> format
+is made to write a call by LMDeploy's own GenerationConfig.response_format (a regex_schema); the
+references: the prompt as transformers' tokenizer renders it with the tools, and the call read back
+out of the answer's text with the json module."""
+import json
+import os
+import re
+
+import pytest
+
+import dashinfer_client as allspark
+from dashinfer_client import GenerationConfig, TurbomindEngineConfig, pipeline
+from tests.helpers import HERMES_CHATML, THINK_CHATML, build_tiny_model, build_tiny_tokenizer
+
+NOTE = {"type": "function", "function": {"name": "write_note", "description": "Write a note down",
+                                         "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}}}
+ASK = [{"role": "user", "content": "Note that the meeting moved to Friday."}]
+CALL = r'<tool_call>\n\{"name": "write_note", "arguments": \{"title": "[a-z]{4,16}"\}\}\n</tool_call>'
+
+
+def _model(tmp_path_factory, name, template):
+    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp(name) / "hf"), max_position_embeddings=1024)
+    build_tiny_tokenizer(hf_dir, template)
+    loader = allspark.HuggingFaceModel(hf_dir, "tiny", user_set_data_type="float32", progress=False)
+    out = str(tmp_path_factory.mktemp(name) / "serialized")
+    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
+    return hf_dir, os.path.join(out, "tiny")
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    hf_dir, model = _model(tmp_path_factory, "hermes", HERMES_CHATML)
+    with pipeline(model, backend_config=TurbomindEngineConfig(session_len=1024, max_batch_size=4)) as pipe:
+        yield hf_dir, pipe
+
+
+def _hf_prompt_len(hf_dir, **kwargs):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    text = tokenizer.apply_chat_template(ASK, tokenize=False, add_generation_prompt=True, **kwargs)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_tools_reach_the_template_and_calls_come_back_parsed(hermes):
+    hf_dir, pipe = hermes
+    gen = GenerationConfig(max_new_tokens=96, response_format={"type": "regex_schema", "regex_schema": CALL})
+    r = pipe(ASK, gen_config=gen, tools=[NOTE])
+    assert r.input_token_len == _hf_prompt_len(hf_dir, tools=[NOTE])  # the template rendered the tools
+    assert re.fullmatch(CALL, r.text)  # LMDeploy's text: what the model wrote
+    written = json.loads(r.text[len("<tool_call>\n"):-len("\n</tool_call>")])
+    [call] = r.tool_calls
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == written["name"]
+    assert json.loads(call["function"]["arguments"]) == written["arguments"]
+    assert r.finish_reason == "stop"
+
+    pieces = list(pipe.stream_infer(ASK, gen_config=gen, tools=[NOTE]))
+    assert "".join(p.text for p in pieces) == r.text
+    assert [c["function"] for p in pieces for c in p.tool_calls or ()] == [call["function"]]
+
+    plain = pipe(ASK, gen_config=gen)  # without tools: no parse, and the template renders none
+    assert plain.tool_calls is None and plain.input_token_len == _hf_prompt_len(hf_dir)
+
+
+def test_bad_tools_and_options_are_refused_before_anything_runs(hermes):
+    _, pipe = hermes
+    for kwargs, words in [(dict(tools=[{"type": "function"}]), "tools[0]"),
+                          (dict(tools=[NOTE, NOTE]), "unique"),
+                          (dict(chat_template_kwargs="yes"), "chat_template_kwargs"),
+                          (dict(enable_thinking="yes"), "enable_thinking"),
+                          (dict(reasoning_effort="max"), "reasoning_effort")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            pipe(ASK, **kwargs)
+    with pytest.raises(ValueError, match="do_preprocess"):
+        pipe("hi", do_preprocess=False, tools=[NOTE])
+    assert pipe("hi", gen_config=GenerationConfig(max_new_tokens=2)).generate_token_len == 2  # still serving
+
+
+def test_reasoning_comes_back_apart_and_enable_thinking_reaches_the_template(tmp_path_factory):
+    hf_dir, model = _model(tmp_path_factory, "think", THINK_CHATML)
+    with pipeline(model, backend_config=TurbomindEngineConfig(session_len=1024, max_batch_size=4)) as pipe:
+        gen = GenerationConfig(max_new_tokens=12)
+        thinking = pipe(ASK, gen_config=gen)
+        # the template opened <think>; a random model never closes it: all it wrote is reasoning
+        assert thinking.reasoning_content == thinking.text and thinking.text
+        assert thinking.input_token_len == _hf_prompt_len(hf_dir)
+        for kwargs in (dict(enable_thinking=False), dict(chat_template_kwargs={"enable_thinking": False})):
+            direct = pipe(ASK, gen_config=gen, **kwargs)
+            assert direct.input_token_len == _hf_prompt_len(hf_dir, enable_thinking=False)
+            assert direct.reasoning_content == ""  # the template closed the reasoning: the text is the answer
