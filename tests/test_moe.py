@@ -75,6 +75,14 @@ def test_low_precision_experts_stay_close_to_transformers(tmp_path, tiny_checkpo
     assert rel.max() < LOW_PRECISION[mode][3], f"{name} {mode}: relative RMS logits error per step {np.round(rel, 4)}"
 
 
+def test_serialize_from_torch_refuses_3d_experts(tmp_path, serialized_tiny):
+    from dashinfer_server.engine import Engine
+    hf = load_hf_model(serialized_tiny("qwen3_moe").model_path)
+    with pytest.raises(ModelSerializerException, match="3-D parameters"):
+        Engine().serialize_model_from_torch("m", "Qwen3MoeForCausalLM", hf.state_dict(), hf.config.to_dict(),
+                                            str(tmp_path))
+
+
 # ---- the kernel against numpy in float64 ------------------------------------------------------
 
 def silu(z):
