@@ -42,18 +42,7 @@ static void destroy(PyObject *cap) {
 static int take_linear(dn_args *a, PyObject *obj, const char *name, dn_linear_w *w, int64_t n,
                        int64_t k) {
     Py_buffer *v = dn_take(a, obj, name, 'B', 1, 0);
-    if (!v) return -1;
-    const char *why = dn_linear_open(w, v->buf, (size_t)v->len);
-    if (why) {
-        dn_fail(a, PyExc_ValueError, "%s: %s", name, why);
-        return -1;
-    }
-    if (w->n != n || w->k != k) {
-        dn_fail(a, PyExc_ValueError, "%s is [%lld, %lld], expected [%lld, %lld]", name,
-                (long long)w->n, (long long)w->k, (long long)n, (long long)k);
-        return -1;
-    }
-    return 0;
+    return v ? dn_open_linear(a, name, v->buf, (size_t)v->len, w, n, k) : -1;
 }
 
 static const float *take_vector(dn_args *a, PyObject *obj, const char *name, int64_t n, int optional) {

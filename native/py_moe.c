@@ -12,8 +12,8 @@ static PyObject *item(PyObject *fields, const char *name) {
     return o ? o : Py_None;
 }
 
-static int open_packed(dn_args *a, const char *name, const uint8_t *buf, size_t len, dn_linear_w *w,
-                       int64_t n, int64_t k) {
+int dn_open_linear(dn_args *a, const char *name, const uint8_t *buf, size_t len, dn_linear_w *w, int64_t n,
+                   int64_t k) {
     const char *why = dn_linear_open(w, buf, len);
     if (why) {
         PyErr_Format(PyExc_ValueError, "%s: %s: %s", a->fn, name, why);
@@ -37,7 +37,7 @@ static int take_experts(dn_args *a, PyObject *obj, const char *name, int n_local
         return -1;
     }
     for (int j = 0; j < n_local; j++)
-        if (open_packed(a, name, (const uint8_t *)v->buf + (size_t)j * v->shape[1], (size_t)v->shape[1],
+        if (dn_open_linear(a, name, (const uint8_t *)v->buf + (size_t)j * v->shape[1], (size_t)v->shape[1],
                         &(*out)[j], n, k))
             return -1;
     return 0;
@@ -52,7 +52,7 @@ void dn_moe_weights_release(dn_moe_weights *w) {
 int dn_take_moe(dn_args *a, PyObject *fields, dn_moe_shape *s, dn_moe_weights *w) {
     const int64_t H = s->hidden;
     Py_buffer *r = dn_take(a, item(fields, "router"), "router", 'B', 1, 0);
-    if (!r || open_packed(a, "router", r->buf, (size_t)r->len, &w->router, s->n_experts, H)) return -1;
+    if (!r || dn_open_linear(a, "router", r->buf, (size_t)r->len, &w->router, s->n_experts, H)) return -1;
     if (w->router.wtype != DN_W_F32) {
         PyErr_Format(PyExc_ValueError, "%s: router must be packed f32 (its logits choose the experts)", a->fn);
         return -1;
@@ -83,11 +83,11 @@ int dn_take_moe(dn_args *a, PyObject *fields, dn_moe_shape *s, dn_moe_weights *w
     }
     if (sgu == Py_None) return 0;
     Py_buffer *g = dn_take(a, sgu, "shared_gate_up", 'B', 1, 0);
-    if (!g || open_packed(a, "shared_gate_up", g->buf, (size_t)g->len, &w->shared_gate_up,
+    if (!g || dn_open_linear(a, "shared_gate_up", g->buf, (size_t)g->len, &w->shared_gate_up,
                           2 * (int64_t)s->shared_inter, H))
         return -1;
     Py_buffer *d = dn_take(a, item(fields, "shared_down"), "shared_down", 'B', 1, 0);
-    if (!d || open_packed(a, "shared_down", d->buf, (size_t)d->len, &w->shared_down, H, s->shared_inter))
+    if (!d || dn_open_linear(a, "shared_down", d->buf, (size_t)d->len, &w->shared_down, H, s->shared_inter))
         return -1;
     Py_buffer *sg = dn_take(a, item(fields, "shared_gate"), "shared_gate", 'f', 1, 0);
     if (!sg || dn_check_dim(a, sg, "shared_gate", 0, H)) return -1;

@@ -36,3 +36,8 @@ void dn_moe_weights_release(dn_moe_weights *w);
 /* s from the routing arguments, checked (n_local follows); 0, or -1 with a ValueError. */
 int dn_moe_shape_init(dn_moe_shape *s, int n_experts, int top_k, int norm_topk, int expert0,
                       int expert_step, int hidden, int shared_inter, dn_act act);
+
+/* The packed linear at buf (len bytes) into w, checked to be [n, k]; 0, or -1 with a ValueError
+ * naming it. */
+int dn_open_linear(dn_args *a, const char *name, const uint8_t *buf, size_t len, dn_linear_w *w, int64_t n,
+                   int64_t k);
