@@ -8,23 +8,36 @@ only), and requests arriving together get their first tokens no sooner
 than shortest first at that rate. Attention and the elementwise kernels are left out (a few %
 at these context lengths): the bound is optimistic, a fraction is honest.
 """
+from dashinfer_client.model.families import family
+from dashinfer_client.model.serialized import weight_shapes
 from dashinfer_server import kernels as K
 from dashinfer_server import weights
 from dashinfer_server.weights import head_group, quantized_wtype
 
 K.load()  # which packed type a weight gets (quantized_wtype) depends on the CPU; a bench runs where started
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+def active_experts(config, rows: int) -> float:
+    """The share of a sparse layer's experts a step of `rows` rows reads: each row chooses top_k of
+    E, so with uniform routing 1 - (1 - top_k/E)^rows of them on average (top_k/E for one row). A
+    random model's router is near uniform; a trained one's is not, which only lowers the share."""
+    return 1.0 - (1.0 - config.num_experts_per_tok / config.num_experts) ** rows if config.num_experts else 1.0
 
 
-def weight_bytes_per_token(model) -> int:
-    """Bytes of linear weights and of the lm_head one decode step reads, from the serialized
-    model's tensors as they are packed in memory (dashinfer_server/weights.py; the packed layout
-    adds only padding to 16 columns): codes, and per group a scale and a scale*zero, fp16 pairs
-    on the int8-activation path (i8q/u4q), fp32 pairs elsewhere."""
+def weight_bytes_per_token(model, rows: int = 1) -> float:
+    """Bytes of linear weights and of the lm_head one decode step of `rows` rows reads, from the
+    serialized model's tensors as they are packed in memory (dashinfer_server/weights.py; the
+    packed layout adds only padding to 16 columns): codes, and per group a scale and a
+    scale*zero, fp16 pairs on the int8-activation path (i8q/u4q), fp32 pairs elsewhere. Of a
+    sparse layer's experts only the chosen ones count (active_experts); its router is packed fp32."""
     names = set(model.tensor_names())
-    bases = [f"model.layers.{i}.{'self_attn' if p[1:] == '_proj' else 'mlp'}.{p}.weight"
-             for i in range(model.config.num_hidden_layers) for p in LINEARS]
+    cfg = model.config
+    bases = [n for n, shape in weight_shapes(cfg, model.architecture).items()
+             if n.startswith("model.layers.") and len(shape) == 2]
+    layout = family(model.architecture).experts
+    routers = {layout.router_name(f"model.layers.{i}.") + ".weight" for i in range(cfg.num_hidden_layers)
+               if cfg.is_moe_layer(i)}
+    expert_share = active_experts(cfg, rows)
     head = "lm_head.weight" if any(n.startswith("lm_head.weight") for n in names) else "model.embed_tokens.weight"
     quant = model.quantization or {}
     wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
@@ -35,8 +48,11 @@ def weight_bytes_per_token(model) -> int:
 
     total = 0
     for base in bases + [head]:
-        if base in names and not (base == head and wtype):
-            total += model.tensor(base).nbytes
+        share = expert_share if ".experts." in base else 1.0
+        if base in routers:
+            total += model.tensor(base).size * 4
+        elif base in names and not (base == head and wtype):
+            total += model.tensor(base).nbytes * share
         elif base in names:  # a float head of a quantized model is quantized at load
             n, k = model.tensor(head).shape
             group = head_group(quant["group_size"], k)
@@ -45,7 +61,7 @@ def weight_bytes_per_token(model) -> int:
         else:
             q, ngroups = model.tensor(base + ".qweight"), model.tensor(base + ".scales").shape[1]
             k = q.shape[1] * (2 if wtype == "u4" else 1)
-            total += q.nbytes + q.shape[0] * scale_bytes(wtype, k, k // ngroups)
+            total += (q.nbytes + q.shape[0] * scale_bytes(wtype, k, k // ngroups)) * share
     return total
 
 
@@ -59,8 +75,12 @@ def layer_flops_per_token(config) -> float:
     last's) no one computes."""
     h, d = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    return 2.0 * config.num_hidden_layers * per_layer
+    attention = h * q + 2 * h * kv + q * h
+    # a sparse layer: the router, a token's top_k experts and the shared expert
+    sparse = h * config.num_experts + 3 * h * ((config.moe_intermediate_size or 0) * config.num_experts_per_tok
+                                               + config.shared_expert_intermediate_size)
+    return 2.0 * sum(attention + (sparse if config.is_moe_layer(i) else 3 * h * config.intermediate_size)
+                     for i in range(config.num_hidden_layers))
 
 
 def head_flops(config) -> float:

@@ -341,8 +341,11 @@ def main():
         kv_format = KV_FORMATS[args.kv_cache_mode] or ("fp32" if args.dtype == "float32" else "bf16")
         prompt, new = WORKLOADS[name][0]
         # long4096 reads its context's K/V every step besides the weights (at the mean context)
-        step_bytes = per_token + (bounds.kv_bytes_per_token(model.config, kv_format) * (prompt + new / 2)
-                                  if name == "long4096" else 0)
+        # a mixture of experts reads the experts its rows chose: as many rows as requests (serve32's
+        # steps hold fewer at times, so its bound there is low)
+        weight_bytes = bounds.weight_bytes_per_token(model, rows=len(WORKLOADS[name]))
+        step_bytes = weight_bytes + (bounds.kv_bytes_per_token(model.config, kv_format) * (prompt + new / 2)
+                                     if name == "long4096" else 0)
         if name in ("prefill512", "long4096"):
             bound = bounds.prefill_bound(model.config, prompt, peak)
             result.update(prefill_bound_tok_s=round(bound, 1),
@@ -355,7 +358,7 @@ def main():
             result.update(decode_bound_tok_s=round(bound, 1), decode_bound=kind,
                           decode_fraction=round(result["decode_tok_s"] / bound, 3))
         bound = bounds.total_bound(result["prompt_tokens"], result["new_tokens"], result["requests"],
-                                   steps + 1, per_token, model.config, bw, peak)
+                                   steps + 1, weight_bytes, model.config, bw, peak)
         result.update(total_bound_tok_s=round(bound, 1), total_fraction=round(result["total_tok_s"] / bound, 3))
         print(json.dumps(result), flush=True)
 

@@ -2,12 +2,16 @@
 
     PYTHONPATH=. python -m bench.make_model qwen2-1.5b /tmp/qwen2-1.5b-random
     PYTHONPATH=. python -m bench.make_model llama3-8b /tmp/llama3-8b-random   # memory, start-up
+    PYTHONPATH=. python -m bench.make_model qwen3-30b-a3b /tmp/q3moe-4l --layers 4
     (also qwen3-1.7b and gemma3-1b: SHAPES)
 
-transformers gives the config and, on the meta device (no memory), every tensor's name and
-shape; the weights are drawn one tensor at a time in bf16 (normal, std 0.02 as transformers
-initializes them; norms 1) and written in safetensors shards of ~1 GB, so resident memory stays
-near one shard whatever the model's size. No tokenizer: the benchmarks send token ids.
+transformers gives the config, and the model's family (weight_shapes) every tensor's name and shape
+as a checkpoint stores them (experts one by one); the weights are drawn one tensor at a time in
+bf16 (normal, std 0.02 as transformers initializes them; norms 1) and written in safetensors
+shards of ~1 GB, so resident memory stays near one shard whatever the model's size. --layers
+writes the first N layers only: Qwen3-30B-A3B's 48 are 61 GB in bf16, more than this machine's
+disk and memory allow; its layers are alike, so a few give a layer's figures. No tokenizer: the
+benchmarks send token ids.
 """
 import argparse
 import json
@@ -30,6 +34,13 @@ SHAPES = {
                       max_position_embeddings=32768, rope_theta=1e6, rope_local_base_freq=10000.0,
                       sliding_window=512, query_pre_attn_scalar=256, rms_norm_eps=1e-6,
                       tie_word_embeddings=True),
+    # Qwen3-30B-A3B: 128 experts of 768 rows, 8 a token (3.3B of 30.5B parameters active); 61 GB of
+    # bf16 weights, 1.25 GB a layer
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                          max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False),
     # LLaMA-3-8B: 16 GB of bf16 weights
     "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -39,19 +50,20 @@ SHAPES = {
 SHARD_BYTES = 1 << 30
 
 
-def write_random_model(shape: str, out_dir: str, seed: int = 0) -> str:
-    """Write the model of SHAPES[shape] into out_dir (created); returns out_dir."""
+def write_random_model(shape: str, out_dir: str, seed: int = 0, layers: int | None = None) -> str:
+    """Write the model of SHAPES[shape] (its first `layers` layers) into out_dir (created); returns out_dir."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+    from dashinfer_client.model.arch import normalize_hf_config
+    from dashinfer_client.model.serialized import weight_shapes
 
     spec = dict(SHAPES[shape])
+    if layers:
+        spec["num_hidden_layers"] = layers
     config = AutoConfig.for_model(spec.pop("model_type"), torch_dtype="bfloat16", bos_token_id=1,
                                   eos_token_id=2, **spec)
-    with torch.device("meta"):
-        names = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
-    if config.tie_word_embeddings:
-        names.pop("lm_head.weight", None)
+    names = weight_shapes(*reversed(normalize_hf_config(config.to_dict())))
     os.makedirs(out_dir, exist_ok=True)
     config.save_pretrained(out_dir)
     gen = torch.Generator().manual_seed(seed)
@@ -97,8 +109,9 @@ def main():
     parser.add_argument("shape", choices=sorted(SHAPES))
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=None, help="write only the first N layers")
     args = parser.parse_args()
-    print(write_random_model(args.shape, args.out_dir, args.seed))
+    print(write_random_model(args.shape, args.out_dir, args.seed, args.layers))
 
 
 if __name__ == "__main__":

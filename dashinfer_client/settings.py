@@ -139,6 +139,10 @@ REGISTRY = {s.name: s for s in (
        "`auto`: shared memory when every rank is on this host, else MPI", choices=("auto", "shm", "mpi")),
     Setting("DASHINFER_ALLREDUCE_TIMEOUT", "float", 60.0, "ranks",
        "seconds a rank waits for a peer before failing the group", "`60`", minimum=0.001),
+    Setting("DASHINFER_MOE_SPLIT", "choice", "intermediate", "ranks",
+       "how a mixture-of-experts layer's experts are spread over the ranks: `intermediate` (every "
+       "expert's rows split, as a dense MLP's) or `experts` (whole experts dealt out: rank r of R holds r, r+R, ...)",
+       choices=("intermediate", "experts")),
     Setting("DASHINFER_ISA", "choice", None, "kernels", "cap the kernel path", "the best the CPU has",
        choices=("portable", "avx2", "avx512")),
     Setting("DASHINFER_AMX", "choice", None, "kernels",

@@ -17,18 +17,26 @@ import os
 
 import numpy as np
 
+from dashinfer_client import settings
+from dashinfer_client.model.families import family
 from dashinfer_server.rope import rope_table
 
 from . import kernels as K
 from . import op_profile
 from .cpu_share import CpuShare
 from .group import LocalGroup
-from .kv_cache import KVCache
+from .kv_cache import KVCache, bytes_per_block
+from .moe import moe_forward
 from .plan import StepPlan
 from .shard import Shard
 from .weights import WeightLoader, drop_mapped_pages
-from dashinfer_client.model.families import family
-from .kv_cache import bytes_per_block
+
+
+def expert_split() -> str:
+    """How this group spreads a sparse layer's experts (shard.py), DASHINFER_MOE_SPLIT: every rank
+    reads the same environment."""
+    return settings.get("DASHINFER_MOE_SPLIT")
+
 
 # The embedding table is read in place from the model file's mapping: the rows a step looks up
 # stay resident. After a step of at least this many tokens they are dropped again (~0.5 ms),
@@ -61,12 +69,15 @@ class DecoderModel:
         cfg = self.cfg = model.config
         self.shard = Shard(self.group.rank, self.group.world, cfg.num_attention_heads,
                            cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size,
-                           intermediate_align=max(64, (model.quantization or {}).get("group_size") or 1))
+                           intermediate_align=max(64, (model.quantization or {}).get("group_size") or 1),
+                           num_experts=cfg.num_experts, expert_split=expert_split())
         self.weights = WeightLoader(model, self.shard).load()
         d = cfg.head_dim
         heads = self.shard.heads[1] - self.shard.heads[0]
         kv_heads = self.shard.kv_heads[1] - self.shard.kv_heads[0]
         inter = self.shard.intermediate[1] - self.shard.intermediate[0]
+        shared = self.shard.rows_of(cfg.shared_expert_intermediate_size) if cfg.shared_expert_intermediate_size else (0, 0)
+        self.shared_inter = shared[1] - shared[0]
         vocab_r = self.shard.vocab[1] - self.shard.vocab[0]
         self.heads, self.kv_heads = heads, kv_heads
         self.max_tokens = max_tokens
@@ -102,15 +113,20 @@ class DecoderModel:
     def bind_native(self) -> None:
         """(Re)build the native decoder over the weights, KV cache and workspace arrays as they
         are now (it holds those very arrays: call again after replacing one)."""
-        # each layer by name: its LayerWeights fields, its KV cache arrays, rope table and window
-        layers = [dict(vars(weights), **cache, cos_sin=cos_sin, window=window) for weights, cache, cos_sin, window
+        # each layer by name: its LayerWeights fields (a sparse layer's experts among them), its KV
+        # cache arrays, rope table and window
+        layers = [dict({k: v for k, v in vars(weights).items() if k != "moe"}, **(vars(weights.moe) if weights.moe else {}),
+                       **cache, cos_sin=cos_sin, window=window) for weights, cache, cos_sin, window
                   in zip(self.weights.layers, self.kv.layers, self.cos_sin, self.windows)]
-        cfg = self.cfg
+        cfg, experts = self.cfg, self.shard.experts
         self.native = K.decoder_new(
             layers, vars(self.ws), self.heads, cfg.rms_norm_eps, self.scale, self.shard.group,
             self.shard.q_head0, softcap=cfg.attn_logit_softcap or 0.0, act=cfg.hidden_act,
             rot_dim=self.rot_dim, qk_whole=int(self.qk_whole), q_total=self.qk_totals[0],
-            k_total=self.qk_totals[1], k_shared_first=int(self.k_shared_first))
+            k_total=self.qk_totals[1], k_shared_first=int(self.k_shared_first),
+            n_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, norm_topk=int(cfg.norm_topk_prob),
+            expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
+            shared_inter=self.shared_inter)
 
     def forward(self, plan: StepPlan) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -191,12 +207,15 @@ class DecoderModel:
             if layer.attn_out_norm is not None:
                 rms_norm(o, layer.attn_out_norm, eps, o)
             x = sublayer_input(layer.mlp_norm, o)
-            if layer.gate_up_bias is None:
+            if layer.moe is not None:
+                moe_forward(K, layer.moe, x, o, self.cfg, self.shard.experts, self.cfg.hidden_act)
+            elif layer.gate_up_bias is None:
                 K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
             else:
                 linear(x, layer.gate_up, layer.gate_up_bias, gate_up)
                 K.glu_mul(gate_up, act, act=self.cfg.hidden_act)
-            linear(act, layer.down, layer.down_bias, o)
+            if layer.moe is None:
+                linear(act, layer.down, layer.down_bias, o)
             allreduce_(o)
             if layer.mlp_out_norm is not None:
                 rms_norm(o, layer.mlp_out_norm, eps, o)
@@ -258,6 +277,9 @@ def memory_bound(cfg, model) -> int:
     kv = num_kv_blocks(cfg, model, cfg.kv_cache_span_size) * bytes_per_block(
         kv_format(cfg, model), mc.num_hidden_layers, mc.num_key_value_heads, cfg.kv_cache_span_size, mc.head_dim)
     step = max_step_tokens(cfg) * 4 * (4 * mc.hidden_size + 2 * mc.intermediate_size + mc.vocab_size)
+    if mc.num_experts:  # native/moe.h's scratch: probabilities, slots, gathered rows, an expert's MLP
+        widest = max(mc.moe_intermediate_size, mc.shared_expert_intermediate_size)
+        step += max_step_tokens(cfg) * 4 * (mc.num_experts + 4 * mc.num_experts_per_tok + 2 * mc.hidden_size + 3 * widest)
     return kv + step
 
 

@@ -21,6 +21,7 @@ from dashinfer_client.model.families import family
 from dashinfer_client.model.quant import uniform_groups
 
 from . import kernels as K
+from .moe import ExpertWeights, load_experts
 from .shard import Shard
 
 
@@ -42,11 +43,12 @@ class LayerWeights:
     v_bias: np.ndarray | None
     o: np.ndarray                     # packed [H, heads_r*D]  (row-parallel: partial sums)
     o_bias: np.ndarray | None         # [H], on rank 0 only (the allreduce adds it once)
-    gate_up: np.ndarray               # packed [2*I_r, H]: gate rows, then up rows
+    gate_up: np.ndarray | None        # packed [2*I_r, H]: gate rows, then up rows (None in a sparse layer)
     gate_up_bias: np.ndarray | None   # [2*I_r]
-    down: np.ndarray                  # packed [H, I_r]     (row-parallel: partial sums)
+    down: np.ndarray | None           # packed [H, I_r]     (row-parallel: partial sums)
     down_bias: np.ndarray | None      # [H], on rank 0 only
     sinks: np.ndarray | None = None   # [heads_r] f32: attention sink logits of this rank's heads (gpt-oss)
+    moe: ExpertWeights | None = None  # a sparse layer's router and experts, in place of gate_up / down
 
 
 @dataclass
@@ -69,16 +71,22 @@ class HugePageArena:
         self.buf, self.offset, self.end = None, 0, 0
 
     def copy(self, a: np.ndarray) -> np.ndarray:
-        n = -(-a.nbytes // 64) * 64
+        out = self.empty(a.shape, a.dtype)
+        out[...] = a
+        return out
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        """An array of the arena, not yet written."""
+        size = int(np.prod(shape))
+        n = -(-size * np.dtype(dtype).itemsize // 64) * 64
         if self.buf is None or self.offset + n > self.end:
-            size = max(ARENA_CHUNK, n) + HUGE_PAGE
-            self.buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            mapped = max(ARENA_CHUNK, n) + HUGE_PAGE
+            self.buf = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 self.buf.madvise(mmap.MADV_HUGEPAGE)
             self.offset = -np.frombuffer(self.buf, np.uint8, count=1).ctypes.data % HUGE_PAGE
-            self.end = size
-        out = np.frombuffer(self.buf, a.dtype, count=a.size, offset=self.offset).reshape(a.shape)
-        out[...] = a
+            self.end = mapped
+        out = np.frombuffer(self.buf, dtype, count=size, offset=self.offset).reshape(shape)
         self.offset += n
         return out
 
@@ -143,12 +151,31 @@ class WeightLoader:
                 np.ascontiguousarray(s[r, c0 // group:c1 // group], np.float32),
                 np.ascontiguousarray(z[r, c0 // group:c1 // group], np.float32))
 
-    def linear(self, *parts, quantize_float=False, scale=1.0) -> np.ndarray:
+    def linear(self, *parts, **options) -> np.ndarray:
+        """One linear packed from parts (base, rows, cols) stacked along the output rows, in the
+        arena; options as packed() takes them."""
+        return self.arena.copy(self.packed(*parts, **options))
+
+    def stacked(self, linears, **options) -> np.ndarray:
+        """Linears of one shape (each a tuple of parts) packed side by side: row j of a uint8
+        [len(linears), stride] array of the arena holds linear j (native/moe.h's experts)."""
+        first = self.packed(*linears[0], **options)
+        out = self.arena.empty((len(linears), -(-first.nbytes // 64) * 64), np.uint8)
+        out[0, :first.nbytes] = first
+        for j, parts in enumerate(linears[1:], 1):
+            packed = self.packed(*parts, **options)
+            out[j, :packed.nbytes] = packed
+        return out
+
+    def packed(self, *parts, quantize_float=False, scale=1.0, f32=False) -> np.ndarray:
         """Pack one linear from parts (base, rows, cols) stacked along the output rows.
         quantize_float: a float weight of a quantized model is quantized to int8 here.
-        scale: the weight times a constant (a float weight's values, a quantized one's scales)."""
+        scale: the weight times a constant (a float weight's values, a quantized one's scales).
+        f32: a float weight packed in fp32 whatever its dtype (a router's logits)."""
         pieces = [self.slices(*p) for p in parts]
         w = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]
+        if f32:
+            w = _as_f32(w)
         if scale != 1.0 and pieces[0][1] is None:
             w = _scaled_float(w, scale)
         elif scale != 1.0:
@@ -166,7 +193,7 @@ class WeightLoader:
             group = k // scales.shape[1]
             packed = K.pack_linear(w, quantized_wtype(self.wtype, group, self.activate_quant), group, scales, zeros)
         self.release_read()
-        return self.arena.copy(packed)
+        return packed
 
     def bias(self, base, rows=None, offset=0) -> np.ndarray | None:
         name = f"{base}.bias"
@@ -207,7 +234,8 @@ class WeightLoader:
                 return self.norm(f"{p}.{fam.norms[role]}.weight") if role in fam.norms else None
 
             o_base, down_base = f"{p}.self_attn.o_proj", f"{p}.mlp.down_proj"
-            gate_bias, up_bias = bias("gate"), bias("up")
+            sparse = cfg.is_moe_layer(i)
+            gate_bias, up_bias = (None, None) if sparse else (bias("gate"), bias("up"))
             layers.append(LayerWeights(
                 attn_norm=norm("attn_in"), attn_out_norm=norm("attn_out"),
                 mlp_norm=norm("mlp_in"), mlp_out_norm=norm("mlp_out"),
@@ -217,10 +245,11 @@ class WeightLoader:
                 q_bias=bias("q"), k_bias=bias("k"), v_bias=bias("v"),
                 o=self.linear((o_base, None, q_rows), scale=out_scale),
                 o_bias=self._scaled(self.bias(o_base), out_scale) if first else None,
-                gate_up=self.linear(part("gate"), part("up")),
+                gate_up=None if sparse else self.linear(part("gate"), part("up")),
                 gate_up_bias=None if gate_bias is None else np.concatenate([gate_bias, up_bias]),
-                down=self.linear((down_base, None, (i0, i1)), scale=out_scale),
-                down_bias=self._scaled(self.bias(down_base), out_scale) if first else None,
+                down=None if sparse else self.linear((down_base, None, (i0, i1)), scale=out_scale),
+                down_bias=self._scaled(self.bias(down_base), out_scale) if first and not sparse else None,
+                moe=load_experts(self, f"{p}.", out_scale) if sparse else None,
             ))
         head = "lm_head" if "lm_head.weight" in self.names or "lm_head.weight.qweight" in self.names \
             else "model.embed_tokens"

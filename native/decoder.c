@@ -41,6 +41,17 @@ static const float *sublayer_input(const dn_decoder_t *d, const float *norm, con
     return d->res;
 }
 
+/* o = the gated MLP of x: 0, or -1 when a kernel has no scratch memory. */
+static int dense_mlp(const dn_decoder_t *d, const dn_layer_t *l, const float *x, int T) {
+    if (l->gate_up_bias) {
+        if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) return -1;
+        dn_glu_mul(d->gate_up, d->act, T, d->inter, d->glu);
+    } else if (dn_linear_glu(&l->gate_up, x, T, d->glu, d->gate_up, d->act)) {
+        return -1;
+    }
+    return dn_linear(&l->down, d->act, T, l->down_bias, d->o);
+}
+
 int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
                    const int32_t *positions, const int32_t *slots, const int32_t *block_tables,
                    int max_blocks, const int32_t *q_offsets, const int32_t *context_lens, int B,
@@ -65,13 +76,8 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         if (l->attn_out_norm) dn_rms_norm(d->o, l->attn_out_norm, NULL, d->o, T, H, d->eps);
         x = sublayer_input(d, l->mlp_norm, d->o, T);
-        if (l->gate_up_bias) {
-            if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) goto no_memory;
-            dn_glu_mul(d->gate_up, d->act, T, d->inter, d->glu);
-        } else if (dn_linear_glu(&l->gate_up, x, T, d->glu, d->gate_up, d->act)) {
+        if (l->moe ? dn_moe(&d->moe, l->moe, d->moe_scratch, x, T, d->o) : dense_mlp(d, l, x, T))
             goto no_memory;
-        }
-        if (dn_linear(&l->down, d->act, T, l->down_bias, d->o)) goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         if (l->mlp_out_norm) dn_rms_norm(d->o, l->mlp_out_norm, NULL, d->o, T, H, d->eps);
     }

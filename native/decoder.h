@@ -8,6 +8,7 @@
  *   a = attention(q, cache; window, softcap, sinks) Wo + bo   (allreduced);  a = attn_out_norm(a)
  *   res += a;  x = mlp_norm ? norm(res) : res
  *   m = (glu(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
+ *       or, in a sparse layer, m = the mixture of experts of x (moe.h)  (allreduced)
  *   res += m
  * The residual adds are fused into the next norm where there is one. */
 #pragma once
@@ -18,12 +19,14 @@
 #include "comm.h"
 #include "glu.h"
 #include "linear.h"
+#include "moe.h"
 
 typedef struct {
     const float *attn_norm, *attn_out_norm, *mlp_norm, *mlp_out_norm; /* [hidden] or NULL */
     const float *q_norm, *k_norm; /* [head_dim] per head, or [n_heads * head_dim] / [n_kv_heads *
                                      head_dim] of a whole-projection norm; or NULL */
-    dn_linear_w q, k, v, o, gate_up, down; /* gate_up: gate rows, then up rows */
+    dn_linear_w q, k, v, o, gate_up, down; /* gate_up: gate rows, then up rows; unset when moe */
+    const dn_moe_weights *moe;             /* a sparse layer's experts, or NULL: the dense MLP */
     const float *q_bias, *k_bias, *v_bias, *o_bias, *gate_up_bias, *down_bias; /* or NULL */
     const float *cos_sin; /* this layer's rope table [max_pos, rot_dim] */
     const float *sinks;   /* [n_heads] attention sink logits of this rank's query heads, or NULL */
@@ -40,6 +43,8 @@ typedef struct {
      * and whether this rank's first kv head is cached by the rank before (it then leaves that
      * head out of its sum of squares, so the allreduce counts every head once) */
     int qk_whole, q_total, k_total, k_shared_first;
+    dn_moe_shape moe;           /* the sparse layers' routing and expert widths */
+    dn_moe_scratch *moe_scratch; /* NULL when every layer is dense */
     dn_layer_t *layers;
     /* workspace, max_tokens rows each: res, h, o [hidden]; q, attn [n_heads * head_dim];
      * k, v [n_kv_heads * head_dim]; gate_up [2 * inter]; act [inter]; norm_ss [2] */

@@ -18,12 +18,17 @@ static const char *const KV_FIELDS[6] = {"k_cache", "v_cache", "k_scale", "v_sca
 
 typedef struct {
     dn_decoder_t d;
-    dn_args *held; /* the buffers d points into: [0] workspace and rope table, then 2 per layer */
+    dn_args *held; /* the buffers d points into: [0] workspace, then 3 per layer (its weights, its
+                      cache, its experts) */
     int n_held;
+    dn_moe_weights *moe; /* [n_layers]: a sparse layer's experts (l->moe points here) */
 } box_t;
 
 static void release(box_t *b) {
     for (int i = 0; i < b->n_held; i++) dn_done(&b->held[i], Py_None);
+    for (int i = 0; b->moe && i < b->d.n_layers; i++) dn_moe_weights_release(&b->moe[i]);
+    dn_moe_scratch_free(b->d.moe_scratch);
+    PyMem_Free(b->moe);
     PyMem_Free(b->held);
     PyMem_Free(b->d.layers);
     PyMem_Free(b);
@@ -37,18 +42,7 @@ static void destroy(PyObject *cap) {
 static int take_linear(dn_args *a, PyObject *obj, const char *name, dn_linear_w *w, int64_t n,
                        int64_t k) {
     Py_buffer *v = dn_take(a, obj, name, 'B', 1, 0);
-    if (!v) return -1;
-    const char *why = dn_linear_open(w, v->buf, (size_t)v->len);
-    if (why) {
-        dn_fail(a, PyExc_ValueError, "%s: %s", name, why);
-        return -1;
-    }
-    if (w->n != n || w->k != k) {
-        dn_fail(a, PyExc_ValueError, "%s is [%lld, %lld], expected [%lld, %lld]", name,
-                (long long)w->n, (long long)w->k, (long long)n, (long long)k);
-        return -1;
-    }
-    return 0;
+    return v ? dn_open_linear(a, name, v->buf, (size_t)v->len, w, n, k) : -1;
 }
 
 static const float *take_vector(dn_args *a, PyObject *obj, const char *name, int64_t n, int optional) {
@@ -78,6 +72,7 @@ static int check_fields(PyObject *layer) {
         }
         int known = 0;
         for (int i = 0; LAYER_FIELDS[i] && !known; i++) known = !strcmp(name, LAYER_FIELDS[i]);
+        for (int i = 0; DN_MOE_FIELDS[i] && !known; i++) known = !strcmp(name, DN_MOE_FIELDS[i]);
         if (!known) {
             PyErr_Format(PyExc_ValueError, "decoder_new: a layer has no field %R", key);
             return -1;
@@ -87,8 +82,10 @@ static int check_fields(PyObject *layer) {
 }
 
 /* A layer's arrays, by name: norms, weights, biases and rope table into held[0], the cache into
- * held[1]. qk_whole: q_norm and k_norm span the rank's whole q and k rows (else one head). */
-static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_layer_t *l, int qk_whole) {
+ * held[1], a sparse layer's experts (it has a router) into held[2] and *moe.
+ * qk_whole: q_norm and k_norm span the rank's whole q and k rows (else one head). */
+static int take_layer(dn_args held[3], PyObject *layer, dn_decoder_t *d, dn_layer_t *l, int qk_whole,
+                      dn_moe_weights *moe) {
     if (!PyDict_Check(layer)) {
         PyErr_SetString(PyExc_TypeError, "decoder_new: each layer is a dict of named arrays");
         return -1;
@@ -126,10 +123,19 @@ static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_laye
         int64_t n, k;
     } linears[] = {{"q", &l->q, qw, H},  {"k", &l->k, kvw, H},          {"v", &l->v, kvw, H},
                    {"o", &l->o, H, qw}, {"gate_up", &l->gate_up, 2 * I, H}, {"down", &l->down, H, I}};
-    for (int i = 0; i < 6; i++)
+    int sparse = field(layer, "router") != Py_None;
+    if (sparse && !d->moe.n_experts) {
+        PyErr_SetString(PyExc_ValueError, "decoder_new: a layer has a router but n_experts is 0");
+        return -1;
+    }
+    for (int i = 0; i < (sparse ? 4 : 6); i++) /* a sparse layer's MLP is its experts */
         if (take_linear(a, field(layer, linears[i].name), linears[i].name, linears[i].w,
                         linears[i].n, linears[i].k))
             return -1;
+    if (sparse) {
+        if (dn_take_moe(&held[2], layer, &d->moe, moe)) return -1;
+        l->moe = moe;
+    }
     Py_buffer *c = dn_take(a, field(layer, "cos_sin"), "cos_sin", 'f', 2, 0);
     if (!c || dn_check_dim(a, c, "cos_sin", 1, d->rot_dim)) return -1;
     if (c->shape[0] < d->max_pos || !d->max_pos) d->max_pos = (int)c->shape[0];
@@ -148,15 +154,19 @@ static int take_layer(dn_args held[2], PyObject *layer, dn_decoder_t *d, dn_laye
 static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"layers", "workspace", "n_heads", "eps", "scale", "group", "q_head0",
                              "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
-                             "k_shared_first", NULL};
+                             "k_shared_first", "n_experts", "top_k", "norm_topk", "expert0",
+                             "expert_step", "shared_inter", NULL};
     PyObject *layers, *ws;
     int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
-    int q_total = 0, k_total = 0;
+    int q_total = 0, k_total = 0, n_experts = 0, top_k = 0, norm_topk = 0, expert0 = 0, expert_step = 1;
+    int shared_inter = 0;
     double eps, scale, softcap = 0.0;
     const char *act = "silu";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiii:decoder_new", kwlist, &layers, &ws,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiii:decoder_new", kwlist, &layers, &ws,
                                      &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
-                                     &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first))
+                                     &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first,
+                                     &n_experts, &top_k, &norm_topk, &expert0, &expert_step,
+                                     &shared_inter))
         return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
         return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
@@ -172,14 +182,16 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     int n_layers = (int)PyList_GET_SIZE(layers);
     box_t *b = PyMem_Calloc(1, sizeof *b);
     if (!b) return PyErr_NoMemory();
-    b->held = PyMem_Calloc(1 + 2 * (size_t)n_layers, sizeof *b->held);
+    b->held = PyMem_Calloc(1 + 3 * (size_t)n_layers, sizeof *b->held);
     b->d.layers = PyMem_Calloc((size_t)n_layers, sizeof *b->d.layers);
-    if (!b->held || !b->d.layers) {
+    b->moe = PyMem_Calloc((size_t)n_layers, sizeof *b->moe);
+    b->d.n_layers = n_layers;
+    if (!b->held || !b->d.layers || !b->moe) {
         release(b);
         return PyErr_NoMemory();
     }
-    for (int i = 0; i < 1 + 2 * n_layers; i++) b->held[i].fn = "decoder_new";
-    b->n_held = 1 + 2 * n_layers;
+    for (int i = 0; i < 1 + 3 * n_layers; i++) b->held[i].fn = "decoder_new";
+    b->n_held = 1 + 3 * n_layers;
     dn_decoder_t *d = &b->d;
     dn_args *a = &b->held[0];
     enum { N_WS = 10 };
@@ -215,9 +227,15 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         dn_check_dim(a, v[7], "gate_up", 1, 2 * (Py_ssize_t)d->inter) ||
         dn_check_dim(a, v[9], "norm_ss", 1, 2))
         goto fail;
+    if (n_experts && dn_moe_shape_init(&d->moe, n_experts, top_k, norm_topk, expert0, expert_step, d->hidden,
+                                       shared_inter, d->glu))
+        goto fail;
+    int sparse = 0;
     for (int i = 0; i < n_layers; i++) {
         dn_layer_t *l = &d->layers[i];
-        if (take_layer(&b->held[1 + 2 * i], PyList_GET_ITEM(layers, i), d, l, d->qk_whole)) goto fail;
+        if (take_layer(&b->held[1 + 3 * i], PyList_GET_ITEM(layers, i), d, l, d->qk_whole, &b->moe[i]))
+            goto fail;
+        sparse |= l->moe != NULL;
         const dn_kv_cache_t *k0 = &d->layers[0].kv;
         if (l->kv.n_kv_heads * d->head_dim != v[4]->shape[1] || l->kv.num_blocks != k0->num_blocks ||
             l->kv.block_size != k0->block_size) {
@@ -225,6 +243,10 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
                          "columns or layer 0's blocks", i, v[4]->shape[1]);
             goto fail;
         }
+    }
+    if (sparse && !(d->moe_scratch = dn_moe_scratch_new(&d->moe, d->max_tokens))) {
+        PyErr_NoMemory();
+        goto fail;
     }
     d->n_kv_heads = d->layers[0].kv.n_kv_heads;
     if (dn_check_groups(a, d->n_heads, d->n_kv_heads, &group, q_head0)) goto fail;
@@ -292,14 +314,17 @@ static PyObject *py_decoder_run(PyObject *self, PyObject *args, PyObject *kw) {
 PyMethodDef dn_decoder_methods[] = {
     {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
      "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
-     "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0) -> decoder\n"
+     "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0, n_experts=0,\n"
+     "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0) -> decoder\n"
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
      "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's)\n"
      "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
      "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
      "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"
      "none); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"
-     "takes them); cos_sin, its rope table [max_pos, rot_dim]; window (int, 0: none). A field it\n"
+     "takes them); cos_sin, its rope table [max_pos, rot_dim]; window (int, 0: none). A sparse layer\n"
+     "has router, experts_gate_up, experts_down (and shared_gate_up, shared_down, shared_gate) as\n"
+     "moe() takes them instead of gate_up and down, routed as n_experts .. shared_inter say. A field it\n"
      "does not know is an error.\n"
      "workspace: a dict with the float32 [max_tokens, width] arrays res, h, o, q, k, v, attn,\n"
      "gate_up, act, norm_ss (other entries are not read). The decoder holds every array until it dies."},

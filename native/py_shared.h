@@ -3,6 +3,7 @@
 #pragma once
 #include "attention.h"
 #include "comm.h"
+#include "moe.h"
 #include "pyarg.h"
 
 /* The cache arrays k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (obj[2..5] may be NULL or
@@ -24,3 +25,19 @@ int dn_check_groups(dn_args *a, int n_heads, int n_kv_heads, int *group, int q_h
 
 /* The dn_comm of a comm_open capsule, or NULL with an exception. */
 dn_comm *dn_comm_of(PyObject *capsule, const char *fn);
+
+/* A sparse layer's fields (DN_MOE_FIELDS, NULL-terminated) from `fields`, a dict: the router,
+ * the experts' packed rows and the shared expert. s has the routing and hidden set; its inter
+ * (0: not yet) is taken from the first layer and checked against the others'. w's expert arrays
+ * are PyMem: dn_moe_weights_release frees them. 0, or -1 with an exception. */
+extern const char *const DN_MOE_FIELDS[];
+int dn_take_moe(dn_args *a, PyObject *fields, dn_moe_shape *s, dn_moe_weights *w);
+void dn_moe_weights_release(dn_moe_weights *w);
+/* s from the routing arguments, checked (n_local follows); 0, or -1 with a ValueError. */
+int dn_moe_shape_init(dn_moe_shape *s, int n_experts, int top_k, int norm_topk, int expert0,
+                      int expert_step, int hidden, int shared_inter, dn_act act);
+
+/* The packed linear at buf (len bytes) into w, checked to be [n, k]; 0, or -1 with a ValueError
+ * naming it. */
+int dn_open_linear(dn_args *a, const char *name, const uint8_t *buf, size_t len, dn_linear_w *w, int64_t n,
+                   int64_t k);

@@ -60,6 +60,14 @@ FAMILY_CONFIGS = {
                                                    "long_factor": [2.0, 2.5, 3.0, 3.5]})),
     "qwen2-yarn": ("Qwen2Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                       "original_max_position_embeddings": 128})),
+    # mixtures of experts: 8 experts of 64 rows (Mixtral 4), 2 a token; Qwen3-MoE's middle layer dense
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, num_hidden_layers=3, mlp_only_layers=[1], num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                                         shared_expert_intermediate_size=96)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                                      sliding_window=8)),
+    "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64)),
 }
 
 
@@ -93,7 +101,7 @@ def build_tiny_model(out_dir, arch="llama", dtype="float32", weights="safetensor
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.ndim == 2 else 0.1 * torch.randn_like(p))
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.ndim >= 2 else 0.1 * torch.randn_like(p))
     model = model.to(getattr(torch, dtype)).eval()
     os.makedirs(out_dir, exist_ok=True)
     if weights in ("safetensors", "sharded"):

@@ -6,13 +6,19 @@ from bench import bounds
 from tests.helpers import tiny_config
 
 
+def meta_model(arch, **overrides):
+    """(ModelConfig, transformers' model of it on the meta device) of a tiny config."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from dashinfer_client.model.arch import normalize_hf_config
+    config = tiny_config(arch, **overrides)
+    with torch.device("meta"):
+        return normalize_hf_config(config.to_dict())[1], AutoModelForCausalLM.from_config(config)
+
+
 @pytest.fixture(scope="module")
 def qwen2():
-    import torch
-    from transformers import Qwen2ForCausalLM
-    config = tiny_config("qwen2", uneven=True)
-    with torch.device("meta"):
-        return config, Qwen2ForCausalLM(config)
+    return meta_model("qwen2", uneven=True)
 
 
 def test_flops_are_two_per_linear_weight(qwen2):
@@ -22,6 +28,23 @@ def test_flops_are_two_per_linear_weight(qwen2):
     assert bounds.layer_flops_per_token(config) == 2 * layer_weights
     assert bounds.head_flops(config) == 2 * model.lm_head.weight.numel()
     assert bounds.flops_per_token(config) == 2 * (layer_weights + model.lm_head.weight.numel())
+
+
+def test_a_token_computes_the_router_and_its_top_k_experts():
+    """A sparse layer's flops: its router, top_k of its experts (transformers' 3-D expert tensors)
+    and the dense layers' MLP (Qwen3-MoE's mlp_only_layers)."""
+    import torch
+    config, model = meta_model("qwen3_moe")
+    active = 0
+    for layer in model.model.layers:
+        active += sum(m.weight.numel() for m in layer.self_attn.modules() if isinstance(m, torch.nn.Linear))
+        if hasattr(layer.mlp, "experts"):
+            experts = layer.mlp.experts
+            per_expert = (experts.gate_up_proj.numel() + experts.down_proj.numel()) // config.num_experts
+            active += layer.mlp.gate.weight.numel() + config.num_experts_per_tok * per_expert
+        else:
+            active += sum(m.weight.numel() for m in layer.mlp.modules() if isinstance(m, torch.nn.Linear))
+    assert bounds.layer_flops_per_token(config) == 2 * active
 
 
 def test_a_prompt_computes_logits_once_and_causal_attention(qwen2):

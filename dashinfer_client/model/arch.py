@@ -47,6 +47,14 @@ class ModelConfig:
     embedding_multiplier: float = 1.0  # the embeddings are multiplied by it (Gemma, Granite)
     residual_multiplier: float = 1.0   # attention and MLP outputs before the residual add (Granite)
     logits_multiplier: float = 1.0     # the logits (Granite's 1 / logits_scaling)
+    # mixture of experts (families/experts.py); num_experts 0: every layer's MLP is dense
+    num_experts: int = 0               # experts of a sparse layer
+    num_experts_per_tok: int = 0       # experts a token is routed to (top-k of the router's softmax)
+    moe_intermediate_size: Optional[int] = None  # one expert's intermediate size
+    norm_topk_prob: bool = False       # the top-k routing weights renormalised to sum to 1
+    shared_expert_intermediate_size: int = 0  # a sigmoid-gated expert every token runs (Qwen2-MoE); 0: none
+    dense_mlp_layers: Optional[list] = None   # layers whose MLP stays dense (Qwen's mlp_only_layers,
+    #                                           decoder_sparse_step); None: none
 
     @classmethod
     def from_dict(cls, d, where="config"):
@@ -97,10 +105,30 @@ class ModelConfig:
                 raise ModelSerializerException(
                     f"{where}: layer_types must name full_attention or sliding_attention for each of "
                     f"{self.num_hidden_layers} layers, with a positive sliding_window")
+        self._validate_experts(where)
         for name in ("attention_scale", "attn_logit_softcap", "final_logit_softcap", "rope_local_theta"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ModelSerializerException(f"{where}: {name} must be positive, got {value!r}")
+
+    def _validate_experts(self, where):
+        if not self.num_experts:
+            return
+        ints = (self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, self.shared_expert_intermediate_size)
+        if any(not isinstance(v, int) or isinstance(v, bool) for v in ints) or not 0 < self.num_experts_per_tok \
+                <= self.num_experts or not self.moe_intermediate_size or self.moe_intermediate_size < 0 \
+                or self.shared_expert_intermediate_size < 0:
+            raise ModelSerializerException(
+                f"{where}: experts need 1 <= num_experts_per_tok <= num_experts and a positive moe_intermediate_size, "
+                f"got {self.num_experts_per_tok} of {self.num_experts}, size {self.moe_intermediate_size!r}")
+        dense = self.dense_mlp_layers or []
+        if not isinstance(dense, list) or any(not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
+                                               for i in dense):
+            raise ModelSerializerException(f"{where}: dense_mlp_layers must list layer indices, got {dense!r}")
+
+    def is_moe_layer(self, i):
+        """Whether layer i's MLP is the routed experts (else the dense MLP of intermediate_size)."""
+        return self.num_experts > 0 and i not in (self.dense_mlp_layers or ())
 
     def layer_window(self, i):
         """Keys layer i's query sees at most (0: the whole context)."""

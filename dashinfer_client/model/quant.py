@@ -70,8 +70,10 @@ class InstantQuantSettings:
 
     def quantized_names(self, shapes):
         """The tensors of weight_shapes' {name: shape} InstantQuant quantizes: every layer's
-        projection matrices, and lm_head (when untied) if quantize_lm_head."""
-        names = [n for n, s in shapes.items() if n.startswith("model.layers.") and n.endswith("_proj.weight")]
+        projection matrices and experts (not the routers, which choose the experts), and lm_head
+        (when untied) if quantize_lm_head."""
+        names = [n for n, s in shapes.items() if n.startswith("model.layers.")
+                 and (n.endswith("_proj.weight") or ".experts." in n)]
         if self.quantize_lm_head and "lm_head.weight" in shapes:
             names.append("lm_head.weight")
         return names

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from ...errors import ModelSerializerException
+from .experts import ExpertLayout
 
 NORM_ROLES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 LLAMA_NORMS = {"attn_in": "input_layernorm", "mlp_in": "post_attention_layernorm"}
@@ -36,9 +37,11 @@ class Family:
     fused_qkv: bool = False        # Phi-3: self_attn.qkv_proj holds q, k, v rows
     fused_gate_up: bool = False    # Phi-3: mlp.gate_up_proj holds gate, then up rows
     gguf_names: dict = dataclasses.field(default_factory=dict)  # GGUF block tensor -> HF name, beyond LLaMA's
+    experts: Optional[ExpertLayout] = None  # where a sparse layer's experts are (experts.py)
 
     def __post_init__(self):
         assert set(self.norms) <= set(NORM_ROLES) and self.qk_norm in QK_NORMS, self.name
+        assert not (self.experts and (self.fused_gate_up or self.fused_qkv)), self.name
 
     # -- where the tensors are ------------------------------------------------------------------
     def linear(self, role, config):
@@ -73,13 +76,16 @@ class Family:
                     {"self_attn.q_proj": q_out, "self_attn.k_proj": kv_out, "self_attn.v_proj": kv_out})
             mlp = {"mlp.gate_up_proj": 2 * inter} if self.fused_gate_up else {"mlp.gate_proj": inter,
                                                                                "mlp.up_proj": inter}
-            for linears, inputs, bias in ((attn, H, c.attention_bias), ({"self_attn.o_proj": H}, q_out,
-                                          c.attention_out_bias), (mlp, H, c.mlp_bias),
-                                          ({"mlp.down_proj": H}, inter, c.mlp_bias)):
-                for name, rows in linears.items():
+            linears = [(attn, H, c.attention_bias), ({"self_attn.o_proj": H}, q_out, c.attention_out_bias)]
+            if not c.is_moe_layer(i):
+                linears += [(mlp, H, c.mlp_bias), ({"mlp.down_proj": H}, inter, c.mlp_bias)]
+            for names, inputs, bias in linears:
+                for name, rows in names.items():
                     shapes[p + name + ".weight"] = (rows, inputs)
                     if bias:
                         shapes[p + name + ".bias"] = (rows,)
+            if c.is_moe_layer(i):
+                shapes.update(self.experts.shapes(p, c))
         shapes["model.norm.weight"] = (H,)
         if not c.tie_word_embeddings:
             shapes["lm_head.weight"] = (c.vocab_size, H)
@@ -95,7 +101,7 @@ class Family:
 # config handed over as LLaMA without its model_type, say) and is refused.
 FEATURE_KEYS = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": None,
                 "logits_scaling": 1.0, "query_pre_attn_scalar": None, "attn_logit_softcapping": None,
-                "final_logit_softcapping": None}
+                "final_logit_softcapping": None, "num_experts": 0, "num_local_experts": 0}
 
 
 class ConfigReader:

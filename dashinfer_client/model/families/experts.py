@@ -1,0 +1,77 @@
+"""A sparse mixture-of-experts MLP as the families that have one store it, and the config keys they
+share. The runtime computes every such layer alike (native/moe.h): a router linear, a softmax over
+all experts in fp32, the top num_experts_per_tok of it (renormalised to sum to 1 when
+norm_topk_prob), each chosen expert's gated MLP weighted by its probability and summed, plus an
+optional shared expert scaled by sigmoid(x . shared_gate) (Qwen2-MoE).
+
+The tensors of layer i's block, under `model.layers.{i}.{block}.`:
+    {router}.weight                      [num_experts, hidden]
+    experts.{e}.{gate|up}.weight         [moe_intermediate, hidden]
+    experts.{e}.{down}.weight            [hidden, moe_intermediate]
+    {shared}.{gate|up|down}_proj.weight  the shared expert, a dense MLP of shared_expert_intermediate
+    {shared_gate}.weight                 [1, hidden]
+"""
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertLayout:
+    block: str = "mlp"           # the sparse block under the layer (Mixtral: block_sparse_moe)
+    router: str = "gate"
+    gate: str = "gate_proj"      # one expert's projections (Mixtral: w1, w3, w2)
+    up: str = "up_proj"
+    down: str = "down_proj"
+    shared: str = "shared_expert"
+    shared_gate: str = "shared_expert_gate"
+
+    # HF base names (the tensor is {base}.weight) under a layer's prefix "model.layers.{i}."
+    def expert(self, layer_prefix, e, role):
+        """Expert e's gate / up / down projection."""
+        return f"{layer_prefix}{self.block}.experts.{e}.{getattr(self, role)}"
+
+    def router_name(self, layer_prefix):
+        return f"{layer_prefix}{self.block}.{self.router}"
+
+    def shared_name(self, layer_prefix, role):
+        """The shared expert's gate / up / down projection, or its sigmoid gate (role "gate_weight")."""
+        if role == "gate_weight":
+            return f"{layer_prefix}{self.block}.{self.shared_gate}"
+        return f"{layer_prefix}{self.block}.{self.shared}.{role}_proj"
+
+    def shapes(self, layer_prefix, config):
+        """{HF name: shape} of one sparse layer's MLP tensors."""
+        H, inter, shared = config.hidden_size, config.moe_intermediate_size, config.shared_expert_intermediate_size
+        out = {self.router_name(layer_prefix): (config.num_experts, H)}
+        for e in range(config.num_experts):
+            out[self.expert(layer_prefix, e, "gate")] = (inter, H)
+            out[self.expert(layer_prefix, e, "up")] = (inter, H)
+            out[self.expert(layer_prefix, e, "down")] = (H, inter)
+        if shared:
+            out[self.shared_name(layer_prefix, "gate")] = (shared, H)
+            out[self.shared_name(layer_prefix, "up")] = (shared, H)
+            out[self.shared_name(layer_prefix, "down")] = (H, shared)
+            out[self.shared_name(layer_prefix, "gate_weight")] = (1, H)
+        return {f"{base}.weight": shape for base, shape in out.items()}
+
+
+def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False):
+    """The ModelConfig expert fields from config.json. norm_topk: the family's fixed choice (Mixtral
+    always renormalises), else the config's norm_topk_prob. sparse_steps: the config may leave some
+    layers dense (Qwen's decoder_sparse_step and mlp_only_layers)."""
+    layers = r.need("num_hidden_layers")
+    # the expert count under either name: each family's own, or the other that transformers 5 writes
+    counts = {k: r.get(k) for k in ("num_experts", "num_local_experts") if r.get(k) is not None}
+    if len(set(counts.values())) != 1:
+        r.refuse(f"num_experts / num_local_experts {counts or 'missing'} (one count of experts)")
+    fields = dict(num_experts=next(iter(counts.values())), num_experts_per_tok=r.need("num_experts_per_tok"),
+                  moe_intermediate_size=r.need(inter_key),
+                  norm_topk_prob=bool(r.get("norm_topk_prob", False)) if norm_topk is None else norm_topk)
+    if shared:
+        fields["shared_expert_intermediate_size"] = r.get("shared_expert_intermediate_size", 0)
+    if sparse_steps:
+        step, only = r.get("decoder_sparse_step", 1), r.get("mlp_only_layers", [])
+        if not isinstance(step, int) or step < 1 or not isinstance(only, list):
+            r.refuse(f"decoder_sparse_step={step!r} / mlp_only_layers={only!r}")
+        dense = [i for i in range(layers) if i in only or (i + 1) % step]
+        fields["dense_mlp_layers"] = dense or None
+    return fields

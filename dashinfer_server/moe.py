@@ -1,0 +1,78 @@
+"""A sparse layer's mixture of experts on one rank: its share of the router and experts, loaded
+(weights.py calls load_experts), and the op-by-op forward, native/moe.c's computation written
+again in numpy over the linear kernels (the reference model.py's Python path runs and the tests
+hold the native decoder to)."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from dashinfer_client.model.families import family
+
+
+@dataclass
+class ExpertWeights:
+    """Named as native/decoder.c takes a sparse layer's fields (py_moe.c's DN_MOE_FIELDS)."""
+    router: np.ndarray                 # packed f32 [E, H]
+    experts_gate_up: np.ndarray        # uint8 [n_local, stride]: row j a packed [2*I_r, H] (gate, then up)
+    experts_down: np.ndarray           # uint8 [n_local, stride]: row j a packed [H, I_r] (partial sums)
+    shared_gate_up: np.ndarray | None  # packed [2*S_r, H] of the shared expert
+    shared_down: np.ndarray | None     # packed [H, S_r]
+    shared_gate: np.ndarray | None     # [H] f32: the shared expert's output times sigmoid(x . it)
+
+
+def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
+    """This rank's share (shard.experts, shard.expert_rows) of the sparse block of the layer under
+    `prefix` ("model.layers.{i}.")."""
+    cfg, shard = loader.model.config, loader.shard
+    layout = family(loader.model.architecture).experts
+    rows = shard.expert_rows(cfg.moe_intermediate_size)
+    gate_up = [((layout.expert(prefix, e, "gate"), rows), (layout.expert(prefix, e, "up"), rows))
+               for e in shard.experts]
+    down = [((layout.expert(prefix, e, "down"), None, rows),) for e in shard.experts]
+    shared = {}
+    if cfg.shared_expert_intermediate_size:
+        s_rows = shard.rows_of(cfg.shared_expert_intermediate_size)
+        shared = dict(
+            shared_gate_up=loader.linear((layout.shared_name(prefix, "gate"), s_rows),
+                                         (layout.shared_name(prefix, "up"), s_rows)),
+            shared_down=loader.linear((layout.shared_name(prefix, "down"), None, s_rows), scale=out_scale),
+            shared_gate=loader.vector(layout.shared_name(prefix, "gate_weight") + ".weight").reshape(-1))
+    return ExpertWeights(router=loader.linear((layout.router_name(prefix),), f32=True),
+                         experts_gate_up=loader.stacked(gate_up), experts_down=loader.stacked(down, scale=out_scale),
+                         **{"shared_gate_up": None, "shared_down": None, "shared_gate": None, **shared})
+
+
+def routing(logits: np.ndarray, top_k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(experts [T, k], weights [T, k]) of router logits [T, E]: the softmax's top k, best first,
+    renormalised to sum to 1 when norm_topk (fp32, as transformers' routers compute it)."""
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    choice = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+    weight = np.take_along_axis(p, choice, axis=1)
+    if norm_topk:
+        weight /= weight.sum(axis=1, keepdims=True)
+    return choice, weight
+
+
+def moe_forward(K, w: ExpertWeights, x, out, cfg, experts, act) -> None:
+    """out [T, H] = this rank's part of the block over x [T, H]: experts (a range of expert ids)
+    are the rank's, row j of w's expert arrays holding experts[j]."""
+    logits = np.empty((x.shape[0], cfg.num_experts), np.float32)
+    K.linear(x, w.router, None, logits)
+    choice, weight = routing(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+    out[...] = 0
+    for j, e in enumerate(experts):
+        tokens, slots = np.nonzero(choice == e)
+        if len(tokens):  # an expert no token chose is not read
+            y = _gated_mlp(K, x[tokens], w.experts_gate_up[j], w.experts_down[j], act)
+            out[tokens] += weight[tokens, slots, None] * y  # a token chooses an expert once
+    if w.shared_gate_up is not None:
+        y = _gated_mlp(K, x, w.shared_gate_up, w.shared_down, act)
+        out += y / (np.float32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
+
+
+def _gated_mlp(K, x, gate_up, down, act):
+    inter = K.unpack_linear(gate_up)[1] // 2
+    h, a = np.empty((len(x), 2 * inter), np.float32), np.empty((len(x), inter), np.float32)
+    K.linear_glu(np.ascontiguousarray(x), gate_up, h, a, act=act)
+    return K.linear(a, down)

@@ -1,0 +1,136 @@
+/* The mixture-of-experts MLP (moe.h): routing, tokens grouped by expert, one GEMM pair per
+ * chosen expert, the weighted scatter-add and the shared expert. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "moe.h"
+
+/* Rows x columns below which a gather / scatter is not worth waking the thread team. */
+#define MOE_PARALLEL_MIN (1 << 15)
+
+static void *aligned(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n ? n : 64) ? NULL : p;
+}
+
+dn_moe_scratch *dn_moe_scratch_new(const dn_moe_shape *s, int max_tokens) {
+    dn_moe_scratch *sc = calloc(1, sizeof *sc);
+    if (!sc) return NULL;
+    size_t T = (size_t)max_tokens, slots = T * s->top_k;
+    size_t wide = (size_t)(s->inter > s->shared_inter ? s->inter : s->shared_inter);
+    sc->max_tokens = max_tokens;
+    sc->probs = aligned(T * s->n_experts * sizeof(float));
+    sc->choice = aligned(slots * sizeof(int32_t));
+    sc->weight = aligned(slots * sizeof(float));
+    sc->offsets = aligned(((size_t)s->n_local + 1) * sizeof(int32_t));
+    sc->rows = aligned(slots * sizeof(int32_t));
+    sc->row_weight = aligned(slots * sizeof(float));
+    sc->x = aligned(T * s->hidden * sizeof(float));
+    sc->y = aligned(T * s->hidden * sizeof(float));
+    sc->gate_up = aligned(T * 2 * wide * sizeof(float));
+    sc->act = aligned(T * wide * sizeof(float));
+    if (!sc->probs || !sc->choice || !sc->weight || !sc->offsets || !sc->rows || !sc->row_weight ||
+        !sc->x || !sc->y || !sc->gate_up || !sc->act) {
+        dn_moe_scratch_free(sc);
+        return NULL;
+    }
+    return sc;
+}
+
+void dn_moe_scratch_free(dn_moe_scratch *sc) {
+    if (!sc) return;
+    free(sc->probs), free(sc->choice), free(sc->weight), free(sc->offsets), free(sc->rows);
+    free(sc->row_weight), free(sc->x), free(sc->y), free(sc->gate_up), free(sc->act);
+    free(sc);
+}
+
+void dn_moe_route(const dn_moe_shape *s, float *logits, int T, int32_t *choice, float *weight) {
+    const int E = s->n_experts, K = s->top_k;
+    for (int t = 0; t < T; t++) {
+        float *p = logits + (size_t)t * E;
+        float max = p[0], sum = 0.0f;
+        for (int e = 1; e < E; e++) max = p[e] > max ? p[e] : max;
+        for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - max);
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        /* top K by selection (K and E are small); ties go to the lower expert id */
+        int32_t *c = choice + (size_t)t * K;
+        float *w = weight + (size_t)t * K, kept = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k && !taken; j++) taken = c[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            c[k] = best, w[k] = p[best], kept += p[best];
+        }
+        if (s->norm_topk)
+            for (int k = 0; k < K; k++) w[k] /= kept;
+    }
+}
+
+/* Slots grouped by this rank's experts (a counting sort, so each expert's tokens stay in order);
+ * slots routed to another rank's experts are left out. */
+static void group_by_expert(const dn_moe_shape *s, dn_moe_scratch *sc, int T) {
+    const int K = s->top_k, L = s->n_local;
+    int32_t *off = sc->offsets;
+    memset(off, 0, ((size_t)L + 1) * sizeof *off);
+    for (int i = 0; i < T * K; i++) {
+        int rel = sc->choice[i] - s->expert0;
+        if (rel >= 0 && rel % s->expert_step == 0) off[rel / s->expert_step + 1]++;
+    }
+    for (int j = 0; j < L; j++) off[j + 1] += off[j];
+    for (int i = 0; i < T * K; i++) {
+        int rel = sc->choice[i] - s->expert0;
+        if (rel < 0 || rel % s->expert_step) continue;
+        int32_t at = off[rel / s->expert_step]++;
+        sc->rows[at] = i / K, sc->row_weight[at] = sc->weight[i];
+    }
+    for (int j = L; j > 0; j--) off[j] = off[j - 1]; /* the fill moved each start to the next's */
+    off[0] = 0;
+}
+
+/* y = one expert's gated MLP of x [n, hidden] (or the shared expert's, inter its width). */
+static int expert_mlp(const dn_moe_shape *s, dn_moe_scratch *sc, const dn_linear_w *gate_up,
+                      const dn_linear_w *down, const float *x, int n) {
+    return dn_linear_glu(gate_up, x, n, s->act, sc->gate_up, sc->act) ||
+           dn_linear(down, sc->act, n, NULL, sc->y);
+}
+
+int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, const float *x, int T,
+           float *out) {
+    const int H = s->hidden, nt = dn_num_threads();
+    if (dn_linear(&w->router, x, T, NULL, sc->probs)) return -1;
+    dn_moe_route(s, sc->probs, T, sc->choice, sc->weight);
+    group_by_expert(s, sc, T);
+    memset(out, 0, (size_t)T * H * sizeof *out);
+    for (int j = 0; j < s->n_local; j++) {
+        const int first = sc->offsets[j], n = sc->offsets[j + 1] - first;
+        if (!n) continue; /* no token chose it: its weights are not read */
+        const int32_t *rows = sc->rows + first;
+        const float *rw = sc->row_weight + first;
+#pragma omp parallel for schedule(static) num_threads(nt) if ((long)n * H >= MOE_PARALLEL_MIN)
+        for (int i = 0; i < n; i++) memcpy(sc->x + (size_t)i * H, x + (size_t)rows[i] * H, H * sizeof(float));
+        if (expert_mlp(s, sc, &w->gate_up[j], &w->down[j], sc->x, n)) return -1;
+        /* an expert's tokens are distinct, so its rows scatter without conflicts */
+#pragma omp parallel for schedule(static) num_threads(nt) if ((long)n * H >= MOE_PARALLEL_MIN)
+        for (int i = 0; i < n; i++) {
+            float *o = out + (size_t)rows[i] * H;
+            const float *y = sc->y + (size_t)i * H, wi = rw[i];
+            for (int h = 0; h < H; h++) o[h] += wi * y[h];
+        }
+    }
+    if (!s->shared_inter) return 0;
+    if (expert_mlp(s, sc, &w->shared_gate_up, &w->shared_down, x, T)) return -1;
+#pragma omp parallel for schedule(static) num_threads(nt) if ((long)T * H >= MOE_PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * H, *y = sc->y + (size_t)t * H;
+        float dot = 0.0f, *o = out + (size_t)t * H;
+        for (int h = 0; h < H; h++) dot += xt[h] * w->shared_gate[h];
+        const float g = 1.0f / (1.0f + expf(-dot));
+        for (int h = 0; h < H; h++) o[h] += g * y[h];
+    }
+    return 0;
+}

@@ -1,0 +1,59 @@
+/* A sparse mixture-of-experts MLP (Qwen-MoE, Mixtral, OLMoE; dashinfer_client/model/families/
+ * experts.py), for the tokens x [T, hidden]:
+ *   p = softmax(x Wr^T)                 fp32 logits over all n_experts
+ *   (e_i, w_i) = the top_k of p         renormalised to sum to 1 when norm_topk
+ *   out = sum_i w_i * (glu(x We_gate^T) * (x We_up^T)) We_down^T
+ *       + sigmoid(x . shared_gate) * (shared expert's gated MLP of x)    (when it has one)
+ * Tokens are grouped by expert: each expert some token chose runs once, over all of its tokens
+ * (one dn_linear_glu and one dn_linear: a GEMM in prefill); experts no token chose are not read,
+ * so a decode step streams only the chosen experts' bytes. Experts are packed linears like any
+ * other weight (linear.h), so every weight type serves them.
+ *
+ * Over tensor-parallel ranks each rank holds a share of every chosen expert's work and `out` is
+ * its partial sum, which the decoder's allreduce completes: either every expert split by its
+ * intermediate rows (expert_step 1: the rank holds [inter_r] of each), or whole experts spread
+ * over the ranks (rank r of R holds experts r, r + R, ...: expert0 r, expert_step R). */
+#pragma once
+#include <stdint.h>
+
+#include "glu.h"
+#include "linear.h"
+
+typedef struct {
+    int n_experts, top_k, norm_topk; /* the router: softmax over n_experts, top_k kept */
+    int expert0, expert_step, n_local; /* this rank's experts: expert0 + j * expert_step, j < n_local */
+    int hidden, inter, shared_inter;   /* this rank's rows of one expert / of the shared one (0: none) */
+    dn_act act;
+} dn_moe_shape;
+
+typedef struct {
+    dn_linear_w router;                /* [n_experts, hidden] */
+    dn_linear_w *gate_up, *down;       /* [n_local]: [2 * inter, hidden] (gate rows, then up), [hidden, inter] */
+    dn_linear_w shared_gate_up, shared_down; /* [2 * shared_inter, hidden], [hidden, shared_inter] */
+    const float *shared_gate;          /* [hidden]: scales the shared expert's output by sigmoid(x . it) */
+} dn_moe_weights;
+
+/* Buffers for up to max_tokens tokens, allocated once (dn_moe_scratch_new). */
+typedef struct {
+    int max_tokens;
+    float *probs;      /* [T, n_experts] */
+    int32_t *choice;   /* [T, top_k] expert ids, best first */
+    float *weight;     /* [T, top_k] their routing weights */
+    int32_t *offsets;  /* [n_local + 1]: local expert j's slots are rows[offsets[j] .. offsets[j + 1]) */
+    int32_t *rows;     /* [T * top_k] the token of each slot, grouped by expert, tokens ascending */
+    float *row_weight; /* [T * top_k] */
+    float *x, *y;      /* [T, hidden]: an expert's gathered tokens and its output */
+    float *gate_up, *act; /* [T, 2 * max(inter, shared_inter)], [T, max(inter, shared_inter)] */
+} dn_moe_scratch;
+
+dn_moe_scratch *dn_moe_scratch_new(const dn_moe_shape *s, int max_tokens); /* NULL: no memory */
+void dn_moe_scratch_free(dn_moe_scratch *sc);
+
+/* The routing of T tokens from their router logits [T, n_experts] (overwritten by the softmax):
+ * choice and weight [T, top_k]. */
+void dn_moe_route(const dn_moe_shape *s, float *logits, int T, int32_t *choice, float *weight);
+
+/* out [T, hidden] = this rank's part of the block over x [T, hidden] (out must not overlap x).
+ * Returns 0, or -1 when a kernel's scratch memory cannot be allocated. */
+int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, const float *x, int T,
+           float *out);

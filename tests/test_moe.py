@@ -1,0 +1,237 @@
+"""Mixture-of-experts models against transformers, on tiny random fp32 checkpoints that transformers
+writes (tests/helpers.py FAMILY_CONFIGS: Qwen3-MoE with a dense middle layer, Qwen2-MoE with its
+shared expert, Mixtral with a sliding window, OLMoE): logits of a prompt and 16 decoded tokens
+within 1e-3 of transformers', its greedy tokens, the op-by-op path equal to the native decoder,
+16 greedy tokens on 2 ranks with either expert split, bf16 / int8 / uint4 experts within
+test_families' bounds; and the kernel (native/moe.c) against numpy in float64.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dashinfer_client.errors import ModelSerializerException
+from dashinfer_client.model import DashInferModel, HuggingFaceModel
+from dashinfer_client.model.arch import ModelConfig
+from tests.engine_helpers import DEFAULT_KV_FORMAT, reference
+from tests.helpers import load_hf_model, tiny_config, write_config_variant
+from tests.test_families import LOW_PRECISION, low_precision_error, prompt_of
+from tests.test_families import test_logits_match_transformers as logits_match_transformers
+from tests.test_families import test_op_by_op_reference_equals_native as op_by_op_equals_native
+from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
+
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_logits_and_greedy_tokens_match_transformers(serialized_tiny, name):
+    loader = serialized_tiny(name)
+    hf = load_hf_model(loader.model_path)
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    model = DashInferModel(loader.model_output_dir, loader.serialize_model_name)
+    assert model.config.num_experts > 0
+    logits_match_transformers((name, model, hf))
+    op_by_op_equals_native((name, model, hf))
+
+
+@pytest.fixture(scope="module")
+def two_rank_cases(serialized_tiny):
+    """(mpi_engine.py's model specs, transformers' 16 greedy tokens of each) of every MoE family
+    (transformers' generate: the cache is fp32 as the engine's, so no rounding to mirror)."""
+    specs, expected = [], []
+    for name in MOE_FAMILIES:
+        loader = serialized_tiny(name)
+        prompt = prompt_of(DashInferModel(loader.model_output_dir, loader.serialize_model_name), 30, seed=5)
+        specs.append({"dir": loader.model_output_dir, "prefix": loader.serialize_model_name,
+                      "prompts": [prompt], "max_new": 16})
+        expected.append(reference(load_hf_model(loader.model_path), prompt, DEFAULT_KV_FORMAT)[0])
+    return specs, expected
+
+
+@pytest.mark.parametrize("split", ["intermediate", "experts"])
+def test_two_ranks_generate_transformers_greedy(two_rank_cases, split):
+    """Every MoE family on one mpiexec'd group of 2 ranks, experts split by their intermediate rows
+    or dealt out whole (DASHINFER_MOE_SPLIT), gives transformers' 16 greedy tokens."""
+    specs, expected = two_rank_cases
+    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_engine.py"), json.dumps({"models": specs})]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env=group_env(DASHINFER_MOE_SPLIT=split))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = result_of(run.stdout)
+    assert (result["world"], result["allreduce"]) == (2, "shm")
+    for name, want, got in zip(MOE_FAMILIES, expected, result["models"]):
+        assert got[0]["ids"] == want, f"{name} on 2 ranks ({split}): {got[0]} != transformers {want}"
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8", "uint4"])
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_low_precision_experts_stay_close_to_transformers(tmp_path, tiny_checkpoint, name, mode):
+    """Experts in bf16, or InstantQuant int8 / uint4 per expert, within test_families' bounds of
+    transformers on the weights the model stores (a rounding may flip a near-tie of the router)."""
+    rel = low_precision_error(tmp_path, tiny_checkpoint, name, mode, stored_weights=True)
+    assert rel.max() < LOW_PRECISION[mode][3], f"{name} {mode}: relative RMS logits error per step {np.round(rel, 4)}"
+
+
+def test_serialize_from_torch_refuses_3d_experts(tmp_path, serialized_tiny):
+    from dashinfer_server.engine import Engine
+    hf = load_hf_model(serialized_tiny("qwen3_moe").model_path)
+    with pytest.raises(ModelSerializerException, match="3-D parameters"):
+        Engine().serialize_model_from_torch("m", "Qwen3MoeForCausalLM", hf.state_dict(), hf.config.to_dict(),
+                                            str(tmp_path))
+
+
+# ---- the kernel against numpy in float64 ------------------------------------------------------
+
+def silu(z):
+    return z / (1.0 + np.exp(-z))
+
+
+def reference_moe(x, router, experts, top_k, norm_topk, shared=None):
+    """float64: softmax of the router's logits, its top_k (renormalised), each chosen expert's
+    SiLU-gated MLP weighted and summed; plus the shared expert times sigmoid(x . gate)."""
+    logits = x @ router.T
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        chosen = np.argsort(-p[t])[:top_k]
+        weights = p[t, chosen] / (p[t, chosen].sum() if norm_topk else 1.0)
+        for e, w in zip(chosen, weights):
+            gate, up, down = experts[e]
+            out[t] += w * (silu(gate @ x[t]) * (up @ x[t])) @ down.T
+    if shared is not None:
+        gate, up, down, sigmoid_gate = shared
+        out += (silu(x @ gate.T) * (x @ up.T)) @ down.T / (1.0 + np.exp(-(x @ sigmoid_gate)))[:, None]
+    return out
+
+
+def packed_rows(K, linears, wtype):
+    """Packed linears side by side, one a row (native/moe.h's experts): f32 weights, or u4 InstantQuant."""
+    packs = []
+    for w in linears:
+        if wtype == "f32":
+            packs.append(K.pack_linear(np.ascontiguousarray(w, np.float32), "f32"))
+        else:
+            codes, scales, zeros = K.quantize(np.ascontiguousarray(w, np.float32), 32, 4)
+            packs.append(K.pack_linear(codes, "u4", 32, scales, zeros))
+    stride = -(-max(p.nbytes for p in packs) // 64) * 64
+    out = np.zeros((len(packs), stride), np.uint8)
+    for j, p in enumerate(packs):
+        out[j, :p.nbytes] = p
+    return out
+
+
+def dequantized(K, w):
+    """w as its u4 InstantQuant codes describe it (groups of 32), float64."""
+    codes, scales, zeros = K.quantize(np.ascontiguousarray(w, np.float32), 32, 4)
+    q = np.stack([codes & 15, codes >> 4], axis=-1).reshape(w.shape).astype(np.float64)
+    return (q - np.repeat(zeros, 32, axis=1)) * np.repeat(scales, 32, axis=1)
+
+
+@pytest.fixture(scope="module")
+def K():
+    from dashinfer_server import kernels
+    return kernels.load()
+
+
+@pytest.mark.parametrize("tokens", [1, 37])
+@pytest.mark.parametrize("wtype", ["f32", "u4"])
+@pytest.mark.parametrize("norm_topk,shared", [(True, False), (False, True)])
+def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared):
+    """The whole block (routing, tokens grouped by expert, weighted scatter, shared expert) on every
+    expert split: the whole, two ranks with whole experts each, two ranks with half of every
+    expert's rows; the parts of a split sum to the float64 reference."""
+    rng = np.random.default_rng(tokens)
+    H, E, I, S, top_k = 64, 6, 128, 64, 3
+    x = rng.standard_normal((tokens, H))
+    router = rng.standard_normal((E, H)) / 4
+    experts = [tuple(rng.standard_normal(s) / np.sqrt(s[1]) for s in ((I, H), (I, H), (H, I))) for _ in range(E)]
+    if wtype == "u4":
+        experts = [tuple(dequantized(K, w) for w in ex) for ex in experts]
+    shared_w = None
+    if shared:
+        shared_w = tuple(rng.standard_normal(s) / np.sqrt(s[1]) for s in ((S, H), (S, H), (H, S))) + \
+            (rng.standard_normal(H) / 8,)
+    want = reference_moe(x, router, experts, top_k, norm_topk, shared_w)
+
+    def part(expert_ids, rows, s_rows, expert0, step):
+        weights = {"router": K.pack_linear(router.astype(np.float32), "f32"),
+                   "experts_gate_up": packed_rows(K, [np.concatenate([experts[e][0][rows], experts[e][1][rows]])
+                                                      for e in expert_ids], wtype),
+                   "experts_down": packed_rows(K, [experts[e][2][:, rows] for e in expert_ids], wtype)}
+        shared_inter = 0
+        if shared:
+            gate, up, down, sig = shared_w
+            shared_inter = s_rows.stop - s_rows.start
+            weights.update(shared_gate_up=K.pack_linear(np.concatenate([gate[s_rows], up[s_rows]]).astype(np.float32), "f32"),
+                           shared_down=K.pack_linear(np.ascontiguousarray(down[:, s_rows], np.float32), "f32"),
+                           shared_gate=sig.astype(np.float32))
+        out = np.empty((tokens, H), np.float32)
+        K.moe(x.astype(np.float32), weights, out, E, top_k, norm_topk=norm_topk, expert0=expert0,
+              expert_step=step, shared_inter=shared_inter)
+        return out.astype(np.float64)
+
+    halves = slice(0, S // 2), slice(S // 2, S)  # the shared expert's rows, split either way
+    whole = part(range(E), slice(0, I), slice(0, S), 0, 1)
+    by_experts = sum(part(range(r, E, 2), slice(0, I), halves[r], r, 2) for r in (0, 1))
+    by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1) for r in (0, 1))
+    scale = np.abs(want).max()
+    for got in (whole, by_experts, by_rows):
+        assert np.abs(got - want).max() < 1e-5 * scale, np.abs(got - want).max() / scale
+
+
+def test_moe_kernel_refuses_mismatched_experts(K):
+    H = 64
+    router = K.pack_linear(np.zeros((4, H), np.float32), "f32")
+    one = K.pack_linear(np.zeros((64, H), np.float32), "f32")
+    rows = np.stack([one] * 3)  # 3 experts where expert0 0, step 1 of 4 needs 4
+    x, out = np.zeros((2, H), np.float32), np.zeros((2, H), np.float32)
+    with pytest.raises(ValueError, match="experts_gate_up"):
+        K.moe(x, {"router": router, "experts_gate_up": rows, "experts_down": rows}, out, 4, 2)
+    with pytest.raises(ValueError, match="top_k"):
+        K.moe(x, {"router": router, "experts_gate_up": rows, "experts_down": rows}, out, 4, 5)
+
+
+# ---- configs ------------------------------------------------------------------------------------
+
+def test_sparse_layers_are_transformers_own():
+    """decoder_sparse_step and mlp_only_layers leave the layers dense that transformers builds dense."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from dashinfer_client.model.arch import normalize_hf_config
+    config = tiny_config("qwen2_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config)
+    sparse = [hasattr(layer.mlp, "experts") for layer in hf.model.layers]
+    _, cfg = normalize_hf_config(config.to_dict())
+    assert [cfg.is_moe_layer(i) for i in range(6)] == sparse == [False, True, False, False, False, True]
+
+
+@pytest.mark.parametrize("name,edit,feature", [
+    ("qwen2_moe", dict(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
+    ("olmoe", dict(clip_qkv=8.0), "clip_qkv"),
+    ("qwen3_moe", dict(num_local_experts=8, num_experts=4), "num_experts / num_local_experts"),
+    ("qwen3_moe", dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3"), "num_local_experts=8"),
+])
+def test_an_unsupported_moe_feature_is_refused_by_name(tmp_path, tiny_checkpoint, name, edit, feature):
+    import shutil
+    src = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint(name), src)
+    write_config_variant(str(src), lambda c: dict(c, **edit))
+    with pytest.raises(ModelSerializerException, match=feature):
+        HuggingFaceModel(str(src), "m").read_model_config()
+
+
+def test_a_config_without_expert_fields_is_dense():
+    """Models serialized before the expert fields existed load unchanged: every layer dense."""
+    fields = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                  rope_theta=1e4, rope_scaling=None, max_position_embeddings=512, tie_word_embeddings=False,
+                  attention_bias=False, bos_token_id=1, eos_token_id=[2], pad_token_id=0)
+    cfg = ModelConfig.from_dict(fields)
+    assert cfg.num_experts == 0 and not any(cfg.is_moe_layer(i) for i in range(2))
+    with pytest.raises(ModelSerializerException, match="num_experts_per_tok"):
+        ModelConfig.from_dict(dict(fields, num_experts=4, num_experts_per_tok=5, moe_intermediate_size=8))
