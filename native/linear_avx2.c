@@ -3,22 +3,13 @@
  * microkernel (up to 6 rows x 16 columns) runs over it for every block of rows. */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
+#include "linear_avx2.h"
 
-#include "linear_kernels.h"
-
-#define NR DN_LINEAR_NR
 #define MR 6   /* rows per microkernel: 6 x 2 accumulators + 2 weights + 1 broadcast */
 #define KC 256 /* k per slice: 256 x 64 floats = 64 KB, in L2 */
 #ifndef KC_FEW
 #define KC_FEW 32 /* ... with 1-2 rows: widen and use 8 KB at a time, so the DRAM stream never idles */
 #endif
-#define INLINE static inline __attribute__((always_inline))
-
-/* Lanes [0, valid) of 8 set, for maskload / maskstore. */
-INLINE __m256i lane_mask(int valid) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 /* y[r][0..8*nv) (+)= sum over kc of x[r][k] * wf[k][0..8*nv), + bias; `valid` columns stored.
  * x [mr][ldx], wf [kc][ldw] floats. One row takes a whole 64-column panel (weights fold into the
@@ -128,12 +119,19 @@ static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64
     }
 }
 
+static int gemv(const dn_linear_w *w, int64_t m) { return m <= GEMV_MAX_M && w->wtype != DN_W_F32; }
+
 static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
+    if (gemv(w, m)) return dn_avx2_gemv_scratch(w, m, nthreads);
     return w->wtype == DN_W_F32 ? 0 : (size_t)nthreads * KC * NR * 4;
 }
 
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
+    if (gemv(w, c->m)) {
+        dn_avx2_gemv(c, t, nt);
+        return;
+    }
     int64_t n = w->n, k = w->k, p0, p1, m0, m1;
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
@@ -166,6 +164,11 @@ static void run(const dn_linear_call *c, int t, int nt) {
     }
 }
 
-const dn_linear_kernels dn_linear_avx2 = {scratch_bytes, run};
+/* the GEMV shares whole panels; the GEMM (panel, MR rows) units */
+static int64_t units(const dn_linear_w *w, int64_t m) {
+    return gemv(w, m) ? w->npanels : w->npanels * ((m + MR - 1) / MR);
+}
+
+const dn_linear_kernels dn_linear_avx2 = {scratch_bytes, run, NULL, units};
 
 #pragma GCC pop_options
