@@ -13,9 +13,36 @@
 
 #define KB 64 /* k pairs per bf16 block: 64 x 64 columns x 4 bytes = 16 KB, in L1 */
 
-/* The next block's lines [0, bytes) at `next`, `per_kp` of them each k pair. */
-INLINE void prefetch_row(const uint8_t *next, int64_t kp, int per_kp) {
+/* Lines [kp * per_kp, (kp + 1) * per_kp) of the next block. */
+INLINE void prefetch_row(const uint8_t *next, int64_t kp, const int per_kp) {
+#pragma GCC unroll 4
     for (int l = 0; l < per_kp; l++) _mm_prefetch((const char *)next + (kp * per_kp + l) * 64, _MM_HINT_T0);
+}
+
+/* acc[r * nv + v] += we * x[r][0] + wo * x[r][1] for every row: one column register, one k
+ * pair. The two products meet before the accumulator, whose dependency chain is then one add
+ * (3 cycles, on the adder pipes) per k pair: few accumulators still keep both FMA pipes busy. */
+INLINE void fma_col(const int mb, const int nv, const int v, __m256 we, __m256 wo, const float *x,
+                    int64_t ldx, __m256 *acc) {
+#pragma GCC unroll 4
+    for (int r = 0; r < mb; r++) {
+        __m256 p = _mm256_mul_ps(we, _mm256_broadcast_ss(x + r * ldx));
+        p = _mm256_fmadd_ps(wo, _mm256_broadcast_ss(x + r * ldx + 1), p);
+        acc[r * nv + v] = _mm256_add_ps(acc[r * nv + v], p);
+    }
+}
+
+/* The same for nv <= 2 registers at once, row by row: with 3-4 rows, 8 accumulators chained
+ * by FMAs keep the pipes busy, and only 4 weight and 2 x registers are live beside them. */
+INLINE void fma_rows(const int mb, const int nv, const __m256 *we, const __m256 *wo,
+                     const float *x, int64_t ldx, __m256 *acc) {
+#pragma GCC unroll 4
+    for (int r = 0; r < mb; r++) {
+        __m256 xe = _mm256_broadcast_ss(x + r * ldx), xo = _mm256_broadcast_ss(x + r * ldx + 1);
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++)
+            acc[r * nv + v] = _mm256_fmadd_ps(wo[v], xo, _mm256_fmadd_ps(we[v], xe, acc[r * nv + v]));
+    }
 }
 
 /* tot[r][8v..] += x rows . bf16 pairs over np k pairs, 8 * nv columns.
@@ -24,19 +51,20 @@ INLINE void block_bf16(const int mb, const int nv, const uint32_t *pairs, int wi
                        const float *x, int64_t ldx, float *tot, const uint8_t *next) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
     __m256 acc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < mb * nv; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t kp = 0; kp < np; kp++) {
         const uint32_t *row = pairs + kp * width;
-        if (next) prefetch_row(next, kp, width / 16);
+        if (next) prefetch_row(next, kp, NR / 16);
+        __m256 we[8], wo[8];
+#pragma GCC unroll 8
         for (int v = 0; v < nv; v++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(row + 8 * v));
-            __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-            __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(raw, hi));
-            for (int r = 0; r < mb; r++) {
-                __m256 a = _mm256_fmadd_ps(we, _mm256_broadcast_ss(x + r * ldx + 2 * kp), acc[r * nv + v]);
-                acc[r * nv + v] = _mm256_fmadd_ps(wo, _mm256_broadcast_ss(x + r * ldx + 2 * kp + 1), a);
-            }
+            we[v] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+            wo[v] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi));
+            if (mb <= 2) fma_col(mb, nv, v, we[v], wo[v], x + 2 * kp, ldx, acc);
         }
+        if (mb > 2) fma_rows(mb, nv, we, wo, x + 2 * kp, ldx, acc);
     }
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++)
@@ -69,20 +97,21 @@ INLINE void block_i8(const int mb, const int nv, const uint8_t *codes, int width
                      const float *xs, int64_t ldxs, float *tot, const uint8_t *next) {
     const __m256i low = _mm256_set1_epi32(0xff);
     __m256 acc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < mb * nv; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t kp = 0; kp < np; kp++) {
         const uint8_t *row = codes + kp * 2 * width;
-        if (next) prefetch_row(next, kp, width / 32);
+        if (next) prefetch_row(next, kp, NR / 32);
+        __m256 qe[8], qo[8];
+#pragma GCC unroll 8
         for (int v = 0; v < nv; v++) {
             /* a 16-bit lane per column: k even in the low byte, k odd in the high */
             __m256i q = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * v)));
-            __m256 qe = _mm256_cvtepi32_ps(_mm256_and_si256(q, low));
-            __m256 qo = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 8));
-            for (int r = 0; r < mb; r++) {
-                __m256 a = _mm256_fmadd_ps(qe, _mm256_broadcast_ss(x + r * ldx + 2 * kp), acc[r * nv + v]);
-                acc[r * nv + v] = _mm256_fmadd_ps(qo, _mm256_broadcast_ss(x + r * ldx + 2 * kp + 1), a);
-            }
+            qe[v] = _mm256_cvtepi32_ps(_mm256_and_si256(q, low));
+            qo[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 8));
+            if (mb <= 2) fma_col(mb, nv, v, qe[v], qo[v], x + 2 * kp, ldx, acc);
         }
+        if (mb > 2) fma_rows(mb, nv, qe, qo, x + 2 * kp, ldx, acc);
     }
     fix_up(mb, nv, acc, scale, zero, xs, ldxs, tot);
 }
@@ -94,31 +123,30 @@ INLINE void block_u4(const int mb, const int nv, const uint8_t *codes, int width
                      const float *xs, int64_t ldxs, float *tot, const uint8_t *next) {
     const __m256i nib = _mm256_set1_epi32(15);
     __m256 acc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < mb * nv; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t kp = 0; kp < np; kp++) {
         const uint8_t *row = codes + kp * width;
-        if (next && kp % 2 == 0) prefetch_row(next, kp / 2, width / 32);
+        if (next && kp % 2 == 0) prefetch_row(next, kp / 2, NR / 32);
+#pragma GCC unroll 4
         for (int v = 0; v < nv; v += 2) {
             /* a 16-bit lane per column pair (c, c + 8): nibbles c even, c+8 even, c odd, c+8 odd */
             __m256i q = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 8 * v)));
             __m256 le = _mm256_cvtepi32_ps(_mm256_and_si256(q, nib));
-            __m256 he = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 4), nib));
             __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 8), nib));
+            fma_col(mb, nv, v, le, lo, x + 2 * kp, ldx, acc);
+            __m256 he = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 4), nib));
             __m256 ho = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 12));
-            for (int r = 0; r < mb; r++) {
-                __m256 xe = _mm256_broadcast_ss(x + r * ldx + 2 * kp);
-                __m256 xo = _mm256_broadcast_ss(x + r * ldx + 2 * kp + 1);
-                acc[r * nv + v] = _mm256_fmadd_ps(lo, xo, _mm256_fmadd_ps(le, xe, acc[r * nv + v]));
-                acc[r * nv + v + 1] = _mm256_fmadd_ps(ho, xo, _mm256_fmadd_ps(he, xe, acc[r * nv + v + 1]));
-            }
+            fma_col(mb, nv, v + 1, he, ho, x + 2 * kp, ldx, acc);
         }
     }
     fix_up(mb, nv, acc, scale, zero, xs, ldxs, tot);
 }
 
-/* 8-column registers per column block at mb rows: mb * nv <= 8 accumulators. */
+/* 8-column registers per column block at mb rows: 8 accumulators at most, and one or two rows'
+ * broadcasts hoisted out of the column loop leave no more than 16 registers live. */
 static int block_nv(int mb, int left) {
-    int nv = mb == 1 ? 8 : mb == 2 ? 4 : 2;
+    int nv = mb == 1 ? 8 : 2;
     while (nv > left / 8) nv /= 2;
     return nv;
 }
@@ -128,7 +156,6 @@ static int block_nv(int mb, int left) {
     case 1 * 16 + 8: F(1, 8, __VA_ARGS__); break; \
     case 1 * 16 + 4: F(1, 4, __VA_ARGS__); break; \
     case 1 * 16 + 2: F(1, 2, __VA_ARGS__); break; \
-    case 2 * 16 + 4: F(2, 4, __VA_ARGS__); break; \
     case 2 * 16 + 2: F(2, 2, __VA_ARGS__); break; \
     case 3 * 16 + 2: F(3, 2, __VA_ARGS__); break; \
     default: F(4, 2, __VA_ARGS__); break; \
@@ -148,7 +175,7 @@ static void gemv_panel(const dn_linear_w *w, int64_t p, int mb, const float *x, 
             const float *xb = x + 2 * k0;
             for (int c0 = 0, nv; c0 < width; c0 += 8 * nv) {
                 nv = block_nv(mb, width - c0);
-                const uint8_t *next = c0 == 0 ? (const uint8_t *)(blk + np * width) : NULL;
+                const uint8_t *next = c0 == 0 && width == NR ? (const uint8_t *)(blk + np * width) : NULL;
 #define BF16(MB, NV, ...) block_bf16(MB, NV, blk + c0, width, np, xb, ldx, tot + c0, next)
                 MB_NV_CASES(BF16, 0)
 #undef BF16
@@ -167,7 +194,7 @@ static void gemv_panel(const dn_linear_w *w, int64_t p, int mb, const float *x, 
         for (int l = 0; l < 8 * width; l += 64) _mm_prefetch((const char *)blk + gb + l, _MM_HINT_T0);
         for (int c0 = 0, nv; c0 < width; c0 += 8 * nv) {
             nv = block_nv(mb, width - c0);
-            const uint8_t *next = c0 == 0 ? codes + gb : NULL;
+            const uint8_t *next = c0 == 0 && width == NR ? codes + gb : NULL;
 #define QUANT(MB, NV, KERNEL) \
     KERNEL(MB, NV, codes + (u4 ? c0 : 2 * c0), width, gpairs, xg, ldx, scale + c0, zero + c0, \
            xs + g, ngroups, tot + c0, next)
