@@ -1,24 +1,19 @@
-/* Linear layer, AVX2 + FMA path: everything in fp32. Each panel is widened to fp32 KC rows at
- * a time into a per-thread slice (f32 panels are used in place), then a register-blocked FMA
- * microkernel (up to 6 rows x 16 columns) runs over it for every block of rows. */
+/* Linear layer, AVX2 + FMA path: everything in fp32. Up to GEMV_MAX_M rows the GEMV
+ * (linear_avx2_gemv.c) converts weights in registers. Above, each panel is widened to fp32 KC
+ * rows at a time into a per-thread slice of 16-column strips, [width/16][KC][16]: one strip is
+ * 16 KB of contiguous lines that stays in L1 while the 6 x 16 microkernel (12 accumulators, 2
+ * weight loads and 6 broadcasts per k: the two FMA pipes full) runs it for every block of 6
+ * rows of an MC-row chunk of x, which stays in L2. f32 panels are used in place, row-major. */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
+#include "linear_avx2.h"
 
-#include "linear_kernels.h"
-
-#define NR DN_LINEAR_NR
 #define MR 6   /* rows per microkernel: 6 x 2 accumulators + 2 weights + 1 broadcast */
-#define KC 256 /* k per slice: 256 x 64 floats = 64 KB, in L2 */
+#define KC 256 /* k per slice: 256 x 64 floats = 64 KB in L2, a 16 KB strip in L1 */
+#define MC 120 /* rows of x per chunk: 120 x 256 floats = 120 KB, in L2 */
 #ifndef KC_FEW
 #define KC_FEW 32 /* ... with 1-2 rows: widen and use 8 KB at a time, so the DRAM stream never idles */
 #endif
-#define INLINE static inline __attribute__((always_inline))
-
-/* Lanes [0, valid) of 8 set, for maskload / maskstore. */
-INLINE __m256i lane_mask(int valid) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 /* y[r][0..8*nv) (+)= sum over kc of x[r][k] * wf[k][0..8*nv), + bias; `valid` columns stored.
  * x [mr][ldx], wf [kc][ldw] floats. One row takes a whole 64-column panel (weights fold into the
@@ -73,15 +68,21 @@ static void mk_any(int mr, int nv, int64_t kc, const float *x, int64_t ldx, cons
 #undef MK
 }
 
-/* bf16 pairs [kc/2][width][2] -> fp32 [kc][width]: even k is the low half of each 32-bit pair
+/* Where row k, column c of a slice of strips [width/16][kc][16] lives. */
+static inline float *strip_at(float *slice, int64_t kc, int64_t k, int c) {
+    return slice + (c / 16) * kc * 16 + k * 16 + c % 16;
+}
+
+/* bf16 pairs [kc/2][width][2] -> fp32 strips: even k is the low half of each 32-bit pair
  * shifted up, odd k the high half masked. */
 static void widen_bf16(const uint16_t *src, int width, int64_t kc, float *dst) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
     for (int64_t kp = 0; kp < kc / 2; kp++)
         for (int c = 0; c < width; c += 8) {
             __m256i pairs = _mm256_loadu_si256((const __m256i *)(src + (kp * width + c) * 2));
-            _mm256_storeu_ps(dst + 2 * kp * width + c, _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)));
-            _mm256_storeu_ps(dst + (2 * kp + 1) * width + c, _mm256_castsi256_ps(_mm256_and_si256(pairs, hi)));
+            float *d = strip_at(dst, kc, 2 * kp, c);
+            _mm256_storeu_ps(d, _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)));
+            _mm256_storeu_ps(d + 16, _mm256_castsi256_ps(_mm256_and_si256(pairs, hi)));
         }
 }
 
@@ -95,7 +96,7 @@ INLINE void dequant_pairs(__m128i codes, __m256 s, __m256 b, float *row0, float 
     _mm256_storeu_ps(row1, _mm256_fmadd_ps(q1, s, b));
 }
 
-/* i8/u4 rows [k0, k0+kc) of a panel -> fp32 [kc][width], k0 and kc even (see linear.h);
+/* i8/u4 rows [k0, k0+kc) of a panel -> fp32 strips, k0 and kc even (see linear.h);
  * w = q * scale + offset, offset = -zero * scale worked out once per group. */
 static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64_t k0, int64_t kc,
                     float *dst) {
@@ -112,7 +113,7 @@ static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64
         for (int c = 0; c < width; c++) offset[c] = -zero[c] * scale[c];
         for (int64_t kp = kp0; kp < kp1; kp++) {
             const uint8_t *row = codes + kp * rowbytes;
-            float *d0 = dst + (2 * kp - k0) * width;
+
             for (int c = 0; c < width; c += 8) {
                 __m128i q;
                 if (!u4) {
@@ -121,23 +122,30 @@ static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64
                     q = _mm_loadu_si128((const __m128i *)(row + (c & ~15)));
                     q = _mm_and_si128(c & 8 ? _mm_srli_epi16(q, 4) : q, low);
                 }
-                dequant_pairs(q, _mm256_loadu_ps(scale + c), _mm256_loadu_ps(offset + c), d0 + c,
-                              d0 + width + c);
+                float *d = strip_at(dst, kc, 2 * kp - k0, c);
+                dequant_pairs(q, _mm256_loadu_ps(scale + c), _mm256_loadu_ps(offset + c), d, d + 16);
             }
         }
     }
 }
 
+static int gemv(const dn_linear_w *w, int64_t m) { return m <= GEMV_MAX_M && w->wtype != DN_W_F32; }
+
 static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
+    if (gemv(w, m)) return dn_avx2_gemv_scratch(w, m, nthreads);
     return w->wtype == DN_W_F32 ? 0 : (size_t)nthreads * KC * NR * 4;
 }
 
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
+    if (gemv(w, c->m)) {
+        dn_avx2_gemv(c, t, nt);
+        return;
+    }
     int64_t n = w->n, k = w->k, p0, p1, m0, m1;
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
-    float *slice = (float *)c->scratch + (size_t)t * KC * NR; /* [kb][width] */
+    float *slice = (float *)c->scratch + (size_t)t * KC * NR; /* strips [width/16][kb][16] */
     for (int64_t p = p0; p < p1; p++) {
         dn_linear_rows(&share, p, &m0, &m1);
         int64_t kb = m1 - m0 <= 2 ? KC_FEW : KC;
@@ -145,27 +153,40 @@ static void run(const dn_linear_call *c, int t, int nt) {
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
         for (int64_t k0 = 0; k0 < k; k0 += kb) {
             int64_t kc = k - k0 < kb ? k - k0 : kb;
-            const float *wf = (const float *)panel + k0 * width;
-            /* whole pairs: KC is even, and a final odd k meets its zero partner */
-            if (w->wtype == DN_W_BF16) {
-                widen_bf16((const uint16_t *)panel + k0 * width, width, (kc + 1) / 2 * 2, slice);
-                wf = slice;
-            } else if (w->wtype != DN_W_F32) {
-                dequant(w, panel, width, k0, (kc + 1) / 2 * 2, slice);
-                wf = slice;
-            }
             const float *bias = k0 + kb >= k && c->bias ? c->bias + p * NR : NULL;
-            for (int64_t r = m0; r < m1; r += MR) {
-                int mr = m1 - r < MR ? (int)(m1 - r) : MR, nv = row_nv(mr);
-                if (nv > width / 8) nv = width / 8;
-                for (int j = 0; j < width; j += 8 * nv)
-                    mk_any(mr, nv, kc, c->x + r * k + k0, k, wf + j, width, c->y + r * n + p * NR + j,
-                           n, k0 > 0, bias ? bias + j : NULL, valid - j);
+            if (w->wtype == DN_W_F32) { /* in place: rows of the whole panel */
+                const float *wf = (const float *)panel + k0 * width;
+                for (int64_t r = m0; r < m1; r += MR) {
+                    int mr = m1 - r < MR ? (int)(m1 - r) : MR, nv = row_nv(mr);
+                    if (nv > width / 8) nv = width / 8;
+                    for (int j = 0; j < width; j += 8 * nv)
+                        mk_any(mr, nv, kc, c->x + r * k + k0, k, wf + j, width, c->y + r * n + p * NR + j,
+                               n, k0 > 0, bias ? bias + j : NULL, valid - j);
+                }
+                continue;
+            }
+            /* whole pairs: KC is even, and a final odd k meets its zero partner */
+            int64_t kcp = (kc + 1) / 2 * 2;
+            if (w->wtype == DN_W_BF16) widen_bf16((const uint16_t *)panel + k0 * width, width, kcp, slice);
+            else dequant(w, panel, width, k0, kcp, slice);
+            for (int64_t r0 = m0; r0 < m1; r0 += MC) {
+                int64_t r1 = m1 - r0 < MC ? m1 : r0 + MC;
+                for (int j = 0; j < width; j += 16)
+                    for (int64_t r = r0; r < r1; r += MR) {
+                        int mr = r1 - r < MR ? (int)(r1 - r) : MR;
+                        mk_any(mr, 2, kc, c->x + r * k + k0, k, slice + j * kcp, 16, c->y + r * n + p * NR + j,
+                               n, k0 > 0, bias ? bias + j : NULL, valid - j);
+                    }
             }
         }
     }
 }
 
-const dn_linear_kernels dn_linear_avx2 = {scratch_bytes, run};
+/* the GEMV shares whole panels; the GEMM (panel, MR rows) units */
+static int64_t units(const dn_linear_w *w, int64_t m) {
+    return gemv(w, m) ? w->npanels : w->npanels * ((m + MR - 1) / MR);
+}
+
+const dn_linear_kernels dn_linear_avx2 = {scratch_bytes, run, NULL, units};
 
 #pragma GCC pop_options

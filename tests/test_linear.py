@@ -149,6 +149,25 @@ def test_batched_decode_rows(isa, wtype, threads):
             K.set_num_threads(before)
 
 
+@pytest.mark.parametrize("wtype", ["bf16", "i8", "u4"])
+def test_decode_rows_and_long_groups(isa, wtype):
+    """M = 1..4 (the GEMV rows: its column blocks, its k blocks of 128 with a ragged last one,
+    prefetches of the next block), then M = 19 (the GEMM): N = 1000 ends in a 48-column panel,
+    200 in a 16-column one; per-channel groups (group = K = 600, 330) straddle the GEMM's k slices
+    of 256 and, with i8, K = 331 is odd."""
+    rng = np.random.default_rng(9)
+    ks = {"bf16": ((600, 0), (331, 0)), "i8": ((600, 600), (331, 331), (640, 64)),
+          "u4": ((600, 600), (330, 330), (640, 32))}[wtype]
+    for n in (1000, 200):
+        for k, group in ks:
+            packed, wexact = make_weight(wtype, n, k, group, rng)
+            bias = rng.standard_normal(n).astype(np.float32)
+            for m in (1, 2, 3, 4, 19):
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                check(K.linear(x, packed, bias if m % 2 else None), x, wexact, bias if m % 2 else None,
+                      wtype, isa)
+
+
 def test_i8_odd_k_single_group(isa):
     """group_size = K allows an odd K for i8; the padded k must not leak into the result."""
     rng = np.random.default_rng(3)

@@ -1,0 +1,19 @@
+/* Shared by the AVX2 linear files, which include it after their `#pragma GCC target`:
+ * register helpers and the GEMV half of the path. */
+#pragma once
+#include <immintrin.h>
+
+#include "linear_kernels.h"
+
+#define NR DN_LINEAR_NR
+#define GEMV_MAX_M 4 /* rows the GEMV handles; above, the GEMM's weight reuse wins */
+#define INLINE static inline __attribute__((always_inline))
+
+/* Lanes [0, valid) of 8 set, for maskload / maskstore. */
+INLINE __m256i lane_mask(int valid) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* linear_avx2_gemv.c: M <= GEMV_MAX_M, bf16/i8/u4 weights converted in registers. */
+size_t dn_avx2_gemv_scratch(const dn_linear_w *w, int64_t m, int nthreads);
+void dn_avx2_gemv(const dn_linear_call *c, int t, int nt);
