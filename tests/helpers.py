@@ -412,6 +412,16 @@ def serialize(model_dir, out_dir, dtype="float32", **kwargs):
     return loader
 
 
+def tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=2048):
+    """A tiny LLaMA whose tokenizer speaks `template`, serialized (float32) as "tiny" ->
+    (its checkpoint dir, the serialized model's directory)."""
+    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp(name) / "hf"), max_position_embeddings=max_position_embeddings)
+    build_tiny_tokenizer(hf_dir, template)
+    out = tmp_path_factory.mktemp(name) / "serialized"
+    serialize(hf_dir, out).free_model()
+    return hf_dir, str(out)
+
+
 def variant(base, tmp_path, edit):
     out = tmp_path / "variant"
     shutil.copytree(base, out)

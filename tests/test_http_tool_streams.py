@@ -11,8 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-import dashinfer_client as allspark
-from tests.helpers import HERMES_CHATML, build_tiny_model, build_tiny_tokenizer
+from tests.helpers import HERMES_CHATML, tiny_with_template
 from tests.http_server import serving
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "minLength": 12, "maxLength": 12},
@@ -25,11 +24,7 @@ ASK = [{"role": "user", "content": "Note that the meeting moved to Friday."}]
 
 @pytest.fixture(scope="module")
 def hermes_server(tmp_path_factory):
-    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp("hermes") / "hf"), max_position_embeddings=2048)
-    build_tiny_tokenizer(hf_dir, HERMES_CHATML)
-    loader = allspark.HuggingFaceModel(hf_dir, "tiny", user_set_data_type="float32", progress=False)
-    out = str(tmp_path_factory.mktemp("hermes") / "serialized")
-    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
+    _, out = tiny_with_template(tmp_path_factory, "hermes", HERMES_CHATML)
     with serving(out, str(tmp_path_factory.mktemp("hermes-serve") / "serve.log")) as s:
         yield s
 

@@ -16,9 +16,8 @@ import jsonschema
 import openai
 import pytest
 
-import dashinfer_client as allspark
 from dashinfer_client.frontend.parsers.generic_json import GenericJsonToolParser
-from tests.helpers import THINK_CHATML, build_tiny_model, build_tiny_tokenizer
+from tests.helpers import THINK_CHATML, tiny_with_template
 from tests.http_server import API_KEY, Reference, default_model_dir, serving
 
 WEATHER = {"type": "function", "function": {
@@ -158,12 +157,7 @@ def test_malformed_tools_and_messages_are_400s(server, client, patch, words):
 
 @pytest.fixture(scope="module")
 def think_model(tmp_path_factory):
-    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp("think") / "hf"), max_position_embeddings=2048)
-    build_tiny_tokenizer(hf_dir, THINK_CHATML)
-    loader = allspark.HuggingFaceModel(hf_dir, "tiny", user_set_data_type="float32", progress=False)
-    out = str(tmp_path_factory.mktemp("think") / "serialized")
-    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
-    return out
+    return tiny_with_template(tmp_path_factory, "think", THINK_CHATML)[1]
 
 
 @pytest.fixture(scope="module")

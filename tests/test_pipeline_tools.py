@@ -13,9 +13,8 @@ import re
 
 import pytest
 
-import dashinfer_client as allspark
 from dashinfer_client import GenerationConfig, TurbomindEngineConfig, pipeline
-from tests.helpers import HERMES_CHATML, THINK_CHATML, build_tiny_model, build_tiny_tokenizer
+from tests.helpers import HERMES_CHATML, THINK_CHATML, tiny_with_template
 
 NOTE = {"type": "function", "function": {"name": "write_note", "description": "Write a note down",
                                          "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}}}
@@ -24,11 +23,7 @@ CALL = r'<tool_call>\n\{"name": "write_note", "arguments": \{"title": "[a-z]{4,1
 
 
 def _model(tmp_path_factory, name, template):
-    hf_dir = build_tiny_model(str(tmp_path_factory.mktemp(name) / "hf"), max_position_embeddings=1024)
-    build_tiny_tokenizer(hf_dir, template)
-    loader = allspark.HuggingFaceModel(hf_dir, "tiny", user_set_data_type="float32", progress=False)
-    out = str(tmp_path_factory.mktemp(name) / "serialized")
-    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
+    hf_dir, out = tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=1024)
     return hf_dir, os.path.join(out, "tiny")
 
 
