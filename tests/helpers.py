@@ -4,6 +4,7 @@ Every builder writes a complete model directory (config.json, generation_config.
 tokenizer) and returns its path; torch and transformers are imported inside, so importing this
 module stays cheap. The engine's tests build their models with these too.
 """
+import contextlib
 import glob
 import json
 import os
@@ -410,6 +411,18 @@ def serialize(model_dir, out_dir, dtype="float32", **kwargs):
     loader = HuggingFaceModel(model_dir, "tiny", user_set_data_type=dtype, progress=False)
     loader.load_model().read_model_config().serialize_to_path(None, str(out_dir), **kwargs)
     return loader
+
+
+@contextlib.contextmanager
+def kernel_threads(n):
+    """The kernels run on n OpenMP threads inside the block, on as many as before after it."""
+    from dashinfer_server import kernels as K
+    before = K.num_threads()
+    K.set_num_threads(n)
+    try:
+        yield
+    finally:
+        K.set_num_threads(before)
 
 
 def tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=2048):

@@ -4,6 +4,7 @@ import pytest
 
 from dashinfer_client.dtypes import from_bf16
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 
 FORMATS = ("fp32", "bf16", "int8", "uint4")
 # fp32 and bf16 caches are read with fp32 math: only rounding separates them from the reference;
@@ -166,12 +167,8 @@ def low_precision_rows(isa, fmt, seqs, n_kv, group, d, bs):
 def run(args, threads=None):
     """The kernel's output (NaN where it writes nothing), on `threads` threads if given."""
     out = np.full(args["q"].shape, np.nan, np.float32)
-    before = K.num_threads()
-    K.set_num_threads(threads or before)
-    try:
+    with kernel_threads(threads or K.num_threads()):
         K.attention(out=out, **args)
-    finally:
-        K.set_num_threads(before)
     return out
 
 

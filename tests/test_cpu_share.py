@@ -6,6 +6,7 @@ import pytest
 
 from dashinfer_server import cpu_share
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 
 STAT = """cpu  900 10 300 5000 40 5 6 7 0 0
 cpu0 100 1 20 2500 4 1 2 3 0 0
@@ -50,10 +51,8 @@ class FakeHost:
 @pytest.fixture
 def two_threads(monkeypatch):
     monkeypatch.setenv("DASHINFER_ADAPTIVE_THREADS", "1")
-    before = K.num_threads()
-    K.set_num_threads(2)
-    yield
-    K.set_num_threads(before)
+    with kernel_threads(2):
+        yield
 
 
 def test_a_busy_neighbour_takes_a_thread_and_gives_it_back(monkeypatch, two_threads):

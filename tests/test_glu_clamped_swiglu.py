@@ -12,6 +12,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 from dashinfer_server import kernels as K
 from dashinfer_server.weights import split_interleaved_gate_up
+from tests.helpers import kernel_threads
 from tests.test_linear_mxfp4 import random_mxfp4, transformers_weight
 
 GPT_OSS = SimpleNamespace(limit=7.0, alpha=1.702)  # GptOssConfig's swiglu_limit, swiglu_alpha
@@ -76,9 +77,7 @@ def test_interleaved_mxfp4_gate_up_matches_transformers(isa, threads):
     packed = K.pack_linear(np.concatenate(split_interleaved_gate_up(blocks.reshape(2 * inter, -1))), "mxfp4", 32,
                            np.concatenate(split_interleaved_gate_up(scales)))
     w = transformers_weight(blocks, scales).astype(np.float64)  # [2I, K], rows interleaved
-    before = K.num_threads()
-    K.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         for m in (1, 5, 40):
             x = rng.standard_normal((m, k)).astype(np.float32)
             ref_gu = x.astype(np.float64) @ w.T
@@ -92,8 +91,6 @@ def test_interleaved_mxfp4_gate_up_matches_transformers(isa, threads):
             K.linear_glu(x, packed, np.empty((m, 2 * inter), np.float32), fused, act="clamped_swiglu")
             want = transformers_gate(ref_gu)
             assert np.all(np.abs(fused - want) <= tol + 2e-6 * np.abs(want))
-    finally:
-        K.set_num_threads(before)
 
 
 def test_split_interleaved_gate_up():

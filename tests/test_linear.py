@@ -14,6 +14,7 @@ import pytest
 
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 
 BF16_EPS = 2.0**-9  # relative rounding error of float32 -> bf16 (round to nearest)
 GEMV_MAX_M = 4  # rows the avx512 path keeps in fp32
@@ -117,16 +118,12 @@ def test_threads_agree(isa, wtype, threads):
     """Threads share the (panel, row block) grid, cutting inside a panel when the panels do not
     divide evenly (576 columns = 9 panels)."""
     rng = np.random.default_rng(2)
-    before = K.num_threads()
-    K.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         for n in (200, 576):
             packed, wexact = make_weight(wtype, n, 256, 64 if wtype in ("i8", "u4") else 0, rng)
             for m in (1, 3, 8, 37):
                 x = rng.standard_normal((m, 256)).astype(np.float32)
                 check(K.linear(x, packed), x, wexact, None, wtype, isa)
-    finally:
-        K.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -139,14 +136,10 @@ def test_batched_decode_rows(isa, wtype, threads):
     for k in {"f32": (77,), "bf16": (1030, 4210), "u4": (256,)}[wtype]:
         packed, wexact = make_weight(wtype, 200, k, 32 if wtype == "u4" else 0, rng)
         bias = rng.standard_normal(200).astype(np.float32)
-        before = K.num_threads()
-        K.set_num_threads(threads)
-        try:
+        with kernel_threads(threads):
             for m in (5, 6, 7, 8, 10, 11, 12, 13, 16, 17, 23, 24, 31, 32, 33):
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 check(K.linear(x, packed, bias), x, wexact, bias, wtype, isa)
-        finally:
-            K.set_num_threads(before)
 
 
 @pytest.mark.parametrize("wtype", ["bf16", "i8", "u4"])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 from tests.test_linear import check, make_weight
 from tests.test_linear_glu import check as check_glu
 
@@ -36,16 +37,12 @@ SHAPES = [(5, 64, 64), (16, 1000, 77), (17, 7, 576), (33, 33, 4201), (200, 130, 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_amx_bf16_matches_reference(amx, threads):
     rng = np.random.default_rng(11)
-    before = K.num_threads()
-    K.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         for i, (m, n, k) in enumerate(SHAPES):
             packed, wexact = make_weight("bf16", n, k, 0, rng)
             x = rng.standard_normal((m, k)).astype(np.float32)
             bias = rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None
             check(K.linear(x, packed, bias), x, wexact, bias, "bf16", "avx512")
-    finally:
-        K.set_num_threads(before)
 
 
 def test_amx_rounds_activations_like_the_tiles(amx):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 from tests.test_linear import BF16_EPS, GEMV_MAX_M, make_weight
 
 KC = 2048  # k per block of the AVX-512 GEMM: past it, gate_up holds the up half's partial sums
@@ -55,9 +56,7 @@ def check(out, x, wexact, wtype, isa, act):
 @pytest.mark.parametrize("wtype", ["f32", "bf16", "i8", "u4"])
 def test_linear_glu_matches_reference_and_linear_then_glu(isa, wtype, threads, act):
     rng = np.random.default_rng(4)
-    before = K.num_threads()
-    K.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         for m, inter, k in SHAPES:
             if wtype in ("f32", "bf16") and k == 4224:
                 k = 4201  # odd K: the padded pair of the bf16 layout
@@ -72,8 +71,6 @@ def test_linear_glu_matches_reference_and_linear_then_glu(isa, wtype, threads, a
             separate = np.empty((m, inter), np.float32)
             K.glu_mul(K.linear(x, packed), separate, act=act)
             np.testing.assert_array_equal(out, separate)
-    finally:
-        K.set_num_threads(before)
 
 
 def test_linear_glu_rejects_bad_arguments():

@@ -17,6 +17,7 @@ import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 from tests.test_linear import check
 
 
@@ -59,17 +60,13 @@ CASES = [(1, 64, 32), (2, 33, 64), (3, 200, 256), (4, 1, 96), (5, 130, 2880), (6
 @pytest.mark.parametrize("threads", [1, 3])
 def test_linear_matches_float64(isa, threads):
     rng = np.random.default_rng(7)
-    before = K.num_threads()
-    K.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         for i, (m, n, k) in enumerate(CASES):
             blocks, scales = random_mxfp4(n, k, rng)
             w = transformers_weight(blocks, scales).astype(np.float64)
             x = rng.standard_normal((m, k)).astype(np.float32)
             bias = rng.standard_normal(n).astype(np.float32) if i % 2 else None
             check(K.linear(x, pack(blocks, scales), bias), x, w, bias, "mxfp4", isa)
-    finally:
-        K.set_num_threads(before)
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 11])

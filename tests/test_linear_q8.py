@@ -10,6 +10,7 @@ import pytest
 
 from dashinfer_client.model.quant import quantize, unpack_codes
 from dashinfer_server import kernels as K
+from tests.helpers import kernel_threads
 
 BLOCK = 32
 
@@ -86,16 +87,12 @@ def test_matches_reference(isa, wtype):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_threads_agree(isa, threads):
     rng = np.random.default_rng(4)
-    before = K.num_threads()
-    K.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         for wtype in ("i8q", "u4q"):
             packed, q, scale, zero = pack(wtype, 576, 256, 64, rng)
             for m in (1, 3, 8, 37):
                 x = rng.standard_normal((m, 256)).astype(np.float32)
                 check(K.linear(x, packed), x, q, scale, zero, 64, None)
-    finally:
-        K.set_num_threads(before)
 
 
 def test_paths_agree_on_the_same_buffer():
