@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-import dashinfer_client as allspark
+from tests.helpers import serialize
 from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, serving
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
@@ -31,9 +31,8 @@ def model_dir(tiny_checkpoint, tmp_path_factory):
         gen = json.load(f)
     with open(path, "w") as f:
         json.dump(dict(gen, **MODEL_SAMPLING), f)
-    loader = allspark.HuggingFaceModel(hf, "tiny", user_set_data_type="float32", progress=False)
     out = os.path.join(os.path.dirname(hf), "serialized")
-    loader.load_model().read_model_config().serialize_to_path(None, out).free_model()
+    serialize(hf, out).free_model()
     return out
 
 
