@@ -28,7 +28,8 @@ def weight_bytes_per_token(model, rows: int = 1) -> float:
     """Bytes of linear weights and of the lm_head one decode step of `rows` rows reads, from the
     serialized model's tensors as they are packed in memory (dashinfer_server/weights.py; the
     packed layout adds only padding to 16 columns): codes, and per group a scale and a
-    scale*zero, fp16 pairs on the int8-activation path (i8q/u4q), fp32 pairs elsewhere. Of a
+    scale*zero, fp16 pairs on the int8-activation path (i8q/u4q), fp32 pairs elsewhere; MXFP4
+    experts their blocks and e8m0 scales (4.25 bits a weight). Of a
     sparse layer's experts only the chosen ones count (active_experts); its router is packed fp32."""
     names = set(model.tensor_names())
     cfg = model.config
@@ -58,6 +59,8 @@ def weight_bytes_per_token(model, rows: int = 1) -> float:
             group = head_group(quant["group_size"], k)
             bits = weights.HEAD_BITS
             total += n * (k * bits // 8 + scale_bytes("i8" if bits == 8 else "u4", k, group))
+        elif base + ".mxfp4_blocks" in names:  # 4.25 bits a weight: 16 code bytes and a scale per 32
+            total += (model.tensor(base + ".mxfp4_blocks").nbytes + model.tensor(base + ".mxfp4_scales").nbytes) * share
         else:
             q, ngroups = model.tensor(base + ".qweight"), model.tensor(base + ".scales").shape[1]
             k = q.shape[1] * (2 if wtype == "u4" else 1)

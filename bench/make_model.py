@@ -3,6 +3,7 @@
     PYTHONPATH=. python -m bench.make_model qwen2-1.5b /tmp/qwen2-1.5b-random
     PYTHONPATH=. python -m bench.make_model llama3-8b /tmp/llama3-8b-random   # memory, start-up
     PYTHONPATH=. python -m bench.make_model qwen3-30b-a3b /tmp/q3moe-4l --layers 4
+    PYTHONPATH=. python -m bench.make_model gpt-oss-20b /tmp/gpt-oss-4l --layers 4
     (also qwen3-1.7b and gemma3-1b: SHAPES)
 
 transformers gives the config, and the model's family (weight_shapes) every tensor's name and shape
@@ -10,8 +11,10 @@ as a checkpoint stores them (experts one by one); the weights are drawn one tens
 bf16 (normal, std 0.02 as transformers initializes them; norms 1) and written in safetensors
 shards of ~1 GB, so resident memory stays near one shard whatever the model's size. --layers
 writes the first N layers only: Qwen3-30B-A3B's 48 are 61 GB in bf16, more than this machine's
-disk and memory allow; its layers are alike, so a few give a layer's figures. No tokenizer: the
-benchmarks send token ids.
+disk and memory allow; its layers are alike, so a few give a layer's figures. gpt-oss-20b is
+written as the released checkpoint is: its experts fused per layer in MXFP4 (random e2m1 codes,
+scales of 2^-8: weights within +-0.023) and the rest bf16: 0.48 GB a layer (0.42 of it experts),
+13.7 GB for its 24 layers with the embedding and head (2.3 GB); --layers 4 gives 4.2 GB. No tokenizer: the benchmarks send token ids.
 """
 import argparse
 import json
@@ -41,6 +44,15 @@ SHAPES = {
                           num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                           max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
                           tie_word_embeddings=False),
+    # gpt-oss-20b: 32 experts of 2880 rows, 4 a token, MXFP4 experts (4.25 bits a weight), attention
+    # sinks, sliding window 128 on alternate layers, YaRN
+    "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                        num_local_experts=32, num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8,
+                        head_dim=64, vocab_size=201088, max_position_embeddings=131072, sliding_window=128,
+                        rms_norm_eps=1e-5, tie_word_embeddings=False,
+                        quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+                            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                            "lm_head"]}),
     # LLaMA-3-8B: 16 GB of bf16 weights
     "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -63,7 +75,8 @@ def write_random_model(shape: str, out_dir: str, seed: int = 0, layers: int | No
         spec["num_hidden_layers"] = layers
     config = AutoConfig.for_model(spec.pop("model_type"), torch_dtype="bfloat16", bos_token_id=1,
                                   eos_token_id=2, **spec)
-    names = weight_shapes(*reversed(normalize_hf_config(config.to_dict())))
+    architecture, cfg = normalize_hf_config(config.to_dict())
+    names = checkpoint_tensors(cfg, weight_shapes(cfg, architecture))
     os.makedirs(out_dir, exist_ok=True)
     config.save_pretrained(out_dir)
     gen = torch.Generator().manual_seed(seed)
@@ -79,22 +92,49 @@ def write_random_model(shape: str, out_dir: str, seed: int = 0, layers: int | No
             shard, shard_bytes = {}, 0
 
     for name, dims in names.items():
-        if len(dims) == 1:  # norms weigh 1, biases 0
+        if name.endswith("_blocks"):  # random e2m1 codes
+            t = torch.randint(0, 256, dims, dtype=torch.uint8, generator=gen)
+        elif name.endswith("_scales"):
+            t = torch.full(dims, MXFP4_SCALE, dtype=torch.uint8)
+        elif len(dims) == 1 or name.endswith("_bias"):  # norms weigh 1, biases 0
             t = torch.ones(dims) if name.endswith("norm.weight") else torch.zeros(dims)
         else:  # drawn in fp32 blocks of rows: the fp32 temporary stays small
             t = torch.empty(dims, dtype=torch.bfloat16)
             rows = max(1, (64 << 20) // (4 * dims[1]))
             for r in range(0, dims[0], rows):
                 t[r:r + rows] = torch.empty(min(rows, dims[0] - r), dims[1]).normal_(0.0, 0.02, generator=gen)
-        shard[name] = t.to(torch.bfloat16)
+        shard[name] = t if t.dtype == torch.uint8 else t.to(torch.bfloat16)
         shard_bytes += shard[name].nbytes
         if shard_bytes >= SHARD_BYTES:
             flush()
     flush()
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": sum(2 * _numel(d) for d in names.values())},
+        json.dump({"metadata": {"total_size": sum((1 if n.endswith(("_blocks", "_scales")) else 2) * _numel(d)
+                                                  for n, d in names.items())},
                    "weight_map": index}, f, indent=1)
     return out_dir
+
+
+MXFP4_SCALE = 127 - 8  # e8m0 of 2^-8
+
+
+def checkpoint_tensors(cfg, shapes):
+    """{name: shape} as the checkpoint stores weight_shapes' tensors: one tensor per expert, or
+    (MXFP4 experts, gpt-oss) each layer's experts fused into blocks, scales and biases."""
+    if not cfg.mxfp4_experts:
+        return shapes
+    out = {}
+    E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    for name, dims in shapes.items():
+        if ".experts." not in name:
+            out[name] = dims
+        elif name.endswith(".experts.0.gate_proj.weight"):  # the layer's first expert tensor: all of them
+            layer = name[:name.index("experts.")] + "experts."
+            for proj, rows, k in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
+                out[f"{layer}{proj}_blocks"] = (E, rows, k // 32, 16)
+                out[f"{layer}{proj}_scales"] = (E, rows, k // 32)
+                out[f"{layer}{proj}_bias"] = (E, rows)
+    return out
 
 
 def _numel(dims):

@@ -18,6 +18,9 @@ class ExpertWeights:
     shared_gate_up: np.ndarray | None  # packed [2*S_r, H] of the shared expert
     shared_down: np.ndarray | None     # packed [H, S_r]
     shared_gate: np.ndarray | None     # [H] f32: the shared expert's output times sigmoid(x . it)
+    router_bias: np.ndarray | None = None           # [E] f32 (gpt-oss, as the two below)
+    experts_gate_up_bias: np.ndarray | None = None  # [n_local, 2*I_r] f32: gate, then up
+    experts_down_bias: np.ndarray | None = None     # [n_local, H] f32; of experts split by rows, rank 0's only
 
 
 def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
@@ -37,6 +40,15 @@ def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
                                          (layout.shared_name(prefix, "up"), s_rows)),
             shared_down=loader.linear((layout.shared_name(prefix, "down"), None, s_rows), scale=out_scale),
             shared_gate=loader.vector(layout.shared_name(prefix, "gate_weight") + ".weight").reshape(-1))
+    if layout.biases:
+        # a whole expert's down bias is its rank's to add; rows split, rank 0 adds it once
+        down_bias = shard.expert_split == "experts" or shard.rank == 0
+        shared.update(
+            router_bias=loader.vector(layout.router_name(prefix) + ".bias"),
+            experts_gate_up_bias=np.stack([np.concatenate([loader.vector(f"{layout.expert(prefix, e, role)}.bias", rows)
+                                                           for role in ("gate", "up")]) for e in shard.experts]),
+            experts_down_bias=np.stack([loader.vector(f"{layout.expert(prefix, e, 'down')}.bias") * np.float32(out_scale)
+                                        for e in shard.experts]) if down_bias else None)
     return ExpertWeights(router=loader.linear((layout.router_name(prefix),), f32=True),
                          experts_gate_up=loader.stacked(gate_up), experts_down=loader.stacked(down, scale=out_scale),
                          **{"shared_gate_up": None, "shared_down": None, "shared_gate": None, **shared})
@@ -58,21 +70,25 @@ def moe_forward(K, w: ExpertWeights, x, out, cfg, experts, act) -> None:
     """out [T, H] = this rank's part of the block over x [T, H]: experts (a range of expert ids)
     are the rank's, row j of w's expert arrays holding experts[j]."""
     logits = np.empty((x.shape[0], cfg.num_experts), np.float32)
-    K.linear(x, w.router, None, logits)
+    K.linear(x, w.router, w.router_bias, logits)
     choice, weight = routing(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
     out[...] = 0
     for j, e in enumerate(experts):
         tokens, slots = np.nonzero(choice == e)
         if len(tokens):  # an expert no token chose is not read
-            y = _gated_mlp(K, x[tokens], w.experts_gate_up[j], w.experts_down[j], act)
+            y = _gated_mlp(K, x[tokens], w.experts_gate_up[j], w.experts_down[j], act,
+                           *(None if b is None else b[j] for b in (w.experts_gate_up_bias, w.experts_down_bias)))
             out[tokens] += weight[tokens, slots, None] * y  # a token chooses an expert once
     if w.shared_gate_up is not None:
         y = _gated_mlp(K, x, w.shared_gate_up, w.shared_down, act)
         out += y / (np.float32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
 
 
-def _gated_mlp(K, x, gate_up, down, act):
+def _gated_mlp(K, x, gate_up, down, act, gate_up_bias=None, down_bias=None):
     inter = K.unpack_linear(gate_up)[1] // 2
     h, a = np.empty((len(x), 2 * inter), np.float32), np.empty((len(x), inter), np.float32)
-    K.linear_glu(np.ascontiguousarray(x), gate_up, h, a, act=act)
-    return K.linear(a, down)
+    if gate_up_bias is None:
+        K.linear_glu(np.ascontiguousarray(x), gate_up, h, a, act=act)
+    else:  # the bias joins before the activation
+        K.glu_mul(K.linear(np.ascontiguousarray(x), gate_up, gate_up_bias), a, act=act)
+    return K.linear(a, down, down_bias)

@@ -18,6 +18,7 @@ import numpy as np
 
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model.families import family
+from dashinfer_client.model.families.gpt_oss import MXFP4_PARTS
 from dashinfer_client.model.quant import uniform_groups
 
 from . import kernels as K
@@ -134,8 +135,15 @@ class WeightLoader:
 
     def slices(self, base, rows=None, cols=None) -> tuple:
         """(codes or float weight, scales, zeros) of base's [rows, cols] slice; scales and
-        zeros are None for a float weight."""
+        zeros are None for a float weight, zeros None for MXFP4 (blocks, e8m0 scales)."""
         r = slice(*rows) if rows else slice(None)
+        if f"{base}.weight.{MXFP4_PARTS[0]}" in self.names:  # blocks (2 k a byte), e8m0 scales, no zeros
+            c0, c1 = cols or (0, self.tensor(f"{base}.weight.{MXFP4_PARTS[1]}").shape[1] * 32)
+            if c0 % 32 or c1 % 32:
+                raise ValueError(f"{base}: shard columns {c0}:{c1} split an MXFP4 block of 32")
+            blocks, scales = (self.tensor(f"{base}.weight.{p}") for p in MXFP4_PARTS)
+            return (np.ascontiguousarray(blocks[r, c0 // 2:c1 // 2]),
+                    np.ascontiguousarray(scales[r, c0 // 32:c1 // 32]), None)
         if f"{base}.weight.qweight" not in self.names:
             w = _float(self.tensor(f"{base}.weight"))
             return np.ascontiguousarray(w[r, slice(*cols) if cols else slice(None)]), None, None
@@ -174,6 +182,12 @@ class WeightLoader:
         f32: a float weight packed in fp32 whatever its dtype (a router's logits)."""
         pieces = [self.slices(*p) for p in parts]
         w = np.concatenate([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]
+        if pieces[0][1] is not None and pieces[0][2] is None:  # MXFP4, packed as stored
+            if scale != 1.0:
+                raise ValueError(f"{parts[0][0]}: an MXFP4 weight cannot be scaled by {scale}")
+            packed = K.pack_linear(w, "mxfp4", 32, np.concatenate([p[1] for p in pieces]))
+            self.release_read()
+            return packed
         if f32:
             w = _as_f32(w)
         if scale != 1.0 and pieces[0][1] is None:
@@ -241,6 +255,7 @@ class WeightLoader:
                 mlp_norm=norm("mlp_in"), mlp_out_norm=norm("mlp_out"),
                 q_norm=self._qk_norm(f"{p}.self_attn.q_norm.weight", q_rows),
                 k_norm=self._qk_norm(f"{p}.self_attn.k_norm.weight", kv_rows),
+                sinks=self.vector(f"{p}.self_attn.sinks", (h0, h1)) if fam.sinks else None,
                 q=self.linear(part("q")), k=self.linear(part("k")), v=self.linear(part("v")),
                 q_bias=bias("q"), k_bias=bias("k"), v_bias=bias("v"),
                 o=self.linear((o_base, None, q_rows), scale=out_scale),

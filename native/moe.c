@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "elementwise.h"
 #include "moe.h"
 
 /* Rows x columns below which a gather / scatter is not worth waking the thread team. */
@@ -92,17 +93,25 @@ static void group_by_expert(const dn_moe_shape *s, dn_moe_scratch *sc, int T) {
     off[0] = 0;
 }
 
-/* y = one expert's gated MLP of x [n, hidden] (or the shared expert's, inter its width). */
+/* y = one expert's gated MLP of x [n, hidden] (or the shared expert's, inter its width); its
+ * biases (or NULL): gate_up_bias [2 * inter], down_bias [hidden]. */
 static int expert_mlp(const dn_moe_shape *s, dn_moe_scratch *sc, const dn_linear_w *gate_up,
-                      const dn_linear_w *down, const float *x, int n) {
-    return dn_linear_glu(gate_up, x, n, s->act, sc->gate_up, sc->act) ||
-           dn_linear(down, sc->act, n, NULL, sc->y);
+                      const dn_linear_w *down, const float *gate_up_bias, const float *down_bias,
+                      const float *x, int n) {
+    const int inter = (int)(gate_up->n / 2);
+    if (gate_up_bias) { /* the bias joins before the activation: linear, then glu_mul */
+        if (dn_linear(gate_up, x, n, gate_up_bias, sc->gate_up)) return -1;
+        dn_glu_mul(sc->gate_up, sc->act, n, inter, s->act);
+    } else if (dn_linear_glu(gate_up, x, n, s->act, sc->gate_up, sc->act)) {
+        return -1;
+    }
+    return dn_linear(down, sc->act, n, down_bias, sc->y);
 }
 
 int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, const float *x, int T,
            float *out) {
     const int H = s->hidden, nt = dn_num_threads();
-    if (dn_linear(&w->router, x, T, NULL, sc->probs)) return -1;
+    if (dn_linear(&w->router, x, T, w->router_bias, sc->probs)) return -1;
     dn_moe_route(s, sc->probs, T, sc->choice, sc->weight);
     group_by_expert(s, sc, T);
     memset(out, 0, (size_t)T * H * sizeof *out);
@@ -113,7 +122,9 @@ int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, c
         const float *rw = sc->row_weight + first;
 #pragma omp parallel for schedule(static) num_threads(nt) if ((long)n * H >= MOE_PARALLEL_MIN)
         for (int i = 0; i < n; i++) memcpy(sc->x + (size_t)i * H, x + (size_t)rows[i] * H, H * sizeof(float));
-        if (expert_mlp(s, sc, &w->gate_up[j], &w->down[j], sc->x, n)) return -1;
+        const float *gub = w->gate_up_bias ? w->gate_up_bias + (size_t)j * 2 * s->inter : NULL;
+        const float *db = w->down_bias ? w->down_bias + (size_t)j * H : NULL;
+        if (expert_mlp(s, sc, &w->gate_up[j], &w->down[j], gub, db, sc->x, n)) return -1;
         /* an expert's tokens are distinct, so its rows scatter without conflicts */
 #pragma omp parallel for schedule(static) num_threads(nt) if ((long)n * H >= MOE_PARALLEL_MIN)
         for (int i = 0; i < n; i++) {
@@ -123,7 +134,7 @@ int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, c
         }
     }
     if (!s->shared_inter) return 0;
-    if (expert_mlp(s, sc, &w->shared_gate_up, &w->shared_down, x, T)) return -1;
+    if (expert_mlp(s, sc, &w->shared_gate_up, &w->shared_down, NULL, NULL, x, T)) return -1;
 #pragma omp parallel for schedule(static) num_threads(nt) if ((long)T * H >= MOE_PARALLEL_MIN)
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * H, *y = sc->y + (size_t)t * H;

@@ -1,8 +1,10 @@
-/* A sparse mixture-of-experts MLP (Qwen-MoE, Mixtral, OLMoE; dashinfer_client/model/families/
- * experts.py), for the tokens x [T, hidden]:
- *   p = softmax(x Wr^T)                 fp32 logits over all n_experts
- *   (e_i, w_i) = the top_k of p         renormalised to sum to 1 when norm_topk
- *   out = sum_i w_i * (glu(x We_gate^T) * (x We_up^T)) We_down^T
+/* A sparse mixture-of-experts MLP (Qwen-MoE, Mixtral, OLMoE, gpt-oss; dashinfer_client/model/
+ * families/experts.py), for the tokens x [T, hidden]:
+ *   p = softmax(x Wr^T + br)            fp32 logits over all n_experts (br: gpt-oss's router bias)
+ *   (e_i, w_i) = the top_k of p         renormalised to sum to 1 when norm_topk (which is gpt-oss's
+ *                                       softmax over its top_k logits: exp is monotonic)
+ *   out = sum_i w_i * ((glu(x We_gate^T + bg) * (x We_up^T + bu)) We_down^T + bd)
+ *                                       (the expert biases bg, bu, bd: gpt-oss's)
  *       + sigmoid(x . shared_gate) * (shared expert's gated MLP of x)    (when it has one)
  * Tokens are grouped by expert: each expert some token chose runs once, over all of its tokens
  * (one dn_linear_glu and one dn_linear: a GEMM in prefill); experts no token chose are not read,
@@ -31,6 +33,9 @@ typedef struct {
     dn_linear_w *gate_up, *down;       /* [n_local]: [2 * inter, hidden] (gate rows, then up), [hidden, inter] */
     dn_linear_w shared_gate_up, shared_down; /* [2 * shared_inter, hidden], [hidden, shared_inter] */
     const float *shared_gate;          /* [hidden]: scales the shared expert's output by sigmoid(x . it) */
+    const float *router_bias;          /* [n_experts] or NULL */
+    const float *gate_up_bias;         /* [n_local][2 * inter] (gate, then up) or NULL */
+    const float *down_bias;            /* [n_local][hidden] or NULL; of the rows-split experts, one rank's */
 } dn_moe_weights;
 
 /* Buffers for up to max_tokens tokens, allocated once (dn_moe_scratch_new). */

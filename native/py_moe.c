@@ -5,7 +5,8 @@
 #include "py_shared.h"
 
 const char *const DN_MOE_FIELDS[] = {"router", "experts_gate_up", "experts_down", "shared_gate_up",
-                                     "shared_down", "shared_gate", NULL};
+                                     "shared_down", "shared_gate", "router_bias", "experts_gate_up_bias",
+                                     "experts_down_bias", NULL};
 
 static PyObject *item(PyObject *fields, const char *name) {
     PyObject *o = PyDict_GetItemString(fields, name);
@@ -43,6 +44,16 @@ static int take_experts(dn_args *a, PyObject *obj, const char *name, int n_local
     return 0;
 }
 
+/* An optional float32 bias array of the given shape (rows 0: a vector), or NULL. */
+static int take_bias(dn_args *a, PyObject *obj, const char *name, int64_t rows, int64_t n, const float **out) {
+    *out = NULL;
+    if (obj == Py_None) return 0;
+    Py_buffer *v = dn_take(a, obj, name, 'f', rows ? 2 : 1, 0);
+    if (!v || (rows && dn_check_dim(a, v, name, 0, rows)) || dn_check_dim(a, v, name, rows ? 1 : 0, n)) return -1;
+    *out = v->buf;
+    return 0;
+}
+
 void dn_moe_weights_release(dn_moe_weights *w) {
     PyMem_Free(w->gate_up);
     PyMem_Free(w->down);
@@ -72,7 +83,11 @@ int dn_take_moe(dn_args *a, PyObject *fields, dn_moe_shape *s, dn_moe_weights *w
         s->inter = (int)(first.n / 2);
     }
     if (take_experts(a, gu, "experts_gate_up", s->n_local, 2 * (int64_t)s->inter, H, &w->gate_up) ||
-        take_experts(a, item(fields, "experts_down"), "experts_down", s->n_local, H, s->inter, &w->down))
+        take_experts(a, item(fields, "experts_down"), "experts_down", s->n_local, H, s->inter, &w->down) ||
+        take_bias(a, item(fields, "router_bias"), "router_bias", 0, s->n_experts, &w->router_bias) ||
+        take_bias(a, item(fields, "experts_gate_up_bias"), "experts_gate_up_bias", s->n_local, 2 * (int64_t)s->inter,
+                  &w->gate_up_bias) ||
+        take_bias(a, item(fields, "experts_down_bias"), "experts_down_bias", s->n_local, H, &w->down_bias))
         return -1;
     PyObject *sgu = item(fields, "shared_gate_up");
     if ((sgu == Py_None) != (item(fields, "shared_gate") == Py_None) ||
@@ -156,6 +171,7 @@ PyMethodDef dn_moe_methods[] = {
      "weights: a dict: router (packed f32 [n_experts, H]); experts_gate_up, experts_down (uint8\n"
      "[n_local, stride], one packed linear per row: [2I, H] gate then up rows, [H, I]) for experts\n"
      "expert0, expert0 + expert_step, ...; with shared_inter, shared_gate_up, shared_down (packed) and\n"
-     "shared_gate (float32 [H]). Releases the GIL."},
+     "shared_gate (float32 [H]); optional float32 biases router_bias [n_experts], experts_gate_up_bias\n"
+     "[n_local, 2I], experts_down_bias [n_local, H] (gpt-oss). Releases the GIL."},
     {NULL, NULL, 0, NULL},
 };

@@ -69,6 +69,13 @@ FAMILY_CONFIGS = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
                                       sliding_window=8)),
     "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64)),
+    # gpt-oss: sinks, biases everywhere, windows of 8 keys on alternate layers, YaRN (its own factor
+    # over a shorter original context, so the scaling shows within 512 positions)
+    "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_hidden_layers=3, intermediate_size=64, num_local_experts=8,
+                                     num_experts_per_tok=2, sliding_window=8,
+                                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                                      "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "truncate": False})),
 }
 
 

@@ -191,11 +191,17 @@ EXPERT = re.compile(r"(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(
 
 def hf_parameter(params, name):
     """The transformers parameter (or the part of one) a checkpoint tensor loads into: transformers 5
-    holds a layer's experts in two 3-D parameters, gate_up_proj [E, 2I, H] and down_proj [E, H, I]."""
+    holds a layer's experts in two 3-D parameters, gate_up_proj [E, 2I, H] and down_proj [E, H, I];
+    gpt-oss's (it has gate_up_proj_bias) are [E, H, 2I] with gate and up alternating, and [E, I, H]."""
     m = EXPERT.fullmatch(name)
     if not m:
         return params[name]
     layer, e, role = m.group(1), int(m.group(2)), m.group(3)
+    if f"{layer}.mlp.experts.gate_up_proj_bias" in params:
+        if role == "down_proj":
+            return params[f"{layer}.mlp.experts.down_proj"][e].T
+        first = 0 if role == "gate_proj" else 1
+        return params[f"{layer}.mlp.experts.gate_up_proj"][e][:, first::2].T
     if role in ("down_proj", "w2"):
         return params[f"{layer}.mlp.experts.down_proj"][e]
     gate_up = params[f"{layer}.mlp.experts.gate_up_proj"][e]

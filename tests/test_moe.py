@@ -1,6 +1,6 @@
 """Mixture-of-experts models against transformers, on tiny random fp32 checkpoints that transformers
 writes (tests/helpers.py FAMILY_CONFIGS: Qwen3-MoE with a dense middle layer, Qwen2-MoE with its
-shared expert, Mixtral with a sliding window, OLMoE): logits of a prompt and 16 decoded tokens
+shared expert, Mixtral with a sliding window, OLMoE, gpt-oss; its MXFP4 checkpoints: test_gpt_oss.py): logits of a prompt and 16 decoded tokens
 within 1e-3 of transformers', its greedy tokens, the op-by-op path equal to the native decoder,
 16 greedy tokens on 2 ranks with either expert split, bf16 / int8 / uint4 experts within
 test_families' bounds; and the kernel (native/moe.c) against numpy in float64.
@@ -23,7 +23,7 @@ from tests.test_families import test_logits_match_transformers as logits_match_t
 from tests.test_families import test_op_by_op_reference_equals_native as op_by_op_equals_native
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
@@ -89,19 +89,25 @@ def silu(z):
     return z / (1.0 + np.exp(-z))
 
 
-def reference_moe(x, router, experts, top_k, norm_topk, shared=None):
+def reference_moe(x, router, experts, top_k, norm_topk, shared=None, biases=None):
     """float64: softmax of the router's logits, its top_k (renormalised), each chosen expert's
-    SiLU-gated MLP weighted and summed; plus the shared expert times sigmoid(x . gate)."""
-    logits = x @ router.T
+    SiLU-gated MLP weighted and summed; plus the shared expert times sigmoid(x . gate). biases:
+    (router [E], per expert (gate [I], up [I], down [H])), gpt-oss's: the top_k of the logits then
+    their softmax, as transformers' GptOssTopKRouter computes it."""
+    router_bias, expert_biases = biases or (np.zeros(len(router)), [(0, 0, 0)] * len(experts))
+    logits = x @ router.T + router_bias
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     out = np.zeros_like(x)
     for t in range(len(x)):
         chosen = np.argsort(-p[t])[:top_k]
         weights = p[t, chosen] / (p[t, chosen].sum() if norm_topk else 1.0)
+        if biases:
+            top = np.exp(logits[t, chosen] - logits[t, chosen].max())
+            weights = top / top.sum()
         for e, w in zip(chosen, weights):
-            gate, up, down = experts[e]
-            out[t] += w * (silu(gate @ x[t]) * (up @ x[t])) @ down.T
+            (gate, up, down), (bg, bu, bd) = experts[e], expert_biases[e]
+            out[t] += w * ((silu(gate @ x[t] + bg) * (up @ x[t] + bu)) @ down.T + bd)
     if shared is not None:
         gate, up, down, sigmoid_gate = shared
         out += (silu(x @ gate.T) * (x @ up.T)) @ down.T / (1.0 + np.exp(-(x @ sigmoid_gate)))[:, None]
@@ -139,11 +145,12 @@ def K():
 
 @pytest.mark.parametrize("tokens", [1, 37])
 @pytest.mark.parametrize("wtype", ["f32", "u4"])
-@pytest.mark.parametrize("norm_topk,shared", [(True, False), (False, True)])
-def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared):
-    """The whole block (routing, tokens grouped by expert, weighted scatter, shared expert) on every
-    expert split: the whole, two ranks with whole experts each, two ranks with half of every
-    expert's rows; the parts of a split sum to the float64 reference."""
+@pytest.mark.parametrize("norm_topk,shared,biased", [(True, False, False), (False, True, False), (True, False, True)])
+def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased):
+    """The whole block (routing, tokens grouped by expert, weighted scatter, shared expert; or
+    gpt-oss's router and expert biases) on every expert split: the whole, two ranks with whole
+    experts each, two ranks with half of every expert's rows (rank 0 adding the down biases); the
+    parts of a split sum to the float64 reference."""
     rng = np.random.default_rng(tokens)
     H, E, I, S, top_k = 64, 6, 128, 64, 3
     x = rng.standard_normal((tokens, H))
@@ -155,13 +162,23 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared):
     if shared:
         shared_w = tuple(rng.standard_normal(s) / np.sqrt(s[1]) for s in ((S, H), (S, H), (H, S))) + \
             (rng.standard_normal(H) / 8,)
-    want = reference_moe(x, router, experts, top_k, norm_topk, shared_w)
+    biases = None
+    if biased:
+        biases = (rng.standard_normal(E) / 4, [tuple(rng.standard_normal(n) / 4 for n in (I, I, H)) for _ in range(E)])
+    want = reference_moe(x, router, experts, top_k, norm_topk, shared_w, biases)
 
-    def part(expert_ids, rows, s_rows, expert0, step):
+    def part(expert_ids, rows, s_rows, expert0, step, down_bias=True):
         weights = {"router": K.pack_linear(router.astype(np.float32), "f32"),
                    "experts_gate_up": packed_rows(K, [np.concatenate([experts[e][0][rows], experts[e][1][rows]])
                                                       for e in expert_ids], wtype),
                    "experts_down": packed_rows(K, [experts[e][2][:, rows] for e in expert_ids], wtype)}
+        if biased:
+            b = biases[1]
+            weights.update(router_bias=biases[0].astype(np.float32),
+                           experts_gate_up_bias=np.stack([np.concatenate([b[e][0][rows], b[e][1][rows]])
+                                                          for e in expert_ids]).astype(np.float32))
+            if down_bias:
+                weights["experts_down_bias"] = np.stack([b[e][2] for e in expert_ids]).astype(np.float32)
         shared_inter = 0
         if shared:
             gate, up, down, sig = shared_w
@@ -177,7 +194,8 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared):
     halves = slice(0, S // 2), slice(S // 2, S)  # the shared expert's rows, split either way
     whole = part(range(E), slice(0, I), slice(0, S), 0, 1)
     by_experts = sum(part(range(r, E, 2), slice(0, I), halves[r], r, 2) for r in (0, 1))
-    by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1) for r in (0, 1))
+    by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1, down_bias=r == 0)
+                  for r in (0, 1))
     scale = np.abs(want).max()
     for got in (whole, by_experts, by_rows):
         assert np.abs(got - want).max() < 1e-5 * scale, np.abs(got - want).max() / scale

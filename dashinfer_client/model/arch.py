@@ -13,6 +13,8 @@ from .families.base import ConfigReader
 from .rope_scaling import config_rotary_dim, resolve_rope_scaling, rope_of
 
 
+ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")  # native/glu.h's
+
 
 @dataclasses.dataclass
 class ModelConfig:
@@ -36,7 +38,7 @@ class ModelConfig:
     pad_token_id: Optional[int]
     attention_out_bias: bool = False   # o_proj carries a bias
     mlp_bias: bool = False             # gate/up/down carry biases
-    hidden_act: str = "silu"           # the gated MLP's activation: silu | gelu_tanh
+    hidden_act: str = "silu"           # the gated MLP's activation: silu | gelu_tanh | clamped_swiglu (gpt-oss)
     rotary_dim: Optional[int] = None   # dims of a head RoPE rotates (partial rotary); None: head_dim
     layer_types: Optional[list] = None  # per layer full_attention | sliding_attention; None: all full
     sliding_window: Optional[int] = None  # keys a sliding layer's query sees, itself included
@@ -55,6 +57,8 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # a sigmoid-gated expert every token runs (Qwen2-MoE); 0: none
     dense_mlp_layers: Optional[list] = None   # layers whose MLP stays dense (Qwen's mlp_only_layers,
     #                                           decoder_sparse_step); None: none
+    mxfp4_experts: bool = False        # the experts' weights are stored as the checkpoint's MXFP4 blocks and
+    #                                    scales (gpt-oss), served so, never re-quantized
 
     @classmethod
     def from_dict(cls, d, where="config"):
@@ -97,8 +101,8 @@ class ModelConfig:
                 raise ModelSerializerException(f"{where}: {e}") from None
             if resolved != self.rope_scaling:
                 raise ModelSerializerException(f"{where}: rope_scaling {self.rope_scaling} is not in its resolved form")
-        if self.hidden_act not in ("silu", "gelu_tanh"):
-            raise ModelSerializerException(f"{where}: hidden_act {self.hidden_act!r} is not silu or gelu_tanh")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ModelSerializerException(f"{where}: hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_hidden_layers or not self.sliding_window or \
                     any(t not in ("full_attention", "sliding_attention") for t in self.layer_types):
@@ -121,6 +125,9 @@ class ModelConfig:
             raise ModelSerializerException(
                 f"{where}: experts need 1 <= num_experts_per_tok <= num_experts and a positive moe_intermediate_size, "
                 f"got {self.num_experts_per_tok} of {self.num_experts}, size {self.moe_intermediate_size!r}")
+        if self.mxfp4_experts and (self.moe_intermediate_size % 32 or self.hidden_size % 32):
+            raise ModelSerializerException(f"{where}: MXFP4 experts need hidden_size and moe_intermediate_size "
+                                           f"multiples of 32 (its blocks), got {self.hidden_size}, {self.moe_intermediate_size}")
         dense = self.dense_mlp_layers or []
         if not isinstance(dense, list) or any(not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
                                                for i in dense):

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ModelSerializerException
 from .arch import normalize_hf_config
+from .families import family, family_for_hf
 from .safetensors_io import SafetensorsFile, ShardedSafetensors
 from .serialized import DTYPES, weight_shapes
 from .source import SourceModel
@@ -40,6 +41,9 @@ class HuggingFaceModel(SourceModel):
         hf = _read_json(path, what="config.json")
         if hf.get("quantization_config"):
             method = hf["quantization_config"].get("quant_method", "?")
+            if method == family_for_hf(hf)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
+                method = None
+        if hf.get("quantization_config") and method:
             raise ModelSerializerException(
                 f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
                 "and enable_quant=True (InstantQuant)")
@@ -57,6 +61,8 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
+        view = family(self.architecture).checkpoint_view
+        weights = view(weights, self.config) if view else weights
         unexpected = unexpected_tensors(weights.keys(), self.config, self.architecture)
         if unexpected:
             raise ModelSerializerException(
@@ -142,15 +148,15 @@ class HFWeights:
     def shape(self, name):
         return self._st.info(name)[1] if self._st is not None else tuple(self._bin[name].shape)
 
-    def fetch(self, name):
-        """(numpy array, dtype code); bf16 as uint16 bits."""
+    def fetch(self, name, codes=FLOAT_CODES):
+        """(numpy array, dtype code), the code one of `codes`; bf16 as uint16 bits."""
         if self._st is not None:
             code = self._st.info(name)[0]
-            if code not in FLOAT_CODES:
+            if code not in codes:
                 raise ModelSerializerException(
-                    f"tensor '{name}' in {self.model_path} has dtype {code}; expected one of {', '.join(FLOAT_CODES)}")
+                    f"tensor '{name}' in {self.model_path} has dtype {code}; expected one of {', '.join(codes)}")
             return self._st.get(name), code
-        return torch_tensor_to_numpy(name, self._bin[name], self.model_path)
+        return torch_tensor_to_numpy(name, self._bin[name], self.model_path, codes)
 
 
 def _load_bin(index_path, single_path):
@@ -176,13 +182,15 @@ def _load_bin(index_path, single_path):
     return tensors
 
 
-def torch_tensor_to_numpy(name, tensor, where):
-    """(numpy array sharing the tensor's memory when it can, dtype code); bf16 as uint16 bits."""
+def torch_tensor_to_numpy(name, tensor, where, codes=FLOAT_CODES):
+    """(numpy array sharing the tensor's memory when it can, dtype code), the code one of `codes`;
+    bf16 as uint16 bits."""
     import torch
-    codes = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-    if tensor.dtype not in codes:
-        raise ModelSerializerException(f"tensor '{name}' in {where} has dtype {tensor.dtype}; expected float32/16 or bf16")
+    code = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}.get(tensor.dtype)
+    if code not in codes:
+        raise ModelSerializerException(f"tensor '{name}' in {where} has dtype {tensor.dtype}; expected one of "
+                                       f"{', '.join(codes)}")
     tensor = tensor.detach().contiguous()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(np.uint16), "BF16"
-    return tensor.numpy(), codes[tensor.dtype]
+    return tensor.numpy(), code

@@ -72,7 +72,7 @@ class InstantQuantSettings:
         """The tensors of weight_shapes' {name: shape} InstantQuant quantizes: every layer's
         projection matrices and experts (not the routers, which choose the experts), and lm_head
         (when untied) if quantize_lm_head."""
-        names = [n for n, s in shapes.items() if n.startswith("model.layers.")
+        names = [n for n, s in shapes.items() if n.startswith("model.layers.") and n.endswith(".weight")
                  and (n.endswith("_proj.weight") or ".experts." in n)]
         if self.quantize_lm_head and "lm_head.weight" in shapes:
             names.append("lm_head.weight")

@@ -17,6 +17,7 @@ from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException, malformed
 from .arch import ModelConfig
 from .families import family
+from .families.gpt_oss import MXFP4_PARTS
 from .base import ModelHandle
 from .quant import InstantQuantSettings, QuantErrorStats, quantize
 from .safetensors_io import SafetensorsFile, SafetensorsWriter
@@ -66,6 +67,14 @@ def weight_shapes(config, architecture):
     return family(architecture).weight_shapes(config)
 
 
+def mxfp4_tensors(config, shapes):
+    """The weights of weight_shapes' {name: shape} stored as MXFP4 blocks and scales (gpt-oss's
+    experts when the checkpoint holds them so): kept as they are, never converted or re-quantized."""
+    if not config.mxfp4_experts:
+        return set()
+    return {n for n in shapes if ".experts." in n and n.endswith(".weight")}
+
+
 def expected_tensors(config, architecture, dtype, quantization):
     """{stored tensor name: (safetensors dtype code, shape)} for a config, dtype and quantization dict."""
     code = DTYPES[dtype]
@@ -73,9 +82,15 @@ def expected_tensors(config, architecture, dtype, quantization):
     if quantization:
         settings = InstantQuantSettings(quantization["weight_format"], quantization["group_size"])
         quantized = set(quantization["quantized"])
+    shapes = weight_shapes(config, architecture)
+    mxfp4 = mxfp4_tensors(config, shapes)
     out = {}
-    for name, shape in weight_shapes(config, architecture).items():
-        if name in quantized:
+    for name, shape in shapes.items():
+        if name in mxfp4:
+            n, k = shape
+            out[f"{name}.{MXFP4_PARTS[0]}"] = ("U8", (n, k // 2))
+            out[f"{name}.{MXFP4_PARTS[1]}"] = ("U8", (n, k // 32))
+        elif name in quantized:
             for part, part_shape in zip(QUANT_PARTS, settings.packed_shapes(*shape)):
                 out[f"{name}.{part}"] = ("U8" if part == "qweight" else "F32", part_shape)
         else:
@@ -113,11 +128,13 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
         raise ModelSerializerException(f"unsupported data type {dtype!r}: use one of {', '.join(DTYPES)}")
     os.makedirs(model_dir, exist_ok=True)
     quantization = None
+    shapes = weight_shapes(config, architecture)
     if quant_settings is not None:
+        mxfp4 = mxfp4_tensors(config, shapes)
         quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
                         "group_size": quant_settings.group_size,
                         "compute_method": quant_settings.compute_method,
-                        "quantized": quant_settings.quantized_names(weight_shapes(config, architecture))}
+                        "quantized": [n for n in quant_settings.quantized_names(shapes) if n not in mxfp4]}
     manifest = expected_tensors(config, architecture, dtype, quantization)
     tok_name = tokenizer_dir_name(prefix)
     final = {"tok": os.path.join(model_dir, tok_name), "param": os.path.join(model_dir, prefix + suffixes[1]),
@@ -127,9 +144,8 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
         _remove(temp["tok"])
         os.makedirs(temp["tok"])
         has_tokenizer = save_tokenizer(temp["tok"])
-        stats = _write_params(temp["param"], manifest, weight_shapes(config, architecture), dtype,
-                              quant_settings, quantization, fetch,
-                              model_name, progress)
+        stats = _write_params(temp["param"], manifest, shapes, mxfp4_tensors(config, shapes), dtype,
+                              quant_settings, quantization, fetch, model_name, progress)
         graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
                  "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
                  "tensors": {n: {"dtype": c, "shape": list(s)} for n, (c, s) in manifest.items()},
@@ -159,7 +175,7 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     return report
 
 
-def _write_params(path, manifest, shapes, dtype, quant_settings, quantization, fetch, model_name, progress):
+def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantization, fetch, model_name, progress):
     """The .asparam, one source tensor in memory at a time; returns the quantization error stats."""
     quantized = set(quantization["quantized"]) if quantization else set()
     writer = SafetensorsWriter(path, [(n, c, s) for n, (c, s) in manifest.items()],
@@ -167,6 +183,15 @@ def _write_params(path, manifest, shapes, dtype, quant_settings, quantization, f
     stats = QuantErrorStats()
     try:
         for name in _progress(shapes, progress, f"serializing {model_name}"):
+            if name in mxfp4:
+                for part in MXFP4_PARTS:
+                    stored = f"{name}.{part}"
+                    array, code = fetch(stored)
+                    if code != "U8" or tuple(array.shape) != manifest[stored][1]:
+                        raise ModelSerializerException(
+                            f"tensor '{stored}' is {code}{list(array.shape)}, the config implies U8{list(manifest[stored][1])}")
+                    writer.write(stored, array)
+                continue
             array, code = fetch(name)
             if tuple(array.shape) != shapes[name]:
                 raise ModelSerializerException(

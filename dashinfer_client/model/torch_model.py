@@ -13,7 +13,7 @@ import os
 from ..errors import ModelSerializerException
 from .hf import copy_tokenizer_files, torch_tensor_to_numpy, unexpected_tensors
 from .arch import normalize_hf_config
-from .families import FAMILIES
+from .families import FAMILIES, family
 from .serialized import DTYPES, V13_SUFFIXES, weight_shapes, write_serialized
 
 # DashInfer 1.3's model_type -> the Hugging Face class its checkpoints are. Its other types
@@ -64,12 +64,18 @@ def serialize_model_from_torch(model_name, model_type, torch_model, model_config
     if not hasattr(state, "keys") or not hasattr(state, "__getitem__"):
         raise ModelSerializerException(
             f"torch_model must be a state_dict (name -> tensor) or a torch module, got {type(torch_model).__name__}")
-    _check_tensors(state, config, architecture)
+    tensors = StateTensors(state)
+    view = family(architecture).checkpoint_view
+    if view:
+        tensors = view(tensors, config)
+        # a module loaded from an MXFP4 checkpoint holds its experts dequantized
+        config.mxfp4_experts = config.mxfp4_experts and any(n.endswith("_blocks") for n in state.keys())
+    _check_tensors(tensors, config, architecture)
     source_dir = hf.get("_name_or_path") or ""
     report = write_serialized(
         save_dir, model_name, model_name=model_name, architecture=architecture, config=config, dtype=data_type,
         quant_settings=_quant_settings(quant_config) if do_dynamic_quantize_convert else None,
-        fetch=lambda name: torch_tensor_to_numpy(name, state[name], "torch_model"),
+        fetch=tensors.fetch,
         generation_config={"eos_token_id": list(config.eos_token_id)},
         save_tokenizer=lambda out: os.path.isdir(source_dir) and copy_tokenizer_files(source_dir, out),
         progress=progress, suffixes=V13_SUFFIXES)
@@ -107,6 +113,25 @@ def _config(model_type, hf_class, model_config, rotary_base):
     return architecture, config, hf
 
 
+class StateTensors:
+    """A state_dict as the checkpoint interface families' views and write_serialized read."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def keys(self):
+        return list(self.state.keys())
+
+    def __contains__(self, name):
+        return name in self.state
+
+    def shape(self, name):
+        return tuple(self.state[name].shape)
+
+    def fetch(self, name, *codes):
+        return torch_tensor_to_numpy(name, self.state[name], "torch_model", *codes)
+
+
 def _check_tensors(state, config, architecture):
     fused = [n for n in state.keys() if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
     if fused:
@@ -124,9 +149,9 @@ def _check_tensors(state, config, architecture):
         raise ModelSerializerException(f"torch_model has tensor(s) this architecture does not use: "
                                        f"{', '.join(sorted(extra)[:5])}")
     for name, shape in shapes.items():
-        if tuple(state[name].shape) != shape:
+        if tuple(state.shape(name)) != shape:
             raise ModelSerializerException(
-                f"tensor '{name}' of torch_model has shape {list(state[name].shape)}, the config implies {list(shape)}")
+                f"tensor '{name}' of torch_model has shape {list(state.shape(name))}, the config implies {list(shape)}")
 
 
 def _quant_settings(quant_config):

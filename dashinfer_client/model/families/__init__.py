@@ -2,6 +2,7 @@
 from ...errors import ModelSerializerException
 from .gemma2 import GEMMA2
 from .gemma3 import GEMMA3
+from .gpt_oss import GPT_OSS
 from .granite import GRANITE
 from .llama import LLAMA, MISTRAL
 from .mixtral import MIXTRAL
@@ -14,7 +15,7 @@ from .qwen3 import QWEN3
 from .qwen3_moe import QWEN3_MOE
 
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
-                                 QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE)}
+                                 QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}

@@ -38,6 +38,11 @@ class Family:
     fused_gate_up: bool = False    # Phi-3: mlp.gate_up_proj holds gate, then up rows
     gguf_names: dict = dataclasses.field(default_factory=dict)  # GGUF block tensor -> HF name, beyond LLaMA's
     experts: Optional[ExpertLayout] = None  # where a sparse layer's experts are (experts.py)
+    sinks: bool = False            # self_attn.sinks: a learned logit per head in attention's softmax (gpt-oss)
+    # a checkpoint's tensors under the names weight_shapes gives, when the family stores them otherwise
+    # ((tensors, ModelConfig) -> the same interface: keys, in, shape, fetch; gpt-oss's fused experts)
+    checkpoint_view: Optional[Callable] = None
+    stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
 
     def __post_init__(self):
         assert set(self.norms) <= set(NORM_ROLES) and self.qk_norm in QK_NORMS, self.name
@@ -68,6 +73,8 @@ class Family:
             for role in NORM_ROLES:
                 if role in self.norms:
                     shapes[p + self.norms[role] + ".weight"] = (H,)
+            if self.sinks:
+                shapes[p + "self_attn.sinks"] = (c.num_attention_heads,)
             if self.qk_norm:
                 whole = self.qk_norm == "whole"
                 shapes[p + "self_attn.q_norm.weight"] = (q_out if whole else D,)

@@ -10,6 +10,7 @@ The tensors of layer i's block, under `model.layers.{i}.{block}.`:
     experts.{e}.{down}.weight            [hidden, moe_intermediate]
     {shared}.{gate|up|down}_proj.weight  the shared expert, a dense MLP of shared_expert_intermediate
     {shared_gate}.weight                 [1, hidden]
+and, with biases (gpt-oss), {router}.bias [num_experts] and each expert projection's .bias.
 """
 import dataclasses
 
@@ -23,6 +24,7 @@ class ExpertLayout:
     down: str = "down_proj"
     shared: str = "shared_expert"
     shared_gate: str = "shared_expert_gate"
+    biases: bool = False         # the router and every expert projection carry a bias (gpt-oss)
 
     # HF base names (the tensor is {base}.weight) under a layer's prefix "model.layers.{i}."
     def expert(self, layer_prefix, e, role):
@@ -51,7 +53,11 @@ class ExpertLayout:
             out[self.shared_name(layer_prefix, "up")] = (shared, H)
             out[self.shared_name(layer_prefix, "down")] = (H, shared)
             out[self.shared_name(layer_prefix, "gate_weight")] = (1, H)
-        return {f"{base}.weight": shape for base, shape in out.items()}
+        shapes = {f"{base}.weight": shape for base, shape in out.items()}
+        if self.biases:
+            for base, shape in out.items():
+                shapes[f"{base}.bias"] = shape[:1]
+        return shapes
 
 
 def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False):
