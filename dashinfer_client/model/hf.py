@@ -62,7 +62,7 @@ class HuggingFaceModel(SourceModel):
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
         view = family(self.architecture).checkpoint_view
-        weights = view(weights, self.config) if view else weights
+        weights = view(weights) if view else weights
         unexpected = unexpected_tensors(weights.keys(), self.config, self.architecture)
         if unexpected:
             raise ModelSerializerException(

@@ -67,7 +67,7 @@ def serialize_model_from_torch(model_name, model_type, torch_model, model_config
     tensors = StateTensors(state)
     view = family(architecture).checkpoint_view
     if view:
-        tensors = view(tensors, config)
+        tensors = view(tensors)
         # a module loaded from an MXFP4 checkpoint holds its experts dequantized
         config.mxfp4_experts = config.mxfp4_experts and any(n.endswith("_blocks") for n in state.keys())
     _check_tensors(tensors, config, architecture)

@@ -40,7 +40,7 @@ class Family:
     experts: Optional[ExpertLayout] = None  # where a sparse layer's experts are (experts.py)
     sinks: bool = False            # self_attn.sinks: a learned logit per head in attention's softmax (gpt-oss)
     # a checkpoint's tensors under the names weight_shapes gives, when the family stores them otherwise
-    # ((tensors, ModelConfig) -> the same interface: keys, in, shape, fetch; gpt-oss's fused experts)
+    # (tensors -> the same interface: keys, in, shape, fetch; gpt-oss's fused experts)
     checkpoint_view: Optional[Callable] = None
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
 

@@ -47,7 +47,7 @@ class FusedExperts:
     """A gpt-oss checkpoint's tensors (tensors: keys(), in, shape(name), fetch(name) -> (array,
     dtype code)) under the names weight_shapes gives; the rest pass through unchanged."""
 
-    def __init__(self, tensors, config):
+    def __init__(self, tensors):
         self.tensors = tensors
         self.layout = GPT_OSS.experts
         self.views = {}  # our name -> (checkpoint name, expert, which rows: "gate" | "up" | None)
