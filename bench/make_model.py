@@ -14,7 +14,8 @@ writes the first N layers only: Qwen3-30B-A3B's 48 are 61 GB in bf16, more than 
 disk and memory allow; its layers are alike, so a few give a layer's figures. gpt-oss-20b is
 written as the released checkpoint is: its experts fused per layer in MXFP4 (random e2m1 codes,
 scales of 2^-8: weights within +-0.023) and the rest bf16: 0.48 GB a layer (0.42 of it experts),
-13.7 GB for its 24 layers with the embedding and head (2.3 GB); --layers 4 gives 4.2 GB. No tokenizer: the benchmarks send token ids.
+13.7 GB for its 24 layers with the embedding and head (2.3 GB); --layers 4 gives 4.2 GB. No
+tokenizer: the benchmarks send token ids.
 """
 import argparse
 import json

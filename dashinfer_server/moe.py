@@ -43,12 +43,15 @@ def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
     if layout.biases:
         # a whole expert's down bias is its rank's to add; rows split, rank 0 adds it once
         down_bias = shard.expert_split == "experts" or shard.rank == 0
+        def bias(e, role, rows=None):
+            return loader.vector(f"{layout.expert(prefix, e, role)}.bias", rows)
+
         shared.update(
             router_bias=loader.vector(layout.router_name(prefix) + ".bias"),
-            experts_gate_up_bias=np.stack([np.concatenate([loader.vector(f"{layout.expert(prefix, e, role)}.bias", rows)
-                                                           for role in ("gate", "up")]) for e in shard.experts]),
-            experts_down_bias=np.stack([loader.vector(f"{layout.expert(prefix, e, 'down')}.bias") * np.float32(out_scale)
-                                        for e in shard.experts]) if down_bias else None)
+            experts_gate_up_bias=np.stack([np.concatenate([bias(e, "gate", rows), bias(e, "up", rows)])
+                                           for e in shard.experts]),
+            experts_down_bias=np.stack([bias(e, "down") * np.float32(out_scale) for e in shard.experts])
+            if down_bias else None)
     return ExpertWeights(router=loader.linear((layout.router_name(prefix),), f32=True),
                          experts_gate_up=loader.stacked(gate_up), experts_down=loader.stacked(down, scale=out_scale),
                          **{"shared_gate_up": None, "shared_down": None, "shared_gate": None, **shared})

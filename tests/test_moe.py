@@ -1,6 +1,7 @@
 """Mixture-of-experts models against transformers, on tiny random fp32 checkpoints that transformers
 writes (tests/helpers.py FAMILY_CONFIGS: Qwen3-MoE with a dense middle layer, Qwen2-MoE with its
-shared expert, Mixtral with a sliding window, OLMoE, gpt-oss; its MXFP4 checkpoints: test_gpt_oss.py): logits of a prompt and 16 decoded tokens
+shared expert, Mixtral with a sliding window, OLMoE, gpt-oss; gpt-oss's MXFP4 checkpoints are
+test_gpt_oss.py's): logits of a prompt and 16 decoded tokens
 within 1e-3 of transformers', its greedy tokens, the op-by-op path equal to the native decoder,
 16 greedy tokens on 2 ranks with either expert split, bf16 / int8 / uint4 experts within
 test_families' bounds; and the kernel (native/moe.c) against numpy in float64.

@@ -102,7 +102,8 @@ class ModelConfig:
             if resolved != self.rope_scaling:
                 raise ModelSerializerException(f"{where}: rope_scaling {self.rope_scaling} is not in its resolved form")
         if self.hidden_act not in ACTIVATIONS:
-            raise ModelSerializerException(f"{where}: hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+            raise ModelSerializerException(
+                f"{where}: hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_hidden_layers or not self.sliding_window or \
                     any(t not in ("full_attention", "sliding_attention") for t in self.layer_types):
@@ -126,8 +127,9 @@ class ModelConfig:
                 f"{where}: experts need 1 <= num_experts_per_tok <= num_experts and a positive moe_intermediate_size, "
                 f"got {self.num_experts_per_tok} of {self.num_experts}, size {self.moe_intermediate_size!r}")
         if self.mxfp4_experts and (self.moe_intermediate_size % 32 or self.hidden_size % 32):
-            raise ModelSerializerException(f"{where}: MXFP4 experts need hidden_size and moe_intermediate_size "
-                                           f"multiples of 32 (its blocks), got {self.hidden_size}, {self.moe_intermediate_size}")
+            raise ModelSerializerException(
+                f"{where}: MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32 (its "
+                f"blocks), got {self.hidden_size}, {self.moe_intermediate_size}")
         dense = self.dense_mlp_layers or []
         if not isinstance(dense, list) or any(not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
                                                for i in dense):

@@ -129,8 +129,8 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     os.makedirs(model_dir, exist_ok=True)
     quantization = None
     shapes = weight_shapes(config, architecture)
+    mxfp4 = mxfp4_tensors(config, shapes)
     if quant_settings is not None:
-        mxfp4 = mxfp4_tensors(config, shapes)
         quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
                         "group_size": quant_settings.group_size,
                         "compute_method": quant_settings.compute_method,
@@ -144,7 +144,7 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
         _remove(temp["tok"])
         os.makedirs(temp["tok"])
         has_tokenizer = save_tokenizer(temp["tok"])
-        stats = _write_params(temp["param"], manifest, shapes, mxfp4_tensors(config, shapes), dtype,
+        stats = _write_params(temp["param"], manifest, shapes, mxfp4, dtype,
                               quant_settings, quantization, fetch, model_name, progress)
         graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
                  "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
@@ -187,9 +187,10 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
                 for part in MXFP4_PARTS:
                     stored = f"{name}.{part}"
                     array, code = fetch(stored)
-                    if code != "U8" or tuple(array.shape) != manifest[stored][1]:
+                    want = manifest[stored][1]
+                    if code != "U8" or tuple(array.shape) != want:
                         raise ModelSerializerException(
-                            f"tensor '{stored}' is {code}{list(array.shape)}, the config implies U8{list(manifest[stored][1])}")
+                            f"tensor '{stored}' is {code}{list(array.shape)}, the config implies U8{list(want)}")
                     writer.write(stored, array)
                 continue
             array, code = fetch(name)
