@@ -310,20 +310,6 @@ def quantized_wtype(wtype: str, group: int, activate_quant: bool = False) -> str
     return wtype + "q" if (K.linear_vnni() or activate_quant) and group % 32 == 0 else wtype
 
 
-def split_interleaved_gate_up(t: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """gpt-oss's gate_up_proj alternates gate and up rows along `axis` (its MXFP4 *_blocks and
-    *_scales, dequantized weight and bias alike; transformers reads gate_up[..., ::2] and
-    [..., 1::2]) -> (gate rows, up rows), to be packed gate then up as every family's gate_up is
-    and linear_glu / glu_mul take it. Views, no copy."""
-    if t.shape[axis] % 2:
-        raise ValueError(f"gate_up has {t.shape[axis]} rows along axis {axis}: not gate and up pairs")
-    every = [slice(None)] * t.ndim
-    every[axis] = slice(0, None, 2)
-    gate = t[tuple(every)]
-    every[axis] = slice(1, None, 2)
-    return gate, t[tuple(every)]
-
-
 def drop_mapped_pages(t: np.ndarray) -> None:
     """Unmap the pages under `t` from this process if it views a read-only file mapping (a later
     read faults them back in from the page cache); anything else is left alone."""

@@ -43,6 +43,20 @@ def _gpt_oss(hf, r):
                 **read_experts(r, inter_key="intermediate_size", norm_topk=True))
 
 
+def split_interleaved_gate_up(t: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """gpt-oss's gate_up_proj alternates gate and up rows along `axis` (its MXFP4 *_blocks and
+    *_scales, float weight and bias alike; transformers reads gate_up[..., ::2] and [..., 1::2])
+    -> (gate rows, up rows), stored as every family's gate and up experts are, packed gate then up
+    as linear_glu / glu_mul take them. Views, no copy."""
+    if t.shape[axis] % 2:
+        raise ValueError(f"gate_up has {t.shape[axis]} rows along axis {axis}: not gate and up pairs")
+    every = [slice(None)] * t.ndim
+    every[axis] = slice(0, None, 2)
+    gate = t[tuple(every)]
+    every[axis] = slice(1, None, 2)
+    return gate, t[tuple(every)]
+
+
 class FusedExperts:
     """A gpt-oss checkpoint's tensors (tensors: keys(), in, shape(name), fetch(name) -> (array,
     dtype code)) under the names weight_shapes gives; the rest pass through unchanged."""
@@ -100,7 +114,7 @@ class FusedExperts:
         if name.endswith(".weight"):
             t = t.T  # [in, out] -> [out, in]
         if rows:
-            t = t[0::2] if rows == "gate" else t[1::2]
+            t = split_interleaved_gate_up(t)[0 if rows == "gate" else 1]
         if name.endswith(MXFP4_PARTS[0]):
             t = t.reshape(t.shape[0], -1)
         return np.ascontiguousarray(t), code
