@@ -150,6 +150,7 @@ def test_serialize_from_torch_by_class_name_splits_the_fused_experts(tmp_path, s
 @pytest.mark.parametrize("edit,feature", [
     (dict(swiglu_limit=10.0), "swiglu_limit"),
     (dict(swiglu_alpha=1.0), "swiglu_alpha"),
+    (dict(swiglu_limit="7"), "swiglu_limit='7'"),
     (dict(quantization_config={"quant_method": "fp8"}), "fp8"),
 ])
 def test_an_unsupported_gpt_oss_config_is_refused_by_name(tmp_path, tiny_checkpoint, edit, feature):

@@ -31,8 +31,9 @@ _FUSED = re.compile(r"^(?P<layer>model\.layers\.\d+\.)mlp\.experts\.(?P<proj>gat
 
 def _gpt_oss(hf, r):
     for key, value in SWIGLU.items():
-        if float(r.get(key, value)) != value:
-            r.refuse(f"{key}={hf[key]!r} (the clamped SwiGLU has {key} {value})")
+        got = r.get(key, value)
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != value:
+            r.refuse(f"{key}={got!r} (the clamped SwiGLU has {key} {value})")
     r.get("hidden_act")  # transformers' gpt-oss experts never read it
     bias = bool(r.get("attention_bias", True))
     types, window = r.window(r.layer_types(
