@@ -25,6 +25,7 @@ from .families import BY_GGUF
 from .gguf_check import check_gguf
 from .gguf_experts import expert_entries, expert_fields, gguf_family
 from .gguf_tokenizer import Unsupported, write_tokenizer_dir
+from .safetensors_io import drop_mapped_pages
 from .source import SourceModel
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -193,10 +194,12 @@ class GGUFWeights:
     def fetch(self, name):
         from gguf.quants import dequantize
         t, expert = self._tensors[name]
+        source = t.data if expert is None else t.data[expert]
         try:
-            w = dequantize(t.data if expert is None else t.data[expert], t.tensor_type)
+            w = dequantize(source, t.tensor_type)
         except NotImplementedError as e:
             raise ModelSerializerException(f"{self.path}: tensor {t.name}: {e}") from None
+        drop_mapped_pages(source)  # read: one tensor of the file resident at a time (an F32 view faults back)
         if self._permute and (".q_proj." in name or ".k_proj." in name):
             kv = self._config.num_attention_heads if ".q_proj." in name else self._config.num_key_value_heads
             w = reverse_llama_permute(w, self._config.num_attention_heads, kv)
