@@ -145,8 +145,8 @@ REGISTRY = {s.name: s for s in (
        choices=("intermediate", "experts")),
     Setting("DASHINFER_MEMORY_LIMIT_MB", "int", 0, "every rank, conversions",
             "the memory (MiB) a rank's weights, KV cache and workspaces, or a conversion, may take: more "
-            "is refused before loading or converting", "what the node can give (MemAvailable, the cgroup's "
-            "memory.max)"),
+            "is refused before loading or converting", "what the node can give (MemAvailable, within the cgroup's "
+            "limit)"),
     Setting("DASHINFER_ISA", "choice", None, "kernels", "cap the kernel path", "the best the CPU has",
        choices=("portable", "avx2", "avx512")),
     Setting("DASHINFER_AMX", "choice", None, "kernels",

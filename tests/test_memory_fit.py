@@ -79,7 +79,37 @@ def test_probe_reads_this_machine():
     have, where = available()
     with open("/proc/meminfo") as f:
         total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
-    assert 0 < have <= total and where in ("MemAvailable", "the cgroup's memory.max")
+    assert 0 < have <= total and where in ("MemAvailable", "the cgroup's memory limit")
+
+
+def test_a_node_gives_its_free_memory_and_page_cache():
+    path = "/sys/devices/system/node/node0/meminfo"
+    if not os.path.exists(path):
+        pytest.skip("no NUMA node in sysfs")
+    have, where = available(0)
+    with open(path) as f:
+        total = next(int(line.split()[3]) * 1024 for line in f if line.split()[2] == "MemTotal:")
+    assert 0 < have <= total and where == "node 0's free memory and page cache"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_cgroup_limit_lowers_what_can_be_given(tmp_path, version):
+    """limit - usage + the inactive page cache (what `docker stats` counts as free), read from a
+    cgroup laid out as the kernel's v1 or v2 files are."""
+    from dashinfer_client.memory import _CGROUPS, _cgroup_room
+    v2, v1 = _CGROUPS
+    marker, mount, limit_file, usage_file, cache_key = v2 if version == "v2" else v1
+    folder = tmp_path / "mnt" / "job"
+    folder.mkdir(parents=True)
+    (folder / limit_file).write_text(str(1 << 30) + "\n")
+    (folder / usage_file).write_text(str(600 << 20) + "\n")
+    (folder / "memory.stat").write_text(f"cache 1\n{cache_key} {100 << 20}\nother 5\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n" if version == "v2" else "4:memory:/job\n1:cpu:/\n")
+    table = ((marker, str(tmp_path / "mnt"), limit_file, usage_file, cache_key),)
+    assert _cgroup_room(str(proc), table) == (1 << 30) - (600 << 20) + (100 << 20)
+    (folder / limit_file).write_text("max\n" if version == "v2" else "9223372036854771712\n")
+    assert _cgroup_room(str(proc), table) is None
 
 
 def test_serve_exits_78_with_both_figures(moe_model):
