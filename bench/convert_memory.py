@@ -47,12 +47,13 @@ else:
     reset_peak()
     before = status("VmRSS")
     decoder = DecoderModel(model, "bf16", num_blocks=4, block_size=16, max_tokens=64, max_seqs=1)
-print(json.dumps({"before": before, "peak": status("VmHWM")}))
+print(json.dumps({"before": before, "peak": status("VmHWM"), "after": status("VmRSS")}))
 """
 
 
 def measure(step, src, out, name, quant=None, env=None) -> dict:
-    """{"before", "peak"} bytes of one step ("convert" src -> out, or "load" out) in a child."""
+    """{"before", "peak", "after"} resident bytes of one step ("convert" src -> out, or "load" out)
+    in a child: before it, its high-water mark, after it."""
     args = {"step": step, "src": src, "out": out, "name": name, "quant": quant}
     run = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
                          env=dict(os.environ if env is None else env, PYTHONPATH=ROOT), check=False)
@@ -87,7 +88,8 @@ def main():
           f"{args.quant or 'bfloat16'} model {files_bytes(os.path.join(args.out, 'model.asparam')) / gib:.2f} GiB")
     print(f"convert: peak RSS {convert['peak'] / gib:.2f} GiB, growth {(convert['peak'] - convert['before']) / gib:.3f} "
           f"GiB (bound {bound / gib:.3f} GiB, from {largest} {list(shapes[largest])})")
-    print(f"load:    peak RSS {load['peak'] / gib:.2f} GiB, growth {(load['peak'] - load['before']) / gib:.3f} GiB")
+    print(f"load:    peak RSS {load['peak'] / gib:.2f} GiB, growth {(load['peak'] - load['before']) / gib:.3f} GiB, "
+          f"resident once loaded {load['after'] / gib:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -184,6 +184,7 @@ class WeightLoader:
         if pieces[0][1] is None and quantize_float and self.wtype:
             group = head_group(self.model.quantization["group_size"], w.shape[1])
             codes, scales, zeros = K.quantize(w, group, HEAD_BITS)
+            self.release_read()  # the float head's pages go before its packed copy is made (151936 x 2048: 0.6 GB)
             packed = K.pack_linear(codes, quantized_wtype("i8" if HEAD_BITS == 8 else "u4", group), group, scales, zeros)
         elif pieces[0][1] is None:
             packed = K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
