@@ -255,7 +255,7 @@ _GGUF_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforwa
 
 def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokenizer_model="gpt2"):
     """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA, Qwen2/3, Phi-3,
-    Gemma 2/3) and return its path.
+    Gemma 2/3, and the mixtures of experts of tests/gguf_moe.py) and return its path.
 
     quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
     the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata,
@@ -265,7 +265,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     from safetensors.numpy import load_file
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
-    arch = {"gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    from tests.gguf_moe import GGUF_ARCH, write_experts
+    arch = dict(GGUF_ARCH, gemma3_text="gemma3").get(cfg["model_type"], cfg["model_type"])
     gemma = arch.startswith("gemma")
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
@@ -305,8 +306,12 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)
     writer.add_chat_template(CHATML)
+    if cfg["model_type"] in GGUF_ARCH:
+        tensors = write_experts(writer, cfg, tensors)
     for name, w in tensors.items():
-        if name == "model.embed_tokens.weight":
+        if name.startswith("blk."):
+            gname = name
+        elif name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
         elif name == "model.norm.weight":
             gname = "output_norm.weight"
@@ -320,7 +325,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
             w = w + np.float32(1.0)
         if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
-        if quant_type and w.ndim == 2:
+        if quant_type and w.ndim >= 2:
             qtype = gguf.GGMLQuantizationType[quant_type]
             writer.add_tensor(gname, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:

@@ -13,6 +13,7 @@ import os
 import queue as queue_module
 import threading
 
+from .. import memory
 from ..config import ASGenerationConfigBuilder
 from ..frontend import Prompts, start_engine
 from ..model_cache import resolve_model
@@ -42,9 +43,7 @@ def _kv_budget_mb(settings, loader, session_len):
     c = loader.config
     upper_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # fp32 K+V
     need_mb = settings.max_batch_size * session_len * upper_bytes_per_token / 2**20
-    with open("/proc/meminfo") as f:
-        available_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    budget_mb = int(settings.cache_max_entry_count * available_kb / 1024)
+    budget_mb = int(settings.cache_max_entry_count * memory.available()[0] / 2**20)
     return 0 if need_mb <= budget_mb else budget_mb
 
 
