@@ -72,11 +72,14 @@ class StopText:
 
 class OutputProcessor:
     """One request's answer. stop: stop strings; terminators: token sequences (lists of ids);
-    logprobs: keep each token's logprobs; reasoning / tools: parser instances (parsers/) or None."""
+    logprobs: keep each token's logprobs; reasoning / tools: parser instances (parsers/) or None.
+    A parser whose markers are special tokens (harmony's) has the text decoded with them kept: the
+    parsers take them out of content and reasoning, raw_text keeps them."""
 
     def __init__(self, tokenizer, stop=(), terminators=(), skip_special_tokens=True, logprobs=False,
                  reasoning=None, tools=None):
-        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
+        specials = any(p is not None and p.special_tokens for p in (reasoning, tools))
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens and not specials)
         self.stop = StopText(stop)
         self.terminators = [list(t) for t in terminators]
         self.hold = max((len(t) for t in self.terminators), default=0)

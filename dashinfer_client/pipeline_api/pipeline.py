@@ -18,7 +18,8 @@ from ..frontend import Prompts, start_engine
 from ..model_cache import resolve_model
 from ..refusals import Refused
 from ..types import TargetDevice
-from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, check_messages, prompt_text
+from ..frontend.messages import chat_messages
+from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, prompt_text
 from .engine_config import engine_settings
 from .generation import GenerationConfig, encode_words, request_options
 from .response import Answer, too_long
@@ -133,8 +134,8 @@ class Pipeline:
             prompt = [{"role": "user", "content": prompt}]
         elif not do_preprocess:
             raise ValueError(f"prompts[{i}]: a conversation needs do_preprocess=True (the chat template)")
-        check_messages(prompt, f"prompts[{i}]")
-        text = prompt_text(self.prompts, prompt, self.chat_template, chat.functions, chat.template_kwargs)
+        messages = chat_messages(prompt, f"prompts[{i}]")
+        text = prompt_text(self.prompts, messages, self.chat_template, chat.functions, chat.template_kwargs)
         return self.prompts.text_ids(text, special=False), text
 
     def _gen_configs(self, gen_config, n, deprecated):
