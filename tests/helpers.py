@@ -34,9 +34,10 @@ HERMES_CHATML = ("{% if tools %}{{ '<|im_start|>system\nCall a function as <tool
                  "\"arguments\": ...}</tool_call>. Functions:\n' }}{% for tool in tools %}{{ tool | tojson }}"
                  "{{ '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}" + CHATML)
 
-# ChatML that writes a conversation's tool round trip as Qwen2.5 / Hermes templates do: the tools in
-# a system turn, an assistant's calls as <tool_call> blocks of JSON (arguments an object), a tool
-# result as a user turn in <tool_response>; for the pipeline's tool round trip.
+# ChatML that writes a conversation's tool round trip as Qwen3 / Hermes templates do: the tools in a
+# system turn, an assistant's calls as <tool_call> blocks of JSON (arguments as given: JSON text,
+# or an object written with tojson), a tool result as a user turn in <tool_response>; for the
+# pipeline's tool round trip.
 HERMES_ROUND_TRIP = (
     "{% if tools %}{{ '<|im_start|>system\\nCall a function as <tool_call>{\"name\": ..., \"arguments\": ...}"
     "</tool_call>. Functions:\\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
@@ -44,7 +45,8 @@ HERMES_ROUND_TRIP = (
     "{% for message in messages %}"
     "{% if message.role == 'assistant' and message.tool_calls %}{{ '<|im_start|>assistant\\n' + (message.content or '') }}"
     "{% for call in message.tool_calls %}{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
-    "{{ call.function.arguments | tojson }}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
+    "{{ call.function.arguments | tojson }}{% endif %}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
     "{% elif message.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + message.content + "
     "'\\n</tool_response><|im_end|>\\n' }}"
     "{% else %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{% endif %}"

@@ -101,8 +101,8 @@ def template_kwargs(chat_template_kwargs=None, enable_thinking=None, reasoning_e
 
 def tool_functions(tools) -> list:
     """OpenAI's tools ([{"type": "function", "function": {"name", "description", "parameters"}}]) ->
-    the functions ({"name", "parameters", "description"?}) a chat template renders; PromptError
-    for the first malformed one."""
+    the functions a chat template renders: each as given (its keys in their order, as transformers
+    renders it), parameters added where it has none; PromptError for the first malformed one."""
     if not isinstance(tools, list) or not tools:
         raise PromptError("'tools' must be a non-empty list of {'type': 'function', 'function': {...}}")
     functions = [_function(k, t) for k, t in enumerate(tools)]
@@ -122,10 +122,7 @@ def _function(k, tool) -> dict:
     description = function.get("description")
     if description is not None and not isinstance(description, str):
         raise PromptError(f"tools[{k}].function.description must be a string")
-    out = {"name": function["name"], "parameters": parameters}
-    if description:
-        out["description"] = description
-    return out
+    return dict(function, parameters=parameters)
 
 
 def arguments_object(text, where) -> dict:
