@@ -35,6 +35,8 @@ CASES = [
     (ANALYSIS + "Cut by max_tokens in the reason", "Cut by max_tokens in the reason", "", []),
     (ANALYSIS + "Two<|end|>" + ANALYSIS.replace("<|channel|>", "<|start|>assistant<|channel|>") + " steps.<|end|>"
      + FINAL + "Done", "Two steps.", "Done", []),
+    # a header's marker inside a body (a model that wanders) is no text
+    (FINAL + "A<|message|>B<|constrain|>C<|return|>", "", "ABC", []),
 ]
 
 
@@ -117,6 +119,17 @@ def test_output_side_token_by_token(tokenizer, answer, reasoning, content, calls
     if reasoning and content:  # streamed: the reasoning came before the answer, in more than one piece
         first_text = next(k for k, d in enumerate(deltas) if d.text)
         assert len([d for d in deltas[:first_text] if d.reasoning]) > 1
+
+
+def test_the_tokenizers_other_special_tokens_stay_skipped(tokenizer):
+    answer = FINAL + "Hi<|im_end|> there<|endoftext|><|return|>"
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    prompts = Prompts(tokenizer)
+    out = OutputProcessor(tokenizer, reasoning=prompts.reasoning_parser(""), tools=prompts.tool_parser(None))
+    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    assert "".join(d.text for d in deltas) == "Hi there"
+    assert "".join(d.raw_text for d in deltas) == FINAL + "Hi there<|return|>"
+    assert [i for d in deltas for i in d.token_ids] == ids  # skipped from the text, not from the answer
 
 
 def test_other_formats_still_read_the_text_without_special_tokens(tokenizer):

@@ -227,7 +227,7 @@ class ToolParser:
     name = ""
     markers = ()
     template_renders_tools = True  # False: the prompt describes the tools (the template cannot)
-    special_tokens = False  # True: reads the text with the tokenizer's special tokens kept (its markers are some)
+    special_tokens = ()  # the special tokens the format's markers are: the decoder keeps these for it
     always = False  # True: parses every chat answer, tools offered or not (the format marks up content too)
 
     def feed(self, text: str):

@@ -6,8 +6,8 @@
                                                                    a call of NAME (the recipient may
                                                                    also stand after the role)
 
-The markers are special tokens, so these parsers read the text with special tokens kept
-(`special_tokens`). The reasoning parser takes the analysis messages out and passes every other
+The markers are special tokens, so these parsers read the text with them kept (`special_tokens`;
+the tokenizer's other special tokens stay skipped). The reasoning parser takes the analysis messages out and passes every other
 message on as written; the tool parser, which runs on every answer of a harmony template (`always`:
 it is what takes the markers out of the content), makes a message to `functions.NAME` a call,
 its body the arguments as they stream, and any other body content. Text outside any header (a
@@ -23,6 +23,8 @@ START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", 
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 CLOSERS = (END, CALL, RETURN)
 OPENERS = (START, CHANNEL)
+STRAY = (MESSAGE, CONSTRAIN)
+MARKERS = CLOSERS + OPENERS + STRAY  # the special tokens these parsers read
 FUNCTIONS = "functions."
 RECIPIENT = re.compile(r"to=([^\s<]+)")
 CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
@@ -59,16 +61,19 @@ class Messages:
                 end = at + len(MESSAGE)
                 events.append(("open", self.held[:end], channel and channel.group(1), recipient and recipient.group(1)))
                 self.held, self.state = self.held[end:], "body"
-            found = [(i, m) for m in CLOSERS + OPENERS for i in (self.held.find(m),) if i >= 0]
+            found = [(i, m) for m in MARKERS for i in (self.held.find(m),) if i >= 0]
             if not found:
-                out, self.held = _split_held_any(self.held, CLOSERS + OPENERS)
+                out, self.held = _split_held_any(self.held, MARKERS)
                 if out:
                     events.append(("text", out, None, None))
                 return events
             at, marker = min(found)
             if at:
                 events.append(("text", self.held[:at], None, None))
-            closed = marker in CLOSERS
+            if marker in STRAY:  # a header's marker inside a body says nothing: dropped
+                self.held = self.held[at + len(marker):]
+                continue
+            closed = marker in CLOSERS  # else a new header began without an end marker
             events.append(("close", marker if closed else "", None, None))
             self.held, self.state = self.held[at + len(marker) if closed else at:], "between"
 
@@ -89,7 +94,7 @@ class HarmonyReasoningParser:
     """The analysis channel is the reasoning; every other message passes on as written."""
     name = "harmony"
     markers = (CHANNEL,)
-    special_tokens = True
+    special_tokens = MARKERS
 
     def __init__(self, inside=False):  # inside: harmony's prompt ends at the role, never in a message
         self.messages, self.analysis = Messages(), False
@@ -117,7 +122,7 @@ class HarmonyReasoningParser:
 class HarmonyToolParser(ToolParser):
     name = "harmony"
     markers = (CHANNEL,)
-    special_tokens = True
+    special_tokens = MARKERS
     always = True
 
     def __init__(self):
