@@ -171,10 +171,11 @@ class Pipeline:
                                           encode_words(self.prompts, gen.bad_words, gen.bad_token_ids))
                 ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
             terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
-            reasoning = self.prompts.reasoning_parser(text) if text is not None else None
+            chatting = text is not None  # the parsers read answers to the chat template's prompts
+            reasoning = self.prompts.reasoning_parser(text) if chatting else None
+            tools = self.prompts.tool_parser(chat.functions) if chatting else None
             plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens, terminators,
-                                              gen.logprobs is not None, reasoning,
-                                              self.prompts.tool_parser(chat.functions))))
+                                              gen.logprobs is not None, reasoning, tools)))
         return one, plan
 
     def _submit(self, plan):

@@ -26,4 +26,12 @@ class GenericJsonToolParser(JsonToolParser):
     @staticmethod
     def describe(functions) -> str:
         """The system prompt that tells the model about `functions`."""
-        return INSTRUCTIONS.format(functions="\n".join(json.dumps(f, ensure_ascii=False) for f in functions))
+        return INSTRUCTIONS.format(functions="\n".join(json.dumps(_described(f), ensure_ascii=False) for f in functions))
+
+
+def _described(function) -> dict:
+    """A function as the system message lists it: name, parameters, then its description if any."""
+    out = {"name": function["name"], "parameters": function["parameters"]}
+    if function.get("description"):
+        out["description"] = function["description"]
+    return out
