@@ -86,6 +86,8 @@ def test_without_the_reasoning_parser_the_analysis_is_content():
 def test_harmony_chosen_from_the_template_and_parses_every_answer():
     assert tool_parser_for(HARMONY).name == reasoning_parser_for(HARMONY).name == "harmony"
     assert tool_parser_for(HERMES_CHATML).name == "hermes"  # the others' markers are not harmony's
+    assert tool_parser_for(HERMES_CHATML, "harmony").name == reasoning_parser_for(None, "harmony").name == "harmony"
+    assert reasoning_parser_for(HARMONY, "none") is None
 
 
 @pytest.fixture(scope="module")
