@@ -19,7 +19,8 @@ from ..frontend import Prompts, start_engine
 from ..model_cache import resolve_model
 from ..refusals import Refused
 from ..types import TargetDevice
-from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, check_messages, prompt_text
+from ..frontend.messages import chat_messages
+from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, prompt_text
 from .engine_config import engine_settings
 from .generation import GenerationConfig, encode_words, request_options
 from .response import Answer, too_long
@@ -132,8 +133,8 @@ class Pipeline:
             prompt = [{"role": "user", "content": prompt}]
         elif not do_preprocess:
             raise ValueError(f"prompts[{i}]: a conversation needs do_preprocess=True (the chat template)")
-        check_messages(prompt, f"prompts[{i}]")
-        text = prompt_text(self.prompts, prompt, self.chat_template, chat.functions, chat.template_kwargs)
+        messages = chat_messages(prompt, f"prompts[{i}]")
+        text = prompt_text(self.prompts, messages, self.chat_template, chat.functions, chat.template_kwargs)
         return self.prompts.text_ids(text, special=False), text
 
     def _gen_configs(self, gen_config, n, deprecated):
@@ -169,10 +170,11 @@ class Pipeline:
                                           encode_words(self.prompts, gen.bad_words, gen.bad_token_ids))
                 ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
             terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
-            reasoning = self.prompts.reasoning_parser(text) if text is not None else None
+            chatting = text is not None  # the parsers read answers to the chat template's prompts
+            reasoning = self.prompts.reasoning_parser(text) if chatting else None
+            tools = self.prompts.tool_parser(chat.functions) if chatting else None
             plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens, terminators,
-                                              gen.logprobs is not None, reasoning,
-                                              self.prompts.tool_parser(chat.functions))))
+                                              gen.logprobs is not None, reasoning, tools)))
         return one, plan
 
     def _submit(self, plan):
