@@ -143,6 +143,10 @@ REGISTRY = {s.name: s for s in (
        "how a mixture-of-experts layer's experts are spread over the ranks: `intermediate` (every "
        "expert's rows split, as a dense MLP's) or `experts` (whole experts dealt out: rank r of R holds r, r+R, ...)",
        choices=("intermediate", "experts")),
+    Setting("DASHINFER_MEMORY_LIMIT_MB", "int", 0, "every rank, conversions",
+            "the memory (MiB) a rank's weights, KV cache and workspaces, or a conversion, may take: more "
+            "is refused before loading or converting", "what the node can give (MemAvailable, within the cgroup's "
+            "limit)"),
     Setting("DASHINFER_ISA", "choice", None, "kernels", "cap the kernel path", "the best the CPU has",
        choices=("portable", "avx2", "avx512")),
     Setting("DASHINFER_AMX", "choice", None, "kernels",

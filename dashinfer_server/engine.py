@@ -21,7 +21,6 @@ Semantics follow DashInfer's AsEngine:
 import ctypes
 import gc
 import logging
-import os
 import threading
 
 from dashinfer_client.api import EngineAPI, ModelState
@@ -34,7 +33,7 @@ from . import op_profile
 from .engine_stat import engine_stat, model_info
 from .group import LocalGroup
 from .guided import Grammars
-from .model import memory_bound
+from .memory_fit import check_fits
 from .model_loop import ModelLoop
 from .request import ModelLimits, RequestError, new_request
 
@@ -92,12 +91,7 @@ class Engine(EngineAPI):
             if cfg.max_length > context:
                 raise Refused(AsStatus.ALLSPARK_EXCEED_LIMIT_ERROR,
                               f"max_length {cfg.max_length} exceeds the model's context {context}")
-            need, ram = memory_bound(cfg, model), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            if need > ram:  # refused now rather than failing (or crawling for minutes) in start_model
-                raise Refused(AsStatus.ALLSPARK_MEMORY_ERROR,
-                              f"max_batch {cfg.max_batch} x max_length {cfg.max_length} (KV cache and step "
-                              f"workspaces) needs {need / 2**30:.3g} GiB, more than this machine's "
-                              f"{ram / 2**30:.3g} GiB; lower max_batch, max_prefill_length or kv_cache_memory_mb")
+            check_fits(cfg, model, self._group.world)  # refused now, not killed halfway through loading
             self._group.command("install_model", cfg.to_dict())
             self._models[cfg.model_name] = _Installed(cfg, model)
 

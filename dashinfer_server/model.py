@@ -19,6 +19,7 @@ import numpy as np
 
 from dashinfer_client import settings
 from dashinfer_client.model.families import family
+from dashinfer_client.model.safetensors_io import drop_mapped_pages
 from dashinfer_server.rope import rope_table
 
 from . import kernels as K
@@ -29,7 +30,7 @@ from .kv_cache import KVCache, bytes_per_block
 from .moe import moe_forward
 from .plan import StepPlan
 from .shard import Shard
-from .weights import WeightLoader, drop_mapped_pages
+from .weights import WeightLoader
 
 
 def expert_split() -> str:

@@ -20,6 +20,7 @@ from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model.families import family
 from dashinfer_client.model.families.gpt_oss import MXFP4_PARTS
 from dashinfer_client.model.quant import uniform_groups
+from dashinfer_client.model.safetensors_io import drop_mapped_pages
 
 from . import kernels as K
 from .moe import ExpertWeights, load_experts
@@ -197,6 +198,7 @@ class WeightLoader:
         if pieces[0][1] is None and quantize_float and self.wtype:
             group = head_group(self.model.quantization["group_size"], w.shape[1])
             codes, scales, zeros = K.quantize(w, group, HEAD_BITS)
+            self.release_read()  # the float head's pages go before its packed copy is made (151936 x 2048: 0.6 GB)
             packed = K.pack_linear(codes, quantized_wtype("i8" if HEAD_BITS == 8 else "u4", group), group, scales, zeros)
         elif pieces[0][1] is None:
             packed = K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
@@ -308,19 +310,3 @@ def quantized_wtype(wtype: str, group: int, activate_quant: bool = False) -> str
     activate_quant (DashInfer's A8W8, checked at serialization: groups of whole blocks) asks
     for int8 activations on every CPU, on the portable kernel where there is no VNNI."""
     return wtype + "q" if (K.linear_vnni() or activate_quant) and group % 32 == 0 else wtype
-
-
-def drop_mapped_pages(t: np.ndarray) -> None:
-    """Unmap the pages under `t` from this process if it views a read-only file mapping (a later
-    read faults them back in from the page cache); anything else is left alone."""
-    base = t
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj
-    if not isinstance(base, mmap.mmap) or t.nbytes == 0:
-        return
-    start = np.frombuffer(base, np.uint8).ctypes.data
-    lo = (t.ctypes.data - start) // mmap.PAGESIZE * mmap.PAGESIZE
-    hi = min(len(base), -(-(t.ctypes.data - start + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
-    base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

@@ -34,6 +34,47 @@ HERMES_CHATML = ("{% if tools %}{{ '<|im_start|>system\nCall a function as <tool
                  "\"arguments\": ...}</tool_call>. Functions:\n' }}{% for tool in tools %}{{ tool | tojson }}"
                  "{{ '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}" + CHATML)
 
+# ChatML that writes a conversation's tool round trip as Qwen3 / Hermes templates do: the tools in a
+# system turn, an assistant's calls as <tool_call> blocks of JSON (arguments as given: JSON text,
+# or an object written with tojson), a tool result as a user turn in <tool_response>; for the
+# pipeline's tool round trip.
+HERMES_ROUND_TRIP = (
+    "{% if tools %}{{ '<|im_start|>system\\nCall a function as <tool_call>{\"name\": ..., \"arguments\": ...}"
+    "</tool_call>. Functions:\\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'assistant' and message.tool_calls %}{{ '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{% for call in message.tool_calls %}{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
+    "{{ call.function.arguments | tojson }}{% endif %}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% elif message.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + message.content + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+# gpt-oss's harmony format, written small: a system turn with the reasoning effort, the tools as a
+# developer turn's TypeScript-like namespace, past calls on the commentary channel to
+# functions.NAME, results from functions.NAME; the answer opens at <|start|>assistant. Its markers
+# are special tokens of the tokenizer (HARMONY_TOKENS; tiny_with_template(..., HARMONY_TOKENS)).
+HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+HARMONY = (
+    "{{ '<|start|>system<|message|>You are a tiny model.\\nReasoning: ' + (reasoning_effort if reasoning_effort "
+    "is defined else 'medium') + '\\n# Valid channels: analysis, commentary, final.<|end|>' }}"
+    "{% if tools %}{{ '<|start|>developer<|message|># Tools\\nnamespace functions {\\n' }}{% for tool in tools %}"
+    "{{ '// ' + (tool.function.description or '') + '\\ntype ' + tool.function.name + ' = (_: ' }}"
+    "{{ tool.function.parameters | tojson }}{{ ') => any;\\n' }}{% endfor %}{{ '} // namespace functions<|end|>' }}"
+    "{% endif %}{% for message in messages %}"
+    "{% if message.role == 'assistant' and message.tool_calls %}{% for call in message.tool_calls %}"
+    "{{ '<|start|>assistant<|channel|>commentary to=functions.' + call.function.name + ' <|constrain|>json<|message|>' }}"
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
+    "{{ call.function.arguments | tojson }}{% endif %}{{ '<|call|>' }}{% endfor %}"
+    "{% elif message.role == 'tool' %}{{ '<|start|>functions.' + message.name + ' to=assistant<|channel|>commentary"
+    "<|message|>' + message.content + '<|end|>' }}"
+    "{% elif message.role == 'assistant' %}{{ '<|start|>assistant<|channel|>final<|message|>' + message.content + "
+    "'<|end|>' }}"
+    "{% else %}{{ '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}")
+
 # Tiny models of each family: (transformers config class, what the family sets beyond TINY). Each
 # feature is switched on with a value far from neutral, so leaving it out shows in the logits.
 FAMILY_CONFIGS = {
@@ -144,8 +185,9 @@ def _save_bin(model, out_dir, sharded):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
-def build_tiny_tokenizer(out_dir, chat_template=CHATML):
-    """A byte-level BPE tokenizer (256 byte tokens + ChatML specials, ids < 272) with a chat template."""
+def build_tiny_tokenizer(out_dir, chat_template=CHATML, extra_special=()):
+    """A byte-level BPE tokenizer (ChatML specials, 256 byte tokens, then extra_special: ids < 272)
+    with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     byte_chars = pre_tokenizers.ByteLevel.alphabet()
@@ -155,7 +197,9 @@ def build_tiny_tokenizer(out_dir, chat_template=CHATML):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    for extra in extra_special:
+        vocab[extra] = len(vocab)
+    tok.add_special_tokens(list(SPECIAL_TOKENS) + list(extra_special))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    unk_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.chat_template = chat_template
@@ -262,7 +306,7 @@ _GGUF_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforwa
 
 def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokenizer_model="gpt2"):
     """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA, Qwen2/3, Phi-3,
-    Gemma 2/3) and return its path.
+    Gemma 2/3, and the mixtures of experts of tests/gguf_moe.py) and return its path.
 
     quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
     the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata,
@@ -272,7 +316,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     from safetensors.numpy import load_file
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
-    arch = {"gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    from tests.gguf_moe import GGUF_ARCH, write_experts
+    arch = dict(GGUF_ARCH, gemma3_text="gemma3").get(cfg["model_type"], cfg["model_type"])
     gemma = arch.startswith("gemma")
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
@@ -312,8 +357,12 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)
     writer.add_chat_template(CHATML)
+    if cfg["model_type"] in GGUF_ARCH:
+        tensors = write_experts(writer, cfg, tensors)
     for name, w in tensors.items():
-        if name == "model.embed_tokens.weight":
+        if name.startswith("blk."):
+            gname = name
+        elif name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
         elif name == "model.norm.weight":
             gname = "output_norm.weight"
@@ -327,7 +376,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
             w = w + np.float32(1.0)
         if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
-        if quant_type and w.ndim == 2:
+        if quant_type and w.ndim >= 2:
             qtype = gguf.GGMLQuantizationType[quant_type]
             writer.add_tensor(gname, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:
@@ -432,11 +481,11 @@ def kernel_threads(n):
         K.set_num_threads(before)
 
 
-def tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=2048):
-    """A tiny LLaMA whose tokenizer speaks `template`, serialized (float32) as "tiny" ->
-    (its checkpoint dir, the serialized model's directory)."""
+def tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=2048, extra_special=()):
+    """A tiny LLaMA whose tokenizer speaks `template` (extra_special: more special tokens),
+    serialized (float32) as "tiny" -> (its checkpoint dir, the serialized model's directory)."""
     hf_dir = build_tiny_model(str(tmp_path_factory.mktemp(name) / "hf"), max_position_embeddings=max_position_embeddings)
-    build_tiny_tokenizer(hf_dir, template)
+    build_tiny_tokenizer(hf_dir, template, extra_special)
     out = tmp_path_factory.mktemp(name) / "serialized"
     serialize(hf_dir, out).free_model()
     return hf_dir, str(out)

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.helpers import serialize
-from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, serving
+from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, serving, wait_for
 
 QUESTION = [{"role": "user", "content": "Hello, who are you?"}]
 MODEL_SAMPLING = {"top_k": 1, "temperature": 0.7, "repetition_penalty": 1.3}
@@ -126,8 +126,11 @@ def test_n_choices_differ_are_reproducible_and_usage_counts_the_prompt_once(clie
 
 def test_n_choices_share_the_prompt_through_the_prefix_cache(client, server):
     long_question = [{"role": "user", "content": "Tell me everything about the history of Paris, " * 6}]
-    client.chat.completions.create(model="tiny", messages=long_question, max_tokens=4, n=3, temperature=0)
-    lines = re.findall(r"request \S+/(\d) finished: (\d+) prompt \((\d+) cached\)", server.output())[-3:]
+    answer = client.chat.completions.create(model="tiny", messages=long_question, max_tokens=4, n=3, temperature=0)
+    # each choice's "finished" line is logged as its engine request is released, after the answer
+    finished = re.compile(re.escape(answer.id) + r"/(\d) finished: (\d+) prompt \((\d+) cached\)")
+    assert wait_for(lambda: len(finished.findall(server.output())) == 3, 30), server.output()[-2000:]
+    lines = finished.findall(server.output())
     prompt_len = int(lines[0][1])
     cached = sorted(int(c) for _, _, c in lines)
     assert cached[0] == 0 and cached[1] == cached[2] > prompt_len // 2, lines  # one computed it, two shared

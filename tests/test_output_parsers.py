@@ -182,21 +182,30 @@ def test_output_side_text_equals_decode_and_cuts_stop_strings(tokenizer):
     assert last.finish_reason == "stop" and last.stop_string == "STOP"
 
 
-# Hermes calls as a model writes them (compact, spaced, nested, escaped), and the arguments' exact
-# text in each: what the streamed pieces must join into (the reference is the text itself, cut by hand).
+# Calls as each family writes them (compact, spaced, nested, escaped, several), and the arguments'
+# exact text in each: what the streamed pieces must join into (the reference is the text itself,
+# cut by hand).
 STREAMED = [
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>',
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>',
      ['{"city": "Paris", "unit": "C"}']),
-    ('Sure.<tool_call>{"name":"f","arguments":{"a":[1,{"b":"}]\\"{"}],"c":"Grüße"}}</tool_call>'
-     '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
+    ("hermes", 'Sure.<tool_call>{"name":"f","arguments":{"a":[1,{"b":"}]\\"{"}],"c":"Grüße"}}</tool_call>'
+               '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>',
      ['{"a":[1,{"b":"}]\\"{"}],"c":"Grüße"}', '{}']),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "C"}}', ['{"city": "Rome", "unit": "C"}']),
+    ("llama3_json", '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC"}}; '
+                    '{"name":"get_weather","parameters":{"city":"Lima"}}', ['{"zone": "UTC"}', '{"city":"Lima"}']),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "Europe/Oslo"}}, '
+                '{"name":"f","arguments":{"a":[1,{"b":"}]\\"{"}]}}]', ['{"zone": "Europe/Oslo"}', '{"a":[1,{"b":"}]\\"{"}]}']),
+    ("json", '{"name": "get_weather", "arguments": {"city": "Grüße aus Köln"}}', ['{"city": "Grüße aus Köln"}']),
+    ("json", ' [{"name": "get_time", "arguments": {"zone": "EST"}},\n {"name": "get_weather", "arguments": {"city": "Rome"}}]',
+     ['{"zone": "EST"}', '{"city": "Rome"}']),
 ]
 
 
-@pytest.mark.parametrize("answer, arguments", STREAMED)
-def test_hermes_streams_arguments_as_written(tokenizer, answer, arguments):
+@pytest.mark.parametrize("fmt, answer, arguments", STREAMED)
+def test_calls_stream_arguments_as_written(tokenizer, fmt, answer, arguments):
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
-    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["hermes"]())
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
     deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
     parts = [p for d in deltas for p in d.tool_call_parts]
     calls = [c for d in deltas for c in d.tool_calls]
@@ -209,24 +218,20 @@ def test_hermes_streams_arguments_as_written(tokenizer, answer, arguments):
         json.loads(call.arguments)
     # a long argument list streams in many pieces, each as soon as its characters are decoded
     assert len([p for p in parts if p.index == 0]) > 5
+    # before the answer ends, not all with its last Delta
+    assert sum(len(d.tool_call_parts) for d in deltas[:-1]) > 5
 
 
-def test_hermes_call_in_another_key_order_comes_whole_in_one_part(tokenizer):
-    answer = '<tool_call>{"arguments": {"zone": "UTC"}, "name": "get_time"}</tool_call>'
-    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["hermes"]())
+@pytest.mark.parametrize("fmt, answer", [
+    ("hermes", '<tool_call>{"arguments": {"zone": "UTC"}, "name": "get_time"}</tool_call>'),
+    ("json", '{"arguments": {"zone": "UTC"}, "name": "get_time"}'),
+    ("llama3_json", '{"parameters": {"zone": "UTC"}, "name": "get_time"}'),
+])
+def test_call_in_another_key_order_comes_whole_in_one_part(tokenizer, fmt, answer):
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
     deltas = [out.push(_elements([i])) for i in tokenizer(answer, add_special_tokens=False)["input_ids"]]
     deltas.append(out.finish("eos"))
     parts = [p for d in deltas for p in d.tool_call_parts]
     [call] = [c for d in deltas for c in d.tool_calls]
     assert [(p.index, p.name, p.arguments) for p in parts] == [(0, "get_time", call.arguments)]
     assert json.loads(call.arguments) == {"zone": "UTC"}
-
-
-def test_whole_json_formats_stream_each_call_in_one_part(tokenizer):
-    answer = '[{"name": "get_time", "arguments": {"zone": "EST"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
-    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["json"]())
-    deltas = [out.push(_elements([i])) for i in tokenizer(answer, add_special_tokens=False)["input_ids"]]
-    deltas.append(out.finish("eos"))
-    parts = [p for d in deltas for p in d.tool_call_parts]
-    assert [(p.index, p.name, json.loads(p.arguments)) for p in parts] == \
-        [(0, "get_time", {"zone": "EST"}), (1, "get_weather", {"city": "Rome"})]

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from dashinfer_client import GenerationConfig, TurbomindEngineConfig, pipeline
-from tests.helpers import HERMES_CHATML, THINK_CHATML, tiny_with_template
+from tests.helpers import HERMES_CHATML, HERMES_ROUND_TRIP, THINK_CHATML, tiny_with_template
 
 NOTE = {"type": "function", "function": {"name": "write_note", "description": "Write a note down",
                                          "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}}}
@@ -88,3 +88,31 @@ def test_reasoning_comes_back_apart_and_enable_thinking_reaches_the_template(tmp
             direct = pipe(ASK, gen_config=gen, **kwargs)
             assert direct.input_token_len == _hf_prompt_len(hf_dir, enable_thinking=False)
             assert direct.reasoning_content == ""  # the template closed the reasoning: the text is the answer
+
+
+def test_a_tool_round_trip_renders_as_transformers_renders_it(tmp_path_factory):
+    """A call the model made, then its result, in the conversation as LMDeploy takes it (OpenAI's
+    message dicts: the call's arguments as JSON text, a tool message naming the call's id): the prompt
+    is what transformers' apply_chat_template makes of the same messages, and the model answers on."""
+    from transformers import AutoTokenizer
+
+    from dashinfer_client.frontend.messages import chat_messages, tool_functions
+    hf_dir, model = _model(tmp_path_factory, "round-trip", HERMES_ROUND_TRIP)
+    reference = AutoTokenizer.from_pretrained(hf_dir)
+    with pipeline(model, backend_config=TurbomindEngineConfig(session_len=1024, max_batch_size=4)) as pipe:
+        gen = GenerationConfig(max_new_tokens=96, response_format={"type": "regex_schema", "regex_schema": CALL})
+        [call] = pipe(ASK, gen_config=gen, tools=[NOTE]).tool_calls
+        history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": "Saved as note 7."}]
+        expected = reference.apply_chat_template(history, tools=[NOTE], tokenize=False, add_generation_prompt=True)
+        assert '"arguments": ' + call["function"]["arguments"] in expected  # the call, as the model wrote it
+        assert "<tool_response>\nSaved as note 7.\n</tool_response>" in expected
+        assert pipe.prompts.chat_text(chat_messages(history), tool_functions([NOTE])) == expected
+        answer = pipe(history, gen_config=GenerationConfig(max_new_tokens=4, ignore_eos=True), tools=[NOTE])
+        assert answer.input_token_len == len(reference(expected, add_special_tokens=False)["input_ids"])
+        assert answer.generate_token_len == 4 and answer.finish_reason == "length"
+        with pytest.raises(ValueError, match=r"prompts\[0\]\[1\]: a tool message needs its 'tool_call_id'"):
+            pipe(ASK + [{"role": "tool", "content": "18"}], tools=[NOTE])
+        with pytest.raises(ValueError, match=r"prompts\[0\]\[1\]\.tool_calls\[0\]: arguments are not valid JSON"):
+            pipe(ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": "write_note", "arguments": "{oops"}}]}], tools=[NOTE])

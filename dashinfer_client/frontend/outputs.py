@@ -72,11 +72,16 @@ class StopText:
 
 class OutputProcessor:
     """One request's answer. stop: stop strings; terminators: token sequences (lists of ids);
-    logprobs: keep each token's logprobs; reasoning / tools: parser instances (parsers/) or None."""
+    logprobs: keep each token's logprobs; reasoning / tools: parser instances (parsers/) or None.
+    A parser whose markers are special tokens (harmony's) has the text decoded with those kept (the
+    tokenizer's other special tokens skipped, unless skip_special_tokens is False): the parsers take
+    them out of content and reasoning, raw_text keeps them."""
 
     def __init__(self, tokenizer, stop=(), terminators=(), skip_special_tokens=True, logprobs=False,
                  reasoning=None, tools=None):
-        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
+        kept = {t for p in (reasoning, tools) if p is not None for t in p.special_tokens}
+        self.skipped = _special_ids(tokenizer, kept) if kept and skip_special_tokens else set()
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens and not kept)
         self.stop = StopText(stop)
         self.terminators = [list(t) for t in terminators]
         self.hold = max((len(t) for t in self.terminators), default=0)
@@ -128,7 +133,8 @@ class OutputProcessor:
     def _release(self, end) -> Delta:
         ids, logprobs = self.ids[self.sent:end], self.logprobs[self.sent:end]
         self.sent = max(self.sent, end)
-        delta = self._parse(self.stop.push(self.decoder.push(ids)) if ids else "", final=False)
+        shown = [i for i in ids if i not in self.skipped] if self.skipped else ids
+        delta = self._parse(self.stop.push(self.decoder.push(shown)) if shown else "", final=False)
         delta.token_ids, delta.logprobs = ids, logprobs
         return delta
 
@@ -156,3 +162,10 @@ class OutputProcessor:
         for part in parts:
             part.index = self.call_index.setdefault(part.id, len(self.call_index))
         return parts
+
+
+def _special_ids(tokenizer, kept) -> set:
+    """The ids of the tokenizer's special tokens other than `kept` (texts): what the decoder, which
+    keeps special tokens for a parser that reads some, must still skip."""
+    added = tokenizer.backend_tokenizer.get_added_tokens_decoder()
+    return {i for i, token in added.items() if token.special and token.content not in kept}

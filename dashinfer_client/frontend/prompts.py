@@ -9,13 +9,8 @@ A template that renders tools itself gets them, and the history's calls in Huggi
 for one that knows no tools the tool-call format (parsers/) describes them in a system message
 and writes the history's calls and results as ordinary turns.
 """
-import json
-
+from .messages import PromptError
 from .parsers import reasoning_parser_for, tool_parser_for
-
-
-class PromptError(ValueError):
-    """The conversation cannot be made into a prompt (the message says why)."""
 
 
 class Prompts:
@@ -64,8 +59,9 @@ class Prompts:
         return [seq for seq in (self.text_ids(w, special=False) for w in words or ()) if seq]
 
     def tool_parser(self, tools):
-        """A fresh parser of the answer's tool calls when the request offers tools, else None."""
-        return self.tool_format() if tools else None
+        """A fresh parser of the answer's tool calls when the request offers tools or the format
+        parses every answer (harmony), else None."""
+        return self.tool_format() if tools or self.tool_format.always else None
 
     def reasoning_parser(self, prompt_text=""):
         """A fresh reasoning parser, or None when the model has none; it starts inside the reasoning
@@ -104,45 +100,3 @@ def _plain_turns(messages, fmt) -> list:
         else:
             turns.append({"role": m["role"], "content": content})
     return turns
-
-
-def tool_functions(tools) -> list:
-    """OpenAI's tools ([{"type": "function", "function": {"name", "description", "parameters"}}]) ->
-    the functions ({"name", "parameters", "description"?}) a chat template renders; PromptError
-    for the first malformed one."""
-    if not isinstance(tools, list) or not tools:
-        raise PromptError("'tools' must be a non-empty list of {'type': 'function', 'function': {...}}")
-    functions = [_function(k, t) for k, t in enumerate(tools)]
-    names = [f["name"] for f in functions]
-    if len(set(names)) != len(names):
-        raise PromptError("'tools': function names must be unique")
-    return functions
-
-
-def _function(k, tool) -> dict:
-    function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-        raise PromptError(f"tools[{k}] must be {{'type': 'function', 'function': {{'name': str, ...}}}}")
-    parameters = function.get("parameters", {"type": "object", "properties": {}})
-    if not isinstance(parameters, dict):
-        raise PromptError(f"tools[{k}].function.parameters must be a JSON schema object")
-    description = function.get("description")
-    if description is not None and not isinstance(description, str):
-        raise PromptError(f"tools[{k}].function.description must be a string")
-    out = {"name": function["name"], "parameters": parameters}
-    if description:
-        out["description"] = description
-    return out
-
-
-def arguments_object(text, where) -> dict:
-    """A call's arguments (JSON text, as OpenAI sends them) -> the object, or PromptError."""
-    if isinstance(text, dict):
-        return text
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError as e:
-        raise PromptError(f"{where}: arguments are not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise PromptError(f"{where}: arguments must be a JSON object")
-    return value

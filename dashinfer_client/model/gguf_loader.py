@@ -1,5 +1,6 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, Qwen2, Qwen3,
-Gemma 2/3, Phi-3), dequantized with the `gguf` package.
+Gemma 2/3, Phi-3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE, Qwen2-MoE, Mixtral,
+OLMoE), dequantized with the `gguf` package.
 
 GGUF names map onto the family's Hugging Face names (a norm by its role: families/base.py).
 llama.cpp's converter permutes the rows of the LLaMA Q and K projections (its RoPE pairs
@@ -22,7 +23,9 @@ from .arch import ModelConfig, eos_list
 from .base import auto_tokenizer
 from .families import BY_GGUF
 from .gguf_check import check_gguf
+from .gguf_experts import expert_entries, expert_fields, gguf_family
 from .gguf_tokenizer import Unsupported, write_tokenizer_dir
+from .safetensors_io import drop_mapped_pages
 from .source import SourceModel
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -91,11 +94,11 @@ class GGUFModel(SourceModel):
         reader = self._open_reader()
         meta = _Metadata(reader, self.model_path)
         gguf_arch = meta.get("general.architecture")
-        if gguf_arch not in BY_GGUF:
+        family = gguf_family(gguf_arch, meta)
+        if family is None:
             raise ModelSerializerException(
                 f"GGUF architecture {gguf_arch!r} in {self.model_path} is not supported: "
                 f"supported are {', '.join(BY_GGUF)}")
-        family = BY_GGUF[gguf_arch]
         names = {t.name: t for t in reader.tensors}
         if "rope_freqs.weight" in names:
             raise ModelSerializerException(
@@ -108,13 +111,13 @@ class GGUFModel(SourceModel):
         generation = {k: v for k, v in (("bos_token_id", config.bos_token_id), ("pad_token_id", config.pad_token_id))
                       if v is not None}
         generation["eos_token_id"] = list(config.eos_token_id)
-        self._gguf_arch = gguf_arch
+        self._gguf_arch, self._family = gguf_arch, family
         return family.name, config, generation
 
     def _open_weights(self, load_format):
         if load_format != "auto":
             raise ModelSerializerException(f"load_format={load_format!r}: a GGUF file is neither; use 'auto'")
-        return GGUFWeights(self._open_reader(), self.config, self._gguf_arch, self.model_path)
+        return GGUFWeights(self._open_reader(), self.config, self._gguf_arch, self._family, self.model_path)
 
     def free_model(self):
         self._reader = None
@@ -152,19 +155,26 @@ class GGUFModel(SourceModel):
 
 
 class GGUFWeights:
-    """HF-named tensors of a GGUF file, dequantized to float32 on fetch."""
+    """HF-named tensors of a GGUF file, dequantized to float32 on fetch; a stacked expert tensor
+    (gguf_experts.py) gives each expert's HF name, dequantized alone."""
 
-    def __init__(self, reader, config, gguf_arch, path):
+    def __init__(self, reader, config, gguf_arch, family, path):
         self.path = path
         self._config = config
         self._permute = gguf_arch == "llama"
-        self._family = BY_GGUF[gguf_arch]
-        self._tensors = {}
+        self._family = family
+        self._tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         for t in reader.tensors:
-            name = hf_name(t.name, self._family)
-            if name is None:
-                raise ModelSerializerException(f"GGUF file {path} has tensor {t.name}, which this loader does not know")
-            self._tensors[name] = t
+            m = _BLOCK.match(t.name)
+            entries = expert_entries(m.group(1), m.group(2), family, config) if m and m.group(3) == "weight" else None
+            if entries is None:
+                name = hf_name(t.name, family)
+                if name is None:
+                    raise ModelSerializerException(
+                        f"GGUF file {path} has tensor {t.name}, which this loader does not know")
+                entries = [(name, None)]
+            for name, expert in entries:
+                self._tensors[name] = (t, expert)
 
     def keys(self):
         return list(self._tensors)
@@ -173,15 +183,23 @@ class GGUFWeights:
         return name in self._tensors
 
     def shape(self, name):
-        return tuple(int(d) for d in reversed(self._tensors[name].shape))
+        t, expert = self._tensors[name]
+        dims = tuple(int(d) for d in reversed(t.shape))
+        if expert is not None:
+            return dims[1:]
+        if len(dims) == 1 and self._family.experts and name.endswith(f".{self._family.experts.shared_gate}.weight"):
+            return (1,) + dims  # Qwen2-MoE's shared expert gate, which llama.cpp reads as a vector
+        return dims
 
     def fetch(self, name):
         from gguf.quants import dequantize
-        t = self._tensors[name]
+        t, expert = self._tensors[name]
+        source = t.data if expert is None else t.data[expert]
         try:
-            w = dequantize(t.data, t.tensor_type)
+            w = dequantize(source, t.tensor_type)
         except NotImplementedError as e:
             raise ModelSerializerException(f"{self.path}: tensor {t.name}: {e}") from None
+        drop_mapped_pages(source)  # read: one tensor of the file resident at a time (an F32 view faults back)
         if self._permute and (".q_proj." in name or ".k_proj." in name):
             kv = self._config.num_attention_heads if ".q_proj." in name else self._config.num_key_value_heads
             w = reverse_llama_permute(w, self._config.num_attention_heads, kv)
@@ -257,6 +275,7 @@ def _gguf_fields(meta, a, names, path):
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=eos_list(list(dict.fromkeys(e for e in eos if e is not None))),
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
+    fields.update(expert_fields(meta, a, names, layers, path))
     window = meta.count(f"{a}.attention.sliding_window", fields["max_position_embeddings"])
     if a in ("gemma2", "gemma3"):
         # llama.cpp: every other layer sliding (Gemma 2), five of six (Gemma 3); scores scaled by

@@ -26,7 +26,7 @@ PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names 
 # Groups the packed linear formats take besides K itself (native/linear.h, dn_linear_check_shape):
 # a ragged quantization is served in the largest of these that divides both the group and K.
 SERVED_GROUPS = (256, 128, 64, 32)
-_CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 22
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
 ACT_BLOCK = 32  # k per activation quantization block (native/linear.h DN_Q8_BLOCK)
@@ -125,7 +125,7 @@ def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
     q = np.empty(q_shape, dtype=np.uint8)
     scales = np.empty(s_shape, dtype=np.float32)
     zeros = np.empty(s_shape, dtype=np.float32)
-    rows = max(1, _CHUNK_ELEMENTS // max(k, 1))  # bounds the float64 temporaries
+    rows = max(1, CHUNK_ELEMENTS // max(k, 1))  # bounds the float64 temporaries
     for r in range(0, n, rows):
         q[r:r + rows], scales[r:r + rows], zeros[r:r + rows] = _quantize_rows(
             w[r:r + rows], BITS[settings.weight_format], settings.group_of(k))
@@ -215,10 +215,14 @@ class QuantErrorStats:
 
     def add(self, w, q, scales, zeros, settings):
         w = np.asarray(w, dtype=np.float32)
-        err = dequantize(q, scales, zeros, settings.weight_format, settings.group_of(w.shape[1])) - w
-        self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
-        self.sq_err += float(np.square(err, dtype=np.float64).sum())
-        self.sq_ref += float(np.square(w, dtype=np.float64).sum())
+        group = settings.group_of(w.shape[1])
+        rows = max(1, CHUNK_ELEMENTS // max(w.shape[1], 1))  # temporaries of a chunk, not of the tensor
+        for r in range(0, w.shape[0], rows):
+            part = w[r:r + rows]
+            err = dequantize(q[r:r + rows], scales[r:r + rows], zeros[r:r + rows], settings.weight_format, group) - part
+            self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
+            self.sq_err += float(np.square(err, dtype=np.float64).sum())
+            self.sq_ref += float(np.square(part, dtype=np.float64).sum())
         self.count += w.size
 
     def summary(self):

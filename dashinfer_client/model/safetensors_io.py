@@ -215,3 +215,27 @@ def save_file(tensors, path, dtypes=None, metadata=None):
     for name, a in tensors.items():
         writer.write(name, a)
     writer.close()
+
+
+# A page fault on a file mapping maps the cached pages around it too (the kernel's fault-around,
+# 64 KiB by default): reading a tensor maps the tail of the one before it and the head of the one
+# after, so the pages dropped with a tensor reach that far on both sides (a later read of a
+# neighbour faults its pages back in from the page cache).
+FAULT_AROUND = 64 << 10
+
+
+def drop_mapped_pages(t: np.ndarray) -> None:
+    """Unmap the pages under `t`, and FAULT_AROUND beyond either end, from this process if it
+    views a read-only file mapping (a later read faults them back in from the page cache);
+    anything else is left alone."""
+    base = t
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or t.nbytes == 0:
+        return
+    start = np.frombuffer(base, np.uint8).ctypes.data
+    lo = max(0, (t.ctypes.data - start - FAULT_AROUND) // mmap.PAGESIZE * mmap.PAGESIZE)
+    hi = min(len(base), -(-(t.ctypes.data - start + t.nbytes + FAULT_AROUND) // mmap.PAGESIZE) * mmap.PAGESIZE)
+    base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

@@ -8,7 +8,7 @@ custom one; meta_instruction is a system prompt, put first when the conversation
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
-from ..frontend.prompts import tool_functions
+from ..frontend.messages import template_kwargs as checked_template_kwargs, tool_functions
 
 MARKERS = ("system", "eosys", "user", "eoh", "assistant", "eoa", "separator")
 _CHATML = dict(system="<|im_start|>system\n", eosys="<|im_end|>\n", user="<|im_start|>user\n",
@@ -22,7 +22,7 @@ BUILTIN = {
                    eoh="<|eot_id|>", assistant="<|start_header_id|>assistant<|end_header_id|>\n\n",
                    eoa="<|eot_id|>", separator="", stop_words=["<|eot_id|>"]),
 }
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant")  # what ChatTemplateConfig's markers write
 
 
 @dataclass
@@ -78,39 +78,23 @@ class ChatOptions:
 
     @classmethod
     def of(cls, tools, chat_template_kwargs, enable_thinking, reasoning_effort) -> "ChatOptions":
-        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
-            raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r}")
-        if enable_thinking is not None and not isinstance(enable_thinking, bool):
-            raise ValueError(f"enable_thinking must be a bool, got {enable_thinking!r}")
-        if reasoning_effort is not None and reasoning_effort not in ("low", "medium", "high"):
-            raise ValueError(f"reasoning_effort must be 'low', 'medium' or 'high', got {reasoning_effort!r}")
-        kwargs = dict(chat_template_kwargs or {})
-        for name, value in (("enable_thinking", enable_thinking), ("reasoning_effort", reasoning_effort)):
-            if value is not None:
-                kwargs.setdefault(name, value)
-        return cls(tool_functions(tools) if tools is not None else None, kwargs)
-
-
-def check_messages(messages, where):
-    if not messages or not all(isinstance(m, dict) for m in messages):
-        raise ValueError(f"{where} must be a non-empty list of {{'role', 'content'}} dicts, got {messages!r}")
-    for m in messages:
-        if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: each message needs a role in {ROLES} and a str content, got {m!r}")
+        return cls(tool_functions(tools) if tools is not None else None,
+                   checked_template_kwargs(chat_template_kwargs, enable_thinking, reasoning_effort))
 
 
 def prompt_text(prompts, messages, config: ChatTemplateConfig, functions=None, template_kwargs=None):
-    """The prompt of a conversation, the assistant's turn opened (prompts: the front end's Prompts,
-    whose chat_text is the model's own template, which alone renders tools and template options)."""
+    """The prompt of a conversation (normalized messages: frontend/messages.py), the assistant's turn
+    opened (prompts: the front end's Prompts, whose chat_text is the model's own template, which
+    alone renders tools, past calls and template options)."""
     system = config.system_prompt()
     if system is not None and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system}] + list(messages)
     markers = config.markers()
     if markers is None:
         return prompts.chat_text(messages, functions, template_kwargs)
-    if functions or template_kwargs:
-        raise ValueError("tools and chat template options need the model's own chat template, not "
-                         "ChatTemplateConfig's markers")
+    if functions or template_kwargs or any(m["role"] not in ROLES or m.get("tool_calls") for m in messages):
+        raise ValueError("tools, tool calls and results, and chat template options need the model's own chat "
+                         "template, not ChatTemplateConfig's markers")
     parts = []
     for m in messages:
         begin, end = {"system": ("system", "eosys"), "user": ("user", "eoh"),

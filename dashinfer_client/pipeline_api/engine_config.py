@@ -7,7 +7,7 @@ Each turns into one EngineSettings, the runtime of this CPU engine:
   session_len            max_length of a request (prompt + generated); None = the model's context,
                          at most 4096
   max_batch_size         requests running at once (None = 32)
-  cache_max_entry_count  the KV cache gets at most this fraction of the free memory (MemAvailable)
+  cache_max_entry_count  the KV cache gets at most this fraction of the free memory (dashinfer_client.memory)
   quant_policy           KV cache: 0 the model's precision, 4 uint4, 8 int8
   block_size / cache_block_seq_len   tokens per KV cache block (16, 32, 64, 128)
   enable_prefix_caching  reuse the KV cache of shared prompt prefixes

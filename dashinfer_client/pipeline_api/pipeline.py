@@ -13,12 +13,14 @@ import os
 import queue as queue_module
 import threading
 
+from .. import memory
 from ..config import ASGenerationConfigBuilder
 from ..frontend import Prompts, start_engine
 from ..model_cache import resolve_model
 from ..refusals import Refused
 from ..types import TargetDevice
-from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, check_messages, prompt_text
+from ..frontend.messages import chat_messages
+from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, prompt_text
 from .engine_config import engine_settings
 from .generation import GenerationConfig, encode_words, request_options
 from .response import Answer, too_long
@@ -42,9 +44,7 @@ def _kv_budget_mb(settings, loader, session_len):
     c = loader.config
     upper_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # fp32 K+V
     need_mb = settings.max_batch_size * session_len * upper_bytes_per_token / 2**20
-    with open("/proc/meminfo") as f:
-        available_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    budget_mb = int(settings.cache_max_entry_count * available_kb / 1024)
+    budget_mb = int(settings.cache_max_entry_count * memory.available()[0] / 2**20)
     return 0 if need_mb <= budget_mb else budget_mb
 
 
@@ -133,8 +133,8 @@ class Pipeline:
             prompt = [{"role": "user", "content": prompt}]
         elif not do_preprocess:
             raise ValueError(f"prompts[{i}]: a conversation needs do_preprocess=True (the chat template)")
-        check_messages(prompt, f"prompts[{i}]")
-        text = prompt_text(self.prompts, prompt, self.chat_template, chat.functions, chat.template_kwargs)
+        messages = chat_messages(prompt, f"prompts[{i}]")
+        text = prompt_text(self.prompts, messages, self.chat_template, chat.functions, chat.template_kwargs)
         return self.prompts.text_ids(text, special=False), text
 
     def _gen_configs(self, gen_config, n, deprecated):
@@ -170,10 +170,11 @@ class Pipeline:
                                           encode_words(self.prompts, gen.bad_words, gen.bad_token_ids))
                 ASGenerationConfigBuilder().update(options)  # bad values raise here, before any submission
             terminators = ([] if gen.ignore_eos else [[e] for e in self.eos_ids]) + stops
-            reasoning = self.prompts.reasoning_parser(text) if text is not None else None
+            chatting = text is not None  # the parsers read answers to the chat template's prompts
+            reasoning = self.prompts.reasoning_parser(text) if chatting else None
+            tools = self.prompts.tool_parser(chat.functions) if chatting else None
             plan.append((ids, options, Answer(i, len(ids), self.tokenizer, gen.skip_special_tokens, terminators,
-                                              gen.logprobs is not None, reasoning,
-                                              self.prompts.tool_parser(chat.functions))))
+                                              gen.logprobs is not None, reasoning, tools)))
         return one, plan
 
     def _submit(self, plan):

@@ -1,13 +1,12 @@
 """OpenAI chat messages, tools and tool_choice -> the front end's normalized messages and the
-request's tool settings (dashinfer_client/frontend/prompts.py says the normalized form)."""
-import uuid
+request's tool settings (dashinfer_client/frontend/messages.py reads them; here its refusals
+become 400s)."""
 from dataclasses import dataclass
 
-from dashinfer_client.frontend.prompts import PromptError, arguments_object, tool_functions
+from dashinfer_client.frontend.messages import PromptError, tool_functions
+from dashinfer_client.frontend.messages import chat_messages as frontend_messages
 
 from .errors import bad_request
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
@@ -21,66 +20,11 @@ class ToolSettings:
 
 
 def chat_messages(messages) -> list:
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
-    return [_message(i, m) for i, m in enumerate(messages)]
-
-
-def _message(i, m) -> dict:
-    where = f"messages[{i}]"
-    if not isinstance(m, dict) or m.get("role") not in ROLES:
-        raise bad_request(f"{where} must be an object with a 'role' in {', '.join(ROLES)}", "messages")
-    role = "system" if m["role"] == "developer" else m["role"]
-    out = {"role": role, "content": _content(m.get("content"), where)}
-    if role == "assistant" and m.get("tool_calls") is not None:
-        calls = m["tool_calls"]
-        if not isinstance(calls, list):
-            raise bad_request(f"{where}.tool_calls must be a list", "messages")
-        out["tool_calls"] = [_past_call(f"{where}.tool_calls[{k}]", c) for k, c in enumerate(calls)]
-    if role == "tool":
-        if not isinstance(m.get("tool_call_id"), str):
-            raise bad_request(f"{where}: a tool message needs its 'tool_call_id' string", "messages")
-        out["tool_call_id"] = m["tool_call_id"]
-    if isinstance(m.get("name"), str):
-        out["name"] = m["name"]
-    return out
-
-
-def _content(content, where) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{where}.content: only text parts are supported", "messages")
-            texts.append(part["text"])
-        return "".join(texts)
-    if not isinstance(content, str):
-        raise bad_request(f"{where}.content must be a string or a list of text parts", "messages")
-    return content
-
-
-def _past_call(where, call) -> dict:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise bad_request(f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
-                          "messages")
+    """The conversation, normalized (dashinfer_client/frontend/messages.py); a 400 for a malformed one."""
     try:
-        arguments = arguments_object(function.get("arguments", "{}"), where)
+        return frontend_messages(messages)
     except PromptError as e:
         raise bad_request(str(e), "messages") from None
-    return {"id": call.get("id") if isinstance(call.get("id"), str) else "call_" + uuid.uuid4().hex[:24],
-            "name": function["name"], "arguments": arguments}
-
-
-def name_tool_results(messages) -> list:
-    """Tool results name the function of the call they answer (templates that know no tools say it)."""
-    names = {c["id"]: c["name"] for m in messages for c in m.get("tool_calls", ())}
-    for m in messages:
-        if m["role"] == "tool" and "name" not in m and m["tool_call_id"] in names:
-            m["name"] = names[m["tool_call_id"]]
-    return messages
 
 
 def tool_settings(body) -> ToolSettings:

@@ -10,9 +10,11 @@ import hashlib
 from dataclasses import dataclass, field
 
 from dashinfer_client.frontend import PromptError
+from dashinfer_client.frontend.messages import template_kwargs
 
 from .errors import ApiError, bad_request
-from .openai_tools import ToolSettings, chat_messages, name_tool_results, tool_settings
+
+from .openai_tools import ToolSettings, chat_messages, tool_settings
 
 # OpenAI name -> the engine's (ASGenerationConfigBuilder) name, passed through unchanged.
 # response_format: OpenAI's forms ("text", "json_object", "json_schema") are the engine's own
@@ -73,15 +75,13 @@ def chat_choices(body: dict, served) -> list:
 def chat_prompt(body: dict, served):
     """The conversation of a chat body through the model's chat template, its tools described as
     the template wants them -> (prompt text, ToolSettings). /tokenize reads it the same way."""
-    messages = name_tool_results(chat_messages(body.get("messages")))
+    messages = chat_messages(body.get("messages"))
     tools = tool_settings(body)
-    template_kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(template_kwargs, dict):
-        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     try:
-        return served.prompts.chat_text(messages, tools.functions, template_kwargs), tools
+        options = template_kwargs(body.get("chat_template_kwargs"), reasoning_effort=body.get("reasoning_effort"))
+        return served.prompts.chat_text(messages, tools.functions, options), tools
     except PromptError as e:
-        raise bad_request(str(e), "messages") from None
+        raise bad_request(str(e), e.param or "messages") from None
 
 
 def parse_chat(body: dict, served) -> Job:

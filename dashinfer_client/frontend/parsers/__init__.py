@@ -5,9 +5,14 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     llama3_json   {"name", "parameters"}                    Llama 3.1+
     mistral       [TOOL_CALLS][{...}]                       Mistral
     json          {"name", "arguments"} (tools in the prompt)  templates that know no tools
+    harmony       <|channel|>commentary to=functions.NAME ... gpt-oss (its reasoning parser too:
+                  <|message|>{...}<|call|>                  the analysis channel)
     think         <think>...</think>                        reasoning of Qwen3, DeepSeek-R1 distills
+
+Every format but harmony reads the text as the user sees it (special tokens skipped); harmony's
+markers are special tokens, so its parsers ask for them (`special_tokens`).
 """
-from . import generic_json, hermes, llama3, mistral, think  # noqa: F401  (they register themselves)
+from . import generic_json, harmony, hermes, llama3, mistral, think  # noqa: F401  (they register themselves)
 from .base import REASONING_PARSERS, TOOL_PARSERS, ToolCall, ToolParser
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "ToolParser", "tool_parser_for",

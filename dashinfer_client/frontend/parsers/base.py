@@ -43,41 +43,53 @@ class ToolCallPart:
     index: int = None
 
 
-class ArgumentsStream:
-    """One call written as {"name": "...", "arguments": {...}}, read while the model writes it:
-    its name once the arguments' first brace is there, then the arguments' text as it comes, exactly
-    as written (nothing is held back: the text inside the object is the arguments). A call written
-    otherwise (another key first) is not streamed; its parser hands it out whole at its end."""
-    HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
+class JsonDepth:
+    """A JSON text's nesting, told character by character as the text comes: step(c) is 1 for an
+    opening bracket, -1 for a closing one, 0 for anything else (brackets inside strings included)."""
 
     def __init__(self):
+        self.in_string = self.escaped = False
+
+    def step(self, c: str) -> int:
+        if self.in_string:
+            self.escaped, self.in_string = (False, True) if self.escaped else (c == "\\", c != '"')
+            return 0
+        if c == '"':
+            self.in_string = True
+            return 0
+        return 1 if c in "{[" else -1 if c in "}]" else 0
+
+
+class ArgumentsStream:
+    """One call written as {"name": "...", "arguments": {...}} (`key`: the arguments' key), read
+    while the model writes it: its name once the arguments' first brace is there, then the
+    arguments' text as it comes, exactly as written (nothing is held back: the text inside the
+    object is the arguments). A call written otherwise (another key first) is not streamed; its
+    parser hands it out whole at its end."""
+    HEAD = r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:%s)"\s*:\s*(?=\{)'
+
+    def __init__(self, keys=("arguments",)):
+        self.head = re.compile(self.HEAD % "|".join(keys))
         self.call = None                # the ToolCall, once its head is read
         self.start = self.end = None    # the arguments' span in the body (end: once they closed)
         self.scanned = self.sent = 0    # body characters scanned / handed out
-        self.depth, self.in_string, self.escaped = 0, False, False
+        self.depth, self.json = 0, JsonDepth()
 
     def feed(self, body: str) -> list:
         """The ToolCallParts that the call's body so far adds (body: all of it, not the new piece)."""
         parts = []
         if self.call is None:
-            head = self.HEAD.match(body)
+            head = self.head.match(body)
             if head is None:
                 return parts
             self.call = ToolCall(json.loads(head.group(1)), "")
             self.start = self.scanned = self.sent = head.end()
             parts.append(ToolCallPart(self.call.id, self.call.name))
         while self.end is None and self.scanned < len(body):
-            c = body[self.scanned]
+            self.depth += self.json.step(body[self.scanned])
             self.scanned += 1
-            if self.in_string:
-                self.escaped, self.in_string = (False, True) if self.escaped else (c == "\\", c != '"')
-            elif c == '"':
-                self.in_string = True
-            elif c in "{[":
-                self.depth += 1
-            elif c in "}]":
-                self.depth -= 1
-                self.end = self.scanned if self.depth == 0 else None
+            if self.depth == 0:
+                self.end = self.scanned
         stop = self.scanned if self.end is None else self.end
         if stop > self.sent:
             piece, self.sent = body[self.sent:stop], stop
@@ -100,6 +112,46 @@ class ArgumentsStream:
             return None
         self.call.arguments = body[self.start:self.end]
         return self.call
+
+
+class CallObjects:
+    """The call objects of a text of JSON calls as it grows (one object, objects one after another,
+    or a list of them), each read by its own ArgumentsStream: their parts as they come, their
+    calls at the end."""
+
+    def __init__(self, keys):
+        self.keys = keys
+        self.spans = []     # [start, end or None, its ArgumentsStream] of each object begun
+        self.level = None   # the depth at which a call object opens: 0, or 1 inside a list
+        self.depth, self.scanned, self.json = 0, 0, JsonDepth()
+
+    def feed(self, body: str) -> list:
+        """The ToolCallParts the body so far adds (body: all of it)."""
+        fed = next((k for k, span in enumerate(self.spans) if span[1] is None), len(self.spans))
+        while self.scanned < len(body):
+            c, at = body[self.scanned], self.scanned
+            self.scanned += 1
+            step = self.json.step(c)
+            if step == 1 and self.level is None:
+                self.level = 1 if c == "[" else 0
+            if step == 1 and c == "{" and self.depth == self.level:
+                self.spans.append([at, None, ArgumentsStream(self.keys)])
+            self.depth += step
+            if step == -1 and c == "}" and self.depth == self.level and self.spans:
+                self.spans[-1][1] = self.scanned
+        parts = []
+        for start, end, stream in self.spans[fed:]:
+            parts += stream.feed(body[start:end])
+        return parts
+
+    def calls(self, body: str, parsed: list) -> list:
+        """The calls of a body whose whole parse gave `parsed` (ToolCalls, in order): each streamed
+        one as streamed (its id, its arguments as written), the others as parsed."""
+        if len(self.spans) != len(parsed):
+            return parsed
+        streamed = [stream.result(body[start:end]) if end is not None else None
+                    for start, end, stream in self.spans]
+        return [s if s is not None else p for s, p in zip(streamed, parsed)]
 
 
 def register_tool_parser(cls):
@@ -175,6 +227,8 @@ class ToolParser:
     name = ""
     markers = ()
     template_renders_tools = True  # False: the prompt describes the tools (the template cannot)
+    special_tokens = ()  # the special tokens the format's markers are: the decoder keeps these for it
+    always = False  # True: parses every chat answer, tools offered or not (the format marks up content too)
 
     def feed(self, text: str):
         """-> (content, [ToolCall]) of this piece."""
@@ -200,48 +254,52 @@ class ToolParser:
         raise NotImplementedError
 
 
-class WholeJsonToolParser(ToolParser):
+class JsonToolParser(ToolParser):
     """Formats whose answer is either calls as JSON, from its first character (after `prefix`), or
-    plain content: an answer that begins like one is held until its end, then parsed; one that does
-    not flows through unchanged."""
+    plain content: an answer that begins like one is held as calls, each call's arguments streamed
+    as the model writes them (CallObjects), and parsed whole at its end; one that does not flows
+    through unchanged. An answer that began like calls but does not parse as calls is content."""
     prefix = ""              # a marker before the JSON ("" for none)
     openers = ("{", "[")     # the JSON's first character
     argument_keys = ("arguments", "parameters")
 
     def __init__(self):
         self.head, self.mode = "", "deciding"  # -> "calls" (holding the whole answer) or "content"
+        self.body_at = 0  # where the JSON begins in head
+        self.objects, self.parts = CallObjects(self.argument_keys), []
 
     def feed(self, text):
         if self.mode == "content":
             return text, []
-        if self.mode == "calls":
-            self.head += text
-            return "", []
         self.head += text
-        body = self.head.lstrip()
-        if self.prefix and body.startswith(self.prefix):
-            body = body[len(self.prefix):].lstrip()
-        elif self.prefix and self.prefix.startswith(body):
-            return "", []  # maybe the marker: not told apart yet
-        if not body:
-            return "", []
-        if body[0] in self.openers:
-            self.mode = "calls"
-            return "", []
-        self.mode, text, self.head = "content", self.head, ""
-        return text, []
+        if self.mode == "deciding":
+            body = self.head.lstrip()
+            if self.prefix and body.startswith(self.prefix):
+                body = body[len(self.prefix):].lstrip()
+            elif self.prefix and self.prefix.startswith(body):
+                return "", []  # maybe the marker: not told apart yet
+            if not body:
+                return "", []
+            if body[0] not in self.openers:
+                self.mode, text, self.head = "content", self.head, ""
+                return text, []
+            self.mode, self.body_at = "calls", len(self.head) - len(body)
+        self.parts += self.objects.feed(self.head[self.body_at:])
+        return "", []
 
     def finish(self):
         text, self.head = self.head, ""
-        if self.mode == "content" or not text:
+        if self.mode != "calls":
             return text, []
-        body = text.lstrip()
-        if self.prefix and body.startswith(self.prefix):
-            body = body[len(self.prefix):]
+        body = text[self.body_at:]
         values = json_values(body)
         if values and len(values) == 1 and isinstance(values[0], list):
             values = values[0]
         calls = [call_from(v, self.argument_keys) for v in values or ()]
         if not calls or None in calls:
             return text, []  # not calls after all: the answer is content
-        return "", calls
+        return "", self.objects.calls(body, calls)
+
+    def take_parts(self):
+        parts, self.parts = self.parts, []
+        return parts

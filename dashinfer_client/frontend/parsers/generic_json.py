@@ -2,7 +2,7 @@
 message, and the answer is a call as JSON, {"name": ..., "arguments": {...}}, or a list of them."""
 import json
 
-from .base import WholeJsonToolParser, calls_schema, lark_json, register_tool_parser
+from .base import JsonToolParser, calls_schema, lark_json, register_tool_parser
 
 INSTRUCTIONS = ("You can call these functions (JSON schemas of their parameters):\n{functions}\n"
                 "To call one, answer with only a JSON object {{\"name\": <function name>, \"arguments\": "
@@ -11,7 +11,7 @@ INSTRUCTIONS = ("You can call these functions (JSON schemas of their parameters)
 
 
 @register_tool_parser
-class GenericJsonToolParser(WholeJsonToolParser):
+class GenericJsonToolParser(JsonToolParser):
     name = "json"
     template_renders_tools = False
 
@@ -26,4 +26,12 @@ class GenericJsonToolParser(WholeJsonToolParser):
     @staticmethod
     def describe(functions) -> str:
         """The system prompt that tells the model about `functions`."""
-        return INSTRUCTIONS.format(functions="\n".join(json.dumps(f, ensure_ascii=False) for f in functions))
+        return INSTRUCTIONS.format(functions="\n".join(json.dumps(_described(f), ensure_ascii=False) for f in functions))
+
+
+def _described(function) -> dict:
+    """A function as the system message lists it: name, parameters, then its description if any."""
+    out = {"name": function["name"], "parameters": function["parameters"]}
+    if function.get("description"):
+        out["description"] = function["description"]
+    return out

@@ -3,11 +3,11 @@ after the `<|python_tag|>` token when the model writes one (a special token: ski
 decoder)."""
 import json
 
-from .base import WholeJsonToolParser, calls_schema, lark_json, register_tool_parser
+from .base import JsonToolParser, calls_schema, lark_json, register_tool_parser
 
 
 @register_tool_parser
-class Llama3JsonToolParser(WholeJsonToolParser):
+class Llama3JsonToolParser(JsonToolParser):
     name = "llama3_json"
     markers = ("<|python_tag|>", "Given the following functions")
     prefix = "<|python_tag|>"

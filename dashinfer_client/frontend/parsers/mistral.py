@@ -2,13 +2,13 @@
 token of Mistral's tokenizers, which the decoder skips: a list alone is read as calls too."""
 import json
 
-from .base import WholeJsonToolParser, calls_schema, lark_json, register_tool_parser
+from .base import JsonToolParser, calls_schema, lark_json, register_tool_parser
 
 MARKER = "[TOOL_CALLS]"
 
 
 @register_tool_parser
-class MistralToolParser(WholeJsonToolParser):
+class MistralToolParser(JsonToolParser):
     name = "mistral"
     markers = (MARKER,)
     prefix = MARKER

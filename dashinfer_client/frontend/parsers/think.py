@@ -10,6 +10,7 @@ OPEN, CLOSE = "<think>", "</think>"
 class ThinkReasoningParser:
     name = "think"
     markers = (OPEN,)
+    special_tokens = ()
 
     def __init__(self, inside=False):
         self.state = "inside" if inside else "start"  # -> "inside" -> "after_close" -> "content"

@@ -13,4 +13,4 @@ def _olmoe(hf, r):
                 attention_out_bias=bias, **read_experts(r, inter_key="intermediate_size"))
 
 
-OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe, qk_norm="whole", experts=ExpertLayout())
+OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe, qk_norm="whole", experts=ExpertLayout(), gguf_arch="olmoe")

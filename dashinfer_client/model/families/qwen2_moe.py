@@ -12,4 +12,4 @@ def _qwen2_moe(hf, r):
                 **read_experts(r, shared=True, sparse_steps=True))
 
 
-QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=ExpertLayout())
+QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=ExpertLayout(), gguf_arch="qwen2moe")

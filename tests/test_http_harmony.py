@@ -1,0 +1,101 @@
+"""gpt-oss's harmony format through `dashinfer serve` with the official openai client, on a tiny model
+whose tokenizer has harmony's special tokens and whose chat template is harmony-like
+(tests/helpers.py HARMONY): the analysis channel comes back as reasoning_content and the final
+channel as content, streamed too (the answer is pinned by a grammar, so the split is the one written
+here by hand); tool_choice required makes a call on the commentary channel that the grammar
+constrains, arguments that satisfy the schema, finish_reason tool_calls; reasoning_effort and a
+tool round trip reach the template as transformers renders them."""
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.helpers import HARMONY, HARMONY_TOKENS, tiny_with_template
+from tests.http_server import serving
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "minLength": 8, "maxLength": 24},
+                                           "unit": {"enum": ["C", "F"]}},
+          "required": ["city", "unit"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": SCHEMA}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The answer pinned: an analysis message, then the final one (lark, llguidance's dialect; <|...|>
+# are the special tokens).
+PINNED = ('start: <|channel|> "analysis" <|message|> "The user asks about Paris." <|end|> <|start|> "assistant" '
+          '<|channel|> "final" <|message|> "It is sunny in Paris." <|return|>')
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    hf_dir, out = tiny_with_template(tmp_path_factory, "harmony", HARMONY, extra_special=HARMONY_TOKENS)
+    with serving(out, str(tmp_path_factory.mktemp("harmony-serve") / "serve.log")) as s:
+        yield hf_dir, s, openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_analysis_is_reasoning_and_final_is_content_streamed_too(harmony):
+    _, _, client = harmony
+    request = dict(model="tiny", messages=ASK, max_tokens=128, temperature=0,
+                   response_format={"type": "grammar", "grammar": PINNED})
+    message = client.chat.completions.create(**request).choices[0].message
+    assert (message.reasoning_content, message.content) == ("The user asks about Paris.", "It is sunny in Paris.")
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = [d.reasoning_content for d in deltas if getattr(d, "reasoning_content", None)]
+    content = [d.content for d in deltas if d.content]
+    assert ("".join(reasoning), "".join(content)) == ("The user asks about Paris.", "It is sunny in Paris.")
+    assert len(reasoning) > 1  # as the tokens come, not at the end
+    first_content = next(k for k, d in enumerate(deltas) if d.content)
+    assert all(not getattr(d, "reasoning_content", None) for d in deltas[first_content:])
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_required_tool_call_on_the_commentary_channel(harmony):
+    _, _, client = harmony
+    request = dict(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=128,
+                   temperature=0)
+    choice = client.chat.completions.create(**request).choices[0]
+    [call] = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+    assert not choice.message.content and not getattr(choice.message, "reasoning_content", None)
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert pieces[0].function.name == "get_weather" and pieces[0].id
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    assert len([p for p in pieces if p.function.arguments]) > 1
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_no_marker_reaches_the_answer(harmony):
+    """A random model writes harmony's special tokens anywhere: none is ever content or reasoning."""
+    _, _, client = harmony
+    for seed in range(4):
+        message = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=48, seed=seed,
+                                                 temperature=1.0).choices[0].message
+        for text in (message.content or "", getattr(message, "reasoning_content", None) or ""):
+            assert not any(marker in text for marker in HARMONY_TOKENS), text
+
+
+def test_reasoning_effort_and_a_tool_round_trip_reach_the_template(harmony):
+    from transformers import AutoTokenizer
+    hf_dir, server, _ = harmony
+    reference = AutoTokenizer.from_pretrained(hf_dir)
+    arguments = '{"city": "Paris", "unit": "C"}'
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    # the server names a result after the call it answers; the reference is given the name
+    named = history[:-1] + [dict(history[-1], name="get_weather")]
+    for effort in ("low", "high"):
+        text = reference.apply_chat_template(named, tools=[WEATHER], tokenize=False, add_generation_prompt=True,
+                                             reasoning_effort=effort)
+        assert f"Reasoning: {effort}" in text and "to=functions.get_weather <|constrain|>json<|message|>" + arguments in text
+        got = httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": history, "tools": [WEATHER],
+                                                         "reasoning_effort": effort}).json()
+        assert got["tokens"] == reference(text, add_special_tokens=False)["input_ids"]
+    bad = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": ASK,
+                                                                 "reasoning_effort": "max"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
