@@ -4,6 +4,7 @@
 Markers: `slow` is every test that starts a process (a rank group, a server, the CLI, a child
 Python), marked at collection (`pytest_collection_modifyitems`); `pytest -m "not slow"` is the fast
 subset to run while working. The session fails if the run leaves files in /tmp or /dev/shm."""
+import functools
 import glob
 import inspect
 import os
@@ -35,6 +36,7 @@ _STARTS_A_PROCESS = re.compile(r"subprocess\.|Popen\(|ClientEngine\(|pexpect\.|\
 _CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 
+@functools.lru_cache(maxsize=None)  # parametrized cases share a function: collection was a minute of getsource
 def _code(function) -> str:
     try:
         return inspect.getsource(function)
