@@ -32,7 +32,7 @@ ISAS = _ORDER[: _ORDER.index(K.supported_isa()) + 1]
 
 # What starts a process, in a test's code, its fixtures' code or the module-level helpers they call.
 _STARTS_A_PROCESS = re.compile(r"subprocess\.|Popen\(|ClientEngine\(|pexpect\.|\bServer\(|sys\.executable|"
-                               r"mpiexec|SpawnedServer|launch_group\(|start_group\(")
+                               r"mpiexec|SpawnedServer|launch_group\(|start_group\(|\bserving\(")
 _CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 
