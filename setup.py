@@ -57,7 +57,9 @@ def native_extension():
         define_macros=macros,
         include_dirs=["native"],
         # Baseline x86-64 code; faster paths are chosen per function (DN_TARGET_*) at run time.
-        extra_compile_args=["-O3", "-fopenmp", "-std=gnu11", "-fno-math-errno", "-Wall",
+        # -g0 overrides Python's -g: debug info was 40% of the build's CPU time (the decode tiles:
+        # 121 s with it, 73 without) and changes no generated code.
+        extra_compile_args=["-O3", "-g0", "-fopenmp", "-std=gnu11", "-fno-math-errno", "-Wall",
                             "-Wno-unused-function"],
         extra_link_args=["-fopenmp"],
     )
