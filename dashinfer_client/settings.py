@@ -6,7 +6,7 @@ One rule for a bad value: `check_environment()` runs when a process starts (the 
 commands, the launcher, a rank, `Engine`, `ClientEngine`) and refuses a variable that does not
 parse with a one-line `SettingError` naming it and what it accepts; `get(name)` applies the same
 check where the value is read. Unset or empty means the default. Stdlib only: setup.py loads this
-file by path to read DASHINFER_BUILD_JOBS before the package is built.
+file by path to read DASHINFER_BUILD_JOBS and DASHINFER_BUILD_ISA before the package is built.
 
 The C kernels read no variable: DASHINFER_ISA and DASHINFER_AMX are read here and passed to
 native.set_isa / set_amx by dashinfer_server/kernels.py.
@@ -160,6 +160,10 @@ REGISTRY = {s.name: s for s in (
     Setting("DASHINFER_QUIET", "flag", False, "conversions, default model", "on: no progress output", "off"),
     Setting("DASHINFER_BUILD_JOBS", "int", None, "`setup.py`", "C files compiled at once",
        "the cpus", minimum=1),
+    Setting("DASHINFER_BUILD_ISA", "choice", "native", "`setup.py`",
+       "which ISA variants of the kernels to compile: `native`, those this CPU runs (the AVX-512 files "
+       "are left out on a CPU without the `avx512` path); `all`, every one (CI, or a build for other "
+       "machines)", choices=("native", "all")),
     Setting("DASHINFER_MODEL", "text", "SmolLM2-135M-Instruct", "`dashinfer-http.service`",
        "what `dashinfer serve` serves: a HF directory, a GGUF file, a serialized model directory or "
        "the default model's name"),

@@ -8,15 +8,21 @@ LocalGroup. Importing this module loads nothing: import it anywhere, and its ker
 error that says so.
 
 DASHINFER_ISA=portable|avx2|avx512 caps the kernel path (tests run every path on one machine).
+The build may lack the avx512 path (DASHINFER_BUILD_ISA=native on a CPU without it): load() then
+warns on a CPU that could run it, and the avx2 path serves.
 DASHINFER_AMX=off|tiles|emulated: how bf16 GEMMs of 5 rows or more run; by default on AMX tiles
 where the CPU has them, else off (the ISA path's kernels). `emulated` runs the AMX driver with the
 tile multiply in plain C on any CPU (slow: for tests on CPUs without AMX).
 """
 import importlib
+import logging
 import os
 import sys
 
 from dashinfer_client import settings
+
+
+log = logging.getLogger("dashinfer_server")
 
 
 class KernelsNotLoaded(RuntimeError):
@@ -43,6 +49,10 @@ def load():
         os.environ["GOMP_SPINCOUNT"] = "30000"
     native = importlib.import_module("._native", __package__)
     globals().update({name: getattr(native, name) for name in dir(native) if not name.startswith("_")})
+    if native.cpu_isa() != native.supported_isa():
+        log.warning("this CPU runs the %s kernels, but this build left them out (DASHINFER_BUILD_ISA="
+                    "native on a CPU without them): the %s path serves; reinstall here, or with "
+                    "DASHINFER_BUILD_ISA=all, to use them", native.cpu_isa(), native.supported_isa())
     if settings.get("DASHINFER_ISA"):
         native.set_isa(settings.get("DASHINFER_ISA"))
     if settings.get("DASHINFER_AMX"):

@@ -392,7 +392,8 @@ static inline __attribute__((always_inline)) void slice_step(const attn_tile_t *
                 _mm256_storeu_ps(s + i * bs + g, softcap256(_mm256_loadu_ps(s + i * bs + g), t->softcap));
 
     /* online softmax over the tokens each vector sees, weights 0 elsewhere */
-    float mo[MAX_M], mu[MAX_M], alpha[MAX_M], wsc[MAX_M], winv[MAX_M], pmax[MAX_M];
+    float mo[MAX_M], mu[MAX_M], alpha[MAX_M], pmax[MAX_M];
+    float wsc[MAX_M] = {0}, winv[MAX_M] = {0}; /* read only where vs (gcc cannot tell, at M = 1) */
     for (int i = 0; i < M; i++) {
         __m256 m = _mm256_set1_ps(-INFINITY);
         for (int g = g0; g < g1; g += 8)

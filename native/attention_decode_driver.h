@@ -74,11 +74,22 @@ int DECODE_FITS(const dn_kv_cache_t *c, int M) {
     return M <= MAX_M && c->head_dim % 32 == 0 && c->head_dim <= 256;
 }
 
+/* One function per (M, head_dim) instantiation, not all inlined into DECODE_ENTRY: gcc's RTL
+ * passes (GCSE, load CSE after reload) grow faster than linearly with a function's size, and one
+ * 24-fold function took most of the build's time. A call per tile costs nothing measurable. */
+#define DECODE_M(M)                                                                           \
+    static __attribute__((noinline)) void decode_##M##_64(const attn_tile_t *t) { decode_m(t, M, 64); }   \
+    static __attribute__((noinline)) void decode_##M##_128(const attn_tile_t *t) { decode_m(t, M, 128); } \
+    static __attribute__((noinline)) void decode_##M##_any(const attn_tile_t *t) {                        \
+        decode_m(t, M, t->kv->head_dim);                                                      \
+    }
+DECODE_M(1) DECODE_M(2) DECODE_M(3) DECODE_M(4) DECODE_M(5) DECODE_M(6) DECODE_M(7) DECODE_M(8)
+
 #define DECODE_D(M)                                                \
     switch (t->kv->head_dim) {                                     \
-    case 64: decode_m(t, M, 64); break;                            \
-    case 128: decode_m(t, M, 128); break;                          \
-    default: decode_m(t, M, t->kv->head_dim); break;               \
+    case 64: decode_##M##_64(t); break;                            \
+    case 128: decode_##M##_128(t); break;                          \
+    default: decode_##M##_any(t); break;                           \
     }
 
 void DECODE_ENTRY(const attn_tile_t *t) {

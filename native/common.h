@@ -9,7 +9,8 @@
 typedef enum { DN_ISA_PORTABLE = 0, DN_ISA_AVX2 = 1, DN_ISA_AVX512 = 2 } dn_isa_t;
 
 dn_isa_t dn_isa(void);           /* the path kernels take now */
-dn_isa_t dn_isa_supported(void); /* the best path this CPU runs */
+dn_isa_t dn_isa_supported(void); /* the best path this CPU runs and this build has */
+dn_isa_t dn_isa_cpu(void);       /* the best path this CPU runs, built or not */
 int dn_set_isa(dn_isa_t isa);    /* 0, or -1 when the CPU lacks it */
 
 int dn_num_threads(void);        /* OpenMP threads a kernel uses */

@@ -13,6 +13,10 @@ static PyObject *py_supported_isa(PyObject *self, PyObject *noargs) {
     return PyUnicode_FromString(isa_names[dn_isa_supported()]);
 }
 
+static PyObject *py_cpu_isa(PyObject *self, PyObject *noargs) {
+    return PyUnicode_FromString(isa_names[dn_isa_cpu()]);
+}
+
 static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
@@ -20,8 +24,11 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
         if (strcmp(name, isa_names[i]) == 0) {
             if (dn_set_isa((dn_isa_t)i) != 0)
                 return PyErr_Format(PyExc_ValueError,
-                                    "set_isa: this CPU does not run the %s path (best: %s)", name,
-                                    isa_names[dn_isa_supported()]);
+                                    i <= (int)dn_isa_cpu()
+                                        ? "set_isa: this build left the %s kernels out (built with "
+                                          "DASHINFER_BUILD_ISA=native on a CPU without them; best: %s)"
+                                        : "set_isa: this CPU does not run the %s path (best: %s)",
+                                    name, isa_names[dn_isa_supported()]);
             Py_RETURN_NONE;
         }
     return PyErr_Format(PyExc_ValueError,
@@ -67,7 +74,9 @@ PyMethodDef dn_runtime_methods[] = {
      "amx_available() -> whether the CPU has AMX and this process was granted the tile state"},
     {"set_amx", py_set_amx, METH_O, "set_amx(mode): off, tiles (only where amx_available()) or emulated"},
     {"isa", py_isa, METH_NOARGS, "isa() -> the kernel path in use: portable, avx2 or avx512"},
-    {"supported_isa", py_supported_isa, METH_NOARGS, "supported_isa() -> the best path this CPU runs"},
+    {"supported_isa", py_supported_isa, METH_NOARGS,
+     "supported_isa() -> the best path this CPU runs and this build has"},
+    {"cpu_isa", py_cpu_isa, METH_NOARGS, "cpu_isa() -> the best path this CPU runs, built or not"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name): force a path no better than supported_isa()"},
     {"num_threads", py_num_threads, METH_NOARGS, "num_threads() -> OpenMP threads per kernel"},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},

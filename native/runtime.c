@@ -9,17 +9,27 @@ static dn_isa_t detected = (dn_isa_t)-1;
 static dn_isa_t current = (dn_isa_t)-1;
 static int threads = 0;
 
-dn_isa_t dn_isa_supported(void) {
-    if ((int)detected >= 0) return detected;
+dn_isa_t dn_isa_cpu(void) {
+    static dn_isa_t cpu = (dn_isa_t)-1;
+    if ((int)cpu >= 0) return cpu;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512bf16"))
-        detected = DN_ISA_AVX512;
+        cpu = DN_ISA_AVX512;
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        detected = DN_ISA_AVX2;
+        cpu = DN_ISA_AVX2;
     else
-        detected = DN_ISA_PORTABLE;
+        cpu = DN_ISA_PORTABLE;
+    return cpu;
+}
+
+dn_isa_t dn_isa_supported(void) {
+    if ((int)detected >= 0) return detected;
+    detected = dn_isa_cpu();
+#ifdef DN_NO_AVX512 /* setup.py left the AVX-512 files out (avx512_left_out.c) */
+    if (detected == DN_ISA_AVX512) detected = DN_ISA_AVX2;
+#endif
     return detected;
 }
 

@@ -2,8 +2,10 @@
 (`from tests.helpers import ...`, `tests.engine_helpers`, `tests.http_server`), never fixtures.
 
 Markers: `slow` is every test that starts a process (a rank group, a server, the CLI, a child
-Python), marked at collection (`pytest_collection_modifyitems`); `pytest -m "not slow"` is the fast
-subset to run while working. The session fails if the run leaves files in /tmp or /dev/shm."""
+Python), marked at collection (`pytest_collection_modifyitems`), and every case that took over
+SLOW_S seconds in a whole run (tests/slow_cases.txt, written by `pytest --record-slow`); `pytest -m
+"not slow"` is the fast subset to run while working. The session fails if the run leaves files in /tmp or /dev/shm."""
+import functools
 import glob
 import inspect
 import os
@@ -31,10 +33,11 @@ ISAS = _ORDER[: _ORDER.index(K.supported_isa()) + 1]
 
 # What starts a process, in a test's code, its fixtures' code or the module-level helpers they call.
 _STARTS_A_PROCESS = re.compile(r"subprocess\.|Popen\(|ClientEngine\(|pexpect\.|\bServer\(|sys\.executable|"
-                               r"mpiexec|SpawnedServer|launch_group\(|start_group\(")
+                               r"mpiexec|SpawnedServer|launch_group\(|start_group\(|\bserving\(")
 _CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 
+@functools.lru_cache(maxsize=None)  # parametrized cases share a function: collection was a minute of getsource
 def _code(function) -> str:
     try:
         return inspect.getsource(function)
@@ -61,15 +64,59 @@ def _starts_a_process(item) -> bool:
     return any(_STARTS_A_PROCESS.search(source) for source in sources)
 
 
+# Cases that start no process but took over SLOW_S seconds (setup + call + teardown) in a whole run,
+# listed with their seconds in SLOW_CASES; `pytest --record-slow` rewrites it from the run it ends.
+SLOW_S = 0.5
+SLOW_CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_cases.txt")
+
+
+def _recorded_slow() -> dict:
+    """nodeid -> seconds, as SLOW_CASES lists them."""
+    try:
+        with open(SLOW_CASES) as f:
+            rows = [line.split(None, 1) for line in f if line.strip() and not line.startswith("#")]
+    except FileNotFoundError:
+        return {}
+    return {nodeid.strip(): float(seconds) for seconds, nodeid in rows}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-slow", action="store_true",
+                     help=f"rewrite tests/slow_cases.txt: the cases this run measured over {SLOW_S} s that start "
+                          f"no process (run it on the whole suite, on a machine as quiet as you can find)")
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: starts a process (a rank group, a server, the CLI, a child Python); "
-                                       "deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "slow: starts a process (a rank group, a server, the CLI, a child Python), "
+                                       f"or took over {SLOW_S} s (tests/slow_cases.txt); deselect with -m 'not slow'")
+
+
+_durations = {}     # nodeid -> seconds of this run (setup + call + teardown)
+_by_process = set()  # nodeids slow because they start a process
 
 
 def pytest_collection_modifyitems(config, items):
+    recorded = _recorded_slow()
     for item in items:
         if isinstance(item, pytest.Function) and _starts_a_process(item):
+            _by_process.add(item.nodeid)
+        if item.nodeid in _by_process or item.nodeid in recorded:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if not session.config.getoption("--record-slow"):
+        return
+    # cases this run did not measure (deselected, or in files it did not collect) keep their line
+    seconds = {nodeid: s for nodeid, s in _recorded_slow().items() if nodeid not in _durations}
+    seconds.update({nodeid: s for nodeid, s in _durations.items() if s > SLOW_S and nodeid not in _by_process})
+    with open(SLOW_CASES, "w") as f:
+        f.write(f"# seconds nodeid: the cases over {SLOW_S} s that start no process (pytest --record-slow)\n")
+        f.writelines(f"{seconds[nodeid]:.2f} {nodeid}\n" for nodeid in sorted(seconds))
 
 
 # ---- nothing left behind ---------------------------------------------------------------------------

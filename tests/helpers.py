@@ -496,3 +496,16 @@ def variant(base, tmp_path, edit):
     shutil.copytree(base, out)
     write_config_variant(out, edit)
     return str(out)
+
+
+# x86-64 syscalls a prompt waits in: read(0, ...) on a pipe; select, poll, pselect6 (readline's loop)
+_READ, _SELECT, _POLL, _PSELECT6 = "0", "23", "7", "270"
+
+
+def waiting_for_input(pid) -> bool:
+    """The process's main thread waits for its input: a prompt is ready for a SIGINT. One sent
+    before, between the prompt's write and that wait, only sets CPython's flag, which is looked at
+    once the wait returns, so the prompt would sit there (seen on a loaded machine)."""
+    with open(f"/proc/{pid}/syscall") as f:
+        fields = f.read().split()
+    return fields[:2] == [_READ, "0x0"] or fields[:1] in ([_SELECT], [_POLL], [_PSELECT6])

@@ -7,7 +7,8 @@ import sys
 
 import pexpect
 
-from tests.http_server import MAX_MODEL_LEN, cli_env
+from tests.helpers import waiting_for_input
+from tests.http_server import MAX_MODEL_LEN, cli_env, wait_for
 
 HELLO = "Hello there"
 QUESTIONS = ["Hello there", "Tell me a story", "What is it?", "Go on", "Why?"]
@@ -97,9 +98,11 @@ def test_ctrl_c_stops_the_answer_and_twice_at_the_prompt_leaves(tiny_model, tiny
     chat.expect_exact("unknown command /max")
     ask(chat, HELLO, short)
     chat.expect_exact("> ")
+    assert wait_for(lambda: waiting_for_input(chat.pid))
     chat.sendintr()
     chat.expect_exact("(Ctrl-C again, /exit or Ctrl-D to leave)")
     chat.expect_exact("> ")
+    assert wait_for(lambda: waiting_for_input(chat.pid))
     chat.sendintr()
     chat.expect_exact("dashinfer chat: interrupted")
     chat.expect(pexpect.EOF)

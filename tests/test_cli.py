@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import build_tiny_model
+from tests.helpers import build_tiny_model, waiting_for_input
 from tests.http_server import TWO_NODES, Server, cli_env, free_port, wait_for
 
 HELLO = "Hello there"
@@ -134,8 +134,10 @@ def test_ctrl_c_twice_at_the_prompt_leaves_with_one_line(tiny_model):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert chat.stdout.read(2) == b"> "  # the model serves and waits for a question
+        assert wait_for(lambda: waiting_for_input(chat.pid))
         chat.send_signal(signal.SIGINT)  # at the prompt: says how to leave, and asks again
         assert chat.stdout.read(2) == b"> "
+        assert wait_for(lambda: waiting_for_input(chat.pid))
         chat.send_signal(signal.SIGINT)  # a second one in a row leaves
         assert chat.wait(60) == 130
         lines = [line for line in chat.stderr.read().decode().splitlines() if line]
