@@ -13,68 +13,12 @@ import time
 
 import numpy as np
 
+from tests.chat_templates import CHATML, SPECIAL_TOKENS
+
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=272, max_position_embeddings=512, rms_norm_eps=1e-6)
 # 9 query heads over 3 KV heads (SmolLM2's ratio): the uneven tensor-parallel split.
 UNEVEN = dict(TINY, hidden_size=72, num_attention_heads=9, num_key_value_heads=3, head_dim=8)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-# ChatML whose assistant turn opens the reasoning (Qwen3's convention: enable_thinking=False writes
-# an empty one instead), for the reasoning parser's tests.
-THINK_CHATML = CHATML.replace("{{ '<|im_start|>assistant\n' }}",
-                              "{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and not "
-                              "enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}"
-                              "{% endif %}")
-
-# ChatML that renders tools as Qwen2.5 / Hermes templates do (a system turn listing them and the
-# <tool_call> format, which selects the hermes parser), for the tool-call streaming tests.
-HERMES_CHATML = ("{% if tools %}{{ '<|im_start|>system\nCall a function as <tool_call>{\"name\": ..., "
-                 "\"arguments\": ...}</tool_call>. Functions:\n' }}{% for tool in tools %}{{ tool | tojson }}"
-                 "{{ '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}" + CHATML)
-
-# ChatML that writes a conversation's tool round trip as Qwen3 / Hermes templates do: the tools in a
-# system turn, an assistant's calls as <tool_call> blocks of JSON (arguments as given: JSON text,
-# or an object written with tojson), a tool result as a user turn in <tool_response>; for the
-# pipeline's tool round trip.
-HERMES_ROUND_TRIP = (
-    "{% if tools %}{{ '<|im_start|>system\\nCall a function as <tool_call>{\"name\": ..., \"arguments\": ...}"
-    "</tool_call>. Functions:\\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
-    "{{ '<|im_end|>\\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{% if message.role == 'assistant' and message.tool_calls %}{{ '<|im_start|>assistant\\n' + (message.content or '') }}"
-    "{% for call in message.tool_calls %}{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
-    "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
-    "{{ call.function.arguments | tojson }}{% endif %}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
-    "{% elif message.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + message.content + "
-    "'\\n</tool_response><|im_end|>\\n' }}"
-    "{% else %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-# gpt-oss's harmony format, written small: a system turn with the reasoning effort, the tools as a
-# developer turn's TypeScript-like namespace, past calls on the commentary channel to
-# functions.NAME, results from functions.NAME; the answer opens at <|start|>assistant. Its markers
-# are special tokens of the tokenizer (HARMONY_TOKENS; tiny_with_template(..., HARMONY_TOKENS)).
-HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
-HARMONY = (
-    "{{ '<|start|>system<|message|>You are a tiny model.\\nReasoning: ' + (reasoning_effort if reasoning_effort "
-    "is defined else 'medium') + '\\n# Valid channels: analysis, commentary, final.<|end|>' }}"
-    "{% if tools %}{{ '<|start|>developer<|message|># Tools\\nnamespace functions {\\n' }}{% for tool in tools %}"
-    "{{ '// ' + (tool.function.description or '') + '\\ntype ' + tool.function.name + ' = (_: ' }}"
-    "{{ tool.function.parameters | tojson }}{{ ') => any;\\n' }}{% endfor %}{{ '} // namespace functions<|end|>' }}"
-    "{% endif %}{% for message in messages %}"
-    "{% if message.role == 'assistant' and message.tool_calls %}{% for call in message.tool_calls %}"
-    "{{ '<|start|>assistant<|channel|>commentary to=functions.' + call.function.name + ' <|constrain|>json<|message|>' }}"
-    "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
-    "{{ call.function.arguments | tojson }}{% endif %}{{ '<|call|>' }}{% endfor %}"
-    "{% elif message.role == 'tool' %}{{ '<|start|>functions.' + message.name + ' to=assistant<|channel|>commentary"
-    "<|message|>' + message.content + '<|end|>' }}"
-    "{% elif message.role == 'assistant' %}{{ '<|start|>assistant<|channel|>final<|message|>' + message.content + "
-    "'<|end|>' }}"
-    "{% else %}{{ '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}")
-
 # Tiny models of each family: (transformers config class, what the family sets beyond TINY). Each
 # feature is switched on with a value far from neutral, so leaving it out shows in the logits.
 FAMILY_CONFIGS = {

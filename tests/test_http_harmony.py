@@ -12,7 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import HARMONY, HARMONY_TOKENS, tiny_with_template
+from tests.chat_templates import HARMONY, HARMONY_TOKENS
+from tests.helpers import tiny_with_template
 from tests.http_server import serving
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "minLength": 8, "maxLength": 24},

@@ -11,7 +11,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import HERMES_CHATML, tiny_with_template
+from tests.chat_templates import HERMES_CHATML
+from tests.helpers import tiny_with_template
 from tests.http_server import serving
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "minLength": 12, "maxLength": 12},

@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from dashinfer_client.frontend.parsers.generic_json import GenericJsonToolParser
-from tests.helpers import THINK_CHATML, tiny_with_template
+from tests.chat_templates import THINK_CHATML
+from tests.helpers import tiny_with_template
 from tests.http_server import API_KEY, Reference, default_model_dir, serving
 
 WEATHER = {"type": "function", "function": {

@@ -13,7 +13,8 @@ import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
 from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS, reasoning_parser_for, tool_parser_for
-from tests.helpers import HARMONY, HARMONY_TOKENS, HERMES_CHATML, build_tiny_tokenizer
+from tests.chat_templates import HARMONY, HARMONY_TOKENS, HERMES_CHATML
+from tests.helpers import build_tiny_tokenizer
 
 ANALYSIS = "<|channel|>analysis<|message|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>"

@@ -14,7 +14,8 @@ import re
 import pytest
 
 from dashinfer_client import GenerationConfig, TurbomindEngineConfig, pipeline
-from tests.helpers import HERMES_CHATML, HERMES_ROUND_TRIP, THINK_CHATML, tiny_with_template
+from tests.chat_templates import HERMES_CHATML, HERMES_ROUND_TRIP, THINK_CHATML
+from tests.helpers import tiny_with_template
 
 NOTE = {"type": "function", "function": {"name": "write_note", "description": "Write a note down",
                                          "parameters": {"type": "object", "properties": {"title": {"type": "string"}}}}}
