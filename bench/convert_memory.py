@@ -1,7 +1,7 @@
 """Peak resident memory of converting a checkpoint and of loading the result, each in a fresh
 process: the growth of VmHWM (its high-water mark reset after the imports) over VmRSS at that
 point, beside the checkpoint's and the serialized model's sizes and the bound the conversion is
-held to (dashinfer_client/model/serialized.py conversion_memory_bound: one tensor at a time).
+held to (dashinfer_client/model/conversion_fit.py conversion_memory_bound: one tensor at a time).
 
     PYTHONPATH=. python -m bench.make_model qwen3-30b-a3b /tmp/q3moe-3l --layers 3
     PYTHONPATH=. python bench/convert_memory.py /tmp/q3moe-3l /tmp/q3moe-3l-uint4 --quant uint4
@@ -69,7 +69,8 @@ def files_bytes(pattern) -> int:
 def main():
     from dashinfer_client.model.arch import normalize_hf_config
     from dashinfer_client.model.quant import DEFAULT_GROUPS, InstantQuantSettings
-    from dashinfer_client.model.serialized import conversion_memory_bound, weight_shapes
+    from dashinfer_client.model.conversion_fit import conversion_memory_bound
+    from dashinfer_client.model.serialized import weight_shapes
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("src", help="a Hugging Face checkpoint directory")
     p.add_argument("out", help="where to write the serialized model")

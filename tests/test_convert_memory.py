@@ -18,9 +18,10 @@ from bench.convert_memory import files_bytes, measure
 from dashinfer_client.dtypes import to_bf16
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model.arch import normalize_hf_config
+from dashinfer_client.model.conversion_fit import conversion_memory_bound
 from dashinfer_client.model.quant import InstantQuantSettings
 from dashinfer_client.model.safetensors_io import SafetensorsWriter
-from dashinfer_client.model.serialized import conversion_memory_bound, weight_shapes
+from dashinfer_client.model.serialized import weight_shapes
 
 # Qwen3-MoE's layout, small tensors, many of them: 8 layers of 64 experts of 256 x 256 (~200 MB
 # of bf16) whose largest tensor is 1024 x 256

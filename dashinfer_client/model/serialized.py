@@ -8,21 +8,20 @@ may be named {prefix}.dimodel + {prefix}.ditensors instead, the names DashInfer 
 serialize_model_from_torch wrote (dashinfer_client/model/torch_model.py writes them so).
 """
 import json
-import math
 import os
 import shutil
 
 import numpy as np
 
-from .. import memory
 from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException, malformed
 from .arch import ModelConfig
 from .families import family
 from .families.gpt_oss import MXFP4_PARTS
 from .base import ModelHandle
-from .quant import CHUNK_ELEMENTS, InstantQuantSettings, QuantErrorStats, quantize
-from .safetensors_io import SafetensorsFile, SafetensorsWriter, drop_mapped_pages, itemsize
+from .conversion_fit import refuse_what_will_not_fit
+from .quant import InstantQuantSettings, QuantErrorStats, quantize
+from .safetensors_io import SafetensorsFile, SafetensorsWriter, drop_mapped_pages
 
 FORMAT = "dashinfer-py"
 VERSION = 1
@@ -100,39 +99,6 @@ def expected_tensors(config, architecture, dtype, quantization):
     return out
 
 
-# Bytes a conversion holds at once for a tensor of n elements (_write_params): its source (fp32
-# at most, mapped or dequantized) and an fp32 working copy, plus what it becomes: codes and group
-# scales (quantized: 10 a weight in all), or the converted float (8); and quantization's float64
-# temporaries, which live per chunk of CHUNK_ELEMENTS (40 bytes an element of the chunk).
-QUANTIZED_BYTES, FLOAT_BYTES, CHUNK_BYTES = 10, 8, 40
-
-
-def conversion_memory_bound(shapes, quantized):
-    """(bytes, tensor name): the most memory converting one tensor of {name: shape} takes, and
-    which tensor that is; the conversion holds one tensor at a time, so this bounds its growth."""
-    def need(name):
-        n = math.prod(shapes[name])
-        return (QUANTIZED_BYTES if name in quantized else FLOAT_BYTES) * n + CHUNK_BYTES * min(n, CHUNK_ELEMENTS)
-    largest = max(shapes, key=need)
-    return need(largest), largest
-
-
-def _refuse_what_will_not_fit(model_dir, model_name, shapes, quantized, manifest):
-    """A conversion that would run out of memory or disk is refused before it writes anything."""
-    need, largest = conversion_memory_bound(shapes, set(quantized))
-    have, where = memory.available()
-    if need > have:
-        raise ModelSerializerException(
-            f"converting {model_name} takes up to {memory.gib(need)} of memory at once (tensor {largest}, "
-            f"{list(shapes[largest])}), more than the {memory.gib(have)} this machine can give ({where})")
-    size = sum(math.prod(shape) * itemsize(code) for code, shape in manifest.values())
-    free = shutil.disk_usage(model_dir).free
-    if size > free:
-        raise ModelSerializerException(
-            f"converting {model_name} writes {memory.gib(size)} of weights, more than the {memory.gib(free)} "
-            f"free on the disk of {model_dir}")
-
-
 def convert_dtype(array, source_code, dtype):
     """A float tensor (numpy; BF16 as uint16 bits) -> storage array of the user dtype, exact when unchanged."""
     target = DTYPES[dtype]
@@ -171,7 +137,7 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
                         "compute_method": quant_settings.compute_method,
                         "quantized": [n for n in quant_settings.quantized_names(shapes) if n not in mxfp4]}
     manifest = expected_tensors(config, architecture, dtype, quantization)
-    _refuse_what_will_not_fit(model_dir, model_name, shapes,
+    refuse_what_will_not_fit(model_dir, model_name, shapes,
                               quantization["quantized"] if quantization else (), manifest)
     tok_name = tokenizer_dir_name(prefix)
     final = {"tok": os.path.join(model_dir, tok_name), "param": os.path.join(model_dir, prefix + suffixes[1]),
@@ -213,7 +179,7 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
 
 
 def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantization, fetch, model_name, progress):
-    """The .asparam, one source tensor in memory at a time (conversion_memory_bound); returns the
+    """The .asparam, one source tensor in memory at a time (conversion_fit.conversion_memory_bound); returns the
     quantization error stats."""
     quantized = set(quantization["quantized"]) if quantization else set()
     writer = SafetensorsWriter(path, [(n, c, s) for n, (c, s) in manifest.items()],
