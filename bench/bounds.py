@@ -27,9 +27,10 @@ def active_experts(config, rows: int) -> float:
 def weight_bytes_per_token(model, rows: int = 1) -> float:
     """Bytes of linear weights and of the lm_head one decode step of `rows` rows reads, from the
     serialized model's tensors as they are packed in memory (dashinfer_server/weights.py; the
-    packed layout adds only padding to 16 columns): codes, and per group a scale and a
-    scale*zero, fp16 pairs on the int8-activation path (i8q/u4q), fp32 pairs elsewhere; MXFP4
-    experts their blocks and e8m0 scales (4.25 bits a weight). Of a
+    packed layout adds only padding to 16 columns): codes, and per group int8's scale and
+    scale*zero (fp16 pairs on the int8-activation path, i8q; fp32 pairs elsewhere) or uint4's
+    two code bytes and per row its float32 scale (4.5 + 32/K bits a weight in groups of 32,
+    native/linear.h); MXFP4 experts their blocks and e8m0 scales (4.25 bits a weight). Of a
     sparse layer's experts only the chosen ones count (active_experts); its router is packed fp32."""
     names = set(model.tensor_names())
     cfg = model.config
@@ -44,7 +45,9 @@ def weight_bytes_per_token(model, rows: int = 1) -> float:
     wtype = {"int8": "i8", "uint4": "u4"}.get(quant.get("weight_format"))
     act = quant.get("compute_method") == "activate_quant"
 
-    def scale_bytes(t, k, group):  # of one row's groups
+    def param_bytes(t, k, group):  # of one row's groups, and u4's row scale
+        if t == "u4":
+            return k // group * 2 + 4
         return k // group * (4 if quantized_wtype(t, group, act).endswith("q") else 8)
 
     total = 0
@@ -58,13 +61,13 @@ def weight_bytes_per_token(model, rows: int = 1) -> float:
             n, k = model.tensor(head).shape
             group = head_group(quant["group_size"], k)
             bits = weights.HEAD_BITS
-            total += n * (k * bits // 8 + scale_bytes("i8" if bits == 8 else "u4", k, group))
+            total += n * (k * bits // 8 + param_bytes("i8" if bits == 8 else "u4", k, group))
         elif base + ".mxfp4_blocks" in names:  # 4.25 bits a weight: 16 code bytes and a scale per 32
             total += (model.tensor(base + ".mxfp4_blocks").nbytes + model.tensor(base + ".mxfp4_scales").nbytes) * share
         else:
             q, ngroups = model.tensor(base + ".qweight"), model.tensor(base + ".scales").shape[1]
             k = q.shape[1] * (2 if wtype == "u4" else 1)
-            total += (q.nbytes + q.shape[0] * scale_bytes(wtype, k, k // ngroups)) * share
+            total += (q.nbytes + q.shape[0] * param_bytes(wtype, k, k // ngroups)) * share
     return total
 
 

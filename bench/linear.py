@@ -44,13 +44,12 @@ def _pack(wtype, n, k, rng):
         return K.pack_linear(to_bf16(w), "bf16")
     group = _group(wtype)
     g = k // group
-    scales = np.full((n, g), 0.01, np.float32)
-    zeros = np.full((n, g), 128.0 if wtype[:2] == "i8" else 8.0, np.float32)
     if wtype[:2] == "i8":
         codes = rng.integers(0, 256, (n, k), dtype=np.uint8)  # i8 and i8q: the same codes
-    else:
-        codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-    return K.pack_linear(codes, wtype, group, scales, zeros)
+        return K.pack_linear(codes, wtype, group, np.full((n, g), 0.01, np.float32), np.full((n, g), 128.0, np.float32))
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)  # u4: scale codes, zero codes, row scales
+    return K.pack_linear(codes, wtype, group, np.full((n, g), 200, np.uint8), np.full((n, g), 128, np.uint8),
+                         np.full(n, 5e-5, np.float32))
 
 
 def _copies(nbytes, cold):

@@ -15,6 +15,7 @@ from dashinfer_client import default_model
 from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
 from dashinfer_client.model.quant import DEFAULT_GROUPS
 from dashinfer_client.model.serialized import graph_path
+from dashinfer_client.model_cache import quant_tag
 
 
 def quant_config(quant, group_size=None):
@@ -44,7 +45,7 @@ def resolve(model: str, dtype="bfloat16", quant=None, group_size=None) -> tuple:
                          "DIR/PREFIX")
     tag = hashlib.sha1(path.encode()).hexdigest()[:8]
     prefix = "-".join([os.path.basename(path.rstrip("/")).replace(".gguf", ""), tag, dtype]
-                      + ([quant, f"g{group_size or DEFAULT_GROUPS[quant]}"] if quant else []))
+                      + ([quant_tag(quant, group_size or DEFAULT_GROUPS[quant])] if quant else []))
     out = os.path.join(default_model.cache_root(), "bench")
     if not os.path.exists(graph_path(out, prefix)):
         loader = source(path, prefix, user_set_data_type=dtype, progress=False)

@@ -126,7 +126,13 @@ def cached_prefix(path, dtype, quant):
 
 def quant_suffix(quant):
     """The part of a cached model's name that says how it was quantized (format and group)."""
-    return f"-{quant}-g{DEFAULT_GROUPS[quant]}" if quant else ""
+    return "-" + quant_tag(quant, DEFAULT_GROUPS[quant]) if quant else ""
+
+
+def quant_tag(quant, group):
+    """format-g{group}; uint4 with a "c" (its group codes, serialized format 2), so that a cache
+    converted with float32 group pairs (format 1, refused now) is converted again, not reused."""
+    return f"{quant}-g{group}" + ("c" if quant == "uint4" else "")
 
 
 def _fingerprint(path):

@@ -19,7 +19,7 @@ import numpy as np
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model.families import family
 from dashinfer_client.model.families.gpt_oss import MXFP4_PARTS
-from dashinfer_client.model.quant import uniform_groups
+from dashinfer_client.model.quant import PARTS, uniform_groups
 from dashinfer_client.model.safetensors_io import drop_mapped_pages
 
 from . import kernels as K
@@ -135,8 +135,9 @@ class WeightLoader:
         return np.ascontiguousarray(_as_f32(t if rows is None else t[rows[0]:rows[1]]))
 
     def slices(self, base, rows=None, cols=None) -> tuple:
-        """(codes or float weight, scales, zeros) of base's [rows, cols] slice; scales and
-        zeros are None for a float weight, zeros None for MXFP4 (blocks, e8m0 scales)."""
+        """(codes or float weight, scales, zeros, row scales) of base's [rows, cols] slice; the
+        rest None for a float weight, zeros None for MXFP4 (blocks, e8m0 scales), row scales
+        None but for uint4 (quant.PARTS)."""
         r = slice(*rows) if rows else slice(None)
         if f"{base}.weight.{MXFP4_PARTS[0]}" in self.names:  # blocks (2 k a byte), e8m0 scales, no zeros
             c0, c1 = cols or (0, self.tensor(f"{base}.weight.{MXFP4_PARTS[1]}").shape[1] * 32)
@@ -144,12 +145,13 @@ class WeightLoader:
                 raise ValueError(f"{base}: shard columns {c0}:{c1} split an MXFP4 block of 32")
             blocks, scales = (self.tensor(f"{base}.weight.{p}") for p in MXFP4_PARTS)
             return (np.ascontiguousarray(blocks[r, c0 // 2:c1 // 2]),
-                    np.ascontiguousarray(scales[r, c0 // 32:c1 // 32]), None)
+                    np.ascontiguousarray(scales[r, c0 // 32:c1 // 32]), None, None)
         if f"{base}.weight.qweight" not in self.names:
             w = _float(self.tensor(f"{base}.weight"))
-            return np.ascontiguousarray(w[r, slice(*cols) if cols else slice(None)]), None, None
-        q, s, z = (self.tensor(f"{base}.weight.{p}") for p in ("qweight", "scales", "zeros"))
-        per_byte = 2 if self.wtype == "u4" else 1
+            return np.ascontiguousarray(w[r, slice(*cols) if cols else slice(None)]), None, None, None
+        u4 = self.wtype == "u4"
+        q, s, z, *row_scales = (self.tensor(f"{base}.weight.{p}") for p, _ in PARTS["uint4" if u4 else "int8"])
+        per_byte = 2 if u4 else 1
         k = q.shape[1] * per_byte
         # a ragged last group (the group does not divide k) is served in equal groups that do
         s, z, group = uniform_groups(s, z, k, self.model.quantization["group_size"])
@@ -157,8 +159,9 @@ class WeightLoader:
         if c0 % group or c1 % group:
             raise ValueError(f"{base}: shard columns {c0}:{c1} split a quantization group of {group}")
         return (np.ascontiguousarray(q[r, c0 // per_byte:c1 // per_byte]),
-                np.ascontiguousarray(s[r, c0 // group:c1 // group], np.float32),
-                np.ascontiguousarray(z[r, c0 // group:c1 // group], np.float32))
+                np.ascontiguousarray(s[r, c0 // group:c1 // group]),
+                np.ascontiguousarray(z[r, c0 // group:c1 // group]),
+                np.ascontiguousarray(row_scales[0][r]) if u4 else None)
 
     def linear(self, *parts, **options) -> np.ndarray:
         """One linear packed from parts (base, rows, cols) stacked along the output rows, in the
@@ -193,21 +196,24 @@ class WeightLoader:
             w = _as_f32(w)
         if scale != 1.0 and pieces[0][1] is None:
             w = _scaled_float(w, scale)
+        elif scale != 1.0 and pieces[0][3] is not None:  # uint4: the row scales carry the scales' factor
+            pieces = [(c, s, z, rows * np.float32(scale)) for c, s, z, rows in pieces]
         elif scale != 1.0:
-            pieces = [(c, s * np.float32(scale), z) for c, s, z in pieces]
+            pieces = [(c, s * np.float32(scale), z, rows) for c, s, z, rows in pieces]
         if pieces[0][1] is None and quantize_float and self.wtype:
             group = head_group(self.model.quantization["group_size"], w.shape[1])
-            codes, scales, zeros = K.quantize(w, group, HEAD_BITS)
+            codes, *params = K.quantize(w, group, HEAD_BITS)
             self.release_read()  # the float head's pages go before its packed copy is made (151936 x 2048: 0.6 GB)
-            packed = K.pack_linear(codes, quantized_wtype("i8" if HEAD_BITS == 8 else "u4", group), group, scales, zeros)
+            packed = K.pack_linear(codes, quantized_wtype("i8" if HEAD_BITS == 8 else "u4", group), group, *params)
         elif pieces[0][1] is None:
             packed = K.pack_linear(w, "bf16" if w.dtype == np.uint16 else "f32")
         else:
-            scales = np.concatenate([p[1] for p in pieces])
-            zeros = np.concatenate([p[2] for p in pieces])
+            params = [np.concatenate([p[i] for p in pieces]) for i in (1, 2)]
+            if pieces[0][3] is not None:
+                params.append(np.concatenate([p[3] for p in pieces]))
             k = w.shape[1] * (2 if self.wtype == "u4" else 1)
-            group = k // scales.shape[1]
-            packed = K.pack_linear(w, quantized_wtype(self.wtype, group, self.activate_quant), group, scales, zeros)
+            group = k // params[0].shape[1]
+            packed = K.pack_linear(w, quantized_wtype(self.wtype, group, self.activate_quant), group, *params)
         self.release_read()
         return packed
 

@@ -33,7 +33,7 @@ static int64_t panel_bytes(dn_wtype t, int64_t k, int64_t group, int width) {
     case DN_W_F32: return k * width * 4;
     case DN_W_BF16: return kp * width * 2;
     case DN_W_MXFP4: return k / DN_MXFP4_GROUP * dn_linear_mxfp4_group_bytes(width);
-    default: return k / group * dn_linear_group_bytes(t, group, width);
+    default: return dn_linear_panel_head(t, width) + k / group * dn_linear_group_bytes(t, group, width);
     }
 }
 
@@ -69,10 +69,27 @@ static void pack_mxfp4_panel(uint8_t *dst, int64_t n, int64_t k, int64_t n0, int
     }
 }
 
+/* A u4/u4q panel's row scales and group heads (linear.h); padded columns get 0, so they
+ * dequantize to 0. Returns the first group block. */
+uint8_t *dn_linear_pack_u4_heads(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
+                                 int width, const uint8_t *scales, const uint8_t *zeros, const float *row_scales) {
+    int64_t ngroups = k / group, gb = dn_linear_group_bytes(t, group, width);
+    float *rows = (float *)dst;
+    uint8_t *first = dst + dn_linear_panel_head(t, width);
+    for (int c = 0; c < width; c++) rows[c] = n0 + c < n ? row_scales[n0 + c] : 0.0f;
+    for (int64_t g = 0; g < ngroups; g++)
+        for (int c = 0; c < width; c++) {
+            first[g * gb + c] = n0 + c < n ? scales[(n0 + c) * ngroups + g] : 0;
+            first[g * gb + width + c] = n0 + c < n ? zeros[(n0 + c) * ngroups + g] : 0;
+        }
+    return first;
+}
+
 /* One panel: columns [n0, n0 + width) of W, zero past N (scale and zero 0 too, so padded
  * quantized columns dequantize to 0). */
 static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
-                       int width, const void *w, const float *scales, const float *zeros, int e) {
+                       int width, const void *w, const void *scales, const void *zeros,
+                       const float *row_scales, int e) {
     int64_t kp = (k + 1) / 2 * 2;
     if (t == DN_W_F32) {
         const float *src = w; /* [n][k] */
@@ -92,21 +109,25 @@ static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t g
         return;
     }
     if (dn_linear_act_quantized(t)) {
-        dn_linear_pack_q8_panel(dst, t, n, k, group, n0, width, w, scales, zeros, e);
+        dn_linear_pack_q8_panel(dst, t, n, k, group, n0, width, w, scales, zeros, row_scales, e);
         return;
     }
     int64_t ngroups = k / group, pairs = (group + 1) / 2;
-    int64_t gb = dn_linear_group_bytes(t, group, width);
+    int64_t gb = dn_linear_group_bytes(t, group, width), head = dn_linear_group_head(t, width);
     const uint8_t *src = w; /* i8: [n][k]; u4: [n][k/2] */
+    if (t == DN_W_U4) dst = dn_linear_pack_u4_heads(dst, t, n, k, group, n0, width, scales, zeros, row_scales);
     for (int64_t g = 0; g < ngroups; g++) {
         uint8_t *blk = dst + g * gb;
-        float *scale = (float *)blk, *zero = scale + width;
-        uint8_t *codes = blk + 8 * width;
-        for (int c = 0; c < width; c++) {
-            scale[c] = n0 + c < n ? scales[(n0 + c) * ngroups + g] : 0.0f;
-            zero[c] = n0 + c < n ? zeros[(n0 + c) * ngroups + g] : 0.0f;
+        uint8_t *codes = blk + head;
+        if (t == DN_W_I8) {
+            float *scale = (float *)blk, *zero = scale + width;
+            for (int c = 0; c < width; c++) {
+                scale[c] = n0 + c < n ? ((const float *)scales)[(n0 + c) * ngroups + g] : 0.0f;
+                zero[c] = n0 + c < n ? ((const float *)zeros)[(n0 + c) * ngroups + g] : 0.0f;
+            }
+        } else {
+            memset(codes, 0, pairs * width);
         }
-        if (t == DN_W_U4) memset(codes, 0, pairs * width);
         for (int64_t kk = 0; kk < 2 * pairs; kk++) {
             int64_t kg = g * group + kk;
             for (int c = 0; c < width; c++) {
@@ -128,7 +149,7 @@ static void pack_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t g
 }
 
 void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
-                    const void *scales, const float *zeros) {
+                    const void *scales, const void *zeros, const float *row_scales) {
     dn_linear_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, magic, 8);
@@ -136,7 +157,7 @@ void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t grou
     h.wtype = (uint32_t)t;
     h.n = n, h.k = k, h.group = group;
     h.nr = DN_LINEAR_NR;
-    h.scale_exp = dn_linear_act_quantized(t) ? dn_q8_scale_exp(n, k / group, scales, zeros) : 0;
+    h.scale_exp = t == DN_W_I8Q ? dn_q8_scale_exp(n, k / group, scales, zeros) : 0;
     h.panel_bytes = panel_bytes(t, k, group, DN_LINEAR_NR);
     h.data_bytes = data_bytes(t, n, k, group);
     memcpy(dst, &h, sizeof h);
@@ -148,7 +169,7 @@ void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t grou
         int width = (int)(n16 - n0 < DN_LINEAR_NR ? n16 - n0 : DN_LINEAR_NR);
         uint8_t *panel = dst + DN_LINEAR_HEADER + p * h.panel_bytes;
         if (t == DN_W_MXFP4) pack_mxfp4_panel(panel, n, k, n0, width, w, scales);
-        else pack_panel(panel, t, n, k, group, n0, width, w, scales, zeros, h.scale_exp);
+        else pack_panel(panel, t, n, k, group, n0, width, w, scales, zeros, row_scales, h.scale_exp);
     }
 }
 
@@ -166,7 +187,7 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len) {
         h.data_bytes != data_bytes(t, h.n, h.k, h.group))
         return "corrupt header (sizes do not match the shape)";
     if ((uint64_t)h.data_bytes > len - DN_LINEAR_HEADER) return "truncated packed weight";
-    if (dn_linear_act_quantized(t) ? h.scale_exp < -DN_Q8_MAX_EXP || h.scale_exp > DN_Q8_MAX_EXP : h.scale_exp != 0)
+    if (t == DN_W_I8Q ? h.scale_exp < -DN_Q8_MAX_EXP || h.scale_exp > DN_Q8_MAX_EXP : h.scale_exp != 0)
         return "corrupt header (bad scale exponent)";
     w->wtype = t;
     w->n = h.n, w->k = h.k, w->group = h.group;

@@ -9,23 +9,31 @@
  *   f32   [K][w] float
  *   bf16  [K/2][w][2] bf16 bits: pairs of consecutive k per column, the vdpbf16ps operand order
  *   i8    per group: scale[w] float, zero[w] float, codes [G/2][w][2] uint8
- *   u4    per group: scale[w] float, zero[w] float, codes [G/2][w/16][16] bytes; byte j of a
- *         16-column chunk holds element j of (cols 0..7 x k pair) in its low nibble and of
- *         (cols 8..15 x k pair) in its high nibble, so one byte load feeds two 16-lane registers.
+ *   u4    the panel's row scales d[w] float, then per group: scale codes sc[w] uint8, zero codes
+ *         zc[w] uint8 (w = (q - zc/16) * (d * sc), d * sc rounded to float), codes
+ *         [G/2][w/16][16] bytes; byte j of a 16-column chunk holds element j of (cols 0..7 x k
+ *         pair) in its low nibble and of (cols 8..15 x k pair) in its high nibble, so one byte
+ *         load feeds two 16-lane registers. 4.5 + 32/K bits a weight in groups of 32 (4.516 at
+ *         K 2048, 4.542 at 768): fp32 pairs per group (6 bits) kept Qwen3-30B-A3B out of 24 GiB.
  *   i8q   per group: scale[w] fp16, scale*zero[w] fp16, codes [G/4][w][4] uint8: quads of
  *         consecutive k per column, the vpdpbusd operand order
- *   u4q   per group: scale[w] fp16, scale*zero[w] fp16, codes [G/8][w][4] bytes: byte i of
- *         column c in row j holds k = 8j + i in its low nibble and k = 8j + 4 + i in its high one
+ *   u4q   u4's row scales and group heads, codes [G/8][w][4] bytes: byte i of column c in row j
+ *         holds k = 8j + i in its low nibble and k = 8j + 4 + i in its high one
  *   mxfp4 per group of 32 k: codes [4][w] uint32, word j of column c holding k = 8j + i in its
  *         nibble i (the checkpoint's bytes of that row and block, 4 at a time), then the e8m0
  *         scales [w] uint8 (w = e2m1(code) * 2^(scale - 127)): 17 bytes per 32 weights. One
  *         32-bit lane of codes feeds 8 k of a column by shifting 4 bits a step.
- *   The fp16 pairs of i8q/u4q hold scale * 2^e and scale*zero * 2^e, e (header scale_exp) one
+ *   The fp16 pairs of i8q hold scale * 2^e and scale*zero * 2^e, e (header scale_exp) one
  *   power of two per weight that puts its largest such value in [2^14, 2^15): fp16's 5-bit
  *   exponent then spans the weight's own range (no overflow, no underflow for the 2^28 below it)
  *   and the kernels multiply each output by 2^-e (exact). Half the bytes of fp32 scales: int8 g64
- *   streams 8.5 bits a weight instead of 9, uint4 g32 5 instead of 6; the rounding costs at most
- *   2^-11 of each scale, 1/16 of an int8 code step.
+ *   streams 8.5 bits a weight instead of 9; the rounding costs at most 2^-11 of each scale, 1/16
+ *   of an int8 code step.
+ *   The kernels expand a u4/u4q group's codes into the fp32 (scale, zero) they fix up with once
+ *   per group and panel (dn_u4_params: 2 values per column against 32 codes), so every path
+ *   reads one layout. The quantizer (dashinfer_client/model/quant.py, linear_quantize.c) picks
+ *   sc and zc per group by the least squared error among 9 candidates, which on the default
+ *   model's weights lands nearer the source grid than one min/max rule does.
  * K is padded to even with zero weights (and zero activations). The layout does not depend on
  * the ISA: a buffer packed once runs on every path.
  *
@@ -45,7 +53,7 @@ typedef enum { DN_W_F32 = 0, DN_W_BF16 = 1, DN_W_I8 = 2, DN_W_U4 = 3, DN_W_I8Q =
 
 #define DN_LINEAR_NR 64          /* output columns per panel */
 #define DN_LINEAR_HEADER 64      /* header bytes; panels start 64-byte aligned after it */
-#define DN_LINEAR_VERSION 2  /* 2: fp16 group scales of i8q/u4q */
+#define DN_LINEAR_VERSION 3  /* 2: fp16 group scales of i8q/u4q; 3: u4/u4q's 8-bit group codes */
 #define DN_Q8_BLOCK 32           /* k per activation quantization block of i8q/u4q */
 #define DN_MXFP4_GROUP 32        /* k per e8m0 scale of mxfp4 */
 
@@ -56,7 +64,7 @@ typedef struct {
     int64_t n, k;
     int64_t group;        /* quantization group along K; 0 for f32/bf16, 32 for mxfp4 */
     int32_t nr;           /* DN_LINEAR_NR at pack time */
-    int32_t scale_exp;    /* e of i8q/u4q (layout above); 0 for the others */
+    int32_t scale_exp;    /* e of i8q (layout above); 0 for the others */
     int64_t panel_bytes;  /* bytes of one full-width panel */
     int64_t data_bytes;   /* bytes after the header */
 } dn_linear_header;
@@ -68,7 +76,7 @@ typedef struct {
     int64_t kp;           /* K rounded up to even */
     int64_t npanels;
     int64_t panel_bytes;  /* stride between panels */
-    float unscale;        /* i8q/u4q: 2^-scale_exp, the factor of every output; else 1 */
+    float unscale;        /* i8q: 2^-scale_exp, the factor of every output; else 1 */
     const uint8_t *data;  /* first panel */
 } dn_linear_w;
 
@@ -90,16 +98,43 @@ static inline int dn_linear_valid(const dn_linear_w *w, int64_t p) {
 /* Bytes of one mxfp4 group block of a panel `width` wide: 16 code bytes and a scale a column. */
 static inline int64_t dn_linear_mxfp4_group_bytes(int width) { return 17 * (int64_t)width; }
 
-/* Bytes of a group block's scales (and zeros) ahead of its codes: fp32 pairs for i8/u4, fp16
- * pairs for i8q/u4q. */
+/* Bytes ahead of a panel's first group block: u4/u4q's row scales (a multiple of 64). */
+static inline int64_t dn_linear_panel_head(dn_wtype t, int width) {
+    return dn_linear_nibbles(t) ? 4 * (int64_t)width : 0;
+}
+
+/* Bytes of a group block's scales (and zeros) ahead of its codes: fp32 pairs for i8, fp16
+ * pairs for i8q, uint8 scale and zero codes for u4/u4q. */
 static inline int64_t dn_linear_group_head(dn_wtype t, int width) {
-    return (dn_linear_act_quantized(t) ? 4 : 8) * (int64_t)width;
+    return (dn_linear_nibbles(t) ? 2 : t == DN_W_I8Q ? 4 : 8) * (int64_t)width;
 }
 
 /* Bytes of one quantization group block of a panel `width` wide (i8/u4/i8q/u4q). */
 static inline int64_t dn_linear_group_bytes(dn_wtype t, int64_t group, int width) {
     int64_t pairs = (group + 1) / 2;
     return dn_linear_group_head(t, width) + pairs * 2 * width / (dn_linear_nibbles(t) ? 2 : 1);
+}
+
+/* Group block g of a quantized panel `width` wide. */
+static inline const uint8_t *dn_linear_group_at(dn_wtype t, int64_t group, const uint8_t *panel, int width,
+                                                int64_t g) {
+    return panel + dn_linear_panel_head(t, width) + g * dn_linear_group_bytes(t, group, width);
+}
+
+/* Column c's fp32 scale and zero in a u4/u4q group block `blk` of `panel` (w = (q - zero) * scale). */
+static inline float dn_u4_scale(const uint8_t *panel, const uint8_t *blk, int c) {
+    return ((const float *)panel)[c] * (float)blk[c];
+}
+static inline float dn_u4_zero(const uint8_t *blk, int width, int c) { return (float)blk[width + c] * 0.0625f; }
+
+/* Every column's: scale[width], zero[width], what the kernels' fix-ups read, worked out once per
+ * group and panel. */
+static inline void dn_u4_params(const uint8_t *panel, const uint8_t *blk, int width, float *scale,
+                                float *zero) {
+    for (int c = 0; c < width; c++) {
+        scale[c] = dn_u4_scale(panel, blk, c);
+        zero[c] = dn_u4_zero(blk, width, c);
+    }
 }
 
 /* Why (wtype, n, k, group) cannot be packed, or NULL when it can. */
@@ -111,10 +146,11 @@ int64_t dn_linear_packed_bytes(dn_wtype t, int64_t n, int64_t k, int64_t group);
 /* Pack into dst (64-byte aligned, dn_linear_packed_bytes long).
  * w: f32 float[n][k] | bf16 uint16[n][k] | i8, i8q uint8[n][k] | u4, u4q, mxfp4 uint8[n][k/2] (low
  * nibble = even k; mxfp4: the checkpoint's blocks [n][k/32][16] as they are)
- * scales: float[n][k/group] for i8/u4/i8q/u4q, uint8 e8m0 [n][k/32] for mxfp4; zeros: float
- * [n][k/group] for i8/u4/i8q/u4q; else unused. */
+ * scales: float[n][k/group] for i8/i8q, uint8 scale codes [n][k/group] for u4/u4q, uint8 e8m0
+ * [n][k/32] for mxfp4; zeros: float [n][k/group] for i8/i8q, uint8 zero codes (1/16 units) for
+ * u4/u4q; row_scales: float [n] for u4/u4q; else unused. */
 void dn_linear_pack(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, const void *w,
-                    const void *scales, const float *zeros);
+                    const void *scales, const void *zeros, const float *row_scales);
 
 /* The weight a packed buffer of f32, bf16, i8, u4 or mxfp4 holds, dequantized exactly into dst
  * float[n][k] (the portable path's reading of the layout). */
@@ -136,11 +172,12 @@ int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias
 int dn_linear_glu(const dn_linear_w *w, const float *x, int64_t m, dn_act act, float *gate_up,
                   float *out);
 
-/* Quantize w (bf16 bits when `bf16`, else float) [n][k] to `bits` (8 or 4) codes with per-group
- * scales, zeros [n][k/group], as InstantQuant does (dashinfer_client/model/quant.py): codes
- * [n][k] for 8 bits, [n][k/2] two a byte (even k in the low nibble) for 4. */
+/* Quantize w (bf16 bits when `bf16`, else float) [n][k] to `bits` (8 or 4) codes per group, as
+ * InstantQuant does (dashinfer_client/model/quant.py): codes [n][k] for 8 bits, [n][k/2] two a
+ * byte (even k in the low nibble) for 4. 8 bits: scales, zeros float [n][k/group]. 4 bits (u4's
+ * layout above): scales, zeros uint8 codes [n][k/group] and row_scales float [n]. */
 void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
-                 float *scales, float *zeros);
+                 void *scales, void *zeros, float *row_scales);
 
 /* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
  * in portable C, slowly: pack i8/u4 instead. */

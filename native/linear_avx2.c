@@ -101,15 +101,20 @@ INLINE void dequant_pairs(__m128i codes, __m256 s, __m256 b, float *row0, float 
 static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64_t k0, int64_t kc,
                     float *dst) {
     const int u4 = w->wtype == DN_W_U4;
-    const int64_t gpairs = (w->group + 1) / 2, gb = dn_linear_group_bytes(w->wtype, w->group, width);
+    const int64_t gpairs = (w->group + 1) / 2;
     const int64_t rowbytes = u4 ? width : 2 * width;
     const __m128i low = _mm_set1_epi8(15);
-    float offset[NR];
+    float offset[NR], u4_scale[NR], u4_zero[NR];
     for (int64_t kp0 = k0 / 2, kp1; kp0 < (k0 + kc) / 2; kp0 = kp1) {
         int64_t g = kp0 / gpairs;
         kp1 = (g + 1) * gpairs < (k0 + kc) / 2 ? (g + 1) * gpairs : (k0 + kc) / 2;
-        const uint8_t *blk = panel + g * gb, *codes = blk + 8 * width - g * gpairs * rowbytes;
+        const uint8_t *blk = dn_linear_group_at(w->wtype, w->group, panel, width, g);
+        const uint8_t *codes = blk + dn_linear_group_head(w->wtype, width) - g * gpairs * rowbytes;
         const float *scale = (const float *)blk, *zero = scale + width;
+        if (u4) {
+            dn_u4_params(panel, blk, width, u4_scale, u4_zero);
+            scale = u4_scale, zero = u4_zero;
+        }
         for (int c = 0; c < width; c++) offset[c] = -zero[c] * scale[c];
         for (int64_t kp = kp0; kp < kp1; kp++) {
             const uint8_t *row = codes + kp * rowbytes;

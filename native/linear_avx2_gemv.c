@@ -186,12 +186,18 @@ static void gemv_panel(const dn_linear_w *w, int64_t p, int mb, const float *x, 
     const int u4 = w->wtype == DN_W_U4;
     const int64_t ngroups = w->k / w->group, gpairs = (w->group + 1) / 2;
     const int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width);
+    const int64_t head = dn_linear_group_head(w->wtype, width);
+    float u4_scale[NR], u4_zero[NR];
     for (int64_t g = 0; g < ngroups; g++) {
-        const uint8_t *blk = panel + g * gb, *codes = blk + 8 * width;
+        const uint8_t *blk = dn_linear_group_at(w->wtype, w->group, panel, width, g), *codes = blk + head;
         const float *scale = (const float *)blk, *zero = scale + width;
+        if (u4) {
+            dn_u4_params(panel, blk, width, u4_scale, u4_zero);
+            scale = u4_scale, zero = u4_zero;
+        }
         const float *xg = x + g * 2 * gpairs;
         /* the next group's scales and zeros; its codes go row by row below */
-        for (int l = 0; l < 8 * width; l += 64) _mm_prefetch((const char *)blk + gb + l, _MM_HINT_T0);
+        for (int l = 0; l < head; l += 64) _mm_prefetch((const char *)blk + gb + l, _MM_HINT_T0);
         for (int c0 = 0, nv; c0 < width; c0 += 8 * nv) {
             nv = block_nv(mb, width - c0);
             const uint8_t *next = c0 == 0 && width == NR ? codes + gb : NULL;

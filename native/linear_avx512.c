@@ -128,13 +128,18 @@ static void mk_f32_any(const mk_args *a, int mr, int nv) { MK_ROWS(MK_F32) }
 static void dequant_bf16(const dn_linear_w *w, const uint8_t *panel, int width, int64_t kp0,
                          int64_t kp1, uint16_t *dst) {
     const int u4 = w->wtype == DN_W_U4, halves = width / 8;
-    const int64_t gpairs = (w->group + 1) / 2, gb = dn_linear_group_bytes(w->wtype, w->group, width);
+    const int64_t gpairs = (w->group + 1) / 2;
     const int64_t rowbytes = u4 ? width : 2 * width;
+    float u4_scale[NR], u4_zero[NR];
     for (int64_t kp = kp0; kp < kp1;) {
         int64_t g = kp / gpairs, end = (g + 1) * gpairs < kp1 ? (g + 1) * gpairs : kp1;
-        const uint8_t *blk = panel + g * gb;
+        const uint8_t *blk = dn_linear_group_at(w->wtype, w->group, panel, width, g);
         const float *scale = (const float *)blk, *zero = scale + width;
-        const uint8_t *codes = blk + 8 * width;
+        const uint8_t *codes = blk + dn_linear_group_head(w->wtype, width);
+        if (u4) {
+            dn_u4_params(panel, blk, width, u4_scale, u4_zero);
+            scale = u4_scale, zero = u4_zero;
+        }
         __m512 s[8], b[8]; /* w = q * s + b, b = -zero * scale */
         for (int h = 0; h < halves; h++) {
             s[h] = dup_half(scale, h);
@@ -205,7 +210,7 @@ static const char *slice_span(const dn_linear_w *w, int64_t p, int64_t k0, int64
     int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width), ngroups = w->k / w->group;
     int64_t g0 = k0 / w->group, g1 = (k0 + kc + w->group - 1) / w->group;
     *bytes = ((g1 < ngroups ? g1 : ngroups) - g0) * gb;
-    return panel + g0 * gb;
+    return (const char *)dn_linear_group_at(w->wtype, w->group, (const uint8_t *)panel, width, g0);
 }
 
 /* Share of the next slice [at, at + bytes) that row block `i` of `calls` prefetches while

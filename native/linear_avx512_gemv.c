@@ -131,11 +131,11 @@ INLINE void gemv_u4(const int mb, const int units, const uint8_t *panel, int wid
     __m512 total[4][4]; /* [row][unit A, unit B] */
     for (int r = 0; r < mb; r++)
         for (int j = 0; j < 2 * units; j++) total[r][j] = _mm512_setzero_ps();
+    float scale[NR], zero[NR];
     for (int64_t g = 0; g < ngroups; g++) {
-        const uint8_t *blk = panel + g * gb;
-        const float *scale = (const float *)blk, *zero = scale + width;
-        const uint8_t *codes = blk + 8 * width;
-        for (int l = 0; l < 8 * width; l += 64) _mm_prefetch((const char *)blk + l, _MM_HINT_T0);
+        const uint8_t *blk = panel + dn_linear_panel_head(DN_W_U4, width) + g * gb;
+        const uint8_t *codes = blk + dn_linear_group_head(DN_W_U4, width);
+        dn_u4_params(panel, blk, width, scale, zero); /* read ahead of the codes: the stream runs forward */
         __m512 acc[4][4], lo[4];
         for (int r = 0; r < mb; r++)
             for (int j = 0; j < 2 * units; j++) acc[r][j] = _mm512_setzero_ps();

@@ -56,8 +56,12 @@ static inline float dn_e8m0_half(uint8_t e) {
 
 /* One i8q/u4q panel (the rest of dn_linear_pack, linear_q8.c); e: dn_q8_scale_exp. */
 void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
-                             int width, const void *w, const float *scales, const float *zeros, int e);
-/* The header's scale_exp of i8q/u4q scales, zeros [n][ng] (linear.h), within DN_Q8_MAX_EXP. */
+                             int width, const void *w, const void *scales, const void *zeros,
+                             const float *row_scales, int e);
+/* A u4/u4q panel's row scales and group heads (linear.c); returns its first group block. */
+uint8_t *dn_linear_pack_u4_heads(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
+                                 int width, const uint8_t *scales, const uint8_t *zeros, const float *row_scales);
+/* The header's scale_exp of i8q scales, zeros [n][ng] (linear.h), within DN_Q8_MAX_EXP. */
 #define DN_Q8_MAX_EXP 120
 int dn_q8_scale_exp(int64_t n, int64_t ng, const float *scales, const float *zeros);
 

@@ -29,14 +29,13 @@ static void dequant_f32(const dn_linear_w *w, const uint8_t *panel, int width, i
         }
         return;
     }
-    int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width);
     for (int64_t k = k0; k < k0 + kc; k++) {
         int64_t g = k / w->group, kk = k - g * w->group;
-        const uint8_t *blk = panel + g * gb;
-        const float *scale = (const float *)blk, *zero = scale + width;
-        const uint8_t *codes = blk + 8 * width;
+        const uint8_t *blk = dn_linear_group_at(w->wtype, w->group, panel, width, g);
+        const uint8_t *codes = blk + dn_linear_group_head(w->wtype, width);
         float *d = dst + (k - k0) * width;
         if (w->wtype == DN_W_I8) {
+            const float *scale = (const float *)blk, *zero = scale + width;
             const uint8_t *row = codes + (kk / 2) * width * 2 + (kk & 1);
             for (int c = 0; c < width; c++) d[c] = ((float)row[2 * c] - zero[c]) * scale[c];
         } else {
@@ -45,7 +44,7 @@ static void dequant_f32(const dn_linear_w *w, const uint8_t *panel, int width, i
                 int cc = c & 15;
                 uint8_t b = row[(c - cc) + 2 * (cc & 7)];
                 int q = cc < 8 ? b & 15 : b >> 4;
-                d[c] = ((float)q - zero[c]) * scale[c];
+                d[c] = ((float)q - dn_u4_zero(blk, width, c)) * dn_u4_scale(panel, blk, c);
             }
         }
     }

@@ -35,18 +35,22 @@ int dn_q8_scale_exp(int64_t n, int64_t ng, const float *scales, const float *zer
 }
 
 void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
-                             int width, const void *w, const float *scales, const float *zeros, int e) {
+                             int width, const void *w, const void *scales, const void *zeros,
+                             const float *row_scales, int e) {
     const uint8_t *src = w; /* i8q: [n][k]; u4q: [n][k/2], low nibble = even k */
     int64_t ngroups = k / group, gb = dn_linear_group_bytes(t, group, width), head = dn_linear_group_head(t, width);
+    if (t == DN_W_U4Q) dst = dn_linear_pack_u4_heads(dst, t, n, k, group, n0, width, scales, zeros, row_scales);
     for (int64_t g = 0; g < ngroups; g++) {
         uint8_t *blk = dst + g * gb;
-        uint16_t *scale = (uint16_t *)blk, *sz = scale + width;
         uint8_t *codes = blk + head;
-        for (int c = 0; c < width; c++) {
-            int real = n0 + c < n;
-            float s = real ? scales[(n0 + c) * ngroups + g] : 0.0f;
-            scale[c] = f16_bits(ldexpf(s, e));
-            sz[c] = f16_bits(real ? ldexpf(s * zeros[(n0 + c) * ngroups + g], e) : 0.0f);
+        if (t == DN_W_I8Q) {
+            uint16_t *scale = (uint16_t *)blk, *sz = scale + width;
+            for (int c = 0; c < width; c++) {
+                int real = n0 + c < n;
+                float s = real ? ((const float *)scales)[(n0 + c) * ngroups + g] : 0.0f;
+                scale[c] = f16_bits(ldexpf(s, e));
+                sz[c] = f16_bits(real ? ldexpf(s * ((const float *)zeros)[(n0 + c) * ngroups + g], e) : 0.0f);
+            }
         }
         memset(codes, 0, gb - head);
         for (int64_t kk = 0; kk < group; kk++) {
@@ -132,15 +136,20 @@ static void run(const dn_linear_call *c, int t, int nt) {
         dn_linear_rows(&share, p, &m0, &m1);
         const uint8_t *panel = dn_linear_panel(w, p);
         int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
-        int64_t gb = dn_linear_group_bytes(w->wtype, w->group, width), col0 = p * DN_LINEAR_NR;
-        int64_t head = dn_linear_group_head(w->wtype, width);
+        int64_t col0 = p * DN_LINEAR_NR, head = dn_linear_group_head(w->wtype, width);
         for (int64_t i = m0; i < m1; i++)
             for (int j = 0; j < valid; j++) {
                 float acc = 0;
                 for (int64_t g = 0; g < ng; g++) {
-                    const uint8_t *blk = panel + g * gb;
-                    const uint16_t *s16 = (const uint16_t *)blk;
-                    float scale = dn_f16_to_f32(s16[j]), sz = dn_f16_to_f32(s16[width + j]);
+                    const uint8_t *blk = dn_linear_group_at(w->wtype, w->group, panel, width, g);
+                    float scale, sz;
+                    if (w->wtype == DN_W_U4Q) {
+                        scale = dn_u4_scale(panel, blk, j);
+                        sz = scale * dn_u4_zero(blk, width, j);
+                    } else {
+                        const uint16_t *s16 = (const uint16_t *)blk;
+                        scale = dn_f16_to_f32(s16[j]), sz = dn_f16_to_f32(s16[width + j]);
+                    }
                     for (int64_t b = 0; b < w->group / DN_Q8_BLOCK; b++) {
                         int64_t k0 = g * w->group + b * DN_Q8_BLOCK;
                         int32_t dot = 0;

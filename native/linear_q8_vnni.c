@@ -48,16 +48,22 @@ typedef struct {
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int64_t group,
                  int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy, const float *bias,
                  int valid, ahead pf, __m512 unscale) {
-    const int64_t ng = k / group, nb = k / DN_Q8_BLOCK, gb = dn_linear_group_bytes(u4 ? DN_W_U4Q : DN_W_I8Q, group, width);
+    const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
+    const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m512i low = _mm512_set1_epi8(15);
+    float u4_scale[DN_LINEAR_NR], u4_sz[DN_LINEAR_NR]; /* a u4q group's scale and scale*zero */
     __m512 total[MR][4];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *blk = panel + g * gb, *codes = blk + dn_linear_group_head(DN_W_I8Q, width);
-        const uint16_t *scale = (const uint16_t *)blk, *sz = scale + width; /* fp16 */
+        const uint8_t *blk = dn_linear_group_at(t, group, panel, width, g), *codes = blk + dn_linear_group_head(t, width);
+        const uint16_t *scale = (const uint16_t *)blk, *sz = scale + width; /* i8q: fp16 */
+        if (u4) {
+            dn_u4_params(panel, blk, width, u4_scale, u4_sz);
+            for (int c = 0; c < width; c++) u4_sz[c] *= u4_scale[c];
+        }
         __m512 s[4];
-        for (int v = 0; v < nv; v++) s[v] = half16(scale + 16 * v);
+        for (int v = 0; v < nv; v++) s[v] = u4 ? _mm512_loadu_ps(u4_scale + 16 * v) : half16(scale + 16 * v);
         for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
@@ -110,7 +116,7 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
             }
         }
         for (int v = 0; v < nv; v++) {
-            __m512 z = half16(sz + 16 * v);
+            __m512 z = u4 ? _mm512_loadu_ps(u4_sz + 16 * v) : half16(sz + 16 * v);
             for (int r = 0; r < mr; r++)
                 total[r][v] = _mm512_fnmadd_ps(z, _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
         }

@@ -1,6 +1,8 @@
 /* int8 / uint4 weight quantization at load time (the output head of a model whose other weights
- * were quantized at serialization): the same rule as dashinfer_client/model/quant.py, in double
- * like its numpy, so both give the same codes, scales and zeros bit for bit. */
+ * were quantized at serialization): the same rules as dashinfer_client/model/quant.py, in double
+ * like its numpy and summing in the same order, so both give the same codes and scales bit for
+ * bit. */
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 
@@ -11,31 +13,102 @@ static float weight_at(const void *w, int bf16, int64_t i) {
     return bf16 ? dn_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
+static void put_code(uint8_t *codes, int bits, int64_t i, int code) {
+    if (bits == 8) codes[i] = (uint8_t)code;
+    else if (i % 2 == 0) codes[i / 2] = (uint8_t)code; /* group is even: k is */
+    else codes[i / 2] |= (uint8_t)(code << 4);
+}
+
+/* int8: scale = (max - min) / 255, zero = -min / scale, both float. */
+static void quantize_i8_group(const void *w, int bf16, int64_t at, int64_t group, uint8_t *codes,
+                              float *scale_out, float *zero_out) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < group; i++) {
+        double v = weight_at(w, bf16, at + i);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    float scale = (float)((hi - lo) / 255.0);
+    if (!(scale >= FLT_MIN)) scale = 1.0f; /* constant or denormal-range group */
+    float zero = (float)(-lo / (double)scale);
+    for (int64_t i = 0; i < group; i++) {
+        double q = nearbyint(weight_at(w, bf16, at + i) / (double)scale + (double)zero);
+        put_code(codes, 8, at + i, (int)(q < 0 ? 0 : q > 255 ? 255 : q));
+    }
+    *scale_out = scale;
+    *zero_out = zero;
+}
+
+/* A uint4 group's range, widened to hold 0: [*lo, *hi]. */
+static void u4_range(const void *w, int bf16, int64_t at, int64_t group, double *lo, double *hi) {
+    *lo = 0, *hi = 0;
+    for (int64_t i = 0; i < group; i++) {
+        double v = weight_at(w, bf16, at + i);
+        *lo = v < *lo ? v : *lo;
+        *hi = v > *hi ? v : *hi;
+    }
+}
+
+static double u4_code(double x, float scale, double zero) {
+    double q = nearbyint(x / (double)scale + zero);
+    return q < 0 ? 0 : q > 15 ? 15 : q;
+}
+
+/* uint4 (linear.h's u4): the scale code sc and zero code zc of least squared error, sc within
+ * 1 of rint(range / 15 / d) and zc within 1 of rint(-min / scale * 16). */
+static void quantize_u4_group(const void *w, int bf16, int64_t at, int64_t group, float d, uint8_t *codes,
+                              uint8_t *sc_out, uint8_t *zc_out) {
+    double lo, hi, best = INFINITY;
+    u4_range(w, bf16, at, group, &lo, &hi);
+    double c0 = nearbyint((hi - lo) / 15.0 / (double)d);
+    int best_sc = 1, best_zc = 0;
+    for (int dc = -1; dc <= 1; dc++) {
+        int sc = (int)(c0 + dc < 1 ? 1 : c0 + dc > 255 ? 255 : c0 + dc);
+        float scale = d * (float)sc;
+        double z0 = nearbyint(-lo / (double)scale * 16.0);
+        for (int dz = -1; dz <= 1; dz++) {
+            int zc = (int)(z0 + dz < 0 ? 0 : z0 + dz > 240 ? 240 : z0 + dz);
+            double zero = zc / 16.0, err = 0;
+            for (int64_t i = 0; i < group; i++) {
+                double x = weight_at(w, bf16, at + i), e = (u4_code(x, scale, zero) - zero) * (double)scale - x;
+                err += e * e;
+            }
+            if (err < best) best = err, best_sc = sc, best_zc = zc;
+        }
+    }
+    float scale = d * (float)best_sc;
+    for (int64_t i = 0; i < group; i++)
+        put_code(codes, 4, at + i, (int)u4_code(weight_at(w, bf16, at + i), scale, best_zc / 16.0));
+    *sc_out = (uint8_t)best_sc;
+    *zc_out = (uint8_t)best_zc;
+}
+
+/* A uint4 row's scale: the largest group step over 255 (1 for a row of zeros). */
+static float u4_row_scale(const void *w, int bf16, int64_t at, int64_t k, int64_t group) {
+    double top = 0, lo, hi;
+    for (int64_t g = 0; g < k / group; g++) {
+        u4_range(w, bf16, at + g * group, group, &lo, &hi);
+        double step = (hi - lo) / 15.0;
+        top = step > top ? step : top;
+    }
+    float d = (float)(top / 255.0);
+    return d >= FLT_MIN ? d : 1.0f;
+}
+
 void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
-                 float *scales, float *zeros) {
+                 void *scales, void *zeros, float *row_scales) {
     int64_t ng = k / group;
-    const double levels = bits == 4 ? 15.0 : 255.0;
 #pragma omp parallel for schedule(static) num_threads(dn_num_threads())
-    for (int64_t r = 0; r < n; r++)
+    for (int64_t r = 0; r < n; r++) {
+        float d = 0;
+        if (bits == 4) d = row_scales[r] = u4_row_scale(w, bf16, r * k, k, group);
         for (int64_t g = 0; g < ng; g++) {
             int64_t at = r * k + g * group;
-            double lo = INFINITY, hi = -INFINITY;
-            for (int64_t i = 0; i < group; i++) {
-                double v = weight_at(w, bf16, at + i);
-                lo = v < lo ? v : lo;
-                hi = v > hi ? v : hi;
-            }
-            float scale = (float)((hi - lo) / levels);
-            if (!(scale >= 1.17549435e-38f)) scale = 1.0f; /* constant or denormal-range group */
-            float zero = (float)(-lo / (double)scale);
-            for (int64_t i = 0; i < group; i++) {
-                double q = nearbyint(weight_at(w, bf16, at + i) / (double)scale + (double)zero);
-                uint8_t code = (uint8_t)(q < 0 ? 0 : q > levels ? levels : q);
-                if (bits == 8) codes[at + i] = code;
-                else if ((at + i) % 2 == 0) codes[(at + i) / 2] = code; /* group is even: k is */
-                else codes[(at + i) / 2] |= (uint8_t)(code << 4);
-            }
-            scales[r * ng + g] = scale;
-            zeros[r * ng + g] = zero;
+            if (bits == 8)
+                quantize_i8_group(w, bf16, at, group, codes, (float *)scales + r * ng + g, (float *)zeros + r * ng + g);
+            else
+                quantize_u4_group(w, bf16, at, group, d, codes, (uint8_t *)scales + r * ng + g,
+                                  (uint8_t *)zeros + r * ng + g);
         }
+    }
 }

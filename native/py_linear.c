@@ -50,12 +50,12 @@ static int parse_wtype(const char *fn, const char *name, dn_wtype *t) {
 }
 
 static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"w", "wtype", "group_size", "scales", "zeros", NULL};
-    PyObject *w_obj, *s_obj = Py_None, *z_obj = Py_None;
+    static char *kwlist[] = {"w", "wtype", "group_size", "scales", "zeros", "row_scales", NULL};
+    PyObject *w_obj, *s_obj = Py_None, *z_obj = Py_None, *r_obj = Py_None;
     const char *tname;
     Py_ssize_t group = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|nOO:pack_linear", kwlist, &w_obj, &tname,
-                                     &group, &s_obj, &z_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|nOOO:pack_linear", kwlist, &w_obj, &tname,
+                                     &group, &s_obj, &z_obj, &r_obj))
         return NULL;
     dn_args a = {.fn = "pack_linear"};
     dn_wtype t;
@@ -63,8 +63,8 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
     static const char fmts[] = {'f', 'H', 'B', 'B', 'B', 'B', 'B'};
     Py_buffer *w = dn_take(&a, w_obj, "w", fmts[t], 2, 0);
     if (!w) return dn_done(&a, NULL);
-    int mxfp4 = t == DN_W_MXFP4;
-    int64_t n = w->shape[0], k = w->shape[1] * (dn_linear_nibbles(t) || mxfp4 ? 2 : 1);
+    int mxfp4 = t == DN_W_MXFP4, u4 = dn_linear_nibbles(t);
+    int64_t n = w->shape[0], k = w->shape[1] * (u4 || mxfp4 ? 2 : 1);
     int quant = dn_linear_quantized(t);
     if (mxfp4 && group == 0) group = DN_MXFP4_GROUP;
     if (quant && group == 0)
@@ -73,21 +73,26 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
     if (why)
         return dn_fail(&a, PyExc_ValueError, "%s weight [N=%lld, K=%lld], group_size %zd: %s",
                        tname, (long long)n, (long long)k, group, why);
-    Py_buffer *s = NULL, *z = NULL;
+    Py_buffer *s = NULL, *z = NULL, *r = NULL;
     if (mxfp4) {
         if (!(s = dn_take(&a, s_obj, "scales", 'B', 2, 0)) || dn_check_dim(&a, s, "scales", 0, n) ||
             dn_check_dim(&a, s, "scales", 1, k / group))
             return dn_done(&a, NULL);
         if (z_obj != Py_None) return dn_fail(&a, PyExc_ValueError, "mxfp4 has no zeros (its scales are powers of two)");
     } else if (quant) {
-        if (!(s = dn_take(&a, s_obj, "scales", 'f', 2, 0)) || dn_check_dim(&a, s, "scales", 0, n) ||
+        char code = u4 ? 'B' : 'f'; /* u4/u4q: uint8 scale and zero codes (linear.h) */
+        if (!(s = dn_take(&a, s_obj, "scales", code, 2, 0)) || dn_check_dim(&a, s, "scales", 0, n) ||
             dn_check_dim(&a, s, "scales", 1, k / group) ||
-            !(z = dn_take(&a, z_obj, "zeros", 'f', 2, 0)) || dn_check_dim(&a, z, "zeros", 0, n) ||
+            !(z = dn_take(&a, z_obj, "zeros", code, 2, 0)) || dn_check_dim(&a, z, "zeros", 0, n) ||
             dn_check_dim(&a, z, "zeros", 1, k / group))
+            return dn_done(&a, NULL);
+        if (u4 && (!(r = dn_take(&a, r_obj, "row_scales", 'f', 1, 0)) || dn_check_dim(&a, r, "row_scales", 0, n)))
             return dn_done(&a, NULL);
     } else if (s_obj != Py_None || z_obj != Py_None) {
         return dn_fail(&a, PyExc_ValueError, "scales and zeros apply to i8/u4 only (and i8q/u4q), not %s", tname);
     }
+    if (!u4 && r_obj != Py_None)
+        return dn_fail(&a, PyExc_ValueError, "row_scales apply to u4/u4q only, not %s", tname);
     int64_t bytes = dn_linear_packed_bytes(t, n, k, group);
     PyObject *out = aligned_bytes((Py_ssize_t)bytes);
     if (!out) return dn_done(&a, NULL);
@@ -97,7 +102,7 @@ static PyObject *py_pack_linear(PyObject *self, PyObject *args, PyObject *kw) {
         return dn_done(&a, NULL);
     }
     Py_BEGIN_ALLOW_THREADS;
-    dn_linear_pack(o->buf, t, n, k, group, w->buf, s ? s->buf : NULL, z ? z->buf : NULL);
+    dn_linear_pack(o->buf, t, n, k, group, w->buf, s ? s->buf : NULL, z ? z->buf : NULL, r ? r->buf : NULL);
     Py_END_ALLOW_THREADS;
     return dn_done(&a, out);
 }
@@ -128,7 +133,7 @@ static PyObject *py_dequantize_linear(PyObject *self, PyObject *arg) {
     dn_linear_w w;
     if (!take_packed(&a, arg, &w)) return dn_done(&a, NULL);
     if (dn_linear_act_quantized(w.wtype))
-        return dn_fail(&a, PyExc_ValueError, "packed: %s weights keep fp16 scales; dequantize the codes instead",
+        return dn_fail(&a, PyExc_ValueError, "packed: %s weights are laid out for the int8-activation kernels; dequantize the codes instead",
                        wtype_names[w.wtype]);
     PyObject *out = new_array("float32", w.n, w.k);
     Py_buffer *o = out ? dn_take(&a, out, "out", 'f', 2, 1) : NULL;
@@ -249,29 +254,41 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     if (group < 1 || k % group || (bits == 4 && group % 2))
         return dn_fail(&a, PyExc_ValueError, "group_size %zd does not divide K=%lld%s", group, (long long)k,
                        bits == 4 ? " in even groups" : "");
-    PyObject *codes = new_array("uint8", n, bits == 8 ? k : k / 2), *scales = new_array("float32", n, k / group);
-    PyObject *zeros = new_array("float32", n, k / group);
+    const char *param = bits == 8 ? "float32" : "uint8"; /* uint4: scale and zero codes (linear.h) */
+    PyObject *codes = new_array("uint8", n, bits == 8 ? k : k / 2), *scales = new_array(param, n, k / group);
+    PyObject *zeros = new_array(param, n, k / group), *rows = bits == 4 ? new_array("float32", n, 1) : NULL;
     Py_buffer *c = codes ? dn_take(&a, codes, "codes", 'B', 2, 1) : NULL;
-    Py_buffer *s = c && scales ? dn_take(&a, scales, "scales", 'f', 2, 1) : NULL;
-    Py_buffer *z = s && zeros ? dn_take(&a, zeros, "zeros", 'f', 2, 1) : NULL;
-    if (!z) {
-        Py_XDECREF(codes), Py_XDECREF(scales), Py_XDECREF(zeros);
+    Py_buffer *s = c && scales ? dn_take(&a, scales, "scales", param[0] == 'f' ? 'f' : 'B', 2, 1) : NULL;
+    Py_buffer *z = s && zeros ? dn_take(&a, zeros, "zeros", param[0] == 'f' ? 'f' : 'B', 2, 1) : NULL;
+    Py_buffer *r = z && rows ? dn_take(&a, rows, "row_scales", 'f', 2, 1) : NULL;
+    if (!z || (bits == 4 && !r)) {
+        Py_XDECREF(codes), Py_XDECREF(scales), Py_XDECREF(zeros), Py_XDECREF(rows);
         return dn_done(&a, NULL);
     }
     Py_BEGIN_ALLOW_THREADS;
-    dn_quantize(w->buf, bf16, n, k, group, bits, c->buf, s->buf, z->buf);
+    dn_quantize(w->buf, bf16, n, k, group, bits, c->buf, s->buf, z->buf, r ? r->buf : NULL);
     Py_END_ALLOW_THREADS;
-    return dn_done(&a, Py_BuildValue("(NNN)", codes, scales, zeros));
+    if (bits == 8) return dn_done(&a, Py_BuildValue("(NNN)", codes, scales, zeros));
+    /* row_scales [N]: a view of the [N, 1] array */
+    PyObject *flat = PyObject_CallMethod(rows, "reshape", "(n)", (Py_ssize_t)n);
+    Py_DECREF(rows);
+    if (!flat) {
+        Py_DECREF(codes), Py_DECREF(scales), Py_DECREF(zeros);
+        return dn_done(&a, NULL);
+    }
+    return dn_done(&a, Py_BuildValue("(NNNN)", codes, scales, zeros, flat));
 }
 
 static PyObject *py_linear_vnni(PyObject *self, PyObject *unused) { return PyBool_FromLong(dn_linear_vnni()); }
 
 PyMethodDef dn_linear_methods[] = {
     {"pack_linear", (PyCFunction)(void (*)(void))py_pack_linear, METH_VARARGS | METH_KEYWORDS,
-     "pack_linear(w, wtype, group_size=0, scales=None, zeros=None) -> packed uint8 array\n"
-     "wtype 'f32' (w float32 [N,K]), 'bf16' (w uint16 bits [N,K]), 'i8' (w uint8 codes [N,K]),\n"
-     "'u4' (w uint8 [N,K/2], low nibble = even k). i8/u4: scales, zeros float32 [N, K/group_size],\n"
-     "weight = (code - zero) * scale; group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
+     "pack_linear(w, wtype, group_size=0, scales=None, zeros=None, row_scales=None) -> packed uint8\n"
+     "array. wtype 'f32' (w float32 [N,K]), 'bf16' (w uint16 bits [N,K]), 'i8' (w uint8 codes [N,K]),\n"
+     "'u4' (w uint8 [N,K/2], low nibble = even k). i8: scales, zeros float32 [N, K/group_size],\n"
+     "weight = (code - zero) * scale. u4: scales, zeros uint8 codes [N, K/group_size], row_scales\n"
+     "float32 [N], weight = (code - zeros/16) * (row_scale * scales) (the product in float32).\n"
+     "group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
      "codes, computed with x quantized to int8 per 32 k (see linear_vnni). 'mxfp4': w uint8\n"
      "[N,K/2] e2m1 codes (a checkpoint's *_blocks [N,K/32,16] reshaped), scales uint8 e8m0\n"
      "[N,K/32] (*_scales), weight = e2m1(code) * 2^(scale - 127); group_size 32 (or 0)."},
@@ -291,7 +308,8 @@ PyMethodDef dn_linear_methods[] = {
      "vdpbf16ps (and i8/u4 weights dequantized to bf16); M <= 4 and the other paths stay fp32."},
     {"quantize", py_quantize, METH_VARARGS,
      "quantize(w, group_size, bits=8) -> (codes uint8, scales, zeros float32 [N, K/group_size]):\n"
-     "InstantQuant int8 (codes [N,K]) or uint4 (bits=4: [N,K/2], even k in the low nibble) of w\n"
+     "InstantQuant int8 (codes [N,K]) or uint4 (bits=4: codes [N,K/2], even k in the low nibble,\n"
+     "and (scales, zeros uint8 [N, K/group_size], row_scales float32 [N]) as pack_linear takes them) of w\n"
      "(float32, or uint16 bf16 bits) [N,K], the rule of quant.quantize"},
     {"linear_vnni", py_linear_vnni, METH_NOARGS,
      "linear_vnni() -> True when i8q/u4q weights run on AVX512-VNNI integer dot products here\n"

@@ -1,13 +1,22 @@
 """InstantQuant: weight-only asymmetric quantization per group of input channels (DashInfer's IQ).
 
-For a weight W [N, K] and groups of G consecutive k in each row:
-    scale = (max - min) / (2^bits - 1),  zero = -min / scale  (a float, not rounded),
-    q = clip(round(w / scale + zero), 0, 2^bits - 1),  dequantized w = (q - zero) * scale.
-A group with max == min (or a range too small for a normal float scale) gets scale 1, so nothing
-divides by zero; it dequantizes to its constant exactly. When G does not divide K the last group of
-each row is ragged (K mod G channels), as DashInfer's IQ serves a group-128 config on a 576-wide
-model; scales and zeros are then [N, ceil(K/G)]. int8 stores one code (0..255) a byte;
-uint4 two codes (0..15) a byte, the even k in the low nibble.
+For a weight W [N, K] and groups of G consecutive k in each row, int8:
+    scale = (max - min) / 255,  zero = -min / scale  (a float, not rounded),
+    q = clip(round(w / scale + zero), 0, 255),  dequantized w = (q - zero) * scale,
+both stored as float32 per group (8.5-9 bits a weight). A group with max == min (or a range too
+small for a normal float scale) gets scale 1, so nothing divides by zero.
+uint4 stores its group parameters as two bytes (native/linear.h's u4 layout), 4.5 + 32/K bits a
+weight in groups of 32 (fp32 pairs were 6: Qwen3-30B-A3B would not fit 24 GiB):
+    row scale d = max over the row's groups of (max - min) / 15, over 255, one float32 a row;
+    per group a scale code sc (1..255) and a zero code zc (0..240): scale = d * sc (float32),
+    zero = zc / 16, dequantized w = (q - zero) * scale, q = clip(round(w / scale + zero), 0, 15).
+Each group's range is widened to hold 0 (zero within 0..15), and (sc, zc) is the pair of least
+squared error among sc within 1 of round((max - min) / 15 / d) and zc within 1 of
+round(-min / scale * 16): on the default model this keeps uint4 g32 within 0.6% of its fp32-pair
+error (bench/quality.py), and on heavy-tailed random weights it beats the plain min/max rule.
+When G does not divide K the last group of each row is ragged (K mod G channels), as DashInfer's
+IQ serves a group-128 config on a 576-wide model; group parameters are then [N, ceil(K/G)].
+int8 stores one code (0..255) a byte; uint4 two codes (0..15) a byte, the even k in the low nibble.
 """
 import dataclasses
 import math
@@ -27,9 +36,14 @@ PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names 
 # a ragged quantization is served in the largest of these that divides both the group and K.
 SERVED_GROUPS = (256, 128, 64, 32)
 CHUNK_ELEMENTS = 1 << 22
+U4_CHUNK_ELEMENTS = 1 << 15
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
 ACT_BLOCK = 32  # k per activation quantization block (native/linear.h DN_Q8_BLOCK)
+# The stored tensors of a quantized weight, {format: ((part, safetensors dtype code), ...)}
+PARTS = {"int8": (("qweight", "U8"), ("scales", "F32"), ("zeros", "F32")),
+         "uint4": (("qweight", "U8"), ("scales", "U8"), ("zeros", "U8"), ("row_scales", "F32"))}
+U4_SCALE_CODES, U4_ZERO_STEPS = 255, 16  # uint4: sc in 1..255, zero in steps of 1/16 (0..15)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +97,7 @@ class InstantQuantSettings:
         return k if self.group_size == -1 else self.group_size
 
     def packed_shapes(self, n, k):
-        """Shapes of (qweight, scales, zeros) for a [n, k] weight (a ragged last group when the
+        """Shapes of the stored parts (PARTS) of a [n, k] weight (a ragged last group when the
         group does not divide k)."""
         g = self.group_of(k)
         if k % g:
@@ -96,7 +110,7 @@ class InstantQuantSettings:
             raise ModelSerializerException(f"InstantQuant uint4: input size {k} must be even (two codes a byte)")
         q_cols = k if self.weight_format == "int8" else k // 2
         groups = -(-k // g)
-        return (n, q_cols), (n, groups), (n, groups)
+        return ((n, q_cols), (n, groups), (n, groups)) + (((n,),) if self.weight_format == "uint4" else ())
 
 
 def _check_compute_method(compute, fmt, group):
@@ -115,41 +129,47 @@ def _check_compute_method(compute, fmt, group):
 
 
 def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
-    """w float [N, K] -> (qweight uint8, scales float32 [N, ceil(K/G)], zeros float32 [N, ceil(K/G)])."""
+    """w float [N, K] -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
+    [N, ceil(K/G)]); uint4 (qweight uint8 [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)],
+    row scales float32 [N])."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
     w = np.asarray(w, dtype=np.float32)
     if w.ndim != 2:
         raise ModelSerializerException(f"InstantQuant: expects a 2-D weight [N, K], got shape {list(w.shape)}")
     n, k = w.shape
-    q_shape, s_shape, _ = settings.packed_shapes(n, k)
-    q = np.empty(q_shape, dtype=np.uint8)
-    scales = np.empty(s_shape, dtype=np.float32)
-    zeros = np.empty(s_shape, dtype=np.float32)
-    rows = max(1, CHUNK_ELEMENTS // max(k, 1))  # bounds the float64 temporaries
+    shapes = settings.packed_shapes(n, k)
+    parts = tuple(np.empty(shape, dtype=np.float32 if code == "F32" else np.uint8)
+                  for shape, (_, code) in zip(shapes, PARTS[weight_format]))
+    # bounds the float64 temporaries; uint4's 9 candidate passes run faster from L2
+    rows = max(1, (CHUNK_ELEMENTS if weight_format == "int8" else U4_CHUNK_ELEMENTS) // max(k, 1))
     for r in range(0, n, rows):
-        q[r:r + rows], scales[r:r + rows], zeros[r:r + rows] = _quantize_rows(
-            w[r:r + rows], BITS[settings.weight_format], settings.group_of(k))
-    return q, scales, zeros
+        for part, value in zip(parts, _quantize_rows(w[r:r + rows], BITS[settings.weight_format],
+                                                     settings.group_of(k))):
+            part[r:r + rows] = value
+    return parts
 
 
 def _quantize_rows(w, bits, g):
     n, k = w.shape
-    levels = (1 << bits) - 1
     whole = k - k % g
-    parts = [_quantize_groups(w[:, :whole].reshape(n, whole // g, g), levels)] if whole else []
+    groups = [w[:, :whole].reshape(n, whole // g, g)] if whole else []
     if whole < k:  # the ragged last group
-        parts.append(_quantize_groups(w[:, None, whole:], levels))
+        groups.append(w[:, None, whole:])
+    groups = [part.astype(np.float64) for part in groups]
+    if bits == 8:
+        parts = [_quantize_groups(part, 255) for part in groups]
+    else:
+        d = _u4_row_scales(groups)
+        parts = [_quantize_u4_groups(part, d) for part in groups]
     q = np.concatenate([p[0].reshape(n, -1) for p in parts], axis=1)
-    scale = np.concatenate([p[1] for p in parts], axis=1)
-    zero = np.concatenate([p[2] for p in parts], axis=1)
-    if bits == 4:
-        q = q[:, 0::2] | (q[:, 1::2] << 4)
-    return q, scale, zero
+    params = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in (1, 2))
+    if bits == 8:
+        return (q,) + params
+    return (q[:, 0::2] | (q[:, 1::2] << 4),) + params + (d,)
 
 
 def _quantize_groups(groups, levels):
-    """groups float [n, count, g] -> (codes uint8 [n, count, g], scale, zero float32 [n, count])."""
-    groups = groups.astype(np.float64)
+    """groups float64 [n, count, g] -> (codes uint8 [n, count, g], scale, zero float32 [n, count])."""
     lo, hi = groups.min(axis=2), groups.max(axis=2)
     scale = ((hi - lo) / levels).astype(np.float32)
     scale[~(scale >= np.finfo(np.float32).tiny)] = 1.0  # constant (or denormal-range) groups
@@ -157,6 +177,54 @@ def _quantize_groups(groups, levels):
     # Codes from the stored float32 scale/zero, so dequantization (in float32) is what was rounded to.
     codes = np.rint(groups / scale[..., None] + zero[..., None])
     return np.clip(codes, 0, levels).astype(np.uint8), scale, zero
+
+
+def _u4_ranges(groups):
+    """(min, max) of each group [n, count], widened to hold 0."""
+    return np.minimum(groups.min(axis=2), 0), np.maximum(groups.max(axis=2), 0)
+
+
+def _u4_row_scales(groups):
+    """float32 [n]: the largest group step of each row over 255 (1 for a row of zeros)."""
+    steps = [(hi - lo) / 15 for lo, hi in map(_u4_ranges, groups)]
+    d = (np.max(np.concatenate(steps, axis=1), axis=1) / U4_SCALE_CODES).astype(np.float32)
+    d[~(d >= np.finfo(np.float32).tiny)] = 1.0
+    return d
+
+
+def _u4_codes(groups, scale, zero):
+    return np.clip(np.rint(groups / scale[..., None] + zero[..., None]), 0, 15)
+
+
+def _quantize_u4_groups(groups, d):
+    """groups float64 [n, count, g], row scales d float32 [n] -> (codes uint8 [n, count, g],
+    scale codes, zero codes uint8 [n, count]): the candidate pair of least squared error, summed
+    in k order (as native/linear_quantize.c sums it, so both pick the same pair)."""
+    lo, hi = _u4_ranges(groups)
+    c0 = np.rint((hi - lo) / 15 / d.astype(np.float64)[:, None])
+    best = np.full(lo.shape, np.inf)
+    best_sc, best_zc = np.ones(lo.shape), np.zeros(lo.shape)
+    for dc in (-1, 0, 1):
+        sc = np.clip(c0 + dc, 1, U4_SCALE_CODES)
+        scale = (d[:, None] * sc.astype(np.float32)).astype(np.float64)  # the float32 product
+        z0 = np.rint(-lo / scale * U4_ZERO_STEPS)
+        steps = groups / scale[..., None]
+        for dz in (-1, 0, 1):
+            zc = np.clip(z0 + dz, 0, 15 * U4_ZERO_STEPS)
+            zero = zc / U4_ZERO_STEPS
+            e = np.add(steps, zero[..., None])  # what _u4_codes rounds, in place from here
+            np.clip(np.rint(e, out=e), 0, 15, out=e)
+            e -= zero[..., None]
+            e *= scale[..., None]
+            e -= groups
+            e *= e
+            err = np.add.accumulate(e, axis=2)[..., -1]
+            better = err < best
+            best = np.where(better, err, best)
+            best_sc, best_zc = np.where(better, sc, best_sc), np.where(better, zc, best_zc)
+    scale = (d[:, None] * best_sc.astype(np.float32)).astype(np.float64)
+    codes = _u4_codes(groups, scale, best_zc / U4_ZERO_STEPS)
+    return codes.astype(np.uint8), best_sc.astype(np.uint8), best_zc.astype(np.uint8)
 
 
 def unpack_codes(q, weight_format):
@@ -169,10 +237,18 @@ def unpack_codes(q, weight_format):
     return codes
 
 
-def dequantize(q, scales, zeros, weight_format="int8", group_size=_DEFAULT_GROUP):
-    """(qweight, scales, zeros) -> float32 [N, K]: (q - zero) * scale per group."""
-    codes = unpack_codes(np.asarray(q), weight_format)
-    scales, zeros, _ = uniform_groups(scales, zeros, codes.shape[1], group_size)
+def group_params(parts, weight_format):
+    """(scale, zero) float32 [N, groups] of quantize's parts: w = (q - zero) * scale per group."""
+    if weight_format == "int8":
+        return parts[1], parts[2]
+    _, codes, zero_codes, rows = parts
+    return rows[:, None] * codes.astype(np.float32), zero_codes.astype(np.float32) / np.float32(U4_ZERO_STEPS)
+
+
+def dequantize(parts, weight_format="int8", group_size=_DEFAULT_GROUP):
+    """quantize's parts -> float32 [N, K]: (q - zero) * scale per group."""
+    codes = unpack_codes(np.asarray(parts[0]), weight_format)
+    scales, zeros, _ = uniform_groups(*group_params(parts, weight_format), codes.shape[1], group_size)
     n, k = codes.shape
     groups = codes.reshape(n, scales.shape[1], -1).astype(np.float32)
     return ((groups - zeros[..., None]) * scales[..., None]).reshape(n, k)
@@ -213,13 +289,13 @@ class QuantErrorStats:
         self.sq_ref = 0.0
         self.count = 0
 
-    def add(self, w, q, scales, zeros, settings):
+    def add(self, w, parts, settings):
         w = np.asarray(w, dtype=np.float32)
         group = settings.group_of(w.shape[1])
         rows = max(1, CHUNK_ELEMENTS // max(w.shape[1], 1))  # temporaries of a chunk, not of the tensor
         for r in range(0, w.shape[0], rows):
             part = w[r:r + rows]
-            err = dequantize(q[r:r + rows], scales[r:r + rows], zeros[r:r + rows], settings.weight_format, group) - part
+            err = dequantize([p[r:r + rows] for p in parts], settings.weight_format, group) - part
             self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
             self.sq_err += float(np.square(err, dtype=np.float64).sum())
             self.sq_ref += float(np.square(part, dtype=np.float64).sum())

@@ -20,13 +20,12 @@ from .families import family
 from .families.gpt_oss import MXFP4_PARTS
 from .base import ModelHandle
 from .conversion_fit import refuse_what_will_not_fit
-from .quant import InstantQuantSettings, QuantErrorStats, quantize
+from .quant import PARTS, InstantQuantSettings, QuantErrorStats, quantize
 from .safetensors_io import SafetensorsFile, SafetensorsWriter, drop_mapped_pages
 
 FORMAT = "dashinfer-py"
-VERSION = 1
+VERSION = 2  # 2: uint4 group parameters as codes (quant.PARTS); 1 kept them as float32 pairs
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # user dtype -> safetensors code
-QUANT_PARTS = ("qweight", "scales", "zeros")
 
 
 # (graph, params) file suffixes: ours, then DashInfer 1.3's names (its serialize_model_from_torch
@@ -92,8 +91,8 @@ def expected_tensors(config, architecture, dtype, quantization):
             out[f"{name}.{MXFP4_PARTS[0]}"] = ("U8", (n, k // 2))
             out[f"{name}.{MXFP4_PARTS[1]}"] = ("U8", (n, k // 32))
         elif name in quantized:
-            for part, part_shape in zip(QUANT_PARTS, settings.packed_shapes(*shape)):
-                out[f"{name}.{part}"] = ("U8" if part == "qweight" else "F32", part_shape)
+            for (part, part_code), part_shape in zip(PARTS[settings.weight_format], settings.packed_shapes(*shape)):
+                out[f"{name}.{part}"] = (part_code, part_shape)
         else:
             out[name] = (code, shape)
     return out
@@ -204,8 +203,8 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
             if name in quantized:
                 w = as_float32(array, code)
                 parts = quantize(w, quant_settings.weight_format, quant_settings.group_size)
-                stats.add(w, *parts, quant_settings)
-                for part, value in zip(QUANT_PARTS, parts):
+                stats.add(w, parts, quant_settings)
+                for (part, _), value in zip(PARTS[quant_settings.weight_format], parts):
                     writer.write(f"{name}.{part}", value)
             else:
                 writer.write(name, convert_dtype(array, code, dtype))
@@ -215,6 +214,19 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
         raise
     writer.close()
     return stats
+
+
+def _check_version(graph, gpath):
+    """This VERSION, or version 1 but for its uint4 weights (their float32 group pairs are no
+    longer read): refused with what to do."""
+    version = graph.get("version")
+    if version == 1 and (graph.get("quantization") or {}).get("weight_format") == "uint4":
+        raise ModelSerializerException(
+            f"{gpath} holds uint4 weights of format version 1 (float32 group scales and zeros, 6 bits a "
+            f"weight); this reader keeps uint4 in 4.5 bits (version {VERSION}): convert the model again "
+            f"from its checkpoint")
+    if version not in (1, VERSION):
+        raise ModelSerializerException(f"{gpath} has format version {version}, this reader knows version {VERSION}")
 
 
 def _progress(items, enabled, desc):
@@ -265,9 +277,7 @@ class DashInferModel(ModelHandle):
             raise ModelSerializerException(f"{gpath} is not valid JSON: {e}{_FOREIGN_HINT}") from None
         if not isinstance(graph, dict) or graph.get("format") != FORMAT:
             raise ModelSerializerException(f"{gpath} is not a {FORMAT} model graph{_FOREIGN_HINT}")
-        if graph.get("version") != VERSION:
-            raise ModelSerializerException(
-                f"{gpath} has format version {graph.get('version')}, this reader knows version {VERSION}")
+        _check_version(graph, gpath)
         for key in ("model_name", "architecture", "config", "dtype", "tensors"):
             if key not in graph:
                 raise ModelSerializerException(f"{gpath} lacks '{key}'")
