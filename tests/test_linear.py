@@ -42,10 +42,23 @@ def make_weight(wtype, n, k, group, rng):
     if wtype == "bf16":
         bits = to_bf16(wf)
         return K.pack_linear(bits, "bf16"), from_bf16(bits).astype(np.float64)
-    q, scale, zero, exact = quantize(wf, group, 8 if wtype == "i8" else 4)
     if wtype == "u4":
-        q = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+        return u4_weight(n, k, group, rng)
+    q, scale, zero, exact = quantize(wf, group, 8)
     return K.pack_linear(q, wtype, group, scale, zero), exact
+
+
+def u4_weight(n, k, group, rng):
+    """A u4 weight of random codes (native/linear.h): rows of different magnitudes, every scale
+    code and zero code -> (packed, (q - zc/16) * (row * sc) in float64, the product in float32)."""
+    q = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    sc = rng.integers(1, 256, (n, k // group), dtype=np.uint8)
+    zc = rng.integers(0, 241, (n, k // group), dtype=np.uint8)
+    rows = (np.exp(rng.uniform(-3, 1, n)) / 255).astype(np.float32)
+    scale = np.repeat((rows[:, None] * sc.astype(np.float32)).astype(np.float64), group, axis=1)
+    exact = (q - np.repeat(zc / 16.0, group, axis=1)) * scale
+    packed = K.pack_linear((q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8), "u4", group, sc, zc, rows)
+    return packed, exact
 
 
 def reference(x, wexact, bias):
@@ -249,7 +262,7 @@ def test_linear_rejects_bad_arguments(small):
 
 def test_pack_rejects_bad_arguments():
     w8 = np.zeros((4, 64), np.uint8)
-    sz = np.ones((4, 2), np.float32)
+    sz, c8 = np.ones((4, 2), np.float32), np.ones((4, 2), np.uint8)
     cases = [
         (ValueError, "unknown wtype 'fp8'", lambda: K.pack_linear(np.zeros((4, 64), np.float32), "fp8")),
         (TypeError, "w must be float32", lambda: K.pack_linear(np.zeros((4, 64)), "f32")),
@@ -263,6 +276,11 @@ def test_pack_rejects_bad_arguments():
         (ValueError, "apply to i8/u4 only", lambda: K.pack_linear(np.zeros((4, 64), np.float32), "f32", 0, sz)),
         (ValueError, "group_size applies to i8/u4 only", lambda: K.pack_linear(np.zeros((4, 64), np.float32), "f32", 32)),
         (ValueError, "at least 1", lambda: K.pack_linear(np.zeros((0, 64), np.float32), "f32")),
+        (TypeError, "scales must be uint8", lambda: K.pack_linear(np.zeros((4, 32), np.uint8), "u4", 32, sz, sz)),
+        (TypeError, "row_scales is required", lambda: K.pack_linear(np.zeros((4, 32), np.uint8), "u4", 32, c8, c8)),
+        (ValueError, "row_scales has size 3",
+         lambda: K.pack_linear(np.zeros((4, 32), np.uint8), "u4", 32, c8, c8, np.ones(3, np.float32))),
+        (ValueError, "row_scales apply to u4/u4q only", lambda: K.pack_linear(w8, "i8", 32, sz, sz, np.ones(4, np.float32))),
     ]
     for exc, text, call in cases:
         with pytest.raises(exc, match=text):

@@ -15,16 +15,16 @@ from tests.helpers import kernel_threads
 BLOCK = 32
 
 
-def pack(wtype, n, k, group, rng):
-    """-> (packed, codes [N,K], scales, zeros) of a random weight."""
+def pack(wtype, n, k, group, rng, w=None):
+    """-> (packed, the weight [N,K] float64 the kernels compute with) of a random weight (or w)."""
     fmt = "int8" if wtype == "i8q" else "uint4"
-    stored, scale, zero = quantize(rng.standard_normal((n, k)).astype(np.float32), fmt, group)
-    return K.pack_linear(stored, wtype, group, scale, zero), unpack_codes(stored, fmt), scale, zero
+    parts = quantize(rng.standard_normal((n, k)).astype(np.float32) if w is None else w, fmt, group)
+    return K.pack_linear(parts[0], wtype, group, *parts[1:]), weight(parts, fmt, group)
 
 
 def stored_scales(scale, zero):
-    """(scale, scale*zero) as the packed weight keeps them (native/linear.h): both times 2^e in
-    fp16 (numpy's rounding), e putting the largest of them all in [2^14, 2^15)."""
+    """i8q's (scale, scale*zero) as the packed weight keeps them (native/linear.h): both times 2^e
+    in fp16 (numpy's rounding), e putting the largest of them all in [2^14, 2^15)."""
     sz = (scale * zero).astype(np.float32)
     top = max(np.abs(scale).max(), np.abs(sz).max())
     e = 15 - int(np.frexp(top)[1])  # frexp: top = f * 2^x, f in [0.5, 1)
@@ -32,10 +32,17 @@ def stored_scales(scale, zero):
                  for v in (scale, sz))
 
 
-def weight(q, scale, zero, group):
-    """The weight the kernels compute with: q * scale - scale*zero, both as stored."""
-    s, sz = (np.repeat(v, group, axis=1) for v in stored_scales(scale, zero))
-    return q.astype(np.float64) * s - sz
+def weight(parts, fmt, group):
+    """The weight the kernels compute with: q * scale - scale*zero. i8q: both as stored in fp16;
+    u4q: scale = row scale * scale code and scale * (zero code / 16), each a float32 product."""
+    if fmt == "int8":
+        s, sz = stored_scales(parts[1], parts[2])
+    else:
+        _, sc, zc, rows = parts
+        s = rows[:, None] * sc.astype(np.float32)
+        sz = s * (zc.astype(np.float32) / np.float32(16))
+    s, sz = (np.repeat(v.astype(np.float64), group, axis=1) for v in (s, sz))
+    return unpack_codes(parts[0], fmt).astype(np.float64) * s - sz
 
 
 def quantize_x(x):
@@ -50,8 +57,7 @@ def quantize_x(x):
     return xhat, np.broadcast_to(d, blocks.shape).reshape(m, k).astype(np.float64)
 
 
-def check(y, x, q, scale, zero, group, bias):
-    w = weight(q, scale, zero, group)
+def check(y, x, w, bias):
     xhat, d = quantize_x(x)
     b = 0 if bias is None else bias.astype(np.float64)
     same = xhat @ w.T + b
@@ -77,11 +83,11 @@ CASES = [(1, 1, 64, 32), (2, 40, 128, 64), (3, 200, 256, 128), (8, 64, 96, 96), 
 def test_matches_reference(isa, wtype):
     rng = np.random.default_rng(3)
     for i, (m, n, k, group) in enumerate(CASES):
-        packed, q, scale, zero = pack(wtype, n, k, group, rng)
+        packed, w = pack(wtype, n, k, group, rng)
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :BLOCK] = 0  # an all-zero block: d = 0
         bias = rng.standard_normal(n).astype(np.float32) if i % 2 else None
-        check(K.linear(x, packed, bias), x, q, scale, zero, group, bias)
+        check(K.linear(x, packed, bias), x, w, bias)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -89,10 +95,10 @@ def test_threads_agree(isa, threads):
     rng = np.random.default_rng(4)
     with kernel_threads(threads):
         for wtype in ("i8q", "u4q"):
-            packed, q, scale, zero = pack(wtype, 576, 256, 64, rng)
+            packed, w = pack(wtype, 576, 256, 64, rng)
             for m in (1, 3, 8, 37):
                 x = rng.standard_normal((m, 256)).astype(np.float32)
-                check(K.linear(x, packed), x, q, scale, zero, 64, None)
+                check(K.linear(x, packed), x, w, None)
 
 
 def test_paths_agree_on_the_same_buffer():
@@ -115,7 +121,8 @@ def test_refuses_groups_that_are_not_whole_blocks():
     ones = np.ones((4, 1), np.float32)
     with pytest.raises(ValueError, match="multiple of 32"):
         K.pack_linear(q, "i8q", 48, ones, ones)
-    assert K.unpack_linear(K.pack_linear(np.zeros((4, 32), np.uint8), "u4q", 64, ones, ones))[0] == "u4q"
+    codes = np.ones((4, 1), np.uint8)
+    assert K.unpack_linear(K.pack_linear(np.zeros((4, 32), np.uint8), "u4q", 64, codes, codes, ones[:, 0]))[0] == "u4q"
 
 
 def test_fp16_scales_round_within_half_an_ulp():
@@ -130,21 +137,21 @@ def test_fp16_scales_round_within_half_an_ulp():
 
 
 @pytest.mark.parametrize("magnitude", [1e-30, 1e-6, 1e6, 1e30])
-def test_scales_far_outside_fp16_range(isa, magnitude):
-    """The per-weight exponent keeps fp16 scales normal for weights of any fp32 magnitude."""
+def test_weights_of_any_magnitude(isa, magnitude):
+    """i8q's per-weight exponent keeps fp16 scales normal, and u4q's float32 row scales hold
+    weights of any fp32 magnitude."""
     rng = np.random.default_rng(7)
-    stored, scale, zero = quantize((rng.standard_normal((40, 128)) * magnitude).astype(np.float32), "uint4", 32)
     x = rng.standard_normal((2, 128)).astype(np.float32)
-    for wtype in ("u4q",):
-        check(K.linear(x, K.pack_linear(stored, wtype, 32, scale, zero)), x, unpack_codes(stored, "uint4"),
-              scale, zero, 32, None)
+    for wtype in ("i8q", "u4q"):
+        packed, w = pack(wtype, 40, 128, 32, rng, (rng.standard_normal((40, 128)) * magnitude).astype(np.float32))
+        check(K.linear(x, packed), x, w, None)
 
 
 def test_refuses_a_buffer_of_another_layout_version():
     rng = np.random.default_rng(8)
     packed, *_ = pack("i8q", 16, 64, 32, rng)
     stale = packed.copy()
-    stale[8:12] = np.frombuffer(np.uint32(1).tobytes(), np.uint8)  # version 1: fp32 scales
+    stale[8:12] = np.frombuffer(np.uint32(2).tobytes(), np.uint8)  # version 2: u4's float32 group pairs
     with pytest.raises(ValueError, match="another version"):
         K.linear(np.ones((1, 64), np.float32), stale)
     bad_exp = packed.copy()
