@@ -394,6 +394,12 @@ def u4_reference(w, group):
     return codes, sc, zc, rows, deq
 
 
+def stored_parts(model, name, fmt):
+    """The stored parts (quant.PARTS) of a quantized weight of a serialized model."""
+    from dashinfer_client.model.quant import PARTS
+    return [model.tensor(f"{name}.{part}") for part, _ in PARTS[fmt]]
+
+
 def ragged_reference(w, fmt, group):
     """Ragged-group InstantQuant in float64, group by group: the last group of a row holds K mod G
     channels. -> (codes [N, K], scales, zeros [N, ceil(K/G)], dequantized [N, K]); uint4's

@@ -17,7 +17,7 @@ from dashinfer_client import AsCacheMode
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from tests.engine_helpers import DEFAULT_KV_FORMAT, engine_logits, hf_greedy, make_loop, reference
-from tests.helpers import FAMILY_CONFIGS, build_tiny_gguf, load_hf_model, serialize, write_config_variant
+from tests.helpers import FAMILY_CONFIGS, build_tiny_gguf, load_hf_model, serialize, stored_parts, write_config_variant
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
 FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
@@ -177,12 +177,12 @@ def dequantized_into(hf, model):
     params = dict(hf.named_parameters())
     with torch.no_grad():
         for name in q["quantized"]:
-            parts = (model.tensor(f"{name}.{p}") for p in ("qweight", "scales", "zeros"))
-            hf_parameter(params, name).copy_(torch.from_numpy(dequantize(*parts, fmt, group)))
+            parts = stored_parts(model, name, fmt)
+            hf_parameter(params, name).copy_(torch.from_numpy(dequantize(parts, fmt, group)))
         out = hf.get_output_embeddings()  # a tied head gets a weight of its own: the lookup stays exact
         head = out.weight.detach().numpy()
         g = head_group(group, head.shape[1])
-        out.weight = torch.nn.Parameter(torch.from_numpy(dequantize(*quantize(head, "int8", g), "int8", g)))
+        out.weight = torch.nn.Parameter(torch.from_numpy(dequantize(quantize(head, "int8", g), "int8", g)))
     return hf
 
 

@@ -122,8 +122,8 @@ def packed_rows(K, linears, wtype):
         if wtype == "f32":
             packs.append(K.pack_linear(np.ascontiguousarray(w, np.float32), "f32"))
         else:
-            codes, scales, zeros = K.quantize(np.ascontiguousarray(w, np.float32), 32, 4)
-            packs.append(K.pack_linear(codes, "u4", 32, scales, zeros))
+            codes, *params = K.quantize(np.ascontiguousarray(w, np.float32), 32, 4)
+            packs.append(K.pack_linear(codes, "u4", 32, *params))
     stride = -(-max(p.nbytes for p in packs) // 64) * 64
     out = np.zeros((len(packs), stride), np.uint8)
     for j, p in enumerate(packs):
@@ -131,11 +131,17 @@ def packed_rows(K, linears, wtype):
     return out
 
 
-def dequantized(K, w):
-    """w as its u4 InstantQuant codes describe it (groups of 32), float64."""
-    codes, scales, zeros = K.quantize(np.ascontiguousarray(w, np.float32), 32, 4)
-    q = np.stack([codes & 15, codes >> 4], axis=-1).reshape(w.shape).astype(np.float64)
-    return (q - np.repeat(zeros, 32, axis=1)) * np.repeat(scales, 32, axis=1)
+def on_u4_grid(rng, shape):
+    """A weight that uint4 InstantQuant gives back exactly, whole or any of its rows or 32-aligned
+    columns (how the expert splits cut it): every group of 32 holds codes 0 and 15 around zero
+    code 8 (the range [-8 s, 7 s] holds 0), and each row one step s = 255 * 2^-j (its row scale
+    2^-j and scale code 255 exact), float64."""
+    n, k = shape
+    q = rng.integers(0, 16, (n, k // 32, 32))
+    q[..., 0], q[..., 1] = 0, 15
+    q = rng.permuted(q, axis=2)
+    step = 255.0 * 2.0 ** -rng.integers(14, 16, (n, 1, 1)).astype(np.float64)
+    return ((q - 8) * step).reshape(n, k)
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +164,7 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
     router = rng.standard_normal((E, H)) / 4
     experts = [tuple(rng.standard_normal(s) / np.sqrt(s[1]) for s in ((I, H), (I, H), (H, I))) for _ in range(E)]
     if wtype == "u4":
-        experts = [tuple(dequantized(K, w) for w in ex) for ex in experts]
+        experts = [tuple(on_u4_grid(rng, w.shape) for w in ex) for ex in experts]
     shared_w = None
     if shared:
         shared_w = tuple(rng.standard_normal(s) / np.sqrt(s[1]) for s in ((S, H), (S, H), (H, S))) + \

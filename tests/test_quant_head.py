@@ -21,9 +21,11 @@ def test_native_quantize_is_instant_quant_bit_for_bit(fmt, bits):
     w = (rng.standard_normal((37, 192)) * rng.uniform(0.01, 3, (37, 1))).astype(np.float32)
     w[2, :64] = 0.25  # a constant group: scale 1
     for source, ref_w, group in ((w, w, 64), (to_bf16(w), from_bf16(to_bf16(w)), 192), (w, w, 32)):
-        codes, scales, zeros = K.quantize(source, group, bits)
-        for got, want in zip((codes, scales, zeros), quantize(ref_w, fmt, group)):
-            assert got.dtype == want.dtype and np.array_equal(got, want)
+        got = K.quantize(source, group, bits)
+        want = quantize(ref_w, fmt, group)
+        assert len(got) == len(want) == (4 if bits == 4 else 3)
+        for part, ref in zip(got, want):
+            assert part.dtype == ref.dtype and np.array_equal(part, ref)
     with pytest.raises(ValueError, match="does not divide"):
         K.quantize(w, 100, bits)
 
@@ -53,7 +55,7 @@ def test_head_is_quantized_when_weights_are(isa, tiny_checkpoint, tmp_path, tied
     assert np.array_equal(weights.embedding, table)  # the lookup reads the exact bf16 rows
     head = from_bf16(model.tensor("model.embed_tokens.weight" if tied else "lm_head.weight"))
     stored, scales, zeros = quantize(head, "int8", g)
-    ref_w = dequantize(stored, scales, zeros, "int8", g)
+    ref_w = dequantize((stored, scales, zeros), "int8", g)
     x = np.random.default_rng(2).standard_normal((3, hidden)).astype(np.float32)
     y, ref = K.linear(x, weights.lm_head), x.astype(np.float64) @ ref_w.T
     slack = 0
@@ -63,8 +65,11 @@ def test_head_is_quantized_when_weights_are(isa, tiny_checkpoint, tmp_path, tied
 
 
 def vnni_slack(x, ref_w, codes, scale_cols, zero_cols):
-    """What the VNNI formats may add to x . w: int8 activations, and scale, scale*zero rounded to
-    fp16 (2^-11 of each); scale_cols, zero_cols: each column's group values."""
+    """What the VNNI formats may add to x . w: int8 activations, and i8q's scale, scale*zero
+    rounded to fp16 (2^-11 of each; scale_cols, zero_cols: each column's group values, None for
+    u4q, whose float32 scales are exact)."""
+    if scale_cols is None:
+        return q8_error_bound(x, ref_w)
     parts = np.abs(codes * scale_cols) + np.abs(scale_cols * zero_cols)
     return q8_error_bound(x, ref_w) + 2.0**-11 * (np.abs(x) @ parts.T)
 
@@ -97,5 +102,6 @@ def test_ragged_groups_serve_the_weights_they_quantized(isa, tiny_checkpoint, tm
             y, ref = K.linear(xs, packed), xs.astype(np.float64) @ ref_w.T
             slack = 0
             if K.unpack_linear(packed)[0].endswith("q"):
-                slack = vnni_slack(xs, ref_w, codes[:, cols[0]:cols[1]], scales[:, owner], zeros[:, owner])
+                slack = vnni_slack(xs, ref_w, codes[:, cols[0]:cols[1]], *((scales[:, owner], zeros[:, owner])
+                                                                          if fmt == "int8" else (None, None)))
             assert (np.abs(y - ref) <= slack + 1e-4 * (1 + np.abs(ref))).all(), (name, rank)
