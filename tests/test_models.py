@@ -11,8 +11,9 @@ import pytest
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
-from dashinfer_client.model.quant import dequantize, group_params
+from dashinfer_client.model.quant import dequantize, group_params, quantize
 from dashinfer_client.model.safetensors_io import SafetensorsFile, save_file
+from dashinfer_server import kernels as K
 from tests.helpers import (TINY, build_tiny_model, chat_prompt_ids, serialize, source_tensors, stored_parts,
                            u4_reference, variant)
 
@@ -209,6 +210,41 @@ def test_quantized_serialization(llama_dir, tmp_path, fmt, group):
     report = loader.serialization_report
     assert report["asparam_bytes"] == os.path.getsize(tmp_path / "tiny.asparam")
     assert 0 < report["quantization"]["max_abs_error"] <= 2 * float(step) and report["quantization"]["relative_rms_error"] < 0.2
+
+
+def test_uint4_asparam_round_trip(llama_dir, tmp_path):
+    """uint4 in groups of 32 stores 4.5 + 32/K bits a weight (native/linear.h): uint8 codes two a
+    byte, a uint8 scale code and zero code per group, a float32 row scale; they load back as
+    written and pack into the kernels' buffer at the same size (+ its 64-byte header). A file of
+    format version 1 with uint4 weights (float32 group pairs) is refused with what to do; one
+    with int8 weights still loads."""
+    cfg = {"quant_method": "instant_quant", "weight_format": "uint4", "group_size": 32}
+    serialize(llama_dir, tmp_path, dtype="bfloat16", enable_quant=True, customized_quant_config=cfg)
+    model = DashInferModel(str(tmp_path), "tiny")
+    name = "model.layers.1.mlp.down_proj.weight"  # [64, 128]
+    parts = stored_parts(model, name, "uint4")
+    assert [(p.dtype, p.shape) for p in parts] == [(np.uint8, (64, 64)), (np.uint8, (64, 4)), (np.uint8, (64, 4)),
+                                                   (np.float32, (64,))]
+    for got, want in zip(parts, quantize(source_tensors(llama_dir)[name], "uint4", 32)):
+        assert np.array_equal(got, want)
+    n, k = 64, 128
+    assert sum(p.nbytes for p in parts) * 8 / (n * k) == 4.5 + 32 / k
+    assert K.load().pack_linear(parts[0], "u4", 32, *parts[1:]).nbytes == 64 + sum(p.nbytes for p in parts)
+    for fmt, refused in (("uint4", True), ("int8", False)):
+        out = tmp_path / fmt
+        if fmt == "int8":
+            serialize(llama_dir, out, dtype="bfloat16", enable_quant=True,
+                      customized_quant_config={"quant_method": "instant_quant", "weight_format": "int8"})
+        else:
+            shutil.copytree(tmp_path, out, ignore=shutil.ignore_patterns("uint4", "int8"))
+        graph = json.load(open(out / "tiny.asgraph"))
+        graph["version"] = 1
+        json.dump(graph, open(out / "tiny.asgraph", "w"))
+        if refused:
+            with pytest.raises(ModelSerializerException, match="uint4 weights of format version 1.*convert the model again"):
+                DashInferModel(str(out), "tiny")
+        else:
+            assert DashInferModel(str(out), "tiny").quantization["weight_format"] == "int8"
 
 
 def test_quantize_lm_head_option(llama_dir, tmp_path):
