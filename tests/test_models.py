@@ -14,8 +14,8 @@ from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from dashinfer_client.model.quant import dequantize, group_params, quantize
 from dashinfer_client.model.safetensors_io import SafetensorsFile, save_file
 from dashinfer_server import kernels as K
-from tests.helpers import (TINY, build_tiny_model, chat_prompt_ids, serialize, source_tensors, stored_parts,
-                           u4_reference, variant)
+from tests.helpers import TINY, build_tiny_model, chat_prompt_ids, serialize, source_tensors, variant
+from tests.quant_reference import stored_parts, u4_reference
 
 TO_CODE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 

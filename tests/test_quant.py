@@ -4,7 +4,7 @@ import pytest
 
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model.quant import InstantQuantSettings, dequantize, quantize, unpack_codes
-from tests.helpers import ragged_reference, u4_reference
+from tests.quant_reference import ragged_reference, u4_reference
 
 LEVELS = {"int8": 255, "uint4": 15}
 

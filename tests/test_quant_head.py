@@ -12,7 +12,8 @@ from dashinfer_client.model.quant import dequantize, quantize, unpack_codes
 from dashinfer_server import kernels as K
 from dashinfer_server.shard import Shard
 from dashinfer_server.weights import WeightLoader
-from tests.helpers import TINY, ragged_reference, serialize
+from tests.helpers import TINY, serialize
+from tests.quant_reference import ragged_reference
 
 
 @pytest.mark.parametrize("fmt,bits", [("int8", 8), ("uint4", 4)])
