@@ -29,8 +29,8 @@ from ..errors import ModelSerializerException
 BITS = {"int8": 8, "uint4": 4}
 _DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default model)
 # The group this runtime picks per format when the user names none (the default model, the
-# benches): uint4 in groups of 32 costs +0.1% NLL on the default model against +6.7% in groups of
-# 64 (bench/quality.py; its weights come from a Q4_1 GGUF, blocks of 32) for 20% more bytes.
+# benches): uint4 in groups of 32 costs +0.04% NLL on the default model against +6.3% in groups of
+# 64 (bench/quality.py; its weights come from a Q4_1 GGUF, blocks of 32) for 8% more bytes.
 DEFAULT_GROUPS = {"int8": _DEFAULT_GROUP, "uint4": 32}
 PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names none
 # Groups the packed linear formats take besides K itself (native/linear.h, dn_linear_check_shape):
