@@ -127,7 +127,8 @@ def test_model_info_and_file_information(api_engine):
     param = graph[:-len(".asgraph")] + ".asparam"
     files = engine.get_file_information(graph, param)
     assert isinstance(files, AsFileInfo)
-    assert files.create_version_graph == files.create_version_param == "dashinfer-py format 1"
+    # format 2 since uint4's group codes (docs/design.md)
+    assert files.create_version_graph == files.create_version_param == "dashinfer-py format 2"
     assert files.current_version_engine == engine.get_version_full().split("/")[0]
     missing, status, why = engine.call_with_status("get_file_information", graph + ".gone", param)
     assert status == AsStatus.ALLSPARK_IO_ERROR and ".gone" in why and missing.create_version_graph == ""
