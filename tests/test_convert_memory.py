@@ -7,8 +7,6 @@ conversion (memory or disk), a model to serve (weights + KV cache and workspaces
 convert` and `dashinfer serve` exiting 78."""
 import json
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
