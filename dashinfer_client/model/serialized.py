@@ -196,6 +196,7 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
                         raise ModelSerializerException(
                             f"tensor '{stored}' is {code}{list(array.shape)}, the config implies U8{list(want)}")
                     writer.write(stored, array)
+                    drop_mapped_pages(array)
                 continue
             array, code = fetch(name)
             if tuple(array.shape) != shapes[name]:

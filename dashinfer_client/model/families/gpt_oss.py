@@ -20,6 +20,7 @@ import re
 
 import numpy as np
 
+from ..safetensors_io import drop_mapped_pages
 from .base import Family
 from .experts import ExpertLayout, read_experts
 
@@ -118,7 +119,11 @@ class FusedExperts:
             t = split_interleaved_gate_up(t)[0 if rows == "gate" else 1]
         if name.endswith(MXFP4_PARTS[0]):
             t = t.reshape(t.shape[0], -1)
-        return np.ascontiguousarray(t), code
+        # a copy, then the whole fused tensor's pages dropped: the kernel maps pages well beyond
+        # the slice read (fault-around on large folios), so dropping the slice alone leaves them
+        out = np.array(t, order="C", copy=True)
+        drop_mapped_pages(array)
+        return out, code
 
 
 GPT_OSS = Family("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",), _gpt_oss, sinks=True,
