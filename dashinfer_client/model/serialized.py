@@ -17,7 +17,7 @@ from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException, malformed
 from .arch import ModelConfig
 from .families import family
-from .families.gpt_oss import MXFP4_PARTS
+from .families.fused_experts import MXFP4_PARTS
 from .base import ModelHandle
 from .conversion_fit import refuse_what_will_not_fit
 from .quant import InstantQuantSettings, QuantErrorStats, quantize
