@@ -18,7 +18,7 @@ import numpy as np
 
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model.families import family
-from dashinfer_client.model.families.gpt_oss import MXFP4_PARTS
+from dashinfer_client.model.families.fused_experts import MXFP4_PARTS
 from dashinfer_client.model.quant import PARTS, uniform_groups
 from dashinfer_client.model.safetensors_io import drop_mapped_pages
 

@@ -120,6 +120,7 @@ static inline void attn_slice_seen(const attn_tile_t *t, int pos, int off, int n
 void attn_tile_portable(const attn_tile_t *t);
 void attn_tile_avx2(const attn_tile_t *t);
 void attn_tile_avx512(const attn_tile_t *t);
+void attn_tile_dpbf16_avx512(const attn_tile_t *t);  /* its bf16, int8 and uint4 caches */
 
 /* Decode tiles over several kv heads, for M query vectors per head when _fits says so. */
 int attn_decode_avx512_fits(const dn_kv_cache_t *c, int M);

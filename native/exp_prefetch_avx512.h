@@ -1,5 +1,5 @@
 /* AVX-512 e^x (16 lanes), the soft-cap's tanh on it, and software prefetch into L2: helpers of
- * the AVX-512 attention tiles (attention_decode_avx512.c, attention_prefill_avx512.c). Include
+ * the AVX-512 attention tiles (attention_decode_avx512.c, attention_prefill*_avx512.c). Include
  * inside a `#pragma GCC target` region that enables AVX-512 F/BW/VL/DQ. */
 #pragma once
 #include <immintrin.h>
@@ -34,6 +34,12 @@ static inline __m512 softcap512(__m512 x, float softcap) {
     c = _mm512_mul_ps(c, _mm512_set1_ps(softcap));
     return _mm512_mask_sub_ps(c, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ),
                               _mm512_setzero_ps(), c);
+}
+
+/* n scores at s (a multiple of 16, 64-byte aligned) through the soft-cap, when there is one */
+static inline void softcap_scores(float *s, int n, float softcap) {
+    if (softcap > 0.0f)
+        for (int j = 0; j < n; j += 16) _mm512_store_ps(s + j, softcap512(_mm512_load_ps(s + j), softcap));
 }
 
 /* Software prefetch of `bytes` from p into L2. L2, not L1: a slice ahead does not fit next to

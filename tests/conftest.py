@@ -10,7 +10,14 @@ import glob
 import inspect
 import os
 import re
+import sys
 import time
+
+# Cache bytecode even where PYTHONDONTWRITEBYTECODE is set: otherwise every collection rewrites
+# each test module's asserts again, and each of the suite's child Pythons compiles the package again
+# (the __pycache__ folders are gitignored).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest
 

@@ -3,7 +3,7 @@
 them: each projection of a layer's experts stacked into one [experts, out, in] tensor
 (ffn_gate_exps / ffn_up_exps / ffn_down_exps), the router as ffn_gate_inp, Qwen2-MoE's shared
 expert as ffn_*_shexp and its gate as ffn_gate_inp_shexp, and the counts under {arch}.expert_*.
-tests/helpers.py build_tiny_gguf calls it for a checkpoint with experts."""
+tests/gguf_builders.py build_tiny_gguf calls it for a checkpoint with experts."""
 import re
 
 import numpy as np

@@ -7,8 +7,6 @@ conversion (memory or disk), a model to serve (weights + KV cache and workspaces
 convert` and `dashinfer serve` exiting 78."""
 import json
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -63,6 +61,48 @@ def test_conversion_and_loading_stay_near_one_tensor(moe_checkpoint, tmp_path):
     grown = load["peak"] - load["before"]
     # packed weights (uint4 codes, fp16 scales, an int8 head) are smaller than the file: once is < 1x
     assert grown < asparam + SLACK, f"loading grew {grown >> 20} MiB for {asparam >> 20} MiB of weights"
+
+
+# gpt-oss as released: each layer's experts fused in one MXFP4 tensor (10 layers of 64 experts, 512
+# wide: ~280 MB), which conversion reads one expert at a time
+GPT_OSS_CONFIG = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=512,
+                      intermediate_size=512, num_local_experts=64, num_experts_per_tok=4, num_hidden_layers=10,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=256,
+                      sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 5,
+                      max_position_embeddings=4096, rope_theta=150000.0, rms_norm_eps=1e-5, swiglu_limit=7.0,
+                      attention_bias=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                      quantization_config={"quant_method": "mxfp4"})
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_checkpoint(tmp_path_factory):
+    """A random gpt-oss checkpoint of GPT_OSS_CONFIG in the release layout (numpy, no torch) -> dir."""
+    from bench.make_model import checkpoint_tensors
+    out = tmp_path_factory.mktemp("gpt-oss-280mb")
+    with open(out / "config.json", "w") as f:
+        json.dump(GPT_OSS_CONFIG, f)
+    architecture, cfg = normalize_hf_config(GPT_OSS_CONFIG)
+    stored = checkpoint_tensors(cfg, weight_shapes(cfg, architecture))
+    codes = {name: "U8" if name.endswith(("_blocks", "_scales")) else "BF16" for name in stored}
+    writer = SafetensorsWriter(out / "model.safetensors", [(n, codes[n], s) for n, s in stored.items()])
+    rng = np.random.default_rng(0)
+    for name, shape in stored.items():
+        if codes[name] == "U8":
+            writer.write(name, rng.integers(0, 256, shape, np.uint8) if name.endswith("_blocks")
+                         else np.full(shape, 127 - 8, np.uint8))
+        else:
+            writer.write(name, to_bf16(rng.standard_normal(shape, np.float32) * 0.02))
+    writer.close()
+    return str(out)
+
+
+def test_fused_mxfp4_experts_convert_one_expert_at_a_time(gpt_oss_checkpoint, tmp_path):
+    shapes = weight_shapes(*reversed(normalize_hf_config(GPT_OSS_CONFIG)))
+    bound, largest = conversion_memory_bound(shapes, set())
+    assert files_bytes(os.path.join(gpt_oss_checkpoint, "*.safetensors")) > 4 * (bound + SLACK)
+    convert = measure("convert", gpt_oss_checkpoint, str(tmp_path), "m")
+    grown = convert["peak"] - convert["before"]
+    assert grown < bound + SLACK, f"conversion grew {grown >> 20} MiB, bound {bound >> 20} MiB (+ slack)"
 
 
 def test_conversion_that_will_not_fit_is_refused_before_writing(moe_checkpoint, tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ from dashinfer_client import default_model
 from dashinfer_client.dtypes import to_bf16
 from dashinfer_client.model import DashInferModel
 from dashinfer_client.model.safetensors_io import SafetensorsFile
-from tests.helpers import chat_prompt_ids, gguf_reference_dir
+from tests.gguf_builders import gguf_reference_dir
+from tests.helpers import chat_prompt_ids
 
 
 @pytest.fixture(scope="session")

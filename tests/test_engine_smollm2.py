@@ -12,7 +12,8 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus, default_model
 from tests.engine_helpers import DEFAULT_KV_FORMAT, collect, greedy
-from tests.helpers import build_tiny_tokenizer, chat_prompt_ids, gguf_reference_dir
+from tests.gguf_builders import gguf_reference_dir
+from tests.helpers import build_tiny_tokenizer, chat_prompt_ids
 
 QUESTIONS = ("What is the capital of France?", "Write a haiku about the sea.",
              "Explain gravity to a child.", "List three prime numbers.")

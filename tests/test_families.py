@@ -17,7 +17,8 @@ from dashinfer_client import AsCacheMode
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from tests.engine_helpers import DEFAULT_KV_FORMAT, engine_logits, hf_greedy, make_loop, reference
-from tests.helpers import FAMILY_CONFIGS, build_tiny_gguf, load_hf_model, serialize, write_config_variant
+from tests.gguf_builders import build_tiny_gguf
+from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config_variant
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 

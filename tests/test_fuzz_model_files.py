@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from tests import model_mutations as M
-from tests.helpers import build_tiny_gguf
+from tests.gguf_builders import build_tiny_gguf
 from tests.http_server import ROOT, cli_env
 
 CASES = {"gguf": 250, "hf": 450, "serialized": 350}

@@ -10,7 +10,8 @@ from dashinfer_client import AsCacheMode
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, GGUFModel
 from tests.engine_helpers import DEFAULT_KV_FORMAT, engine_logits, make_loop, reference
-from tests.helpers import build_tiny_gguf, load_hf_model
+from tests.gguf_builders import build_tiny_gguf
+from tests.helpers import load_hf_model
 from tests.test_families import TOLERANCE, prompt_of
 
 # Qwen3-MoE with its middle layer dense (a layer without a router keeps ffn_gate/up/down), Qwen2-MoE

@@ -10,7 +10,8 @@ from dashinfer_client import default_model
 from dashinfer_client.model import DashInferModel, GGUFModel
 from dashinfer_client.model.gguf_tokenizer import Unsupported, derived_merges, write_tokenizer_dir
 from dashinfer_client.tokenizer import Tokenizer
-from tests.helpers import build_sentencepiece_gguf, build_tiny_gguf, build_tiny_model
+from tests.gguf_builders import build_sentencepiece_gguf, build_tiny_gguf
+from tests.helpers import build_tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "bench", "data", "project_docs.txt"), encoding="utf-8") as _f:

@@ -1,7 +1,7 @@
 """gpt-oss's clamped SwiGLU (act="clamped_swiglu": gate clamped to <= 7, up to [-7, 7],
 out = (up + 1) * gate * sigmoid(1.702 gate)) in glu_mul and linear_glu, on every ISA path this CPU
 has, against numpy float64 of transformers' GptOssExperts._apply_gate; and gpt-oss's interleaved
-gate_up rows split by gpt_oss.split_interleaved_gate_up, packed as MXFP4 with their bias, against
+gate_up rows split by fused_experts.split_interleaved_gate_up, packed as MXFP4 with their bias, against
 transformers' own dequantization and gate in float64."""
 from types import SimpleNamespace
 
@@ -11,7 +11,7 @@ import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 from dashinfer_server import kernels as K
-from dashinfer_client.model.families.gpt_oss import split_interleaved_gate_up
+from dashinfer_client.model.families.fused_experts import split_interleaved_gate_up
 from tests.helpers import kernel_threads
 from tests.test_linear_mxfp4 import random_mxfp4, transformers_weight
 

@@ -10,7 +10,8 @@ from dashinfer_client import default_model
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel
 from dashinfer_client.model_cache import resolve_model
-from tests.helpers import build_tiny_gguf, build_tiny_model
+from tests.gguf_builders import build_tiny_gguf
+from tests.helpers import build_tiny_model
 
 
 @pytest.fixture(scope="module")

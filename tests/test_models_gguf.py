@@ -8,7 +8,8 @@ from dashinfer_client.dtypes import to_bf16
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, GGUFModel
 from dashinfer_client.model.quant import dequantize
-from tests.helpers import build_tiny_gguf, build_tiny_model, source_tensors
+from tests.gguf_builders import build_tiny_gguf
+from tests.helpers import build_tiny_model, source_tensors
 from tests.quant_reference import stored_parts, u4_reference
 
 

@@ -76,12 +76,31 @@ def test_low_precision_experts_stay_close_to_transformers(tmp_path, tiny_checkpo
     assert rel.max() < LOW_PRECISION[mode][3], f"{name} {mode}: relative RMS logits error per step {np.round(rel, 4)}"
 
 
-def test_serialize_from_torch_refuses_3d_experts(tmp_path, serialized_tiny):
+@pytest.mark.parametrize("name", [n for n in MOE_FAMILIES if n != "gpt_oss"])  # test_gpt_oss.py has its own
+def test_stacked_experts_convert_as_the_checkpoint_does(tmp_path, serialized_tiny, name):
+    """transformers 5 stacks each layer's experts in two 3-D parameters (and Mixtral's block is
+    `mlp` there): serialize_model_from_torch of the module, and a checkpoint directory saved in that
+    layout, write the model the per-expert checkpoint converts to, tensor for tensor."""
+    from safetensors.torch import save_file
     from dashinfer_server.engine import Engine
-    hf = load_hf_model(serialized_tiny("qwen3_moe").model_path)
-    with pytest.raises(ModelSerializerException, match="3-D parameters"):
-        Engine().serialize_model_from_torch("m", "Qwen3MoeForCausalLM", hf.state_dict(), hf.config.to_dict(),
-                                            str(tmp_path))
+    loader = serialized_tiny(name)
+    hf = load_hf_model(loader.model_path)
+    state = hf.state_dict()
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in state)
+    want = DashInferModel(loader.model_output_dir, loader.serialize_model_name)
+    hf_class = hf.config.architectures[0]
+    Engine().serialize_model_from_torch("m", hf_class, hf, hf.config.to_dict(), str(tmp_path / "torch"))
+    stacked = tmp_path / "stacked"
+    stacked.mkdir()
+    hf.config.save_pretrained(stacked)
+    save_file({n: t.contiguous() for n, t in state.items() if n != "lm_head.weight" or not hf.config.tie_word_embeddings},
+              str(stacked / "model.safetensors"), metadata={"format": "pt"})
+    HuggingFaceModel(str(stacked), "m", user_set_data_type="float32", progress=False).load_model() \
+        .serialize_to_path(None, str(tmp_path / "dir"))
+    for got in (DashInferModel(str(tmp_path / "torch"), "m"), DashInferModel(str(tmp_path / "dir"), "m")):
+        assert sorted(got.tensor_names()) == sorted(want.tensor_names())
+        for tensor in want.tensor_names():
+            np.testing.assert_array_equal(got.tensor(tensor), want.tensor(tensor), err_msg=tensor)
 
 
 # ---- the kernel against numpy in float64 ------------------------------------------------------

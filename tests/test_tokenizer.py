@@ -11,7 +11,8 @@ from dashinfer_client import default_model
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
 from dashinfer_client.tokenizer import Tokenizer, supports
-from tests.helpers import build_tiny_gguf, build_tiny_model, build_tiny_tokenizer
+from tests.gguf_builders import build_tiny_gguf
+from tests.helpers import build_tiny_model, build_tiny_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["Hello, world!", "", "  leading spaces, tabs\tand\nnew lines\n\n", "é, 日本語, emoji 🙂 and ß",

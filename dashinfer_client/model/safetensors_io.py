@@ -220,7 +220,8 @@ def save_file(tensors, path, dtypes=None, metadata=None):
 # A page fault on a file mapping maps the cached pages around it too (the kernel's fault-around,
 # 64 KiB by default): reading a tensor maps the tail of the one before it and the head of the one
 # after, so the pages dropped with a tensor reach that far on both sides (a later read of a
-# neighbour faults its pages back in from the page cache).
+# neighbour faults its pages back in from the page cache). Where the page cache holds large folios
+# the kernel can map more than that (1.25 MiB seen): what is left is a neighbour's, dropped with it.
 FAULT_AROUND = 64 << 10
 
 

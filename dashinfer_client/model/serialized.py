@@ -17,7 +17,7 @@ from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException, malformed
 from .arch import ModelConfig
 from .families import family
-from .families.gpt_oss import MXFP4_PARTS
+from .families.fused_experts import MXFP4_PARTS
 from .base import ModelHandle
 from .conversion_fit import refuse_what_will_not_fit
 from .quant import PARTS, InstantQuantSettings, QuantErrorStats, quantize
@@ -195,6 +195,7 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
                         raise ModelSerializerException(
                             f"tensor '{stored}' is {code}{list(array.shape)}, the config implies U8{list(want)}")
                     writer.write(stored, array)
+                    drop_mapped_pages(array)
                 continue
             array, code = fetch(name)
             if tuple(array.shape) != shapes[name]:

@@ -133,12 +133,6 @@ class StateTensors:
 
 
 def _check_tensors(state, config, architecture):
-    fused = [n for n in state.keys() if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
-    if fused:
-        raise ModelSerializerException(
-            f"torch_model holds its experts in 3-D parameters ({fused[0]}, transformers 5's layout), which "
-            "serialize_model_from_torch does not split: convert the checkpoint directory (HuggingFaceModel), "
-            "whose files keep one tensor per expert")
     shapes = weight_shapes(config, architecture)
     missing = [n for n in shapes if n not in state]
     if missing:

@@ -3,6 +3,7 @@ num_local_experts experts of intermediate_size, each token's top 2 renormalised 
 experts stored as w1 (gate), w3 (up), w2 (down) under block_sparse_moe."""
 from .base import Family
 from .experts import ExpertLayout, read_experts
+from .fused_experts import stacked_experts
 
 
 def _mixtral(hf, r):
@@ -12,5 +13,6 @@ def _mixtral(hf, r):
                 **read_experts(r, inter_key="intermediate_size", norm_topk=True))
 
 
-MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), _mixtral,
-                 experts=ExpertLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2"))
+_LAYOUT = ExpertLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")
+MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), _mixtral, experts=_LAYOUT,
+                 checkpoint_view=stacked_experts(_LAYOUT))

@@ -3,6 +3,7 @@ MLP sparse: experts of intermediate_size, the top-k softmax weights used as they
 false in OLMoE's configs)."""
 from .base import Family
 from .experts import ExpertLayout, read_experts
+from .fused_experts import stacked_experts
 
 
 def _olmoe(hf, r):
@@ -13,4 +14,5 @@ def _olmoe(hf, r):
                 attention_out_bias=bias, **read_experts(r, inter_key="intermediate_size"))
 
 
-OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe, qk_norm="whole", experts=ExpertLayout(), gguf_arch="olmoe")
+OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe, qk_norm="whole", experts=ExpertLayout(), gguf_arch="olmoe",
+               checkpoint_view=stacked_experts(ExpertLayout()))

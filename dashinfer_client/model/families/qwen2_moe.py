@@ -2,6 +2,7 @@
 sparse MLP plus a shared expert every token runs, scaled by sigmoid(x . shared_expert_gate)."""
 from .base import Family
 from .experts import ExpertLayout, read_experts
+from .fused_experts import stacked_experts
 
 
 def _qwen2_moe(hf, r):
@@ -12,4 +13,5 @@ def _qwen2_moe(hf, r):
                 **read_experts(r, shared=True, sparse_steps=True))
 
 
-QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=ExpertLayout(), gguf_arch="qwen2moe")
+QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=ExpertLayout(), gguf_arch="qwen2moe",
+                   checkpoint_view=stacked_experts(ExpertLayout()))

@@ -3,6 +3,7 @@ sparse MLP: a softmax router over num_experts, the top num_experts_per_tok, reno
 norm_topk_prob; layers in mlp_only_layers, or off the decoder_sparse_step, keep a dense MLP."""
 from .base import Family
 from .experts import ExpertLayout, read_experts
+from .fused_experts import stacked_experts
 
 
 def qwen_moe_window(hf, r):
@@ -20,4 +21,4 @@ def _qwen3_moe(hf, r):
 
 
 QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _qwen3_moe, qk_norm="head",
-                   experts=ExpertLayout(), gguf_arch="qwen3moe")
+                   experts=ExpertLayout(), gguf_arch="qwen3moe", checkpoint_view=stacked_experts(ExpertLayout()))
