@@ -22,6 +22,8 @@ INLINE void mk(const int mr, const int nv, int64_t kc, const float *x, int64_t l
                const float *wf, int ldw, float *y, int64_t ldy, int accumulate, const float *bias,
                int valid) {
     __m256 acc[12];
+    /* unrolled, or gcc also zeroes acc[] in memory (rep stos) on every call */
+#pragma GCC unroll 12
     for (int i = 0; i < mr * nv; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
         __m256 w[8];
