@@ -22,6 +22,8 @@ INLINE void mk(const int mr, const int nv, int64_t kc, const float *x, int64_t l
                const float *wf, int ldw, float *y, int64_t ldy, int accumulate, const float *bias,
                int valid) {
     __m256 acc[12];
+    /* unrolled, or gcc also zeroes acc[] in memory (rep stos) on every call */
+#pragma GCC unroll 12
     for (int i = 0; i < mr * nv; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
         __m256 w[8];
@@ -32,6 +34,20 @@ INLINE void mk(const int mr, const int nv, int64_t kc, const float *x, int64_t l
         }
     }
     /* fully unrolled, or gcc keeps acc[] in memory and stores it every iteration above */
+    if (valid >= 8 * nv) { /* every column real: plain moves (vmaskmovps stores are slow on AMD) */
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) {
+            __m256 b = bias ? _mm256_loadu_ps(bias + 8 * v) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+            for (int r = 0; r < mr; r++) {
+                float *dst = y + r * ldy + 8 * v;
+                __m256 a = _mm256_add_ps(acc[r * nv + v], b);
+                if (accumulate) a = _mm256_add_ps(a, _mm256_loadu_ps(dst));
+                _mm256_storeu_ps(dst, a);
+            }
+        }
+        return;
+    }
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) {
         __m256i m = lane_mask(valid - 8 * v);

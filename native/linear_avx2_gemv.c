@@ -256,8 +256,12 @@ void dn_avx2_gemv(const dn_linear_call *c, int t, int nt) {
         for (int j = 0; j < width; j += 8) {
             __m256i m = lane_mask(valid - j);
             __m256 b = bias ? _mm256_maskload_ps(bias + j, m) : _mm256_setzero_ps();
-            for (int r = 0; r < mb; r++)
-                _mm256_maskstore_ps(c->y + r * w->n + p * NR + j, m, _mm256_add_ps(_mm256_loadu_ps(tot + r * NR + j), b));
+            for (int r = 0; r < mb; r++) {
+                float *dst = c->y + r * w->n + p * NR + j;
+                __m256 out = _mm256_add_ps(_mm256_loadu_ps(tot + r * NR + j), b);
+                if (valid - j >= 8) _mm256_storeu_ps(dst, out); /* vmaskmovps stores are slow on AMD */
+                else _mm256_maskstore_ps(dst, m, out);
+            }
         }
     }
 }
