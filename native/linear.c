@@ -239,6 +239,34 @@ int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias
     return run_call(kernels_for(w), &c);
 }
 
+int dn_linear_jobs(const dn_linear_job *jobs, int n) {
+    if (n <= 0) return 0;
+    enum { MAX_JOBS = 256 }; /* 128 experts a layer at most in the families served */
+    if (n > MAX_JOBS) return dn_linear_jobs(jobs, MAX_JOBS) || dn_linear_jobs(jobs + MAX_JOBS, n - MAX_JOBS);
+    dn_linear_call calls[MAX_JOBS];
+    const dn_linear_kernels *kern[MAX_JOBS];
+    size_t offset[MAX_JOBS + 1];
+    int nt = dn_num_threads();
+    double work = 0.0;
+    for (int i = 0; i < n; i++) work += (double)jobs[i].m * jobs[i].w->n * jobs[i].w->k;
+    if (work < 1e5) nt = 1; /* as run_call: a second thread costs more than it saves */
+    offset[0] = 0;
+    for (int i = 0; i < n; i++) {
+        kern[i] = kernels_for(jobs[i].w);
+        offset[i + 1] = offset[i] + (kern[i]->scratch_bytes(jobs[i].w, jobs[i].m, nt) + 63) / 64 * 64;
+    }
+    uint8_t *scratch = offset[n] ? dn_scratch(DN_SCRATCH_LINEAR, offset[n]) : NULL;
+    if (offset[n] && !scratch) return -1;
+    for (int i = 0; i < n; i++)
+        calls[i] = (dn_linear_call){jobs[i].w, jobs[i].x, jobs[i].m, jobs[i].bias, jobs[i].y,
+                                    scratch ? scratch + offset[i] : NULL, NULL, DN_ACT_SILU};
+    /* every thread meets each job's barriers (if its kernel has any) in the same order */
+#pragma omp parallel num_threads(nt)
+    for (int i = 0; i < n; i++)
+        if (calls[i].m > 0) kern[i]->run(&calls[i], omp_get_thread_num(), omp_get_num_threads());
+    return 0;
+}
+
 int dn_linear_glu(const dn_linear_w *w, const float *x, int64_t m, dn_act act, float *gate_up,
                   float *out) {
     if (m <= 0) return 0;

@@ -164,6 +164,21 @@ const char *dn_linear_open(dn_linear_w *w, const uint8_t *buf, size_t len);
  * Returns 0, or -1 when its scratch memory cannot be allocated. */
 int dn_linear(const dn_linear_w *w, const float *x, int64_t m, const float *bias, float *y);
 
+/* One of several independent linears y[m][n] = x[m][k] . W^T (+ bias[n]) run together. */
+typedef struct {
+    const dn_linear_w *w;
+    const float *x;      /* [m][k] */
+    int64_t m;
+    const float *bias;   /* [n] or NULL */
+    float *y;            /* [m][n] */
+} dn_linear_job;
+
+/* The n jobs in one parallel region: every thread runs its share of each in turn (each job
+ * with scratch of its own, so a thread goes on to the next without waiting), which saves a
+ * fork and join per job where there are many small ones (a decode step's chosen experts).
+ * Returns 0, or -1 as dn_linear does. */
+int dn_linear_jobs(const dn_linear_job *jobs, int n);
+
 /* out[m][n/2] = act(x . Wg^T) * (x . Wu^T) (glu.h) for a gate_up weight w [n][k] (gate rows,
  * then up rows). gate_up [m][n] is scratch. Where the path allows it (the AVX-512 GEMM, n/2 a
  * multiple of DN_LINEAR_NR) the GEMM stores act(g) * u itself and gate_up stays untouched (one

@@ -14,6 +14,20 @@ INLINE __m256i lane_mask(int valid) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* y[r][col0 + j] = tot[r][j] + bias[j] for the valid columns of a panel `width` wide, mr rows:
+ * the GEMVs' store (y [mr][n] at the panel's first column, bias NULL or at it). */
+INLINE void gemv_store(const float *tot, int mr, int width, int valid, const float *bias, float *y, int64_t n) {
+    for (int j = 0; j < width; j += 8) {
+        __m256i m = lane_mask(valid - j);
+        __m256 b = bias ? _mm256_maskload_ps(bias + j, m) : _mm256_setzero_ps();
+        for (int r = 0; r < mr; r++) {
+            __m256 out = _mm256_add_ps(_mm256_loadu_ps(tot + r * NR + j), b);
+            if (valid - j >= 8) _mm256_storeu_ps(y + r * n + j, out); /* vmaskmovps stores are slow on AMD */
+            else _mm256_maskstore_ps(y + r * n + j, m, out);
+        }
+    }
+}
+
 /* linear_avx2_gemv.c: M <= GEMV_MAX_M, bf16/i8/u4 weights converted in registers. */
 size_t dn_avx2_gemv_scratch(const dn_linear_w *w, int64_t m, int nthreads);
 void dn_avx2_gemv(const dn_linear_call *c, int t, int nt);

@@ -251,18 +251,8 @@ void dn_avx2_gemv(const dn_linear_call *c, int t, int nt) {
     for (int64_t p = p0; p < p1; p++) {
         float tot[GEMV_MAX_M * NR] __attribute__((aligned(32))) = {0};
         gemv_panel(w, p, mb, x, ldx, xs, tot);
-        int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
-        const float *bias = c->bias ? c->bias + p * NR : NULL;
-        for (int j = 0; j < width; j += 8) {
-            __m256i m = lane_mask(valid - j);
-            __m256 b = bias ? _mm256_maskload_ps(bias + j, m) : _mm256_setzero_ps();
-            for (int r = 0; r < mb; r++) {
-                float *dst = c->y + r * w->n + p * NR + j;
-                __m256 out = _mm256_add_ps(_mm256_loadu_ps(tot + r * NR + j), b);
-                if (valid - j >= 8) _mm256_storeu_ps(dst, out); /* vmaskmovps stores are slow on AMD */
-                else _mm256_maskstore_ps(dst, m, out);
-            }
-        }
+        gemv_store(tot, mb, dn_linear_width(w, p), dn_linear_valid(w, p), c->bias ? c->bias + p * NR : NULL,
+                   c->y + p * NR, w->n);
     }
 }
 

@@ -30,7 +30,8 @@ static inline vf vf_scales(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, is_tiny, tiny));
 }
 
-#define KERNELS dn_linear_mxfp4_avx512
 #include "linear_mxfp4_kernel.h"
+
+const dn_linear_kernels dn_linear_mxfp4_avx512 = {scratch_bytes, run_tiles, NULL, units};
 
 #pragma GCC pop_options

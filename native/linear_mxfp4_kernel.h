@@ -8,7 +8,8 @@
  *   vi_next(v)         v >> 4: the next k's nibble down
  *   vf_load(p), vf_save(p, a)  LANES floats from and to memory
  *   NV_FOR(mr)         column vectors per tile at mr rows (what the registers hold)
- *   KERNELS            the name of the dn_linear_kernels it defines
+ * It defines scratch_bytes, units and run_tiles, which the including file puts in its
+ * dn_linear_kernels (the AVX2 one runs its own GEMV below a few rows).
  *
  * Every M reads the packed bytes only: each 32-bit lane holds 8 k of one column, decoded a nibble
  * at a time and scaled by its block's power of two (the very floats of the dequantized weight,
@@ -83,7 +84,7 @@ static int64_t units(const dn_linear_w *w, int64_t m) { return w->npanels * ((m 
 /* A panel is read front to back, KG groups at a time, by every column tile in turn (a tile
  * running down the whole of K alone would read a few lines of each group 1 KB apart: 6x slower
  * from DRAM); the sums wait in acc, in L1. */
-static void run(const dn_linear_call *c, int t, int nt) {
+static void run_tiles(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     int64_t n = w->n, k = w->k, ng = k / DN_MXFP4_GROUP, p0, p1, m0, m1;
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
@@ -112,8 +113,6 @@ static void run(const dn_linear_call *c, int t, int nt) {
         }
     }
 }
-
-const dn_linear_kernels KERNELS = {scratch_bytes, run, NULL, units};
 
 #undef MR
 #undef KG

@@ -1,11 +1,13 @@
 /* The mixture-of-experts MLP (moe.h): routing, tokens grouped by expert, one GEMM pair per
  * chosen expert, the weighted scatter-add and the shared expert. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 #include "elementwise.h"
+#include "linear_kernels.h"
 #include "moe.h"
 
 /* Rows x columns below which a gather / scatter is not worth waking the thread team. */
@@ -108,13 +110,11 @@ static int expert_mlp(const dn_moe_shape *s, dn_moe_scratch *sc, const dn_linear
     return dn_linear(down, sc->act, n, down_bias, sc->y);
 }
 
-int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, const float *x, int T,
-           float *out) {
+/* Every chosen expert one after another, each in its own parallel regions: prompts, where an
+ * expert's tokens make a GEMM worth its fork and join. */
+static int experts_in_turn(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc,
+                           const float *x, float *out) {
     const int H = s->hidden, nt = dn_num_threads();
-    if (dn_linear(&w->router, x, T, w->router_bias, sc->probs)) return -1;
-    dn_moe_route(s, sc->probs, T, sc->choice, sc->weight);
-    group_by_expert(s, sc, T);
-    memset(out, 0, (size_t)T * H * sizeof *out);
     for (int j = 0; j < s->n_local; j++) {
         const int first = sc->offsets[j], n = sc->offsets[j + 1] - first;
         if (!n) continue; /* no token chose it: its weights are not read */
@@ -133,6 +133,61 @@ int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, c
             for (int h = 0; h < H; h++) o[h] += wi * y[h];
         }
     }
+    return 0;
+}
+
+/* Every chosen expert at once, for the slots' T * top_k rows that the scratch holds (decode): the
+ * gate_up GEMVs of all of them in one parallel region, the activation, the down GEMVs in
+ * another, instead of two regions an expert. The same arithmetic as experts_in_turn, in the same
+ * order per token, so the same sums. */
+static int experts_together(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc,
+                            const float *x, int slots, float *out) {
+    const int H = s->hidden, I = s->inter, nt = dn_num_threads();
+    dn_linear_job jobs[DN_MOE_MAX_LOCAL];
+    int used = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) if ((long)slots * H >= MOE_PARALLEL_MIN)
+    for (int i = 0; i < slots; i++) memcpy(sc->x + (size_t)i * H, x + (size_t)sc->rows[i] * H, H * sizeof(float));
+    for (int j = 0; j < s->n_local; j++) {
+        const int first = sc->offsets[j], n = sc->offsets[j + 1] - first;
+        if (n) jobs[used++] = (dn_linear_job){&w->gate_up[j], sc->x + (size_t)first * H, n,
+                                              w->gate_up_bias ? w->gate_up_bias + (size_t)j * 2 * I : NULL,
+                                              sc->gate_up + (size_t)first * 2 * I};
+    }
+    if (dn_linear_jobs(jobs, used)) return -1;
+    dn_glu_mul(sc->gate_up, sc->act, slots, I, s->act);
+    used = 0;
+    for (int j = 0; j < s->n_local; j++) {
+        const int first = sc->offsets[j], n = sc->offsets[j + 1] - first;
+        if (n) jobs[used++] = (dn_linear_job){&w->down[j], sc->act + (size_t)first * I, n,
+                                              w->down_bias ? w->down_bias + (size_t)j * H : NULL,
+                                              sc->y + (size_t)first * H};
+    }
+    if (dn_linear_jobs(jobs, used)) return -1;
+    /* columns split over the threads: every slot of a token adds into the same row */
+#pragma omp parallel num_threads(nt) if ((long)slots * H >= MOE_PARALLEL_MIN)
+    {
+        int64_t h0, h1;
+        dn_split(H, omp_get_thread_num(), omp_get_num_threads(), &h0, &h1);
+        for (int i = 0; i < slots; i++) {
+            float *o = out + (size_t)sc->rows[i] * H;
+            const float *y = sc->y + (size_t)i * H, wi = sc->row_weight[i];
+            for (int64_t h = h0; h < h1; h++) o[h] += wi * y[h];
+        }
+    }
+    return 0;
+}
+
+int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, const float *x, int T,
+           float *out) {
+    const int H = s->hidden, nt = dn_num_threads();
+    if (dn_linear(&w->router, x, T, w->router_bias, sc->probs)) return -1;
+    dn_moe_route(s, sc->probs, T, sc->choice, sc->weight);
+    group_by_expert(s, sc, T);
+    memset(out, 0, (size_t)T * H * sizeof *out);
+    const int slots = sc->offsets[s->n_local];
+    if (slots <= sc->max_tokens && s->n_local <= DN_MOE_MAX_LOCAL ? experts_together(s, w, sc, x, slots, out)
+                                                                  : experts_in_turn(s, w, sc, x, out))
+        return -1;
     if (!s->shared_inter) return 0;
     if (expert_mlp(s, sc, &w->shared_gate_up, &w->shared_down, NULL, NULL, x, T)) return -1;
 #pragma omp parallel for schedule(static) num_threads(nt) if ((long)T * H >= MOE_PARALLEL_MIN)

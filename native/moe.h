@@ -21,6 +21,8 @@
 #include "glu.h"
 #include "linear.h"
 
+#define DN_MOE_MAX_LOCAL 256 /* a rank's experts that decode runs together (moe.c); more run in turn */
+
 typedef struct {
     int n_experts, top_k, norm_topk; /* the router: softmax over n_experts, top_k kept */
     int expert0, expert_step, n_local; /* this rank's experts: expert0 + j * expert_step, j < n_local */

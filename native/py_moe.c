@@ -127,13 +127,13 @@ int dn_moe_shape_init(dn_moe_shape *s, int n_experts, int top_k, int norm_topk, 
 
 static PyObject *py_moe(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"x", "weights", "out", "n_experts", "top_k", "norm_topk", "act", "expert0",
-                             "expert_step", "shared_inter", NULL};
+                             "expert_step", "shared_inter", "max_tokens", NULL};
     PyObject *x_obj, *fields, *o_obj;
-    int n_experts, top_k, norm_topk = 0, expert0 = 0, expert_step = 1, shared_inter = 0;
+    int n_experts, top_k, norm_topk = 0, expert0 = 0, expert_step = 1, shared_inter = 0, max_tokens = 0;
     const char *act_name = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!Oii|psiii:moe", kwlist, &x_obj, &PyDict_Type, &fields, &o_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!Oii|psiiii:moe", kwlist, &x_obj, &PyDict_Type, &fields, &o_obj,
                                      &n_experts, &top_k, &norm_topk, &act_name, &expert0, &expert_step,
-                                     &shared_inter))
+                                     &shared_inter, &max_tokens))
         return NULL;
     dn_args a = {.fn = "moe"};
     dn_act act;
@@ -150,7 +150,7 @@ static PyObject *py_moe(PyObject *self, PyObject *args, PyObject *kw) {
                           act) ||
         dn_take_moe(&a, fields, &s, &w))
         goto done;
-    if (!(sc = dn_moe_scratch_new(&s, T))) {
+    if (!(sc = dn_moe_scratch_new(&s, max_tokens > T ? max_tokens : T))) {
         PyErr_NoMemory();
         goto done;
     }
@@ -167,11 +167,12 @@ done:
 PyMethodDef dn_moe_methods[] = {
     {"moe", (PyCFunction)(void (*)(void))py_moe, METH_VARARGS | METH_KEYWORDS,
      "moe(x, weights, out, n_experts, top_k, norm_topk=False, act='silu', expert0=0, expert_step=1,\n"
-     "shared_inter=0): out[T, H] = the mixture-of-experts MLP of x[T, H] (native/moe.h), this rank's part.\n"
+     "shared_inter=0, max_tokens=T): out[T, H] = the mixture-of-experts MLP of x[T, H] (native/moe.h), this rank's part.\n"
      "weights: a dict: router (packed f32 [n_experts, H]); experts_gate_up, experts_down (uint8\n"
      "[n_local, stride], one packed linear per row: [2I, H] gate then up rows, [H, I]) for experts\n"
      "expert0, expert0 + expert_step, ...; with shared_inter, shared_gate_up, shared_down (packed) and\n"
      "shared_gate (float32 [H]); optional float32 biases router_bias [n_experts], experts_gate_up_bias\n"
-     "[n_local, 2I], experts_down_bias [n_local, H] (gpt-oss). Releases the GIL."},
+     "[n_local, 2I], experts_down_bias [n_local, H] (gpt-oss). max_tokens: the scratch's tokens, as a\n"
+     "decoder's (its slots, T * top_k, past it run the experts in turn). Releases the GIL."},
     {NULL, NULL, 0, NULL},
 };

@@ -176,7 +176,9 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
     """The whole block (routing, tokens grouped by expert, weighted scatter, shared expert; or
     gpt-oss's router and expert biases) on every expert split: the whole, two ranks with whole
     experts each, two ranks with half of every expert's rows (rank 0 adding the down biases); the
-    parts of a split sum to the float64 reference."""
+    parts of a split sum to the float64 reference. Each runs with scratch for the T tokens (experts
+    in turn, as prompts run) and for all T * top_k slots (every chosen expert together, as a decode
+    step runs): the same sums."""
     rng = np.random.default_rng(tokens)
     H, E, I, S, top_k = 64, 6, 128, 64, 3
     x = rng.standard_normal((tokens, H))
@@ -193,7 +195,7 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
         biases = (rng.standard_normal(E) / 4, [tuple(rng.standard_normal(n) / 4 for n in (I, I, H)) for _ in range(E)])
     want = reference_moe(x, router, experts, top_k, norm_topk, shared_w, biases)
 
-    def part(expert_ids, rows, s_rows, expert0, step, down_bias=True):
+    def part(expert_ids, rows, s_rows, expert0, step, down_bias=True, max_tokens=0):
         weights = {"router": K.pack_linear(router.astype(np.float32), "f32"),
                    "experts_gate_up": packed_rows(K, [np.concatenate([experts[e][0][rows], experts[e][1][rows]])
                                                       for e in expert_ids], wtype),
@@ -214,17 +216,18 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
                            shared_gate=sig.astype(np.float32))
         out = np.empty((tokens, H), np.float32)
         K.moe(x.astype(np.float32), weights, out, E, top_k, norm_topk=norm_topk, expert0=expert0,
-              expert_step=step, shared_inter=shared_inter)
+              expert_step=step, shared_inter=shared_inter, max_tokens=max_tokens)
         return out.astype(np.float64)
 
     halves = slice(0, S // 2), slice(S // 2, S)  # the shared expert's rows, split either way
-    whole = part(range(E), slice(0, I), slice(0, S), 0, 1)
-    by_experts = sum(part(range(r, E, 2), slice(0, I), halves[r], r, 2) for r in (0, 1))
-    by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1, down_bias=r == 0)
-                  for r in (0, 1))
     scale = np.abs(want).max()
-    for got in (whole, by_experts, by_rows):
-        assert np.abs(got - want).max() < 1e-5 * scale, np.abs(got - want).max() / scale
+    for max_tokens in (tokens, tokens * top_k):
+        whole = part(range(E), slice(0, I), slice(0, S), 0, 1, max_tokens=max_tokens)
+        by_experts = sum(part(range(r, E, 2), slice(0, I), halves[r], r, 2, max_tokens=max_tokens) for r in (0, 1))
+        by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1, down_bias=r == 0,
+                           max_tokens=max_tokens) for r in (0, 1))
+        for got in (whole, by_experts, by_rows):
+            assert np.abs(got - want).max() < 1e-5 * scale, (max_tokens, np.abs(got - want).max() / scale)
 
 
 def test_moe_kernel_refuses_mismatched_experts(K):
