@@ -32,6 +32,7 @@ engine.py line carries its host fields; load_avg_1min is printed beside llama-be
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import statistics
@@ -47,7 +48,9 @@ TOOLS = ("llama-bench", "llama-quantize")
 # the vocab-only GGUF in llama.cpp's models/ holding each model_type's real tokenizer
 VOCABS = {"qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "llama": "llama-bpe"}
 MODEL_FILES = ("generation_config.json", "model.safetensors.index.json", "*.safetensors")
-WORKLOADS = {"prefill512": "n_prompt", "decode1": "n_gen"}  # ours -> llama-bench's test of it
+# llama-bench's tests (n_prompt, n_gen) as our workloads: pp512 and tg128
+LLAMA_TESTS = {(512, 0): "prefill512", (0, 128): "decode1"}
+WORKLOADS = tuple(LLAMA_TESTS.values())
 
 
 def fetch_source(cache: str, sdist: str | None) -> str:
@@ -129,7 +132,6 @@ def quantize_command(tools: dict, bf16: str, q4: str) -> list:
 def prepare(model_dir: str, cache: str, sdist: str | None) -> tuple:
     """(tools, the Q4_0 GGUF of model_dir): built and converted once. Each file is written under
     a .part name and renamed when whole, so an interrupted run starts that step again."""
-    import hashlib
     os.makedirs(cache, exist_ok=True)
     src = fetch_source(cache, sdist)
     path = os.path.abspath(model_dir)
@@ -156,9 +158,9 @@ def parse_llama_bench(text: str) -> dict:
     test: pp512 has n_prompt 512, tg128 n_gen 128)."""
     out = {}
     for test in json.loads(text):
-        for name, field in WORKLOADS.items():
-            if test[field] and not test["n_prompt" if field == "n_gen" else "n_gen"]:
-                out[name] = (test["avg_ts"], test["stddev_ts"])
+        name = LLAMA_TESTS.get((test["n_prompt"], test["n_gen"]))
+        if name:
+            out[name] = (test["avg_ts"], test["stddev_ts"])
     missing = set(WORKLOADS) - set(out)
     if missing:
         raise ValueError(f"llama-bench printed no test for {sorted(missing)}")
@@ -167,8 +169,8 @@ def parse_llama_bench(text: str) -> dict:
 
 def gguf_bytes_per_token(gguf_path: str) -> float:
     """Bytes of weights one decode step of one token reads in a GGUF: every matrix but the token
-    embedding (a row is gathered), of the expert tensors the share a token chooses
-    (bounds.active_experts; uniform routing, as a random model routes)."""
+    embedding (a row is gathered; unless the head is tied to it), of the expert tensors the share
+    a token chooses (bounds.active_experts; uniform routing, as a random model routes)."""
     import gguf
     from bench.bounds import active_experts
     reader = gguf.GGUFReader(gguf_path)
@@ -178,9 +180,10 @@ def gguf_bytes_per_token(gguf_path: str) -> float:
         return int(reader.fields[key].contents()) if key else 0
     share = active_experts(SimpleNamespace(num_experts=field(".expert_count"),
                                            num_experts_per_tok=field(".expert_used_count")), 1)
+    gathered = "token_embd.weight" if any(t.name == "output.weight" for t in reader.tensors) else None
     total = 0.0
     for t in reader.tensors:
-        if len(t.shape) < 2 or t.name == "token_embd.weight":
+        if len(t.shape) < 2 or t.name == gathered:
             continue
         total += t.n_bytes * (share if "_exps." in t.name else 1.0)
     return total

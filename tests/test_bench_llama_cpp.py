@@ -60,29 +60,40 @@ def test_vocab_of_an_unknown_family_is_refused_by_name(tmp_path):
     assert llama_cpp.vocab_gguf("/src", str(tmp_path)) == "/src/models/ggml-vocab-qwen2.gguf"
 
 
-def test_bytes_per_token_counts_the_chosen_experts_and_skips_the_embedding(tmp_path):
+def write_gguf(path, tensors, quantized, experts=None):
+    """A GGUF written by the gguf package: float `tensors`, Q4_0 `quantized` ({name: fp32 array})."""
     import gguf
-    path = str(tmp_path / "m.gguf")
-    writer = gguf.GGUFWriter(path, "qwen3moe")
-    writer.add_expert_count(4)
-    writer.add_expert_used_count(1)
-    rng = np.random.default_rng(0)
-    q = gguf.quants.quantize(rng.standard_normal((64, 256)).astype(np.float32), gguf.GGMLQuantizationType.Q4_0)
-    tensors = {"token_embd.weight": np.zeros((100, 64), np.float32),
-               "blk.0.attn_norm.weight": np.ones(64, np.float32),
-               "blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32),
-               "blk.0.ffn_up_exps.weight": np.zeros((4, 32, 64), np.float16),
-               "output.weight": np.zeros((100, 64), np.float16)}
+    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    if experts:
+        writer.add_expert_count(experts[0])
+        writer.add_expert_used_count(experts[1])
     for name, array in tensors.items():
         writer.add_tensor(name, array)
-    writer.add_tensor("blk.0.attn_q.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    for name, array in quantized.items():
+        writer.add_tensor(name, gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q4_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q4_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return str(path)
+
+
+def test_bytes_per_token_counts_the_chosen_experts_and_skips_the_embedding(tmp_path):
+    q = {"blk.0.attn_q.weight": np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)}
+    tensors = {"token_embd.weight": np.zeros((100, 64), np.float32),
+               "blk.0.attn_norm.weight": np.ones(64, np.float32),
+               "blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32),
+               "blk.0.ffn_up_exps.weight": np.zeros((4, 32, 64), np.float16)}
     q4_0 = 64 * 256 // 32 * 18  # Q4_0: an fp16 scale and 32 4-bit codes a block
-    expected = 4 * 64 * 4 + 4 * 32 * 64 * 2 / 4 + 100 * 64 * 2 + q4_0
-    assert llama_cpp.gguf_bytes_per_token(path) == expected
+    tied = write_gguf(tmp_path / "tied.gguf", tensors, q, experts=(4, 1))
+    # tied: the head is the embedding, read whole every step
+    assert llama_cpp.gguf_bytes_per_token(tied) == 100 * 64 * 4 + 4 * 64 * 4 + 4 * 32 * 64 * 2 / 4 + q4_0
+    untied = write_gguf(tmp_path / "untied.gguf", {**tensors, "output.weight": np.zeros((100, 64), np.float16)},
+                        q, experts=(4, 1))
+    assert llama_cpp.gguf_bytes_per_token(untied) == 4 * 64 * 4 + 4 * 32 * 64 * 2 / 4 + 100 * 64 * 2 + q4_0
+    dense = write_gguf(tmp_path / "dense.gguf", {"output.weight": np.zeros((100, 64), np.float16)}, q)
+    assert llama_cpp.gguf_bytes_per_token(dense) == 100 * 64 * 2 + q4_0
 
 
 def bench_test(n_prompt, n_gen, avg, sd):
