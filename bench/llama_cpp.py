@@ -226,7 +226,7 @@ def summary(ours: list, theirs: list, their_bytes: float) -> dict:
             our_bound = statistics.median(r[name]["decode_bound_tok_s"] for r in ours)
             bw = statistics.median(r[name]["bw_gbs"] for r in ours)
             row.update(bw_gbs=bw, dashinfer_bound_tok_s=our_bound,
-                       dashinfer_fraction=statistics.median(r[name]["decode_fraction"] for r in ours),
+                       dashinfer_fraction=round(statistics.median(r[name]["decode_fraction"] for r in ours), 3),
                        llama_cpp_mb_per_token=round(their_bytes / 2**20, 1),
                        llama_cpp_bound_tok_s=round(bw * 1e9 / their_bytes, 1),
                        llama_cpp_fraction=round(their * their_bytes / (bw * 1e9), 3),
