@@ -29,6 +29,8 @@ The workloads differ a little: llama-bench's tg128 decodes from an empty context
 a 32-token prompt; both time 128 tokens (decode1 127 steps after the first token). Run the
 measuring part alone on the machine: figures taken while anything else runs are noise (each
 engine.py line carries its host fields; load_avg_1min is printed beside llama-bench's).
+llama.cpp's threads spin at each step's barriers, so a loaded host hurts it more than this engine:
+at load 6-8 (2 cpus) its tg128 on 4 layers of Qwen3-30B-A3B fell to 0.09 of its bound.
 """
 import argparse
 import glob
