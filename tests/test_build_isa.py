@@ -11,6 +11,7 @@ from dashinfer_server import kernels as K
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AVX512_FILES = {"native/attention_decode_avx512.c", "native/attention_prefill_avx512.c",
+                "native/attention_prefill_dpbf16_avx512.c",
                 "native/linear_avx512.c", "native/linear_avx512_gemv.c",
                 "native/linear_mxfp4_avx512.c", "native/linear_q8_vnni.c"}
 # /proc/cpuinfo flags (the ones that matter here) of a Sapphire Rapids Xeon, an AMD EPYC 7003
