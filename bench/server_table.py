@@ -109,10 +109,11 @@ def markdown(results) -> str:
             lines.append(f"\n{r['weights']} {r['workload']} on {r['threads']} threads: "
                          f"{r[FIGURE[r['workload']]]} tok/s")
     m = results["machine"]
-    amx = m["amx_bf16_gflops"]
+    amx, matmul = m["amx_bf16_gflops"], m["amx_matmul_gflops"]
     lines.append(f"\nmachine: {m['cpu']}, {m['cpus']} cpus, {m['numa_nodes']} NUMA node(s), {m['mem_gib']} GiB; "
                  f"read {m['bw_gbs']:.1f} GB/s; GFLOP/s fp32 {m['fp32_gflops']:.0f}, bf16 vector {m['bf16_gflops']:.0f}, "
-                 f"AMX bf16 {amx if isinstance(amx, str) else round(amx)}; bf16 GEMMs on {m['bf16_gemm_path']}")
+                 f"AMX bf16 tiles {amx if isinstance(amx, str) else round(amx)}, AMX GEMM 2048^3 "
+                 f"{matmul if isinstance(matmul, str) else round(matmul)}; bf16 GEMMs on {m['bf16_gemm_path']}")
     if results.get("torch_matmul_gflops"):
         lines.append(f"torch bf16 matmul 2048^3: {results['torch_matmul_gflops']:.0f} GFLOP/s")
     return "\n".join(lines) + "\n"

@@ -61,11 +61,18 @@ static void tiles_begin(void) {
 static void tiles_end(void) { _tile_release(); }
 
 static void tiles_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, int64_t ldb, int64_t steps,
-                             const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+                             const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate) {
+    if (accumulate) { /* only the tiles this block stores: the others may lie past c's rows */
+        _tile_loadd(0, c, ldc * 4);
+        if (nt == 2) _tile_loadd(1, c + 16, ldc * 4);
+        if (mt == 2) _tile_loadd(2, c + 16 * ldc, ldc * 4);
+        if (mt == 2 && nt == 2) _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     const int64_t sa = lda * 4, sb = ldb * 4;
     for (int64_t s = 0; s <= steps; s++) {
         const uint32_t *bs = b + s * DN_AMX_PAIRS * ldb;
@@ -122,8 +129,9 @@ static void emulated_dpbf16ps(float *c, int64_t ldc, const uint32_t *a, int64_t 
 static void emulated_nothing(void) {}
 
 static void emulated_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, int64_t ldb, int64_t steps,
-                                const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc) {
-    for (int r = 0; r < 16 * mt; r++) memset(c + r * ldc, 0, 16 * nt * sizeof(float));
+                                const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate) {
+    if (!accumulate)
+        for (int r = 0; r < 16 * mt; r++) memset(c + r * ldc, 0, 16 * nt * sizeof(float));
     for (int64_t s = 0; s <= steps; s++) {
         const uint32_t *bs = b + s * DN_AMX_PAIRS * ldb;
         int64_t stride = ldb;

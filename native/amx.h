@@ -18,7 +18,7 @@ int dn_set_amx(dn_amx_mode mode);     /* 0, or -1 when mode is DN_AMX_TILES and 
 #define DN_AMX_PAIRS 16  /* k pairs of one tile step */
 
 /* c[mt*16][16 nt] fp32 (row stride ldc floats) = a . b over `steps` steps of 16 k pairs, then one
- * more step from b_tail when it is not NULL:
+ * more step from b_tail when it is not NULL (+= when accumulate: c holds earlier k's sums):
  *   a      [mt*16][...] bf16 pairs as uint32, row stride lda uint32, step s at a + 16 s;
  *   b      [steps*16][ldb] bf16 pairs as uint32 (k pair rows of a packed bf16 panel, linear.h),
  *          of which this block reads 32 columns: step s at b + 16 s ldb;
@@ -29,7 +29,7 @@ typedef struct {
     void (*begin)(void);
     void (*end)(void);
     void (*block_bf16)(const uint32_t *a, int64_t lda, const uint32_t *b, int64_t ldb, int64_t steps,
-                       const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc);
+                       const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate);
 } dn_amx_ops;
 
 extern const dn_amx_ops dn_amx_tile_ops, dn_amx_emulated_ops;

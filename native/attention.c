@@ -200,7 +200,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     int64_t n_units = plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, window,
                            threads, decode_fits, NULL, &part_floats);
     if (n_units == 0) return 0;
-    if (n_units < nt) nt = (int)n_units;
+    nt = dn_team(n_units);
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
     size_t part_bytes = ((size_t)part_floats * 4 + 63) & ~(size_t)63;
     size_t work_bytes = attn_work_bytes(c->block_size, D);

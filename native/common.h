@@ -16,6 +16,12 @@ int dn_set_isa(dn_isa_t isa);    /* 0, or -1 when the CPU lacks it */
 int dn_num_threads(void);        /* OpenMP threads a kernel uses */
 void dn_set_num_threads(int n);
 
+/* The team a parallel region forks for `workers` units of work: one thread, or every kernel
+ * thread, never a size in between. libgomp ends the pool threads a smaller team leaves out and
+ * creates them again for the next larger one; on a 16-core VM that churn (a 4-thread k/v
+ * projection between 16-thread ones) halved decode. Workers past the units idle in the region. */
+static inline int dn_team(int64_t workers) { return workers > 1 ? dn_num_threads() : 1; }
+
 /* A 64-byte aligned buffer of at least n bytes that belongs to the calling thread (so Python
  * threads can run kernels at once), one per slot, grown on demand and kept for the next call;
  * freed when the thread exits. NULL when out of memory. */

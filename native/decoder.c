@@ -61,9 +61,11 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         const dn_layer_t *l = &d->layers[i];
         /* the previous layer's output o joins the residual stream as this layer reads it */
         const float *x = sublayer_input(d, l->attn_norm, i ? d->o : NULL, T);
-        if (dn_linear(&l->q, x, T, l->q_bias, d->q) || dn_linear(&l->k, x, T, l->k_bias, d->k) ||
-            dn_linear(&l->v, x, T, l->v_bias, d->v))
-            goto no_memory;
+        /* one parallel region: a decode step's narrow k and v GEMVs (a few panels each) fill
+         * the threads the q GEMV leaves idle instead of forking a team of their own */
+        const dn_linear_job qkv[3] = {{&l->q, x, T, l->q_bias, d->q}, {&l->k, x, T, l->k_bias, d->k},
+                                      {&l->v, x, T, l->v_bias, d->v}};
+        if (dn_linear_jobs(qkv, 3)) goto no_memory;
         if (l->q_norm && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
         dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, l->cos_sin, T, D,
                 d->rot_dim);

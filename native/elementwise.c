@@ -1,4 +1,5 @@
-/* RMSNorm, RoPE, act(gate)*up and embedding: AVX-512 / AVX2 / portable, threads over rows.
+/* RMSNorm, RoPE and act(gate)*up (the embedding lookup is in embedding.c): AVX-512 / AVX2 /
+ * portable, threads over rows.
  *
  * Each kernel is a row (or span) function per ISA plus one driver that picks the function and
  * either runs it inline or in one OpenMP region. Small calls stay on the calling thread: at
@@ -20,16 +21,9 @@
 #define RMS_SERIAL_FLOATS 16384
 #define ROPE_SERIAL_FLOATS 40960
 #define GLU_SERIAL_FLOATS 8192
-#define EMBED_SERIAL_FLOATS 65536
 
-/* With more cores, each thread keeps at least half a limit (each one's share where two started
- * to win): a 16-thread team is not forked for two threads' work (a decode row's SiLU of 8960
- * floats, a 32-row RMSNorm). On two cores this is the rule above unchanged. */
-static int threads_for(long work, long serial_limit) {
-    if (work < serial_limit) return 1;
-    long most = work / (serial_limit / 2);
-    return most < dn_num_threads() ? (int)most : dn_num_threads();
-}
+/* One thread under the limit, else the whole team (dn_team: a smaller one would end threads). */
+static int threads_for(long work, long serial_limit) { return work < serial_limit ? 1 : dn_num_threads(); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* RMSNorm */
@@ -340,11 +334,17 @@ static void glu_range(glu_span_fn span, const float *gate_up, float *out, long l
     }
 }
 
-void dn_glu_mul(const float *gate_up, float *out, int M, int I, dn_act act) {
+static glu_span_fn glu_span(void) {
     dn_isa_t isa = dn_isa();
-    glu_span_fn span = isa == DN_ISA_AVX512 ? glu_span_avx512
-                       : isa == DN_ISA_AVX2 ? glu_span_avx2
-                                            : glu_span_portable;
+    return isa == DN_ISA_AVX512 ? glu_span_avx512 : isa == DN_ISA_AVX2 ? glu_span_avx2 : glu_span_portable;
+}
+
+void dn_glu_row(const float *gate, const float *up, float *out, int n, dn_act act) {
+    glu_span()(gate, up, out, n, act);
+}
+
+void dn_glu_mul(const float *gate_up, float *out, int M, int I, dn_act act) {
+    glu_span_fn span = glu_span();
     long total = (long)M * I;
     int nt = threads_for(total, GLU_SERIAL_FLOATS);
     if (nt == 1) {
@@ -360,62 +360,4 @@ void dn_glu_mul(const float *gate_up, float *out, int M, int I, dn_act act) {
         long lo = id * chunk, hi = lo + chunk < total ? lo + chunk : total;
         glu_range(span, gate_up, out, lo, hi, I, act);
     }
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Embedding */
-
-long dn_embedding_first_bad(const int32_t *ids, long T, long V) {
-    for (long t = 0; t < T; t++)
-        if (ids[t] < 0 || ids[t] >= V) return t;
-    return -1;
-}
-
-void dn_embedding_f32(const int32_t *ids, const float *table, float *out, int T, int D) {
-    int nt = threads_for((long)T * D, EMBED_SERIAL_FLOATS);
-    if (nt == 1 || T == 1) {
-        for (int t = 0; t < T; t++)
-            memcpy(out + (size_t)t * D, table + (size_t)ids[t] * D, (size_t)D * sizeof(float));
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < T; t++)
-        memcpy(out + (size_t)t * D, table + (size_t)ids[t] * D, (size_t)D * sizeof(float));
-}
-
-typedef void (*bf16_row_fn)(const uint16_t *src, float *dst, int n);
-
-static void bf16_row_portable(const uint16_t *src, float *dst, int n) {
-    for (int i = 0; i < n; i++) dst[i] = dn_bf16_to_f32(src[i]);
-}
-
-DN_TARGET_AVX2 static void bf16_row_avx2(const uint16_t *src, float *dst, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-    }
-    for (; i < n; i++) dst[i] = dn_bf16_to_f32(src[i]);
-}
-
-DN_TARGET_AVX512 static void bf16_row_avx512(const uint16_t *src, float *dst, int n) {
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i));
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-    }
-}
-
-void dn_embedding_bf16(const int32_t *ids, const uint16_t *table, float *out, int T, int D) {
-    dn_isa_t isa = dn_isa();
-    bf16_row_fn row = isa == DN_ISA_AVX512 ? bf16_row_avx512
-                      : isa == DN_ISA_AVX2 ? bf16_row_avx2
-                                           : bf16_row_portable;
-    int nt = threads_for((long)T * D, EMBED_SERIAL_FLOATS);
-    if (nt == 1 || T == 1) {
-        for (int t = 0; t < T; t++) row(table + (size_t)ids[t] * D, out + (size_t)t * D, D);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < T; t++) row(table + (size_t)ids[t] * D, out + (size_t)t * D, D);
 }

@@ -33,7 +33,10 @@ void dn_glu_mul(const float *gate_up, /* [M, 2I] */
                 float *out,           /* [M, I] */
                 int M, int I, dn_act act);
 
-/* The index of the first id outside [0, V), or -1 when all are valid. */
+/* out[i] = act(gate[i]) * up[i] for n floats, on the calling thread (a GEMM's store). */
+void dn_glu_row(const float *gate, const float *up, float *out, int n, dn_act act);
+
+/* embedding.c: the index of the first id outside [0, V), or -1 when all are valid. */
 long dn_embedding_first_bad(const int32_t *ids, long T, long V);
 
 /* out[t] = table[ids[t]]; ids must already be valid (dn_embedding_first_bad). */

@@ -219,10 +219,9 @@ static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
 static int run_call(const dn_linear_kernels *kern, dn_linear_call *c) {
     const dn_linear_w *w = c->w;
     int nt = dn_num_threads();
-    /* Under ~100k multiply-adds a second thread costs more than it saves; past the kernel's
-     * units of work, a thread has nothing to do but join. */
-    if ((double)c->m * w->n * w->k < 1e5) nt = 1;
-    if (kern->units && kern->units(w, c->m) < nt) nt = (int)kern->units(w, c->m);
+    /* Under ~100k multiply-adds a second thread costs more than it saves; a kernel of one unit
+     * of work runs alone (dn_team: never a team between one and all). */
+    if ((double)c->m * w->n * w->k < 1e5 || (kern->units && kern->units(w, c->m) <= 1)) nt = 1;
     size_t need = kern->scratch_bytes(w, c->m, nt);
     if (need) {
         c->scratch = dn_scratch(DN_SCRATCH_LINEAR, need);

@@ -82,7 +82,9 @@ def check(y, x, wexact, bias, wtype, isa, expected=None):
     assert y.shape == ref.shape and y.dtype == np.float32
     assert np.all(err <= rel * mag + 1e-30), f"max excess {np.max(err - rel * mag)}"
     rms = np.sqrt(np.mean(err**2) / max(np.mean(ref**2), 1e-30))
-    assert rms < (3e-3 if rounded else 1e-4), f"relative rms error {rms}"
+    # one bf16 rounding of each term: ~1.6e-3 expected; two (i8/u4 weights too): sqrt(2) times
+    # that, and 3.1e-3 on the 9 x 48 case here, as numpy's own double rounding gives
+    assert rms < {0: 1e-4, 1: 3e-3, 2: 4.5e-3}[rounded], f"relative rms error {rms}"
 
 
 # (M, N, K, group): every awkward M, N and K (not a multiple of 16/32) appears at least once;

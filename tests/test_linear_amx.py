@@ -30,8 +30,10 @@ def amx(request):
 
 # (M, N, K): row blocks of 32 and a 16-row tail (5, 16, 17, 33, 200), a last panel of 48 columns
 # (N = 1000: one column tile of 16 after a pair) and of 16 (N = 7, 33), K not a whole tile step
-# of 32 (77, 4201), K of exact steps (64, 576), bias on every other case
-SHAPES = [(5, 64, 64), (16, 1000, 77), (17, 7, 576), (33, 33, 4201), (200, 130, 96), (37, 256, 1536)]
+# of 32 (77, 4201), K of exact steps (64, 576), bias on every other case; K past one k chunk of
+# 1024 (4201, 1536, 1100) and rows past one pass of 256 (300)
+SHAPES = [(5, 64, 64), (16, 1000, 77), (17, 7, 576), (33, 33, 4201), (200, 130, 96), (37, 256, 1536),
+          (300, 80, 1100)]
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -49,24 +51,30 @@ def test_amx_rounds_activations_like_the_tiles(amx):
     """Products of bf16-exact inputs are exact: with x already bf16 and small integer weights,
     every output is an exact integer, so any lost or doubled k pair, row or column shows."""
     rng = np.random.default_rng(12)
-    m, n, k = 40, 96, 200
-    w = rng.integers(-4, 5, (n, k)).astype(np.float32)
-    x = rng.integers(-8, 9, (m, k)).astype(np.float32)
-    packed = K.pack_linear((w.view(np.uint32) >> 16).astype(np.uint16), "bf16")
-    y = K.linear(x, packed)
-    assert np.array_equal(y.astype(np.float64), x.astype(np.float64) @ w.T.astype(np.float64))
+    for m, n, k in [(40, 96, 200), (37, 64, 2100)]:  # the second sums three k chunks
+        w = rng.integers(-4, 5, (n, k)).astype(np.float32)
+        x = rng.integers(-8, 9, (m, k)).astype(np.float32)
+        packed = K.pack_linear((w.view(np.uint32) >> 16).astype(np.uint16), "bf16")
+        y = K.linear(x, packed)
+        assert np.array_equal(y.astype(np.float64), x.astype(np.float64) @ w.T.astype(np.float64))
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_amx_linear_glu(amx, act):
-    """gate_up under AMX: the driver's linear, then glu_mul (no fused store on this path)."""
+    """gate_up under AMX: where I is a multiple of 64 the driver stores act(g) * u from its sums of
+    the gate and the up panel (the gate_up scratch untouched), else linear then glu_mul; either
+    way bit for bit what linear then glu_mul give."""
     rng = np.random.default_rng(13)
-    for m, inter, k in [(5, 64, 128), (37, 128, 576), (7, 40, 77)]:
+    for m, inter, k in [(5, 64, 128), (37, 128, 576), (7, 40, 77), (260, 192, 1100)]:
         packed, wexact = make_weight("bf16", 2 * inter, k, 0, rng)
         x = rng.standard_normal((m, k)).astype(np.float32)
-        out = np.empty((m, inter), np.float32)
-        K.linear_glu(x, packed, np.empty((m, 2 * inter), np.float32), out, act=act)
+        out, gate_up = np.empty((m, inter), np.float32), np.full((m, 2 * inter), np.nan, np.float32)
+        K.linear_glu(x, packed, gate_up, out, act=act)
         check_glu(out, x, wexact, "bf16", "avx512", act)
+        assert np.isnan(gate_up).all() == (inter % 64 == 0)
+        separate = np.empty((m, inter), np.float32)
+        K.glu_mul(K.linear(x, packed), separate, act=act)
+        np.testing.assert_array_equal(out, separate)
 
 
 def test_amx_leaves_small_batches_to_the_isa_path(amx):

@@ -71,9 +71,12 @@ def test_two_ranks_generate_transformers_greedy(two_rank_cases, split):
 @pytest.mark.parametrize("name", MOE_FAMILIES)
 def test_low_precision_experts_stay_close_to_transformers(tmp_path, tiny_checkpoint, name, mode):
     """Experts in bf16, or InstantQuant int8 / uint4 per expert, within test_families' bounds of
-    transformers on the weights the model stores (a rounding may flip a near-tie of the router)."""
+    transformers on the weights the model stores. A rounding may flip a near-tie of the router,
+    which moves that one step's logits far (0.35 seen on AVX-512, whose GEMMs round activations
+    to bf16): every step but one must keep the bound (a wrong kernel moves them all)."""
     rel = low_precision_error(tmp_path, tiny_checkpoint, name, mode, stored_weights=True)
-    assert rel.max() < LOW_PRECISION[mode][3], f"{name} {mode}: relative RMS logits error per step {np.round(rel, 4)}"
+    assert np.sort(rel)[-2] < LOW_PRECISION[mode][3], \
+        f"{name} {mode}: relative RMS logits error per step {np.round(rel, 4)}"
 
 
 @pytest.mark.parametrize("name", [n for n in MOE_FAMILIES if n != "gpt_oss"])  # test_gpt_oss.py has its own
@@ -220,14 +223,17 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
         return out.astype(np.float64)
 
     halves = slice(0, S // 2), slice(S // 2, S)  # the shared expert's rows, split either way
-    scale = np.abs(want).max()
+    # an expert's 5+ rows of u4 on the avx512 path run its GEMM: activations and dequantized
+    # weights rounded to bf16 (test_linear's bound), twice over (gate_up, then down)
+    rounded = wtype == "u4" and tokens > 4 and K.isa() == "avx512"
+    scale = np.abs(want).max() * (8 * 2.0**-9 if rounded else 1e-5)
     for max_tokens in (tokens, tokens * top_k):
         whole = part(range(E), slice(0, I), slice(0, S), 0, 1, max_tokens=max_tokens)
         by_experts = sum(part(range(r, E, 2), slice(0, I), halves[r], r, 2, max_tokens=max_tokens) for r in (0, 1))
         by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1, down_bias=r == 0,
                            max_tokens=max_tokens) for r in (0, 1))
         for got in (whole, by_experts, by_rows):
-            assert np.abs(got - want).max() < 1e-5 * scale, (max_tokens, np.abs(got - want).max() / scale)
+            assert np.abs(got - want).max() < scale, (max_tokens, np.abs(got - want).max() / scale)
 
 
 def test_moe_kernel_refuses_mismatched_experts(K):

@@ -65,3 +65,32 @@ def test_bf16_rounding_matches_torch():
     assert np.isnan(from_bf16(ours[2:3]))[0]
     assert np.array_equal(from_bf16(ref[3:]), torch.from_numpy(ref[3:].view(np.int16)).view(
         torch.bfloat16).float().numpy())
+
+
+def test_kernels_of_every_size_keep_the_same_openmp_threads():
+    """A decode step mixes wide kernels, narrow ones (a k/v projection of a few panels) and small
+    ones: libgomp ends the threads a smaller team leaves out and starts new ones for the next
+    larger team, so the kernels fork one thread or all of them, never a count in between. The
+    process's thread ids must not change over such a sequence."""
+    from tests.helpers import kernel_threads
+    from tests.test_linear import make_weight
+    rng = np.random.default_rng(0)
+    wide, narrow = make_weight("bf16", 1024, 1536, 0, rng)[0], make_weight("bf16", 128, 1536, 0, rng)[0]
+    x = rng.standard_normal((1, 1536)).astype(np.float32)
+    rows = rng.standard_normal((3, 1536)).astype(np.float32)
+    gate_up = rng.standard_normal((1, 2 * 4500)).astype(np.float32)
+
+    def step():
+        """the thread ids seen after each kernel"""
+        seen = set()
+        for call in (lambda: K.linear(x, wide), lambda: K.linear(x, narrow),  # narrow: 2 units of work
+                     lambda: K.linear(rows, narrow), lambda: K.glu_mul(gate_up, np.empty((1, 4500), np.float32)),
+                     lambda: K.rms_norm(rows, np.ones(1536, np.float32), 1e-6, np.empty_like(rows))):
+            call()
+            seen |= set(os.listdir("/proc/self/task"))
+        return seen
+
+    with kernel_threads(4):
+        first = step()
+        for _ in range(20):
+            assert step() == first
