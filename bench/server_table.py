@@ -40,11 +40,25 @@ def install(args) -> str:
     python = os.path.join(args.venv, "bin", "python")
     if not os.path.exists(python):
         run([sys.executable, "-m", "venv", "--system-site-packages", args.venv])
+        see_parent_packages(python)
     env = dict(os.environ, DASHINFER_BUILD_JOBS=str(len(os.sched_getaffinity(0))))
     t = time.perf_counter()
     run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", args.wheels, "-e", ROOT], env=env)
     print(f"installed in {time.perf_counter() - t:.0f} s", flush=True)
     return python
+
+
+def see_parent_packages(python) -> None:
+    """--system-site-packages shows the base interpreter's packages only: where this script runs
+    in a virtual environment itself (a server's python with torch in /opt/.../.venv), a .pth file
+    in the new one adds that environment's site-packages after its own."""
+    if sys.prefix == sys.base_prefix:
+        return
+    import site
+    target = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(target, "parent_environment.pth"), "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
 
 
 def json_lines(cmd, env) -> list:
