@@ -4,6 +4,7 @@
                                           threads (default: every cpu of this process); the AMX
                                           bf16 tile peak and AMX GEMM rate where AMX tiles run
     python bench/machine.py --series 20   now() every 0.2 s for 20 s in one process
+    python bench/machine.py --siblings    which cpus share cpu 0's core (hyperthreads a VM hides)
 """
 import json
 import os
@@ -105,6 +106,53 @@ def limits(threads: int = 0) -> dict:
     }
 
 
+def _fma_worker(cpu: int, commands, results) -> None:
+    """A child process pinned to `cpu`: for each iteration count it is sent, one FMA thread's
+    GFLOP/s; None ends it."""
+    os.sched_setaffinity(0, {cpu})
+    K.load()
+    K.probe_peak(0, 1_000_000, 1)
+    for iters in iter(commands.get, None):
+        results.put((cpu, K.probe_peak(0, iters, 1) / 1e9))
+
+
+def core_siblings(first: int = 0, rounds: int = 3, iters: int = 50_000_000) -> dict:
+    """Which cpus share a core with cpu `first`, measured, not read from the topology a VM shows
+    (16 "cores" of one thread each can be 8 cores of two hyperthreads): cpu `first`'s FMA thread
+    with another cpu's running beside it, over alone (the best of `rounds` each, interleaved).
+    About 1 on another core, about 0.5 on a sibling."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")  # fresh processes: no OpenMP pool inherited
+    cpus = sorted(os.sched_getaffinity(0))
+    results = ctx.Queue()
+    commands = {c: ctx.Queue() for c in cpus}
+    workers = [ctx.Process(target=_fma_worker, args=(c, commands[c], results)) for c in cpus]
+    for w in workers:
+        w.start()
+
+    def together(group):
+        for c in group:
+            commands[c].put(iters)
+        got = dict(results.get() for _ in group)
+        return got[first]
+
+    try:
+        alone = max(together([first]) for _ in range(rounds))
+        ratios = {}
+        for c in cpus:
+            if c != first:
+                best = max(together([first, c]) for _ in range(rounds))
+                ratios[c] = round(best / max(alone, together([first])), 2)
+    finally:
+        for c in cpus:
+            commands[c].put(None)
+        for w in workers:
+            w.join()
+    siblings = [c for c, r in ratios.items() if r < 0.75]
+    return {"cpu": first, "alone_gflops": round(alone, 1), "beside_over_alone": ratios, "siblings": siblings,
+            "cores_if_uniform": len(cpus) // (1 + len(siblings))}
+
+
 def series(threads: int, seconds: float) -> list:
     """now() with one sample, every 0.2 s for `seconds`, in this one process: whether the host's
     limits move while nothing in the process changes (no new pages, threads or placement)."""
@@ -125,6 +173,9 @@ if __name__ == "__main__":
             values = sorted(s[key] for s in samples)
             print(json.dumps({key: {"min": values[0], "median": statistics.median(values), "max": values[-1],
                                     "max_over_min": round(values[-1] / values[0], 2)}}))
+        sys.exit()
+    if "--siblings" in sys.argv:  # python bench/machine.py --siblings: cpus sharing cpu 0's core
+        print(json.dumps(core_siblings()))
         sys.exit()
     count = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 0
     for key, value in limits(count).items():
