@@ -1,10 +1,11 @@
-/* int8 / uint4 weight quantization at load time (the output head of a model whose other weights
- * were quantized at serialization): the same rules as dashinfer_client/model/quant.py, in double
- * like its numpy and summing in the same order, so both give the same codes and scales bit for
- * bit. */
+/* int8 / uint4 InstantQuant (dashinfer_client/model/quant.py documents the rules): used by the
+ * conversion (dashinfer_client/model/_quantize, on threads of its own, no OpenMP) and at load
+ * for the output head of a model whose other weights were quantized at serialization (dn_quantize,
+ * on the rank's OpenMP team). In double, summing in k order, as tests/quant_reference.py's numpy
+ * does, so both give the same codes and scales bit for bit. A group that does not divide k leaves
+ * a ragged last group of k mod group channels in each row. */
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 
 #include "common.h"
 #include "linear.h"
@@ -83,11 +84,13 @@ static void quantize_u4_group(const void *w, int bf16, int64_t at, int64_t group
     *zc_out = (uint8_t)best_zc;
 }
 
+static int64_t group_len(int64_t k, int64_t group, int64_t g) { return k - g * group < group ? k - g * group : group; }
+
 /* A uint4 row's scale: the largest group step over 255 (1 for a row of zeros). */
 static float u4_row_scale(const void *w, int bf16, int64_t at, int64_t k, int64_t group) {
     double top = 0, lo, hi;
-    for (int64_t g = 0; g < k / group; g++) {
-        u4_range(w, bf16, at + g * group, group, &lo, &hi);
+    for (int64_t g = 0; g * group < k; g++) {
+        u4_range(w, bf16, at + g * group, group_len(k, group, g), &lo, &hi);
         double step = (hi - lo) / 15.0;
         top = step > top ? step : top;
     }
@@ -95,20 +98,26 @@ static float u4_row_scale(const void *w, int bf16, int64_t at, int64_t k, int64_
     return d >= FLT_MIN ? d : 1.0f;
 }
 
-void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
-                 void *scales, void *zeros, float *row_scales) {
-    int64_t ng = k / group;
-#pragma omp parallel for schedule(static) num_threads(dn_num_threads())
-    for (int64_t r = 0; r < n; r++) {
+void dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
+                      uint8_t *codes, void *scales, void *zeros, float *row_scales) {
+    int64_t ng = (k + group - 1) / group;
+    for (int64_t r = r0; r < r1; r++) {
         float d = 0;
         if (bits == 4) d = row_scales[r] = u4_row_scale(w, bf16, r * k, k, group);
         for (int64_t g = 0; g < ng; g++) {
-            int64_t at = r * k + g * group;
+            int64_t at = r * k + g * group, len = group_len(k, group, g), p = r * ng + g;
             if (bits == 8)
-                quantize_i8_group(w, bf16, at, group, codes, (float *)scales + r * ng + g, (float *)zeros + r * ng + g);
+                quantize_i8_group(w, bf16, at, len, codes, (float *)scales + p, (float *)zeros + p);
             else
-                quantize_u4_group(w, bf16, at, group, d, codes, (uint8_t *)scales + r * ng + g,
-                                  (uint8_t *)zeros + r * ng + g);
+                quantize_u4_group(w, bf16, at, len, d, codes, (uint8_t *)scales + p, (uint8_t *)zeros + p);
         }
     }
 }
+
+#ifdef _OPENMP /* the kernels' extension; the conversion's module has no OpenMP (see linear.h) */
+void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
+                 void *scales, void *zeros, float *row_scales) {
+#pragma omp parallel for schedule(static) num_threads(dn_num_threads())
+    for (int64_t r = 0; r < n; r++) dn_quantize_rows(w, bf16, r, r + 1, k, group, bits, codes, scales, zeros, row_scales);
+}
+#endif
