@@ -20,6 +20,15 @@ static void put_code(uint8_t *codes, int bits, int64_t i, int code) {
     else codes[i / 2] |= (uint8_t)(code << 4);
 }
 
+/* clip(rint(v), 0, top), numpy's rounding of a code, for every v but NaN (0 here): adding and
+ * subtracting 2^52 rounds a double in [0, 2^52) to the nearest integer, ties to even, as rint
+ * does in the default rounding mode, without nearbyint's libm call (x86-64's baseline has no
+ * roundsd): this is the quantizer's inner loop. */
+static inline double code_of(double v, double top) {
+    if (!(v > 0)) return 0;
+    return v >= top ? top : (v + 0x1p52) - 0x1p52;
+}
+
 /* int8: scale = (max - min) / 255, zero = -min / scale, both float. */
 static void quantize_i8_group(const void *w, int bf16, int64_t at, int64_t group, uint8_t *codes,
                               float *scale_out, float *zero_out) {
@@ -32,10 +41,8 @@ static void quantize_i8_group(const void *w, int bf16, int64_t at, int64_t group
     float scale = (float)((hi - lo) / 255.0);
     if (!(scale >= FLT_MIN)) scale = 1.0f; /* constant or denormal-range group */
     float zero = (float)(-lo / (double)scale);
-    for (int64_t i = 0; i < group; i++) {
-        double q = nearbyint(weight_at(w, bf16, at + i) / (double)scale + (double)zero);
-        put_code(codes, 8, at + i, (int)(q < 0 ? 0 : q > 255 ? 255 : q));
-    }
+    for (int64_t i = 0; i < group; i++)
+        put_code(codes, 8, at + i, (int)code_of(weight_at(w, bf16, at + i) / (double)scale + (double)zero, 255));
     *scale_out = scale;
     *zero_out = zero;
 }
@@ -50,13 +57,10 @@ static void u4_range(const void *w, int bf16, int64_t at, int64_t group, double 
     }
 }
 
-static double u4_code(double x, float scale, double zero) {
-    double q = nearbyint(x / (double)scale + zero);
-    return q < 0 ? 0 : q > 15 ? 15 : q;
-}
-
 /* uint4 (linear.h's u4): the scale code sc and zero code zc of least squared error, sc within
- * 1 of rint(range / 15 / d) and zc within 1 of rint(-min / scale * 16). */
+ * 1 of rint(range / 15 / d) and zc within 1 of rint(-min / scale * 16). Each sc's three zc are
+ * summed in one pass over the group, each in k order; x / scale is shared by them, as numpy's
+ * `steps` is. */
 static void quantize_u4_group(const void *w, int bf16, int64_t at, int64_t group, float d, uint8_t *codes,
                               uint8_t *sc_out, uint8_t *zc_out) {
     double lo, hi, best = INFINITY;
@@ -65,21 +69,25 @@ static void quantize_u4_group(const void *w, int bf16, int64_t at, int64_t group
     int best_sc = 1, best_zc = 0;
     for (int dc = -1; dc <= 1; dc++) {
         int sc = (int)(c0 + dc < 1 ? 1 : c0 + dc > 255 ? 255 : c0 + dc);
-        float scale = d * (float)sc;
-        double z0 = nearbyint(-lo / (double)scale * 16.0);
-        for (int dz = -1; dz <= 1; dz++) {
-            int zc = (int)(z0 + dz < 0 ? 0 : z0 + dz > 240 ? 240 : z0 + dz);
-            double zero = zc / 16.0, err = 0;
-            for (int64_t i = 0; i < group; i++) {
-                double x = weight_at(w, bf16, at + i), e = (u4_code(x, scale, zero) - zero) * (double)scale - x;
-                err += e * e;
-            }
-            if (err < best) best = err, best_sc = sc, best_zc = zc;
+        double scale = (double)(d * (float)sc), z0 = nearbyint(-lo / scale * 16.0), zero[3], err[3] = {0, 0, 0};
+        int zc[3];
+        for (int j = 0; j < 3; j++) {
+            zc[j] = (int)(z0 + j - 1 < 0 ? 0 : z0 + j - 1 > 240 ? 240 : z0 + j - 1);
+            zero[j] = zc[j] / 16.0;
         }
+        for (int64_t i = 0; i < group; i++) {
+            double x = weight_at(w, bf16, at + i), steps = x / scale;
+            for (int j = 0; j < 3; j++) {
+                double e = (code_of(steps + zero[j], 15) - zero[j]) * scale - x;
+                err[j] += e * e;
+            }
+        }
+        for (int j = 0; j < 3; j++)
+            if (err[j] < best) best = err[j], best_sc = sc, best_zc = zc[j];
     }
-    float scale = d * (float)best_sc;
+    double scale = (double)(d * (float)best_sc), zero = best_zc / 16.0;
     for (int64_t i = 0; i < group; i++)
-        put_code(codes, 4, at + i, (int)u4_code(weight_at(w, bf16, at + i), scale, best_zc / 16.0));
+        put_code(codes, 4, at + i, (int)code_of(weight_at(w, bf16, at + i) / scale + zero, 15));
     *sc_out = (uint8_t)best_sc;
     *zc_out = (uint8_t)best_zc;
 }

@@ -11,8 +11,9 @@ from .safetensors_io import itemsize
 
 # Bytes a conversion holds at once for a tensor of n elements (_write_params): its source (fp32
 # at most, mapped or dequantized) and an fp32 working copy, plus what it becomes: codes and group
-# scales (quantized: 10 a weight in all), or the converted float (8); and quantization's float64
-# temporaries, which live per chunk of CHUNK_ELEMENTS (40 bytes an element of the chunk).
+# scales (quantized: 10 a weight in all), or the converted float (8); and the quantization error
+# statistics' temporaries, which live per chunk of CHUNK_ELEMENTS (40 bytes an element of the chunk,
+# more than they take since the quantizer moved to C and stopped holding float64 copies).
 QUANTIZED_BYTES, FLOAT_BYTES, CHUNK_BYTES = 10, 8, 40
 
 
