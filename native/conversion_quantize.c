@@ -18,12 +18,13 @@ typedef struct {
     uint8_t *codes;
     void *scales, *zeros;
     float *row_scales;
+    double *error;
 } rows_job;
 
 static void *run_rows(void *arg) {
     rows_job *j = arg;
     dn_quantize_rows(j->w, j->bf16, j->r0, j->r1, j->k, j->group, j->bits, j->codes, j->scales, j->zeros,
-                     j->row_scales);
+                     j->row_scales, j->error);
     return NULL;
 }
 
@@ -50,11 +51,11 @@ static void quantize_on_threads(rows_job job, int64_t n, int threads) {
 }
 
 static PyObject *py_quantize_into(PyObject *self, PyObject *args) {
-    PyObject *w_obj, *c_obj, *s_obj, *z_obj, *r_obj;
+    PyObject *w_obj, *c_obj, *s_obj, *z_obj, *r_obj, *e_obj;
     Py_ssize_t group;
     int bits, threads;
-    if (!PyArg_ParseTuple(args, "OniOOOOi:quantize_into", &w_obj, &group, &bits, &c_obj, &s_obj, &z_obj, &r_obj,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "OniOOOOOi:quantize_into", &w_obj, &group, &bits, &c_obj, &s_obj, &z_obj, &r_obj,
+                          &e_obj, &threads))
         return NULL;
     dn_args a = {.fn = "quantize_into"};
     if (bits != 8 && bits != 4) return dn_fail(&a, PyExc_ValueError, "bits must be 8 or 4, got %d", bits);
@@ -74,13 +75,16 @@ static PyObject *py_quantize_into(PyObject *self, PyObject *args) {
     Py_buffer *s = c ? dn_take(&a, s_obj, "scales", param, 2, 1) : NULL;
     Py_buffer *z = s ? dn_take(&a, z_obj, "zeros", param, 2, 1) : NULL;
     Py_buffer *r = z && bits == 4 ? dn_take(&a, r_obj, "row_scales", 'f', 1, 1) : NULL;
-    if (!z || (bits == 4 && !r)) return dn_done(&a, NULL);
+    Py_buffer *e = z && (bits == 8 || r) ? dn_take_opt(&a, e_obj, "error", 'd', 2, 1) : NULL;
+    if (!z || (bits == 4 && !r) || PyErr_Occurred()) return dn_done(&a, NULL);
     if (dn_check_dim(&a, c, "codes", 0, n) || dn_check_dim(&a, c, "codes", 1, bits == 8 ? k : k / 2) ||
         dn_check_dim(&a, s, "scales", 0, n) || dn_check_dim(&a, s, "scales", 1, ng) ||
         dn_check_dim(&a, z, "zeros", 0, n) || dn_check_dim(&a, z, "zeros", 1, ng) ||
-        (r && dn_check_dim(&a, r, "row_scales", 0, n)))
+        (r && dn_check_dim(&a, r, "row_scales", 0, n)) ||
+        (e && (dn_check_dim(&a, e, "error", 0, n) || dn_check_dim(&a, e, "error", 1, 3))))
         return dn_done(&a, NULL); /* releases the buffers, the ValueError stays */
-    rows_job job = {w->buf, bf16, bits, 0, n, k, group, c->buf, s->buf, z->buf, r ? r->buf : NULL};
+    rows_job job = {w->buf, bf16, bits, 0, n, k, group, c->buf, s->buf, z->buf, r ? r->buf : NULL,
+                    e ? e->buf : NULL};
     Py_BEGIN_ALLOW_THREADS;
     quantize_on_threads(job, n, threads < 1 ? 1 : threads);
     Py_END_ALLOW_THREADS;
@@ -89,9 +93,11 @@ static PyObject *py_quantize_into(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"quantize_into", py_quantize_into, METH_VARARGS,
-     "quantize_into(w, group_size, bits, codes, scales, zeros, row_scales, threads) -> None: InstantQuant\n"
-     "of w (float32, or uint16 bf16 bits) [N,K] into the given arrays (dashinfer_client/model/quant.py's\n"
-     "parts; row_scales is ignored for 8 bits), rows split over `threads` threads"},
+     "quantize_into(w, group_size, bits, codes, scales, zeros, row_scales, error, threads) -> None:\n"
+     "InstantQuant of w (float32, or uint16 bf16 bits) [N,K] into the given arrays\n"
+     "(dashinfer_client/model/quant.py's parts; row_scales is ignored for 8 bits), rows split over\n"
+     "`threads` threads. error: None, or float64 [N,3] given per row the sum of squared errors of the\n"
+     "dequantized weight, the sum of squared weights and the largest |error| (linear.h)"},
     {NULL, NULL, 0, NULL},
 };
 

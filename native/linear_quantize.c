@@ -29,9 +29,20 @@ static inline double code_of(double v, double top) {
     return v >= top ? top : (v + 0x1p52) - 0x1p52;
 }
 
+/* A row's quantization error, as quant.QuantErrorStats reads it: the weight the kernels see,
+ * (code - zero) * scale in float32, minus w, in float32; its square and w's summed in double. */
+static void add_error(double *row_error, float x, float code, float zero, float scale) {
+    if (!row_error) return;
+    float e = (code - zero) * scale - x;
+    double a = fabs((double)e);
+    row_error[0] += (double)e * e;
+    row_error[1] += (double)x * x;
+    if (a > row_error[2]) row_error[2] = a;
+}
+
 /* int8: scale = (max - min) / 255, zero = -min / scale, both float. */
 static void quantize_i8_group(const void *w, int bf16, int64_t at, int64_t group, uint8_t *codes,
-                              float *scale_out, float *zero_out) {
+                              float *scale_out, float *zero_out, double *row_error) {
     double lo = INFINITY, hi = -INFINITY;
     for (int64_t i = 0; i < group; i++) {
         double v = weight_at(w, bf16, at + i);
@@ -41,8 +52,12 @@ static void quantize_i8_group(const void *w, int bf16, int64_t at, int64_t group
     float scale = (float)((hi - lo) / 255.0);
     if (!(scale >= FLT_MIN)) scale = 1.0f; /* constant or denormal-range group */
     float zero = (float)(-lo / (double)scale);
-    for (int64_t i = 0; i < group; i++)
-        put_code(codes, 8, at + i, (int)code_of(weight_at(w, bf16, at + i) / (double)scale + (double)zero, 255));
+    for (int64_t i = 0; i < group; i++) {
+        float x = weight_at(w, bf16, at + i);
+        int q = (int)code_of(x / (double)scale + (double)zero, 255);
+        put_code(codes, 8, at + i, q);
+        add_error(row_error, x, (float)q, zero, scale);
+    }
     *scale_out = scale;
     *zero_out = zero;
 }
@@ -62,7 +77,7 @@ static void u4_range(const void *w, int bf16, int64_t at, int64_t group, double 
  * summed in one pass over the group, each in k order; x / scale is shared by them, as numpy's
  * `steps` is. */
 static void quantize_u4_group(const void *w, int bf16, int64_t at, int64_t group, float d, uint8_t *codes,
-                              uint8_t *sc_out, uint8_t *zc_out) {
+                              uint8_t *sc_out, uint8_t *zc_out, double *row_error) {
     double lo, hi, best = INFINITY;
     u4_range(w, bf16, at, group, &lo, &hi);
     double c0 = nearbyint((hi - lo) / 15.0 / (double)d);
@@ -85,9 +100,13 @@ static void quantize_u4_group(const void *w, int bf16, int64_t at, int64_t group
         for (int j = 0; j < 3; j++)
             if (err[j] < best) best = err[j], best_sc = sc, best_zc = zc[j];
     }
-    double scale = (double)(d * (float)best_sc), zero = best_zc / 16.0;
-    for (int64_t i = 0; i < group; i++)
-        put_code(codes, 4, at + i, (int)code_of(weight_at(w, bf16, at + i) / scale + zero, 15));
+    float scale = d * (float)best_sc;
+    for (int64_t i = 0; i < group; i++) {
+        float x = weight_at(w, bf16, at + i);
+        int q = (int)code_of(x / (double)scale + best_zc / 16.0, 15);
+        put_code(codes, 4, at + i, q);
+        add_error(row_error, x, (float)q, (float)best_zc / 16.0f, scale);
+    }
     *sc_out = (uint8_t)best_sc;
     *zc_out = (uint8_t)best_zc;
 }
@@ -107,17 +126,20 @@ static float u4_row_scale(const void *w, int bf16, int64_t at, int64_t k, int64_
 }
 
 void dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
-                      uint8_t *codes, void *scales, void *zeros, float *row_scales) {
+                      uint8_t *codes, void *scales, void *zeros, float *row_scales, double *error) {
     int64_t ng = (k + group - 1) / group;
     for (int64_t r = r0; r < r1; r++) {
+        double *row_error = error ? error + r * 3 : NULL;
+        if (row_error) row_error[0] = row_error[1] = row_error[2] = 0;
         float d = 0;
         if (bits == 4) d = row_scales[r] = u4_row_scale(w, bf16, r * k, k, group);
         for (int64_t g = 0; g < ng; g++) {
             int64_t at = r * k + g * group, len = group_len(k, group, g), p = r * ng + g;
             if (bits == 8)
-                quantize_i8_group(w, bf16, at, len, codes, (float *)scales + p, (float *)zeros + p);
+                quantize_i8_group(w, bf16, at, len, codes, (float *)scales + p, (float *)zeros + p, row_error);
             else
-                quantize_u4_group(w, bf16, at, len, d, codes, (uint8_t *)scales + p, (uint8_t *)zeros + p);
+                quantize_u4_group(w, bf16, at, len, d, codes, (uint8_t *)scales + p, (uint8_t *)zeros + p,
+                                  row_error);
         }
     }
 }
@@ -126,6 +148,6 @@ void dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k
 void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
                  void *scales, void *zeros, float *row_scales) {
 #pragma omp parallel for schedule(static) num_threads(dn_num_threads())
-    for (int64_t r = 0; r < n; r++) dn_quantize_rows(w, bf16, r, r + 1, k, group, bits, codes, scales, zeros, row_scales);
+    for (int64_t r = 0; r < n; r++) dn_quantize_rows(w, bf16, r, r + 1, k, group, bits, codes, scales, zeros, row_scales, NULL);
 }
 #endif

@@ -10,6 +10,7 @@ static const char *type_name(char fmt) {
     case 'B': return "uint8";
     case 'b': return "int8";
     case 'i': return "int32";
+    case 'd': return "float64";
     default: return "?";
     }
 }

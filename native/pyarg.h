@@ -16,7 +16,7 @@ typedef struct {
 } dn_args;
 
 /* Item type codes (numpy buffer format characters):
- * 'f' float32, 'H' uint16 (bf16 bits), 'B' uint8, 'b' int8, 'i' int32. */
+ * 'f' float32, 'H' uint16 (bf16 bits), 'B' uint8, 'b' int8, 'i' int32, 'd' float64. */
 
 /* Take `obj` as a C-contiguous array of item type `fmt` and rank `ndim` (-1: any rank).
  * Returns NULL with a Python exception set when it is not. */

@@ -67,7 +67,8 @@ def ragged_reference(w, fmt, group):
     return codes, scales, zeros, deq
 
 
-U4_CHUNK_ELEMENTS = 1 << 15  # numpy_quantize's uint4 rows at once: its 9 candidate passes run from L2
+# numpy_quantize's elements at once: bounds its float64 temporaries; uint4's 9 candidate passes run from L2
+I8_CHUNK_ELEMENTS, U4_CHUNK_ELEMENTS = 1 << 22, 1 << 15
 
 
 def numpy_quantize(w, weight_format="int8", group_size=64):
@@ -82,7 +83,7 @@ def numpy_quantize(w, weight_format="int8", group_size=64):
     parts = tuple(np.empty(shape, dtype=np.float32 if code == "F32" else np.uint8)
                   for shape, (_, code) in zip(shapes, quant.PARTS[weight_format]))
     # bounds the float64 temporaries; uint4's 9 candidate passes run faster from L2
-    rows = max(1, (quant.CHUNK_ELEMENTS if weight_format == "int8" else U4_CHUNK_ELEMENTS) // max(k, 1))
+    rows = max(1, (I8_CHUNK_ELEMENTS if weight_format == "int8" else U4_CHUNK_ELEMENTS) // max(k, 1))
     for r in range(0, n, rows):
         for part, value in zip(parts, _quantize_rows(w[r:r + rows], quant.BITS[settings.weight_format],
                                                      settings.group_of(k))):

@@ -51,15 +51,32 @@ def test_c_quantizer_is_the_numpy_reference_bit_for_bit(fmt, n, k, group, monkey
             assert np.array_equal(part, ref), f"{threads} threads"
 
 
+@pytest.mark.parametrize("fmt,group", [("int8", 64), ("uint4", 32), ("uint4", 64)])
+def test_error_statistics_are_those_of_the_dequantized_weight(fmt, group):
+    """The report's error: numpy float32 dequantization of the reference's codes, minus w."""
+    w = weights(40, 160)[6:]  # finite magnitudes: a 1e30 row would dwarf every other
+    stats = quant.QuantErrorStats()
+    quant.quantize(w, fmt, group, stats)
+    err = quant.dequantize(numpy_quantize(w, fmt, group), fmt, group) - w
+    got = stats.summary()
+    assert got["max_abs_error"] == np.abs(err).max() and got["quantized_elements"] == w.size
+    want = np.sqrt(np.square(err, dtype=np.float64).sum() / np.square(w, dtype=np.float64).sum())
+    assert got["relative_rms_error"] == pytest.approx(want, rel=1e-12)
+
+
 def test_quantize_into_refuses_arrays_of_the_wrong_shape():
     w = weights(8, 64)
     codes, scales, zeros = np.empty((8, 64), np.uint8), np.empty((8, 2), np.float32), np.empty((8, 2), np.float32)
     with pytest.raises(ValueError, match="scales has size 3 in dimension 1, expected 2"):
-        quantize_into(w, 32, 8, codes, np.empty((8, 3), np.float32), zeros, np.empty(0, np.float32), 2)
+        quantize_into(w, 32, 8, codes, np.empty((8, 3), np.float32), zeros, None, None, 2)
+    with pytest.raises(ValueError, match="error has size 2 in dimension 1, expected 3"):
+        quantize_into(w, 32, 8, codes, scales, zeros, None, np.empty((8, 2)), 2)
+    with pytest.raises(TypeError, match="error must be float64"):
+        quantize_into(w, 32, 8, codes, scales, zeros, None, np.empty((8, 3), np.float32), 2)
     with pytest.raises(ValueError, match="even"):
-        quantize_into(w, 31, 4, codes, scales, zeros, np.empty(8, np.float32), 2)
+        quantize_into(w, 31, 4, codes, scales, zeros, np.empty(8, np.float32), None, 2)
     with pytest.raises(ValueError, match="bits must be 8 or 4"):
-        quantize_into(w, 32, 2, codes, scales, zeros, np.empty(0, np.float32), 2)
+        quantize_into(w, 32, 2, codes, scales, zeros, None, None, 2)
 
 
 @pytest.mark.parametrize("fmt,group", [("uint4", 32), ("int8", 64)])

@@ -41,7 +41,6 @@ PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names 
 # Groups the packed linear formats take besides K itself (native/linear.h, dn_linear_check_shape):
 # a ragged quantization is served in the largest of these that divides both the group and K.
 SERVED_GROUPS = (256, 128, 64, 32)
-CHUNK_ELEMENTS = 1 << 22  # elements of a weight whose error QuantErrorStats measures at once
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
 ACT_BLOCK = 32  # k per activation quantization block (native/linear.h DN_Q8_BLOCK)
@@ -133,11 +132,12 @@ def _check_compute_method(compute, fmt, group):
     return compute
 
 
-def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
+def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP, stats=None):
     """w float [N, K] -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
     [N, ceil(K/G)]); uint4 (qweight uint8 [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)],
     row scales float32 [N]). In C (native/linear_quantize.c, through its module without OpenMP,
-    safe to load in any process before or after placement), rows split over this process's cpus."""
+    safe to load in any process before or after placement), rows split over this process's cpus.
+    stats: a QuantErrorStats that the error of w's quantization is added to."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
     w = np.asarray(w, dtype=np.float32)
     if w.ndim != 2:
@@ -148,8 +148,11 @@ def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
     parts = tuple(np.empty(shape, dtype=np.float32 if code == "F32" else np.uint8)
                   for shape, (_, code) in zip(shapes, PARTS[weight_format]))
     row_scales = parts[3] if weight_format == "uint4" else np.empty(0, np.float32)
-    _quantize.quantize_into(w, settings.group_of(k), BITS[weight_format], *parts[:3], row_scales,
+    error = None if stats is None else np.empty((n, 3))
+    _quantize.quantize_into(w, settings.group_of(k), BITS[weight_format], *parts[:3], row_scales, error,
                             len(os.sched_getaffinity(0)))
+    if stats is not None:
+        stats.add_rows(error, w.size)
     return parts
 
 
@@ -207,7 +210,8 @@ def uniform_groups(scales, zeros, k, group_size):
 
 
 class QuantErrorStats:
-    """Accumulates the quantization error over all quantized weights: max |w - w_q| and relative RMS."""
+    """Accumulates the quantization error over all quantized weights: max |w - w_q| and relative RMS,
+    w_q as the kernels dequantize it (float32), from the per-row sums quantize measures."""
 
     def __init__(self):
         self.max_abs = 0.0
@@ -215,17 +219,12 @@ class QuantErrorStats:
         self.sq_ref = 0.0
         self.count = 0
 
-    def add(self, w, parts, settings):
-        w = np.asarray(w, dtype=np.float32)
-        group = settings.group_of(w.shape[1])
-        rows = max(1, CHUNK_ELEMENTS // max(w.shape[1], 1))  # temporaries of a chunk, not of the tensor
-        for r in range(0, w.shape[0], rows):
-            part = w[r:r + rows]
-            err = dequantize([p[r:r + rows] for p in parts], settings.weight_format, group) - part
-            self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
-            self.sq_err += float(np.square(err, dtype=np.float64).sum())
-            self.sq_ref += float(np.square(part, dtype=np.float64).sum())
-        self.count += w.size
+    def add_rows(self, error, count):
+        """error float64 [N, 3]: per row the sum of squared errors, of squared weights, the largest |error|."""
+        self.sq_err += float(error[:, 0].sum())
+        self.sq_ref += float(error[:, 1].sum())
+        self.max_abs = max(self.max_abs, float(error[:, 2].max(initial=0.0)))
+        self.count += count
 
     def summary(self):
         rel = (self.sq_err / self.sq_ref) ** 0.5 if self.sq_ref > 0 else 0.0
