@@ -36,10 +36,12 @@ def weights(n, k, seed=0):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "uint4"])
-@pytest.mark.parametrize("n,k,group", [(37, 192, 64), (37, 192, -1), (9, 96, 32), (11, 160, 64), (7, 96, 64)])
+@pytest.mark.parametrize("n,k,group", [(37, 192, 64), (37, 192, -1), (9, 96, 32), (11, 160, 64), (7, 96, 64),
+                                       (13, 320, 32), (13, 352, 64)])
 def test_c_quantizer_is_the_numpy_reference_bit_for_bit(fmt, n, k, group, monkeypatch):
-    """Groups that divide K, one group a row (-1), ragged last groups (160 and 96 by 64), rows
-    split over 1 to more threads than rows."""
+    """Groups that divide K, one group a row (-1), ragged last groups (160, 96 and 352 by 64), rows of
+    10 groups (uint4 takes 4 groups at once where the CPU has AVX, the rest one by one), rows split
+    over 1 to more threads than rows."""
     w = weights(n, k)
     want = numpy_quantize(w, fmt, group)
     for threads in (1, 2, 3, n, 64):
