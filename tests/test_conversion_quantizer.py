@@ -15,7 +15,7 @@ import pytest
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model import DashInferModel, HuggingFaceModel, quant
 from dashinfer_client.model._quantize import quantize_into
-from tests.helpers import serialize
+from tests.helpers import build_tiny_model, serialize
 from tests.quant_reference import numpy_quantize, stored_parts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,16 +41,18 @@ def weights(n, k, seed=0):
 def test_c_quantizer_is_the_numpy_reference_bit_for_bit(fmt, n, k, group, monkeypatch):
     """Groups that divide K, one group a row (-1), ragged last groups (160, 96 and 352 by 64), rows of
     10 groups (uint4 takes 4 groups at once where the CPU has AVX, the rest one by one), rows split
-    over 1 to more threads than rows."""
+    over 1 to more threads than rows; float32 and bf16 bits."""
     w = weights(n, k)
-    want = numpy_quantize(w, fmt, group)
-    for threads in (1, 2, 3, n, 64):
-        monkeypatch.setattr(quant.os, "sched_getaffinity", lambda pid, t=threads: set(range(t)))
-        got = quant.quantize(w, fmt, group)
-        assert len(got) == len(want) == (4 if fmt == "uint4" else 3)
-        for part, ref in zip(got, want):
-            assert part.dtype == ref.dtype and part.shape == ref.shape
-            assert np.array_equal(part, ref), f"{threads} threads"
+    bf16 = to_bf16(w)
+    for source, values in ((w, w), (bf16, from_bf16(bf16))):  # bf16 bits are read as they are
+        want = numpy_quantize(values, fmt, group)
+        for threads in (1, 2, 3, n, 64):
+            monkeypatch.setattr(quant.os, "sched_getaffinity", lambda pid, t=threads: set(range(t)))
+            got = quant.quantize(source, fmt, group)
+            assert len(got) == len(want) == (4 if fmt == "uint4" else 3)
+            for part, ref in zip(got, want):
+                assert part.dtype == ref.dtype and part.shape == ref.shape
+                assert np.array_equal(part, ref), f"{source.dtype}, {threads} threads"
 
 
 @pytest.mark.parametrize("fmt,group", [("int8", 64), ("uint4", 32), ("uint4", 64)])
@@ -81,21 +83,26 @@ def test_quantize_into_refuses_arrays_of_the_wrong_shape():
         quantize_into(w, 32, 2, codes, scales, zeros, None, None, 2)
 
 
-@pytest.mark.parametrize("fmt,group", [("uint4", 32), ("int8", 64)])
-def test_a_converted_family_model_holds_the_numpy_reference_codes(tiny_checkpoint, tmp_path, fmt, group):
-    """Qwen3-MoE (experts, attention, dense MLP layer): every quantized tensor as the numpy reference
-    quantizes the tensor the checkpoint holds under that name (its reader: the family's own view)."""
-    src = tiny_checkpoint("qwen3_moe")
-    serialize(src, tmp_path, dtype="bfloat16", enable_quant=True,
+@pytest.mark.parametrize("fmt,group,dtype", [("uint4", 32, "float32"), ("int8", 64, "float32"),
+                                             ("uint4", 32, "bfloat16")])
+def test_a_converted_family_model_holds_the_numpy_reference_codes(tiny_checkpoint, tmp_path, fmt, group, dtype):
+    """Qwen3-MoE (experts, attention, dense MLP layer), float32 and bf16 checkpoints: every quantized
+    tensor as the numpy reference quantizes the tensor the checkpoint holds under that name (its
+    reader: the family's own view)."""
+    src = tiny_checkpoint("qwen3_moe") if dtype == "float32" else \
+        build_tiny_model(str(tmp_path / "hf"), arch="qwen3_moe", dtype=dtype)
+    out = tmp_path / "out"
+    serialize(src, out, dtype="bfloat16", enable_quant=True,
               customized_quant_config={"quant_method": "instant_quant", "weight_format": fmt, "group_size": group})
-    model = DashInferModel(str(tmp_path), "tiny")
+    model = DashInferModel(str(out), "tiny")
     names = model.quantization["quantized"]
     assert any(".experts." in n for n in names) and any("self_attn" in n for n in names)
     source = HuggingFaceModel(src, "tiny", user_set_data_type="bfloat16", progress=False).load_model()
     for name in names:
         array, code = source.weights.fetch(name)
-        assert code == "F32"
-        for got, want in zip(stored_parts(model, name, fmt), numpy_quantize(array, fmt, group)):
+        assert code == {"float32": "F32", "bfloat16": "BF16"}[dtype]
+        values = from_bf16(array) if code == "BF16" else array
+        for got, want in zip(stored_parts(model, name, fmt), numpy_quantize(values, fmt, group)):
             assert np.array_equal(got, want), name
 
 

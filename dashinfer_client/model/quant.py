@@ -133,13 +133,14 @@ def _check_compute_method(compute, fmt, group):
 
 
 def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP, stats=None):
-    """w float [N, K] -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
+    """w float [N, K], or bf16 bits (uint16, dashinfer_client.dtypes), read as they are -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
     [N, ceil(K/G)]); uint4 (qweight uint8 [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)],
     row scales float32 [N]). In C (native/linear_quantize.c, through its module without OpenMP,
     safe to load in any process before or after placement), rows split over this process's cpus.
     stats: a QuantErrorStats that the error of w's quantization is added to."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
-    w = np.asarray(w, dtype=np.float32)
+    w = np.asarray(w)
+    w = w if w.dtype == np.uint16 else w.astype(np.float32, copy=False)
     if w.ndim != 2:
         raise ModelSerializerException(f"InstantQuant: expects a 2-D weight [N, K], got shape {list(w.shape)}")
     w = np.ascontiguousarray(w)
