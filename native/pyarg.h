@@ -22,6 +22,9 @@ typedef struct {
  * Returns NULL with a Python exception set when it is not. */
 Py_buffer *dn_take(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim, int writable);
 
+/* A weight w [N][K] of float32, or of bf16 bits (uint16: *bf16 set to 1), as dn_take takes it. */
+Py_buffer *dn_take_weight(dn_args *a, PyObject *obj, int *bf16);
+
 /* As dn_take, but None gives NULL without an exception (check PyErr_Occurred()). */
 Py_buffer *dn_take_opt(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim,
                        int writable);
