@@ -1,5 +1,6 @@
-"""Builds the C kernels in native/ into dashinfer_server._native, and the gRPC stubs of
-proto/dashinfer.proto into dashinfer_client/proto/ (metadata lives in setup.cfg)."""
+"""Builds the C kernels in native/ into dashinfer_server._native, the conversion's quantizer into
+dashinfer_client.model._quantize, and the gRPC stubs of proto/dashinfer.proto into
+dashinfer_client/proto/ (metadata lives in setup.cfg)."""
 import glob
 import os
 import re
@@ -27,6 +28,8 @@ def _settings():
 # What the avx512 path needs (native/runtime.c's dn_isa_cpu), as /proc/cpuinfo names the flags.
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
 AVX512_LEFT_OUT = "native/avx512_left_out.c"
+# The conversion's quantizer module, built apart without OpenMP (see the file), from these sources.
+CONVERSION_QUANTIZE = ("native/conversion_quantize.c", "native/linear_quantize.c", "native/pyarg.c")
 
 
 def cpu_flags(cpuinfo="/proc/cpuinfo"):
@@ -42,7 +45,7 @@ def native_sources(build_isa, flags):
     """(C files, macros) for DASHINFER_BUILD_ISA: `all` compiles every ISA variant; `native`
     leaves out the AVX-512 files (half the compile time) on a CPU that cannot run them, and
     compiles their stand-ins instead."""
-    sources = [s for s in sorted(glob.glob("native/*.c")) if s != AVX512_LEFT_OUT]
+    sources = [s for s in sorted(glob.glob("native/*.c")) if s not in (AVX512_LEFT_OUT, CONVERSION_QUANTIZE[0])]
     if build_isa == "all" or AVX512_FLAGS <= flags:
         return sources, []
     kept = [s for s in sources if "avx512" not in os.path.basename(s) and "vnni" not in os.path.basename(s)]
@@ -62,6 +65,17 @@ def native_extension():
         extra_compile_args=["-O3", "-g0", "-fopenmp", "-std=gnu11", "-fno-math-errno", "-Wall",
                             "-Wno-unused-function"],
         extra_link_args=["-fopenmp"],
+    )
+
+
+def conversion_quantize_extension():
+    return Extension(
+        "dashinfer_client.model._quantize",
+        sources=list(CONVERSION_QUANTIZE),
+        include_dirs=["native"],
+        extra_compile_args=["-O3", "-g0", "-pthread", "-std=gnu11", "-fno-math-errno", "-Wall",
+                            "-Wno-unused-function"],
+        extra_link_args=["-pthread"],
     )
 
 
@@ -128,4 +142,4 @@ class BuildExt(build_ext):
 
 
 if __name__ == "__main__":  # pip's build backend runs it so; tests import native_sources
-    setup(ext_modules=[native_extension()], cmdclass={"build_py": BuildPy, "build_ext": BuildExt})
+    setup(ext_modules=[native_extension(), conversion_quantize_extension()], cmdclass={"build_py": BuildPy, "build_ext": BuildExt})

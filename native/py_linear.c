@@ -244,11 +244,8 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "On|i:quantize", &w_obj, &group, &bits)) return NULL;
     dn_args a = {.fn = "quantize"};
     if (bits != 8 && bits != 4) return dn_fail(&a, PyExc_ValueError, "bits must be 8 or 4, got %d", bits);
-    Py_buffer probe; /* the item size picks the format: 2 bytes are bf16 bits, else float32 */
-    if (PyObject_GetBuffer(w_obj, &probe, PyBUF_RECORDS_RO) != 0) return NULL;
-    int bf16 = probe.itemsize == 2;
-    PyBuffer_Release(&probe);
-    Py_buffer *w = dn_take(&a, w_obj, "w", bf16 ? 'H' : 'f', 2, 0);
+    int bf16;
+    Py_buffer *w = dn_take_weight(&a, w_obj, &bf16);
     if (!w) return dn_done(&a, NULL);
     int64_t n = w->shape[0], k = w->shape[1];
     if (group < 1 || k % group || (bits == 4 && group % 2))

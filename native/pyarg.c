@@ -10,6 +10,7 @@ static const char *type_name(char fmt) {
     case 'B': return "uint8";
     case 'b': return "int8";
     case 'i': return "int32";
+    case 'd': return "float64";
     default: return "?";
     }
 }
@@ -61,6 +62,14 @@ Py_buffer *dn_take(dn_args *a, PyObject *obj, const char *name, char fmt, int nd
         return NULL;
     }
     return v;
+}
+
+Py_buffer *dn_take_weight(dn_args *a, PyObject *obj, int *bf16) {
+    Py_buffer probe; /* the item size picks the format: 2 bytes are bf16 bits, else float32 */
+    if (PyObject_GetBuffer(obj, &probe, PyBUF_RECORDS_RO) != 0) return NULL;
+    *bf16 = probe.itemsize == 2;
+    PyBuffer_Release(&probe);
+    return dn_take(a, obj, "w", *bf16 ? 'H' : 'f', 2, 0);
 }
 
 Py_buffer *dn_take_opt(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim,

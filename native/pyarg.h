@@ -16,11 +16,14 @@ typedef struct {
 } dn_args;
 
 /* Item type codes (numpy buffer format characters):
- * 'f' float32, 'H' uint16 (bf16 bits), 'B' uint8, 'b' int8, 'i' int32. */
+ * 'f' float32, 'H' uint16 (bf16 bits), 'B' uint8, 'b' int8, 'i' int32, 'd' float64. */
 
 /* Take `obj` as a C-contiguous array of item type `fmt` and rank `ndim` (-1: any rank).
  * Returns NULL with a Python exception set when it is not. */
 Py_buffer *dn_take(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim, int writable);
+
+/* A weight w [N][K] of float32, or of bf16 bits (uint16: *bf16 set to 1), as dn_take takes it. */
+Py_buffer *dn_take_weight(dn_args *a, PyObject *obj, int *bf16);
 
 /* As dn_take, but None gives NULL without an exception (check PyErr_Occurred()). */
 Py_buffer *dn_take_opt(dn_args *a, PyObject *obj, const char *name, char fmt, int ndim,

@@ -36,7 +36,9 @@ def setup_py():
 
 
 def _every_c_file():
-    return {f"native/{name}" for name in os.listdir(os.path.join(ROOT, "native")) if name.endswith(".c")}
+    """The kernels' extension's candidates: every C file but the conversion quantizer's module."""
+    return {f"native/{name}" for name in os.listdir(os.path.join(ROOT, "native"))
+            if name.endswith(".c") and name != "conversion_quantize.c"}
 
 
 def test_native_build_on_an_avx512_bf16_cpu_compiles_every_variant(setup_py):
@@ -56,6 +58,15 @@ def test_all_compiles_every_variant_on_any_cpu(setup_py):
     sources, macros = setup_py.native_sources("all", ZEN3)
     assert set(sources) == _every_c_file() - {"native/avx512_left_out.c"}
     assert macros == []
+
+
+def test_the_conversion_quantizer_is_built_without_openmp(setup_py):
+    """Loading it must not start libgomp in a process not yet placed (native/conversion_quantize.c)."""
+    ext = setup_py.conversion_quantize_extension()
+    assert ext.name == "dashinfer_client.model._quantize"
+    assert set(ext.sources) == {"native/conversion_quantize.c", "native/linear_quantize.c", "native/pyarg.c"}
+    assert not any("openmp" in arg for arg in ext.extra_compile_args + ext.extra_link_args)
+    assert "-fopenmp" in setup_py.native_extension().extra_compile_args
 
 
 def test_the_build_has_what_this_cpu_runs(setup_py):

@@ -11,11 +11,11 @@ import pytest
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
-from dashinfer_client.model.quant import dequantize, group_params, quantize
+from dashinfer_client.model.quant import dequantize, group_params
 from dashinfer_client.model.safetensors_io import SafetensorsFile, save_file
 from dashinfer_server import kernels as K
 from tests.helpers import TINY, build_tiny_model, chat_prompt_ids, serialize, source_tensors, variant
-from tests.quant_reference import stored_parts, u4_reference
+from tests.quant_reference import numpy_quantize, stored_parts, u4_reference
 
 TO_CODE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
@@ -225,7 +225,7 @@ def test_uint4_asparam_round_trip(llama_dir, tmp_path):
     parts = stored_parts(model, name, "uint4")
     assert [(p.dtype, p.shape) for p in parts] == [(np.uint8, (64, 64)), (np.uint8, (64, 4)), (np.uint8, (64, 4)),
                                                    (np.float32, (64,))]
-    for got, want in zip(parts, quantize(source_tensors(llama_dir)[name], "uint4", 32)):
+    for got, want in zip(parts, numpy_quantize(source_tensors(llama_dir)[name], "uint4", 32)):
         assert np.array_equal(got, want)
     n, k = 64, 128
     assert sum(p.nbytes for p in parts) * 8 / (n * k) == 4.5 + 32 / k

@@ -6,14 +6,13 @@ import shutil
 
 from .. import memory
 from ..errors import ModelSerializerException
-from .quant import CHUNK_ELEMENTS
 from .safetensors_io import itemsize
 
 # Bytes a conversion holds at once for a tensor of n elements (_write_params): its source (fp32
 # at most, mapped or dequantized) and an fp32 working copy, plus what it becomes: codes and group
-# scales (quantized: 10 a weight in all), or the converted float (8); and quantization's float64
-# temporaries, which live per chunk of CHUNK_ELEMENTS (40 bytes an element of the chunk).
-QUANTIZED_BYTES, FLOAT_BYTES, CHUNK_BYTES = 10, 8, 40
+# scales (quantized: 10 a weight in all), or the converted float (8); and the quantizer's error
+# sums, 3 float64 a row (quant.quantize).
+QUANTIZED_BYTES, FLOAT_BYTES, ERROR_ROW_BYTES = 10, 8, 24
 
 
 def conversion_memory_bound(shapes, quantized):
@@ -21,7 +20,7 @@ def conversion_memory_bound(shapes, quantized):
     which tensor that is; the conversion holds one tensor at a time, so this bounds its growth."""
     def need(name):
         n = math.prod(shapes[name])
-        return (QUANTIZED_BYTES if name in quantized else FLOAT_BYTES) * n + CHUNK_BYTES * min(n, CHUNK_ELEMENTS)
+        return QUANTIZED_BYTES * n + ERROR_ROW_BYTES * shapes[name][0] if name in quantized else FLOAT_BYTES * n
     largest = max(shapes, key=need)
     return need(largest), largest
 

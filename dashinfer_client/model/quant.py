@@ -18,13 +18,18 @@ the plain min/max rule's with float32 pairs (tests/test_quant.py).
 When G does not divide K the last group of each row is ragged (K mod G channels), as DashInfer's
 IQ serves a group-128 config on a 576-wide model; group parameters are then [N, ceil(K/G)].
 int8 stores one code (0..255) a byte; uint4 two codes (0..15) a byte, the even k in the low nibble.
+The quantizer is native/linear_quantize.c, in a module of its own without OpenMP (_quantize, see
+native/conversion_quantize.c), so any process may convert, before or after it is placed;
+tests/quant_reference.py keeps the same rules in numpy, and both agree bit for bit.
 """
 import dataclasses
 import math
+import os
 
 import numpy as np
 
 from ..errors import ModelSerializerException
+from . import _quantize
 
 BITS = {"int8": 8, "uint4": 4}
 _DEFAULT_GROUP = 64  # this runtime's own choice (from_config(None), the default model)
@@ -36,8 +41,6 @@ PER_CHANNEL = -1  # DashInfer's group_size when a customized_quant_config names 
 # Groups the packed linear formats take besides K itself (native/linear.h, dn_linear_check_shape):
 # a ragged quantization is served in the largest of these that divides both the group and K.
 SERVED_GROUPS = (256, 128, 64, 32)
-CHUNK_ELEMENTS = 1 << 22
-U4_CHUNK_ELEMENTS = 1 << 15
 _KNOWN_KEYS = {"quant_method", "weight_format", "group_size", "quantize_lm_head", "compute_method"}
 ACTIVATE_QUANT = "activate_quant"  # DashInfer's A8W8: int8 per-channel weights, int8 activations
 ACT_BLOCK = 32  # k per activation quantization block (native/linear.h DN_Q8_BLOCK)
@@ -129,103 +132,29 @@ def _check_compute_method(compute, fmt, group):
     return compute
 
 
-def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP):
-    """w float [N, K] -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
+def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP, stats=None):
+    """w float [N, K], or bf16 bits (uint16, dashinfer_client.dtypes), read as they are -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
     [N, ceil(K/G)]); uint4 (qweight uint8 [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)],
-    row scales float32 [N])."""
+    row scales float32 [N]). In C (native/linear_quantize.c, through its module without OpenMP,
+    safe to load in any process before or after placement), rows split over this process's cpus.
+    stats: a QuantErrorStats that the error of w's quantization is added to."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
-    w = np.asarray(w, dtype=np.float32)
+    w = np.asarray(w)
+    w = w if w.dtype == np.uint16 else w.astype(np.float32, copy=False)
     if w.ndim != 2:
         raise ModelSerializerException(f"InstantQuant: expects a 2-D weight [N, K], got shape {list(w.shape)}")
+    w = np.ascontiguousarray(w)
     n, k = w.shape
     shapes = settings.packed_shapes(n, k)
     parts = tuple(np.empty(shape, dtype=np.float32 if code == "F32" else np.uint8)
                   for shape, (_, code) in zip(shapes, PARTS[weight_format]))
-    # bounds the float64 temporaries; uint4's 9 candidate passes run faster from L2
-    rows = max(1, (CHUNK_ELEMENTS if weight_format == "int8" else U4_CHUNK_ELEMENTS) // max(k, 1))
-    for r in range(0, n, rows):
-        for part, value in zip(parts, _quantize_rows(w[r:r + rows], BITS[settings.weight_format],
-                                                     settings.group_of(k))):
-            part[r:r + rows] = value
+    row_scales = parts[3] if weight_format == "uint4" else np.empty(0, np.float32)
+    error = None if stats is None else np.empty((n, 3))
+    _quantize.quantize_into(w, settings.group_of(k), BITS[weight_format], *parts[:3], row_scales, error,
+                            len(os.sched_getaffinity(0)))
+    if stats is not None:
+        stats.add_rows(error, w.size)
     return parts
-
-
-def _quantize_rows(w, bits, g):
-    n, k = w.shape
-    whole = k - k % g
-    groups = [w[:, :whole].reshape(n, whole // g, g)] if whole else []
-    if whole < k:  # the ragged last group
-        groups.append(w[:, None, whole:])
-    groups = [part.astype(np.float64) for part in groups]
-    if bits == 8:
-        parts = [_quantize_groups(part, 255) for part in groups]
-    else:
-        d = _u4_row_scales(groups)
-        parts = [_quantize_u4_groups(part, d) for part in groups]
-    q = np.concatenate([p[0].reshape(n, -1) for p in parts], axis=1)
-    params = tuple(np.concatenate([p[i] for p in parts], axis=1) for i in (1, 2))
-    if bits == 8:
-        return (q,) + params
-    return (q[:, 0::2] | (q[:, 1::2] << 4),) + params + (d,)
-
-
-def _quantize_groups(groups, levels):
-    """groups float64 [n, count, g] -> (codes uint8 [n, count, g], scale, zero float32 [n, count])."""
-    lo, hi = groups.min(axis=2), groups.max(axis=2)
-    scale = ((hi - lo) / levels).astype(np.float32)
-    scale[~(scale >= np.finfo(np.float32).tiny)] = 1.0  # constant (or denormal-range) groups
-    zero = (-lo / scale).astype(np.float32)
-    # Codes from the stored float32 scale/zero, so dequantization (in float32) is what was rounded to.
-    codes = np.rint(groups / scale[..., None] + zero[..., None])
-    return np.clip(codes, 0, levels).astype(np.uint8), scale, zero
-
-
-def _u4_ranges(groups):
-    """(min, max) of each group [n, count], widened to hold 0."""
-    return np.minimum(groups.min(axis=2), 0), np.maximum(groups.max(axis=2), 0)
-
-
-def _u4_row_scales(groups):
-    """float32 [n]: the largest group step of each row over 255 (1 for a row of zeros)."""
-    steps = [(hi - lo) / 15 for lo, hi in map(_u4_ranges, groups)]
-    d = (np.max(np.concatenate(steps, axis=1), axis=1) / U4_SCALE_CODES).astype(np.float32)
-    d[~(d >= np.finfo(np.float32).tiny)] = 1.0
-    return d
-
-
-def _u4_codes(groups, scale, zero):
-    return np.clip(np.rint(groups / scale[..., None] + zero[..., None]), 0, 15)
-
-
-def _quantize_u4_groups(groups, d):
-    """groups float64 [n, count, g], row scales d float32 [n] -> (codes uint8 [n, count, g],
-    scale codes, zero codes uint8 [n, count]): the candidate pair of least squared error, summed
-    in k order (as native/linear_quantize.c sums it, so both pick the same pair)."""
-    lo, hi = _u4_ranges(groups)
-    c0 = np.rint((hi - lo) / 15 / d.astype(np.float64)[:, None])
-    best = np.full(lo.shape, np.inf)
-    best_sc, best_zc = np.ones(lo.shape), np.zeros(lo.shape)
-    for dc in (-1, 0, 1):
-        sc = np.clip(c0 + dc, 1, U4_SCALE_CODES)
-        scale = (d[:, None] * sc.astype(np.float32)).astype(np.float64)  # the float32 product
-        z0 = np.rint(-lo / scale * U4_ZERO_STEPS)
-        steps = groups / scale[..., None]
-        for dz in (-1, 0, 1):
-            zc = np.clip(z0 + dz, 0, 15 * U4_ZERO_STEPS)
-            zero = zc / U4_ZERO_STEPS
-            e = np.add(steps, zero[..., None])  # what _u4_codes rounds, in place from here
-            np.clip(np.rint(e, out=e), 0, 15, out=e)
-            e -= zero[..., None]
-            e *= scale[..., None]
-            e -= groups
-            e *= e
-            err = np.add.accumulate(e, axis=2)[..., -1]
-            better = err < best
-            best = np.where(better, err, best)
-            best_sc, best_zc = np.where(better, sc, best_sc), np.where(better, zc, best_zc)
-    scale = (d[:, None] * best_sc.astype(np.float32)).astype(np.float64)
-    codes = _u4_codes(groups, scale, best_zc / U4_ZERO_STEPS)
-    return codes.astype(np.uint8), best_sc.astype(np.uint8), best_zc.astype(np.uint8)
 
 
 def unpack_codes(q, weight_format):
@@ -282,7 +211,8 @@ def uniform_groups(scales, zeros, k, group_size):
 
 
 class QuantErrorStats:
-    """Accumulates the quantization error over all quantized weights: max |w - w_q| and relative RMS."""
+    """Accumulates the quantization error over all quantized weights: max |w - w_q| and relative RMS,
+    w_q as the kernels dequantize it (float32), from the per-row sums quantize measures."""
 
     def __init__(self):
         self.max_abs = 0.0
@@ -290,17 +220,12 @@ class QuantErrorStats:
         self.sq_ref = 0.0
         self.count = 0
 
-    def add(self, w, parts, settings):
-        w = np.asarray(w, dtype=np.float32)
-        group = settings.group_of(w.shape[1])
-        rows = max(1, CHUNK_ELEMENTS // max(w.shape[1], 1))  # temporaries of a chunk, not of the tensor
-        for r in range(0, w.shape[0], rows):
-            part = w[r:r + rows]
-            err = dequantize([p[r:r + rows] for p in parts], settings.weight_format, group) - part
-            self.max_abs = max(self.max_abs, float(np.abs(err).max(initial=0.0)))
-            self.sq_err += float(np.square(err, dtype=np.float64).sum())
-            self.sq_ref += float(np.square(part, dtype=np.float64).sum())
-        self.count += w.size
+    def add_rows(self, error, count):
+        """error float64 [N, 3]: per row the sum of squared errors, of squared weights, the largest |error|."""
+        self.sq_err += float(error[:, 0].sum())
+        self.sq_ref += float(error[:, 1].sum())
+        self.max_abs = max(self.max_abs, float(error[:, 2].max(initial=0.0)))
+        self.count += count
 
     def summary(self):
         rel = (self.sq_err / self.sq_ref) ** 0.5 if self.sq_ref > 0 else 0.0
