@@ -103,7 +103,8 @@ def test_chat_at_a_server_and_serving_imports_no_torch(tiny_model, tiny_referenc
     finally:
         assert server.stop() == 0
     log = server.output()
-    imported = re.findall(r"import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", log)
+    # a self time can be negative: another thread's imports overlap this one's (seen under load)
+    imported = re.findall(r"import time:\s+-?\d+ \|\s+-?\d+ \|\s*(\S+)", log)
     assert "dashinfer_server.http.app" in imported and "dashinfer_server.model_loop" in imported, log[-4000:]  # it served
     assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers")]
 
