@@ -182,7 +182,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     int longest = 0;
     for (int b = 0; b < B; b++) longest = context_lens[b] > longest ? context_lens[b] : longest;
     if (window >= longest) window = 0;
-    int threads = dn_num_threads(), nt = threads;
+    const int threads = dn_num_threads();
     int64_t part_floats;
     /* the vector tiles read 32 values of head_dim at a time */
     void (*tile)(const attn_tile_t *) = attn_tile_portable;
@@ -200,7 +200,7 @@ int dn_attention(const dn_kv_cache_t *c, const float *q, const int32_t *block_ta
     int64_t n_units = plan(c, q_offsets, context_lens, B, n_heads, group, q_head0, window,
                            threads, decode_fits, NULL, &part_floats);
     if (n_units == 0) return 0;
-    nt = dn_team(n_units);
+    const int nt = dn_team(n_units);
     size_t units_bytes = ((size_t)n_units * sizeof(attn_unit_t) + 63) & ~(size_t)63;
     size_t part_bytes = ((size_t)part_floats * 4 + 63) & ~(size_t)63;
     size_t work_bytes = attn_work_bytes(c->block_size, D);

@@ -21,6 +21,9 @@ void dn_set_num_threads(int n);
  * creates them again for the next larger one; on a 16-core VM that churn (a 4-thread k/v
  * projection between 16-thread ones) halved decode. Workers past the units idle in the region. */
 static inline int dn_team(int64_t workers) { return workers > 1 ? dn_num_threads() : 1; }
+/* The team of a kernel whose `work` runs on the calling thread below `serial_limit` (a region
+ * costs more than small work), else on every kernel thread. */
+static inline int dn_team_for(int64_t work, int64_t serial_limit) { return work < serial_limit ? 1 : dn_num_threads(); }
 
 /* A 64-byte aligned buffer of at least n bytes that belongs to the calling thread (so Python
  * threads can run kernels at once), one per slot, grown on demand and kept for the next call;

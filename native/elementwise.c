@@ -22,9 +22,6 @@
 #define ROPE_SERIAL_FLOATS 40960
 #define GLU_SERIAL_FLOATS 8192
 
-/* One thread under the limit, else the whole team (dn_team: a smaller one would end threads). */
-static int threads_for(long work, long serial_limit) { return work < serial_limit ? 1 : dn_num_threads(); }
-
 /* ------------------------------------------------------------------------------------------ */
 /* RMSNorm */
 
@@ -170,7 +167,7 @@ void dn_rms_norm(const float *x, const float *weight, float *residual, float *ou
     rms_row_fn row = isa == DN_ISA_AVX512 ? rms_row_avx512
                      : isa == DN_ISA_AVX2 ? rms_row_avx2
                                           : rms_row_portable;
-    int nt = threads_for((long)M * N, RMS_SERIAL_FLOATS);
+    int nt = dn_team_for((long)M * N, RMS_SERIAL_FLOATS);
     if (nt == 1 || M == 1) {
         for (int m = 0; m < M; m++)
             row(x + (size_t)m * N, weight, residual ? residual + (size_t)m * N : NULL,
@@ -250,7 +247,7 @@ void dn_rope(float *q, int n_heads, long ldq, float *k, int n_kv_heads, long ldk
                           : isa == DN_ISA_AVX2 ? rope_heads_avx2
                                                : rope_heads_portable;
     if (!k) n_kv_heads = 0;
-    int nt = threads_for((long)T * (n_heads + n_kv_heads) * R, ROPE_SERIAL_FLOATS);
+    int nt = dn_team_for((long)T * (n_heads + n_kv_heads) * R, ROPE_SERIAL_FLOATS);
     if (nt == 1 || T == 1) {
         rope_tokens(heads, q, n_heads, ldq, k, n_kv_heads, ldk, positions, cos_sin, 0, T, D, R);
         return;
@@ -346,7 +343,7 @@ void dn_glu_row(const float *gate, const float *up, float *out, int n, dn_act ac
 void dn_glu_mul(const float *gate_up, float *out, int M, int I, dn_act act) {
     glu_span_fn span = glu_span();
     long total = (long)M * I;
-    int nt = threads_for(total, GLU_SERIAL_FLOATS);
+    int nt = dn_team_for(total, GLU_SERIAL_FLOATS);
     if (nt == 1) {
         glu_range(span, gate_up, out, 0, total, I, act);
         return;

@@ -14,7 +14,7 @@ long dn_embedding_first_bad(const int32_t *ids, long T, long V) {
 }
 
 void dn_embedding_f32(const int32_t *ids, const float *table, float *out, int T, int D) {
-    int nt = (long)T * D < EMBED_SERIAL_FLOATS ? 1 : dn_num_threads();
+    int nt = dn_team_for((int64_t)T * D, EMBED_SERIAL_FLOATS);
     if (nt == 1 || T == 1) {
         for (int t = 0; t < T; t++)
             memcpy(out + (size_t)t * D, table + (size_t)ids[t] * D, (size_t)D * sizeof(float));
@@ -53,7 +53,7 @@ void dn_embedding_bf16(const int32_t *ids, const uint16_t *table, float *out, in
     bf16_row_fn row = isa == DN_ISA_AVX512 ? bf16_row_avx512
                       : isa == DN_ISA_AVX2 ? bf16_row_avx2
                                            : bf16_row_portable;
-    int nt = (long)T * D < EMBED_SERIAL_FLOATS ? 1 : dn_num_threads();
+    int nt = dn_team_for((int64_t)T * D, EMBED_SERIAL_FLOATS);
     if (nt == 1 || T == 1) {
         for (int t = 0; t < T; t++) row(table + (size_t)ids[t] * D, out + (size_t)t * D, D);
         return;

@@ -9,13 +9,13 @@
 #define SERIAL_FLOATS 16384
 
 void dn_add(float *res, const float *x, long n) {
-    int nt = n < SERIAL_FLOATS ? 1 : dn_num_threads();
+    int nt = dn_team_for(n, SERIAL_FLOATS);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long i = 0; i < n; i++) res[i] += x[i];
 }
 
 void dn_sum_squares(const float *x, int M, int N, long ld, float *out, int out_stride) {
-    int nt = (long)M * N < SERIAL_FLOATS ? 1 : dn_num_threads();
+    int nt = dn_team_for((int64_t)M * N, SERIAL_FLOATS);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int m = 0; m < M; m++) {
         const float *row = x + (long)m * ld;
@@ -27,7 +27,7 @@ void dn_sum_squares(const float *x, int M, int N, long ld, float *out, int out_s
 
 void dn_scale_by_rms(float *x, int M, int N, const float *sum_sq, int ss_stride, float count,
                      const float *weight, float eps) {
-    int nt = (long)M * N < SERIAL_FLOATS ? 1 : dn_num_threads();
+    int nt = dn_team_for((int64_t)M * N, SERIAL_FLOATS);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int m = 0; m < M; m++) {
         float *row = x + (long)m * N;

@@ -229,14 +229,14 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
     # an expert's 5+ rows of u4 on the avx512 path run its GEMM: activations and dequantized
     # weights rounded to bf16 (test_linear's bound), twice over (gate_up, then down)
     rounded = wtype == "u4" and tokens > 4 and K.isa() == "avx512"
-    scale = np.abs(want).max() * (8 * 2.0**-9 if rounded else 1e-5)
+    tol = np.abs(want).max() * (8 * 2.0**-9 if rounded else 1e-5)
     for max_tokens in (tokens, tokens * top_k):
         whole = part(range(E), slice(0, I), slice(0, S), 0, 1, max_tokens=max_tokens)
         by_experts = sum(part(range(r, E, 2), slice(0, I), halves[r], r, 2, max_tokens=max_tokens) for r in (0, 1))
         by_rows = sum(part(range(E), slice(r * I // 2, (r + 1) * I // 2), halves[r], 0, 1, down_bias=r == 0,
                            max_tokens=max_tokens) for r in (0, 1))
         for got in (whole, by_experts, by_rows):
-            assert np.abs(got - want).max() < scale, (max_tokens, np.abs(got - want).max() / scale)
+            assert np.abs(got - want).max() < tol, (max_tokens, np.abs(got - want).max() / tol)
 
 
 def test_moe_kernel_refuses_mismatched_experts(K):
