@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 
+from bench.timing import best_seconds
 from dashinfer_server import kernels as K
 
 K.load()  # a bench runs where it was started: nothing to place first
@@ -43,8 +44,8 @@ def amx_peak_gflops(threads: int):
 def amx_matmul_gflops(threads: int, n: int = 2048):
     """GFLOP/s of this runtime's bf16 GEMM on AMX tiles at n x n x n (the best of 5), or None where
     the kernels do not use tiles. The tile peak above counts instructions that read nothing from
-    memory (15.3 TFLOP/s on 16 Sapphire-Rapids-class cores, where torch's own matmul reached 3.3-4.3):
-    no GEMM streams its operands that fast, so a prefill's fraction is taken of this."""
+    memory (15.3-15.9 TFLOP/s on the 16-vCPU Xeon, where torch's own matmul reached 2.5-4.3): no
+    GEMM streams its operands that fast, so a prefill's fraction is taken of this."""
     if K.amx() != "tiles":
         return None
     import numpy as np
@@ -56,12 +57,7 @@ def amx_matmul_gflops(threads: int, n: int = 2048):
     before = K.num_threads()
     K.set_num_threads(threads)
     try:
-        K.linear(x, weight)
-        best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            K.linear(x, weight)
-            best = min(best, time.perf_counter() - t)
+        best = best_seconds(lambda _: K.linear(x, weight), calls=5, batch=1)
     finally:
         K.set_num_threads(before)
     return 2.0 * n**3 / best / 1e9
