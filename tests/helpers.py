@@ -250,3 +250,14 @@ def waiting_for_input(pid) -> bool:
     with open(f"/proc/{pid}/syscall") as f:
         fields = f.read().split()
     return fields[:2] == [_READ, "0x0"] or fields[:1] in ([_SELECT], [_POLL], [_PSELECT6])
+
+
+def yield_to_the_test(pid) -> None:
+    """Every thread of the process at the lowest priority (nice is per thread on Linux; threads it
+    starts later inherit it). On an idle machine nothing changes; on a busy one the test, woken by
+    the process's output, runs before the process writes much more, so it can act in the middle."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass

@@ -7,7 +7,7 @@ import sys
 
 import pexpect
 
-from tests.helpers import waiting_for_input
+from tests.helpers import waiting_for_input, yield_to_the_test
 from tests.http_server import MAX_MODEL_LEN, cli_env, wait_for
 
 HELLO = "Hello there"
@@ -87,6 +87,7 @@ def test_ctrl_c_stops_the_answer_and_twice_at_the_prompt_leaves(tiny_model, tiny
     short, _ = answer(tiny_reference, [{"role": "user", "content": HELLO}], 8)
     chat = spawn_chat(tiny_model, tmp_path, "--max-new-tokens", str(long_tokens))
     chat.expect_exact("> ")
+    yield_to_the_test(chat.pid)  # so that a busy machine does not let the answer end before the Ctrl-C
     for _ in range(3):
         chat.sendline(question)
         chat.expect_exact(question)

@@ -67,8 +67,10 @@ def test_required_tool_call_on_the_commentary_channel(harmony):
     chunks = list(client.chat.completions.create(**request, stream=True))
     pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
     assert pieces[0].function.name == "get_weather" and pieces[0].id
+    # How many pieces depends on how many tokens each wake of the stream finds: these arguments are
+    # short enough to arrive whole on a busy machine. One piece per token is test_output_harmony's
+    # check, more than one piece through the server test_http_tool_streams' (arguments four times longer).
     assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
-    assert len([p for p in pieces if p.function.arguments]) > 1
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
