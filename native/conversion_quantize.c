@@ -19,18 +19,20 @@ typedef struct {
     void *scales, *zeros;
     float *row_scales;
     double *error;
+    int64_t bad; /* the first row with an infinity or a NaN, or -1 */
 } rows_job;
 
 static void *run_rows(void *arg) {
     rows_job *j = arg;
-    dn_quantize_rows(j->w, j->bf16, j->r0, j->r1, j->k, j->group, j->bits, j->codes, j->scales, j->zeros,
-                     j->row_scales, j->error);
+    j->bad = dn_quantize_rows(j->w, j->bf16, j->r0, j->r1, j->k, j->group, j->bits, j->codes, j->scales, j->zeros,
+                              j->row_scales, j->error);
     return NULL;
 }
 
 /* Rows split evenly over `threads` (the caller's thread runs the first share); a thread that
- * cannot start leaves its share to the caller. */
-static void quantize_on_threads(rows_job job, int64_t n, int threads) {
+ * cannot start leaves its share to the caller. Returns the first row with an infinity or a NaN,
+ * or -1. */
+static int64_t quantize_on_threads(rows_job job, int64_t n, int threads) {
     enum { MAX_THREADS = 256 };
     pthread_t ids[MAX_THREADS];
     rows_job jobs[MAX_THREADS];
@@ -48,6 +50,9 @@ static void quantize_on_threads(rows_job job, int64_t n, int threads) {
         if (started[t]) pthread_join(ids[t], NULL);
         else run_rows(&jobs[t]);
     }
+    for (int t = 0; t < threads; t++) /* the shares are in row order */
+        if (jobs[t].bad >= 0) return jobs[t].bad;
+    return -1;
 }
 
 static PyObject *py_quantize_into(PyObject *self, PyObject *args) {
@@ -81,10 +86,14 @@ static PyObject *py_quantize_into(PyObject *self, PyObject *args) {
         (e && (dn_check_dim(&a, e, "error", 0, n) || dn_check_dim(&a, e, "error", 1, 3))))
         return dn_done(&a, NULL); /* releases the buffers, the ValueError stays */
     rows_job job = {w->buf, bf16, bits, 0, n, k, group, c->buf, s->buf, z->buf, r ? r->buf : NULL,
-                    e ? e->buf : NULL};
+                    e ? e->buf : NULL, -1};
+    int64_t bad;
     Py_BEGIN_ALLOW_THREADS;
-    quantize_on_threads(job, n, threads < 1 ? 1 : threads);
+    bad = quantize_on_threads(job, n, threads < 1 ? 1 : threads);
     Py_END_ALLOW_THREADS;
+    if (bad >= 0)
+        return dn_fail(&a, PyExc_ValueError, "row %lld of the [%lld, %lld] weight holds an infinity or a NaN, "
+                       "which no quantized code represents", (long long)bad, (long long)n, (long long)k);
     return dn_done(&a, NULL);
 }
 
@@ -93,7 +102,8 @@ static PyMethodDef methods[] = {
      "quantize_into(w, group_size, bits, codes, scales, zeros, row_scales, error, threads) -> None:\n"
      "InstantQuant of w (float32, or uint16 bf16 bits) [N,K] into the given arrays\n"
      "(dashinfer_client/model/quant.py's parts; row_scales is ignored for 8 bits), rows split over\n"
-     "`threads` threads. error: None, or float64 [N,3] given per row the sum of squared errors of the\n"
+     "`threads` threads; ValueError for a weight holding an infinity or a NaN. error: None, or\n"
+     "float64 [N,3] given per row the sum of squared errors of the\n"
      "dequantized weight, the sum of squared weights and the largest |error| (linear.h)"},
     {NULL, NULL, 0, NULL},
 };

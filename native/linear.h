@@ -190,17 +190,19 @@ int dn_linear_glu(const dn_linear_w *w, const float *x, int64_t m, dn_act act, f
 /* Quantize w (bf16 bits when `bf16`, else float) [n][k] to `bits` (8 or 4) codes per group, as
  * InstantQuant does (dashinfer_client/model/quant.py): codes [n][k] for 8 bits, [n][k/2] two a
  * byte (even k in the low nibble) for 4. 8 bits: scales, zeros float [n][k/group]. 4 bits (u4's
- * layout above): scales, zeros uint8 codes [n][k/group] and row_scales float [n]. */
-void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
-                 void *scales, void *zeros, float *row_scales);
+ * layout above): scales, zeros uint8 codes [n][k/group] and row_scales float [n]. Returns -1, or
+ * the first row holding an infinity or a NaN (as dn_quantize_rows). */
+int64_t dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
+                    void *scales, void *zeros, float *row_scales);
 /* Rows [r0, r1) of the same, on the calling thread alone; group need not divide k (a ragged last
  * group: the parameter arrays are [n][ceil(k/group)]; 4 bits needs k and group even). error, when
  * not NULL, [n][3]: per row the sum of squared errors of the dequantized weight, the sum of
  * squared weights, the largest |error|. The conversion's module (native/conversion_quantize.c)
  * runs it without OpenMP: loading libgomp there would fix its thread count and placement before a
- * rank binds itself (kernels.py). */
-void dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
-                      uint8_t *codes, void *scales, void *zeros, float *row_scales, double *error);
+ * rank binds itself (kernels.py). Returns -1, or the first row holding an infinity or a NaN, which
+ * no code represents: the rows from there on are left unwritten. */
+int64_t dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
+                         uint8_t *codes, void *scales, void *zeros, float *row_scales, double *error);
 
 /* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
  * in portable C, slowly: pack i8/u4 instead. */

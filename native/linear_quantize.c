@@ -208,11 +208,29 @@ static float u4_row_scale(const void *w, int bf16, int64_t at, int64_t k, int64_
     return d >= FLT_MIN ? d : 1.0f;
 }
 
-void dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
-                      uint8_t *codes, void *scales, void *zeros, float *row_scales, double *error) {
+/* 1 when every weight of [at, at + k) is finite: an exponent of all ones is infinity or NaN. On the
+ * integer bits, so the compiler vectorizes it; the row is in cache for the quantization after. */
+static int row_is_finite(const void *w, int bf16, int64_t at, int64_t k) {
+    int special = 0;
+    if (bf16) {
+        const uint16_t *u = (const uint16_t *)w + at;
+        for (int64_t i = 0; i < k; i++) special |= (u[i] & 0x7F80) == 0x7F80;
+    } else {
+        const uint32_t *u = (const uint32_t *)w + at;
+        for (int64_t i = 0; i < k; i++) special |= (u[i] & 0x7F800000u) == 0x7F800000u;
+    }
+    return !special;
+}
+
+int64_t dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
+                         uint8_t *codes, void *scales, void *zeros, float *row_scales, double *error) {
     int64_t ng = (k + group - 1) / group;
     double *xt = bits == 4 && U4_LANES > 1 ? malloc((size_t)(U4_LANES * group) * sizeof(double)) : NULL;
     for (int64_t r = r0; r < r1; r++) {
+        if (!row_is_finite(w, bf16, r * k, k)) {
+            free(xt);
+            return r;
+        }
         double *row_error = error ? error + r * 3 : NULL;
         if (row_error) row_error[0] = row_error[1] = row_error[2] = 0;
         if (bits == 4) {
@@ -226,18 +244,23 @@ void dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k
                               (float *)zeros + r * ng + g, row_error);
     }
     free(xt);
+    return -1;
 }
 
 #ifdef _OPENMP /* the kernels' extension; the conversion's module has no OpenMP (see linear.h) */
 #include <omp.h>
 
-void dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
-                 void *scales, void *zeros, float *row_scales) {
+int64_t dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group, int bits, uint8_t *codes,
+                    void *scales, void *zeros, float *row_scales) {
+    int64_t first_bad = -1;
 #pragma omp parallel num_threads(dn_num_threads())
     {
         int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        dn_quantize_rows(w, bf16, n * t / nt, n * (t + 1) / nt, k, group, bits, codes, scales, zeros, row_scales,
-                         NULL);
+        int64_t bad = dn_quantize_rows(w, bf16, n * t / nt, n * (t + 1) / nt, k, group, bits, codes, scales, zeros,
+                                       row_scales, NULL);
+#pragma omp critical
+        if (bad >= 0 && (first_bad < 0 || bad < first_bad)) first_bad = bad;
     }
+    return first_bad;
 }
 #endif

@@ -262,9 +262,15 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
         Py_XDECREF(codes), Py_XDECREF(scales), Py_XDECREF(zeros), Py_XDECREF(rows);
         return dn_done(&a, NULL);
     }
+    int64_t bad;
     Py_BEGIN_ALLOW_THREADS;
-    dn_quantize(w->buf, bf16, n, k, group, bits, c->buf, s->buf, z->buf, r ? r->buf : NULL);
+    bad = dn_quantize(w->buf, bf16, n, k, group, bits, c->buf, s->buf, z->buf, r ? r->buf : NULL);
     Py_END_ALLOW_THREADS;
+    if (bad >= 0) {
+        Py_DECREF(codes), Py_DECREF(scales), Py_DECREF(zeros), Py_XDECREF(rows);
+        return dn_fail(&a, PyExc_ValueError, "row %lld of the [%lld, %lld] weight holds an infinity or a NaN, "
+                       "which no quantized code represents", (long long)bad, (long long)n, (long long)k);
+    }
     if (bits == 8) return dn_done(&a, Py_BuildValue("(NNN)", codes, scales, zeros));
     /* row_scales [N]: a view of the [N, 1] array */
     PyObject *flat = PyObject_CallMethod(rows, "reshape", "(n)", (Py_ssize_t)n);

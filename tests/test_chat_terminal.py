@@ -1,11 +1,13 @@
 """`dashinfer chat` as a person at a terminal sees it, through a pseudo-terminal (pexpect): the
 banner and the loading indicator, /help, /clear and /exit answered locally, Ctrl-C stopping an
-answer and keeping the chat, two Ctrl-C at the prompt leaving, readline's history between chats.
-Answers are compared with the same model served in this process (tests/http_server.Reference)."""
+answer and keeping the chat (also when its parent ignored SIGINT, as a shell's background job
+does), two Ctrl-C at the prompt leaving, readline's history between chats. Answers are compared with the same model served in this process (tests/http_server.Reference)."""
 import os
+import signal
 import sys
 
 import pexpect
+import pytest
 
 from tests.helpers import waiting_for_input, yield_to_the_test
 from tests.http_server import MAX_MODEL_LEN, cli_env, wait_for
@@ -15,10 +17,12 @@ QUESTIONS = ["Hello there", "Tell me a story", "What is it?", "Go on", "Why?"]
 UP_ARROW = "\x1b[A"
 
 
-def spawn_chat(tiny_model, cache, *args):
+def spawn_chat(tiny_model, cache, *args, sigint=signal.SIG_DFL):
+    """sigint: the disposition the chat inherits (a shell's background job ignores SIGINT)."""
     env = cli_env(DASHINFER_CACHE=str(cache), TERM="xterm")
     return pexpect.spawn(sys.executable, ["-m", "dashinfer", "chat", tiny_model, *args], env=env,
-                         encoding="utf-8", timeout=180, dimensions=(40, 400))
+                         encoding="utf-8", timeout=180, dimensions=(40, 400),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def answer(reference, messages, max_tokens):
@@ -76,7 +80,8 @@ def test_banner_commands_and_history(tiny_model, tiny_reference, tmp_path):
     assert chat.exitstatus == 0
 
 
-def test_ctrl_c_stops_the_answer_and_twice_at_the_prompt_leaves(tiny_model, tiny_reference, tmp_path):
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored-by-the-parent"])
+def test_ctrl_c_stops_the_answer_and_twice_at_the_prompt_leaves(tiny_model, tiny_reference, tmp_path, sigint):
     long_tokens = MAX_MODEL_LEN - 64  # the reference's context holds the prompt and the answer
     # a question whose greedy answer runs to the token limit (no end of text to stop it early)
     for question in QUESTIONS:
@@ -85,7 +90,7 @@ def test_ctrl_c_stops_the_answer_and_twice_at_the_prompt_leaves(tiny_model, tiny
             break
     assert reason == "length", "no question of QUESTIONS has an answer that runs to the limit"
     short, _ = answer(tiny_reference, [{"role": "user", "content": HELLO}], 8)
-    chat = spawn_chat(tiny_model, tmp_path, "--max-new-tokens", str(long_tokens))
+    chat = spawn_chat(tiny_model, tmp_path, "--max-new-tokens", str(long_tokens), sigint=sigint)
     chat.expect_exact("> ")
     yield_to_the_test(chat.pid)  # so that a busy machine does not let the answer end before the Ctrl-C
     for _ in range(3):

@@ -138,3 +138,41 @@ def test_converting_leaves_the_process_free_to_be_placed():
     assert (state["gomp"], state["native"], state["threads_left"]) == (False, False, 0)
     # the kernels loaded before the placement would keep every cpu's count (tried: 2 here, placed 1)
     assert state["kernel_threads"] == state["placed_threads"] < len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint4"])
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_weight_holding_an_infinity_or_a_nan_is_refused_at_its_first_such_row(fmt, bf16, bad):
+    """No code represents one (the C quantizer gave code 0 to a NaN before). The first bad row is
+    named whichever thread's share holds it: rows 9 and 30 of 37 on 1, 3 and 8 threads."""
+    w = weights(37, 192)
+    w[30, 5], w[9, 191] = bad, bad
+    w = to_bf16(w) if bf16 else w
+    for threads in (1, 3, 8):
+        parts = [np.empty(p.shape, p.dtype) for p in numpy_quantize(weights(37, 192), fmt, 64)]
+        with pytest.raises(ValueError, match=r"row 9 of the \[37, 192\] weight holds an infinity or a NaN"):
+            quantize_into(w, 64, quant.BITS[fmt], *parts[:3], parts[3] if fmt == "uint4" else None, None, threads)
+    with pytest.raises(quant.ModelSerializerException, match="InstantQuant: row 9 .* repair the checkpoint"):
+        quant.quantize(w, fmt, 64)
+
+
+def test_converting_a_checkpoint_with_a_nan_names_the_tensor_and_leaves_nothing(tmp_path):
+    """The same through a conversion with quantization, and through the kernels' quantizer that
+    quantizes the output head at load (dashinfer_server.weights)."""
+    from safetensors.numpy import load_file, save_file
+
+    from dashinfer_client.errors import ModelSerializerException
+    from dashinfer_server import kernels as K
+    src = build_tiny_model(str(tmp_path / "hf"), arch="qwen3")
+    path = os.path.join(src, "model.safetensors")
+    tensors = load_file(path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][2, 3] = np.nan
+    save_file(tensors, path, metadata={"format": "pt"})
+    out = tmp_path / "out"
+    with pytest.raises(ModelSerializerException, match=f"tensor '{name}': InstantQuant: row 2 of the"):
+        serialize(src, out, enable_quant=True, customized_quant_config={"weight_format": "uint4", "group_size": 32})
+    assert not os.path.exists(out) or not os.listdir(out)
+    with pytest.raises(ValueError, match=r"row 2 of the \[\d+, \d+\] weight holds an infinity or a NaN"):
+        K.quantize(tensors[name], 32, 4)

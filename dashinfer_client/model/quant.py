@@ -137,6 +137,7 @@ def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP, stats=None):
     [N, ceil(K/G)]); uint4 (qweight uint8 [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)],
     row scales float32 [N]). In C (native/linear_quantize.c, through its module without OpenMP,
     safe to load in any process before or after placement), rows split over this process's cpus.
+    A weight holding an infinity or a NaN is refused (no code represents it).
     stats: a QuantErrorStats that the error of w's quantization is added to."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
     w = np.asarray(w)
@@ -150,8 +151,13 @@ def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP, stats=None):
                   for shape, (_, code) in zip(shapes, PARTS[weight_format]))
     row_scales = parts[3] if weight_format == "uint4" else np.empty(0, np.float32)
     error = None if stats is None else np.empty((n, 3))
-    _quantize.quantize_into(w, settings.group_of(k), BITS[weight_format], *parts[:3], row_scales, error,
-                            len(os.sched_getaffinity(0)))
+    try:
+        _quantize.quantize_into(w, settings.group_of(k), BITS[weight_format], *parts[:3], row_scales, error,
+                                len(os.sched_getaffinity(0)))
+    except ValueError as e:  # a weight with an infinity or a NaN
+        detail = str(e).removeprefix("quantize_into: ")  # the C function's name says nothing here
+        raise ModelSerializerException(f"InstantQuant: {detail}; convert without quantization, or repair the "
+                                       "checkpoint") from None
     if stats is not None:
         stats.add_rows(error, w.size)
     return parts

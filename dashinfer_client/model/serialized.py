@@ -203,7 +203,10 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
                     f"tensor '{name}' has shape {list(array.shape)}, the config implies {list(shapes[name])}")
             if name in quantized:
                 source = array if code == "BF16" else as_float32(array, code)  # bf16: read in place, no copy
-                parts = quantize(source, quant_settings.weight_format, quant_settings.group_size, stats)
+                try:
+                    parts = quantize(source, quant_settings.weight_format, quant_settings.group_size, stats)
+                except ModelSerializerException as e:
+                    raise ModelSerializerException(f"tensor '{name}': {e}") from None
                 for (part, _), value in zip(PARTS[quant_settings.weight_format], parts):
                     writer.write(f"{name}.{part}", value)
             else:

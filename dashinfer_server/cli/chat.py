@@ -14,7 +14,7 @@ import urllib.request
 
 from dashinfer_client import settings
 
-from .chat_terminal import converse, load_in_background
+from .chat_terminal import converse, load_in_background, take_ctrl_c
 from .common import (CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks,
                      first_paragraph, resolve)
 
@@ -37,6 +37,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    take_ctrl_c()
     model, prompt = _split(args.words, remote=bool(args.address or args.url))
     options = {"max_tokens": args.max_new_tokens, "temperature": args.temperature}
     if args.seed is not None:

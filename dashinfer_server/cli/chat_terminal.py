@@ -20,6 +20,15 @@ Ctrl-C during an answer stops it; up and down arrows recall earlier questions.""
 HISTORY_LINES = 1000
 
 
+def take_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt here when the chat runs on a terminal, even if whatever
+    started it ignored SIGINT: a shell's background job does, and Python keeps an ignored SIGINT
+    ignored at start-up, so Ctrl-C would neither stop an answer nor leave. Off a terminal the
+    disposition the chat was given stays (nohup and scripts mean it)."""
+    if _is_terminal(sys.stdin) and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def load_in_background(load, label):
     """load() in a thread that leaves SIGINT to the main thread (see the module's docstring), with
     a loading indicator on a terminal's stderr meanwhile; returns what load() returns. Ctrl-C
