@@ -22,6 +22,7 @@
 #include "linear.h"
 
 #define DN_MOE_MAX_LOCAL 256 /* a rank's experts that decode runs together (moe.c); more run in turn */
+#define DN_MOE_ITEM_ROWS 96  /* a prompt's expert rows one thread runs at a time (moe.c) */
 
 typedef struct {
     int n_experts, top_k, norm_topk; /* the router: softmax over n_experts, top_k kept */
@@ -49,7 +50,11 @@ typedef struct {
     int32_t *offsets;  /* [n_local + 1]: local expert j's slots are rows[offsets[j] .. offsets[j + 1]) */
     int32_t *rows;     /* [T * top_k] the token of each slot, grouped by expert, tokens ascending */
     float *row_weight; /* [T * top_k] */
-    float *x, *y;      /* [T, hidden]: an expert's gathered tokens and its output */
+    float *x;          /* [T, hidden]: the chosen experts' gathered tokens (decode) */
+    int y_rows;        /* max(T, DN_MOE_ITEM_ROWS) */
+    float *y;          /* [y_rows, hidden]: the experts' outputs, a slot a row, before the scatter */
+    int32_t *items;    /* [max_items][3]: a prompt's work items (moe.c): local expert, first slot, rows */
+    int32_t *order;    /* [max_items]: the items in the order threads take them */
     float *gate_up, *act; /* [T, 2 * max(inter, shared_inter)], [T, max(inter, shared_inter)] */
 } dn_moe_scratch;
 
