@@ -128,7 +128,7 @@ static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64
         const uint8_t *codes = blk + dn_linear_group_head(w->wtype, width) - g * gpairs * rowbytes;
         const float *scale = (const float *)blk, *zero = scale + width;
         if (u4) {
-            dn_u4_params(panel, blk, width, u4_scale, u4_zero);
+            u4_params(panel, blk, width, u4_scale, u4_zero);
             scale = u4_scale, zero = u4_zero;
         }
         for (int c = 0; c < width; c++) offset[c] = -zero[c] * scale[c];

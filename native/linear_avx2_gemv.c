@@ -192,7 +192,7 @@ static void gemv_panel(const dn_linear_w *w, int64_t p, int mb, const float *x, 
         const uint8_t *blk = dn_linear_group_at(w->wtype, w->group, panel, width, g), *codes = blk + head;
         const float *scale = (const float *)blk, *zero = scale + width;
         if (u4) {
-            dn_u4_params(panel, blk, width, u4_scale, u4_zero);
+            u4_params(panel, blk, width, u4_scale, u4_zero);
             scale = u4_scale, zero = u4_zero;
         }
         const float *xg = x + g * 2 * gpairs;
