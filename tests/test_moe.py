@@ -175,16 +175,17 @@ def K():
     return kernels.load()
 
 
-@pytest.mark.parametrize("tokens", [1, 37])
+@pytest.mark.parametrize("tokens", [1, 37, 200])
 @pytest.mark.parametrize("wtype", ["f32", "u4"])
 @pytest.mark.parametrize("norm_topk,shared,biased", [(True, False, False), (False, True, False), (True, False, True)])
 def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased):
     """The whole block (routing, tokens grouped by expert, weighted scatter, shared expert; or
     gpt-oss's router and expert biases) on every expert split: the whole, two ranks with whole
     experts each, two ranks with half of every expert's rows (rank 0 adding the down biases); the
-    parts of a split sum to the float64 reference. Each runs with scratch for the T tokens (experts
-    in turn, as prompts run) and for all T * top_k slots (every chosen expert together, as a decode
-    step runs): the same sums."""
+    parts of a split sum to the float64 reference. Each runs with scratch for the T tokens (a
+    prompt's experts as work items, one thread each; at 200 tokens an expert's ~100 rows make two
+    items and the outputs several batches) and for all T * top_k slots (every chosen expert
+    together, as a decode step runs): the same sums."""
     rng = np.random.default_rng(tokens)
     H, E, I, S, top_k = 64, 6, 128, 64, 3
     x = rng.standard_normal((tokens, H))
