@@ -1,5 +1,5 @@
-/* The mixture-of-experts MLP (moe.h): routing, tokens grouped by expert, one GEMM pair per
- * chosen expert, the weighted scatter-add and the shared expert. */
+/* The mixture-of-experts MLP (moe.h): routing, tokens grouped by expert, a GEMM pair per chosen
+ * expert (a prompt's as work items, one thread each), the weighted scatter-add and the shared expert. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -168,10 +168,12 @@ static int batch_end(const dn_moe_scratch *sc, int b0, int n_items) {
 }
 
 /* A prompt's experts: every item runs on one thread, the threads taking the next item as they
- * finish (largest first), so no thread waits on another between experts: a pair per expert
- * split over the team ran at 0.7 of the team's rate, and a thread the OS preempted held the
- * other at every one of an expert's regions. Items run in batches whose outputs fill y, each
- * scattered in slot order, so every token sums its experts in the order experts_together does. */
+ * finish (largest first), so no thread waits on another between experts: each expert split
+ * over the team took four regions (2,048 joins a prompt of 512 tokens through 4 layers of 128
+ * experts), and a thread the OS preempted held the other at each of them. On a quiet host both
+ * ran Qwen3-30B-A3B's layer at 512 tokens at ~130 GFLOP/s on 2 threads (fp32 FMA peak 188).
+ * Items run in batches whose outputs fill y, each scattered in slot order, so every token sums
+ * its experts in the order experts_together does: the same bits as one GEMM pair an expert. */
 static int experts_in_items(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, const float *x,
                             float *out) {
     const int H = s->hidden, n_items = prompt_items(s, sc);

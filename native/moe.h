@@ -6,8 +6,9 @@
  *   out = sum_i w_i * ((glu(x We_gate^T + bg) * (x We_up^T + bu)) We_down^T + bd)
  *                                       (the expert biases bg, bu, bd: gpt-oss's)
  *       + sigmoid(x . shared_gate) * (shared expert's gated MLP of x)    (when it has one)
- * Tokens are grouped by expert: each expert some token chose runs once, over all of its tokens
- * (one dn_linear_glu and one dn_linear: a GEMM in prefill); experts no token chose are not read,
+ * Tokens are grouped by expert: each expert some token chose runs over its tokens (one
+ * dn_linear_glu and one dn_linear: a GEMM in prefill, where one thread runs each run of at most
+ * DN_MOE_ITEM_ROWS of them); experts no token chose are not read,
  * so a decode step streams only the chosen experts' bytes. Experts are packed linears like any
  * other weight (linear.h), so every weight type serves them.
  *
@@ -21,7 +22,7 @@
 #include "glu.h"
 #include "linear.h"
 
-#define DN_MOE_MAX_LOCAL 256 /* a rank's experts that decode runs together (moe.c); more run in turn */
+#define DN_MOE_MAX_LOCAL 256 /* a rank's experts that decode runs together (moe.c); more run as a prompt's */
 #define DN_MOE_ITEM_ROWS 96  /* a prompt's expert rows one thread runs at a time (moe.c) */
 
 typedef struct {

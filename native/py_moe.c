@@ -173,6 +173,6 @@ PyMethodDef dn_moe_methods[] = {
      "expert0, expert0 + expert_step, ...; with shared_inter, shared_gate_up, shared_down (packed) and\n"
      "shared_gate (float32 [H]); optional float32 biases router_bias [n_experts], experts_gate_up_bias\n"
      "[n_local, 2I], experts_down_bias [n_local, H] (gpt-oss). max_tokens: the scratch's tokens, as a\n"
-     "decoder's (its slots, T * top_k, past it run the experts in turn). Releases the GIL."},
+     "decoder's (its slots, T * top_k, past it run the experts as a prompt's work items). Releases the GIL."},
     {NULL, NULL, 0, NULL},
 };
