@@ -92,8 +92,7 @@ static PyObject *py_quantize_into(PyObject *self, PyObject *args) {
     bad = quantize_on_threads(job, n, threads < 1 ? 1 : threads);
     Py_END_ALLOW_THREADS;
     if (bad >= 0)
-        return dn_fail(&a, PyExc_ValueError, "row %lld of the [%lld, %lld] weight holds an infinity or a NaN, "
-                       "which no quantized code represents", (long long)bad, (long long)n, (long long)k);
+        return dn_fail(&a, PyExc_ValueError, DN_NONFINITE_ROW_ERROR, (long long)bad, (long long)n, (long long)k);
     return dn_done(&a, NULL);
 }
 

@@ -203,6 +203,9 @@ int64_t dn_quantize(const void *w, int bf16, int64_t n, int64_t k, int64_t group
  * no code represents: the rows from there on are left unwritten. */
 int64_t dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_t k, int64_t group, int bits,
                          uint8_t *codes, void *scales, void *zeros, float *row_scales, double *error);
+/* The error both Python entry points raise for such a row: its index, then the weight's N and K. */
+#define DN_NONFINITE_ROW_ERROR \
+    "row %lld of the [%lld, %lld] weight holds an infinity or a NaN, which no quantized code represents"
 
 /* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
  * in portable C, slowly: pack i8/u4 instead. */

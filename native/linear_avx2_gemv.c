@@ -137,9 +137,8 @@ INLINE void block_u4(const int mb, const int nv, const uint8_t *codes, int width
             __m256 he = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 4), nib));
             __m256 ho = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 12));
             if (mb == 1) { /* 8 accumulators, a 4-iteration loop apart: two chained FMAs hide in it */
-                __m256 xe = _mm256_broadcast_ss(x + 2 * kp), xo = _mm256_broadcast_ss(x + 2 * kp + 1);
-                acc[v] = _mm256_fmadd_ps(lo, xo, _mm256_fmadd_ps(le, xe, acc[v]));
-                acc[v + 1] = _mm256_fmadd_ps(ho, xo, _mm256_fmadd_ps(he, xe, acc[v + 1]));
+                const __m256 we[2] = {le, he}, wo[2] = {lo, ho};
+                fma_rows(1, 2, we, wo, x + 2 * kp, ldx, acc + v);
             } else {
                 fma_col(mb, nv, v, le, lo, x + 2 * kp, ldx, acc);
                 fma_col(mb, nv, v + 1, he, ho, x + 2 * kp, ldx, acc);

@@ -268,8 +268,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS;
     if (bad >= 0) {
         Py_DECREF(codes), Py_DECREF(scales), Py_DECREF(zeros), Py_XDECREF(rows);
-        return dn_fail(&a, PyExc_ValueError, "row %lld of the [%lld, %lld] weight holds an infinity or a NaN, "
-                       "which no quantized code represents", (long long)bad, (long long)n, (long long)k);
+        return dn_fail(&a, PyExc_ValueError, DN_NONFINITE_ROW_ERROR, (long long)bad, (long long)n, (long long)k);
     }
     if (bits == 8) return dn_done(&a, Py_BuildValue("(NNN)", codes, scales, zeros));
     /* row_scales [N]: a view of the [N, 1] array */

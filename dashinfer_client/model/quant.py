@@ -133,10 +133,11 @@ def _check_compute_method(compute, fmt, group):
 
 
 def quantize(w, weight_format="int8", group_size=_DEFAULT_GROUP, stats=None):
-    """w float [N, K], or bf16 bits (uint16, dashinfer_client.dtypes), read as they are -> the parts PARTS names: int8 (qweight uint8, scales, zeros float32
-    [N, ceil(K/G)]); uint4 (qweight uint8 [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)],
-    row scales float32 [N]). In C (native/linear_quantize.c, through its module without OpenMP,
-    safe to load in any process before or after placement), rows split over this process's cpus.
+    """w float [N, K], or bf16 bits (uint16, dashinfer_client.dtypes), read as they are -> the parts
+    PARTS names: int8 (qweight uint8, scales, zeros float32 [N, ceil(K/G)]); uint4 (qweight uint8
+    [N, K/2], scale codes, zero codes uint8 [N, ceil(K/G)], row scales float32 [N]). In C
+    (native/linear_quantize.c, through its module without OpenMP, safe to load in any process
+    before or after placement), rows split over this process's cpus.
     A weight holding an infinity or a NaN is refused (no code represents it).
     stats: a QuantErrorStats that the error of w's quantization is added to."""
     settings = InstantQuantSettings.from_config({"weight_format": weight_format, "group_size": group_size})
