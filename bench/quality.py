@@ -11,9 +11,10 @@ The text is cut into windows of --window tokens, each a fresh context; every tok
 window's first is predicted. One JSON line per setting: mean NLL (nats/token), perplexity, and
 the NLL's change against bf16 in % (targets: int8 within 0.5%, uint4 within 3%), and the packed
 weight bytes a decode step streams (all linears and the head) against bf16's. Quantized
-settings run twice: `vnni`, the path a VNNI CPU takes (int8 activations, native/linear.h), and
-`exact` (DASHINFER_ISA=avx2: weights dequantized exactly, activations fp32), so the cost of
-the activation quantization shows apart from the weights'. Each run is its own process.
+settings run twice: `int8-act`, the i8q/u4q kernels (activations quantized to int8 per 32 k,
+native/linear.h: what a VNNI CPU runs, and u4 on AVX2), and `exact` (weights dequantized
+exactly, activations fp32), so the cost of the activation quantization shows apart from the
+weights'. Each run is its own process.
 """
 import argparse
 import json
@@ -33,7 +34,7 @@ SETTINGS = [("bf16", None, None, None), ("int8 g64", "int8", None, None), ("int8
             ("uint4 per-channel", "uint4", -1, None), ("uint4 per-channel, 4-bit head", "uint4", -1, 4)]
 
 
-def nll(quant, group_size, head_bits, window, threads) -> dict:
+def nll(quant, group_size, head_bits, window, threads, exact) -> dict:
     """In the child: mean next-token NLL over the text, with the model's forward run directly."""
     import numpy as np
 
@@ -45,6 +46,8 @@ def nll(quant, group_size, head_bits, window, threads) -> dict:
 
     if head_bits:
         weights.HEAD_BITS = head_bits
+    if exact:  # every weight keeps its exact kernel, whatever this CPU makes faster
+        weights.quantized_wtype = lambda wtype, group, activate_quant=False: wtype
     K.load()
     K.set_num_threads(threads)
     model = models.load("default", "bfloat16", quant, group_size)
@@ -75,23 +78,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=int, default=512, help="tokens per window (a multiple of 64)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         quant = None if args.child[0] == "-" else args.child[0]
-        group, head = (None if v == "-" else int(v) for v in args.child[1:])
-        print(json.dumps(nll(quant, group, head, args.window, args.threads)))
+        group, head = (None if v == "-" else int(v) for v in args.child[1:3])
+        print(json.dumps(nll(quant, group, head, args.window, args.threads, args.child[3] == "exact")))
         return
     from bench.engine import run_child
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = None
     for label, quant, group, head in SETTINGS:
-        for path in (["vnni", "exact"] if quant else ["bf16"]):
-            run_env = dict(env, DASHINFER_ISA="avx2") if path == "exact" else env
+        for path in (["int8-act", "exact"] if quant else ["bf16"]):
             cmd = [sys.executable, "-m", "bench.quality", "--window", str(args.window), "--threads",
                    str(args.threads), "--child", quant or "-", "-" if group is None else str(group),
-                   "-" if head is None else str(head)]
-            result = run_child(cmd, run_env, f"{label} ({path})")
+                   "-" if head is None else str(head), path]
+            result = run_child(cmd, env, f"{label} ({path})")
             base = base or result
             print(json.dumps({"weights": label, "path": path, "tokens": result["tokens"],
                               "nll": round(result["nll"], 4), "perplexity": round(2.718281828 ** result["nll"], 3),

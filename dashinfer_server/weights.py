@@ -311,8 +311,11 @@ def head_group(group_size: int, k: int) -> int:
 
 
 def quantized_wtype(wtype: str, group: int, activate_quant: bool = False) -> str:
-    """i8/u4 codes computed with int8 activations (i8q/u4q: ~2x/3x faster than bf16 at decode,
-    native/linear.h) where the CPU has VNNI and the group is whole blocks of 32; else exact.
-    activate_quant (DashInfer's A8W8, checked at serialization: groups of whole blocks) asks
-    for int8 activations on every CPU, on the portable kernel where there is no VNNI."""
-    return wtype + "q" if (K.linear_vnni() or activate_quant) and group % 32 == 0 else wtype
+    """i8/u4 codes computed with int8 activations (i8q/u4q, native/linear.h) where that is the
+    faster kernel here and the group is whole blocks of 32; else exact. With VNNI both are
+    (~2x/3x faster than bf16 at decode); on AVX2 alone u4q is (vpmaddubsw, 1.3-1.7x exact u4's
+    GEMV) and exact i8 is not slower. activate_quant (DashInfer's A8W8, checked at serialization:
+    groups of whole blocks) asks for int8 activations on every CPU."""
+    path = K.linear_q8_path()
+    faster = path == "vnni" or (path == "avx2" and wtype == "u4")
+    return wtype + "q" if (faster or activate_quant) and group % 32 == 0 else wtype

@@ -206,9 +206,18 @@ static const dn_linear_kernels *const mxfp4_paths[] = {&dn_linear_portable, &dn_
 
 const dn_linear_kernels *dn_linear_isa_kernels(void) { return paths[dn_isa()]; }
 
+static const dn_linear_kernels *q8_kernels(void) {
+    return dn_linear_vnni() ? &dn_linear_q8_vnni : dn_isa() >= DN_ISA_AVX2 ? &dn_linear_q8_avx2 : &dn_linear_q8_portable;
+}
+
+const char *dn_linear_q8_path(void) {
+    const dn_linear_kernels *k = q8_kernels();
+    return k == &dn_linear_q8_vnni ? "vnni" : k == &dn_linear_q8_avx2 ? "avx2" : "portable";
+}
+
 /* AMX tiles need the avx512 path (every AMX CPU has it); their emulation runs anywhere. */
 static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
-    if (dn_linear_act_quantized(w->wtype)) return dn_linear_vnni() ? &dn_linear_q8_vnni : &dn_linear_q8_portable;
+    if (dn_linear_act_quantized(w->wtype)) return q8_kernels();
     if (w->wtype == DN_W_MXFP4) return mxfp4_paths[dn_isa()];
     dn_amx_mode amx = dn_amx();
     if (w->wtype == DN_W_BF16 && (amx == DN_AMX_EMULATED || (amx == DN_AMX_TILES && dn_isa() == DN_ISA_AVX512)))

@@ -207,6 +207,8 @@ int64_t dn_quantize_rows(const void *w, int bf16, int64_t r0, int64_t r1, int64_
 #define DN_NONFINITE_ROW_ERROR \
     "row %lld of the [%lld, %lld] weight holds an infinity or a NaN, which no quantized code represents"
 
-/* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI); elsewhere they run
- * in portable C, slowly: pack i8/u4 instead. */
+/* 1 when i8q/u4q run on vpdpbusd here (the AVX-512 path and AVX512-VNNI). */
 int dn_linear_vnni(void);
+/* The kernel i8q/u4q run on here: "vnni", "avx2" (vpmaddubsw: u4q as fast as its bytes, i8q
+ * slower than exact i8's fp32 GEMV, whose bytes bound it already) or "portable" (slow). */
+const char *dn_linear_q8_path(void);

@@ -34,8 +34,8 @@ extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx
 extern const dn_linear_kernels dn_linear_amx;
 /* The kernels of the ISA path dn_isa() (what dn_linear_amx runs for a few rows). */
 const dn_linear_kernels *dn_linear_isa_kernels(void);
-/* i8q/u4q (linear_q8.c, linear_q8_vnni.c) */
-extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_vnni;
+/* i8q/u4q (linear_q8.c, linear_q8_avx2.c, linear_q8_vnni.c) */
+extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_avx2, dn_linear_q8_vnni;
 /* mxfp4 (linear_mxfp4_avx2.c, linear_mxfp4_avx512.c; the portable path reads it too) */
 extern const dn_linear_kernels dn_linear_mxfp4_avx2, dn_linear_mxfp4_avx512;
 
@@ -66,10 +66,12 @@ uint8_t *dn_linear_pack_u4_heads(uint8_t *dst, dn_wtype t, int64_t n, int64_t k,
 int dn_q8_scale_exp(int64_t n, int64_t ng, const float *scales, const float *zeros);
 
 /* The activations of an i8q/u4q call, quantized (scratch shared by the team): xq [m][k] int8,
- * xd [m][k/32] block scales, xg [m][k/group] per-group sums of xhat = xd * xq. */
+ * xd [m][k/32] block scales, xs [m][k/32] block sums of xq (the AVX2 i8q kernel's), xg
+ * [m][k/group] per-group sums of xhat = xd * xq. */
 typedef struct {
     int8_t *xq;
     float *xd, *xg;
+    int32_t *xs;
 } dn_q8_act;
 size_t dn_q8_act_bytes(const dn_linear_w *w, int64_t m);
 dn_q8_act dn_q8_act_at(const dn_linear_w *w, int64_t m, uint8_t *scratch);

@@ -70,15 +70,17 @@ void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int
 static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
 size_t dn_q8_act_bytes(const dn_linear_w *w, int64_t m) {
-    return (size_t)(round64(m * w->k) + round64(m * (w->k / DN_Q8_BLOCK) * 4) +
+    return (size_t)(round64(m * w->k) + 2 * round64(m * (w->k / DN_Q8_BLOCK) * 4) +
                     round64(m * (w->k / w->group) * 4));
 }
 
 dn_q8_act dn_q8_act_at(const dn_linear_w *w, int64_t m, uint8_t *scratch) {
+    const int64_t blocks = round64(m * (w->k / DN_Q8_BLOCK) * 4);
     dn_q8_act a;
     a.xq = (int8_t *)scratch;
     a.xd = (float *)(scratch + round64(m * w->k));
-    a.xg = (float *)(scratch + round64(m * w->k) + round64(m * (w->k / DN_Q8_BLOCK) * 4));
+    a.xs = (int32_t *)((uint8_t *)a.xd + blocks);
+    a.xg = (float *)((uint8_t *)a.xs + blocks);
     return a;
 }
 
@@ -102,6 +104,7 @@ static void quantize_rows(const dn_linear_w *w, const float *x, int64_t r0, int6
             for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
                 int s = quantize_block(x + r * k + b * DN_Q8_BLOCK, a.xq + r * k + b * DN_Q8_BLOCK,
                                        a.xd + r * nb + b);
+                a.xs[r * nb + b] = s;
                 sum += a.xd[r * nb + b] * (float)s;
             }
             a.xg[r * ng + g] = sum;

@@ -281,7 +281,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     return dn_done(&a, Py_BuildValue("(NNNN)", codes, scales, zeros, flat));
 }
 
-static PyObject *py_linear_vnni(PyObject *self, PyObject *unused) { return PyBool_FromLong(dn_linear_vnni()); }
+static PyObject *py_linear_q8_path(PyObject *self, PyObject *unused) { return PyUnicode_FromString(dn_linear_q8_path()); }
 
 PyMethodDef dn_linear_methods[] = {
     {"pack_linear", (PyCFunction)(void (*)(void))py_pack_linear, METH_VARARGS | METH_KEYWORDS,
@@ -291,7 +291,7 @@ PyMethodDef dn_linear_methods[] = {
      "weight = (code - zero) * scale. u4: scales, zeros uint8 codes [N, K/group_size], row_scales\n"
      "float32 [N], weight = (code - zeros/16) * (row_scale * scales) (the product in float32).\n"
      "group_size 32, 64, 128, 256 or K. 'i8q'/'u4q': the same\n"
-     "codes, computed with x quantized to int8 per 32 k (see linear_vnni). 'mxfp4': w uint8\n"
+     "codes, computed with x quantized to int8 per 32 k (see linear_q8_path). 'mxfp4': w uint8\n"
      "[N,K/2] e2m1 codes (a checkpoint's *_blocks [N,K/32,16] reshaped), scales uint8 e8m0\n"
      "[N,K/32] (*_scales), weight = e2m1(code) * 2^(scale - 127); group_size 32 (or 0)."},
     {"dequantize_linear", py_dequantize_linear, METH_O,
@@ -313,8 +313,8 @@ PyMethodDef dn_linear_methods[] = {
      "InstantQuant int8 (codes [N,K]) or uint4 (bits=4: codes [N,K/2], even k in the low nibble,\n"
      "and (scales, zeros uint8 [N, K/group_size], row_scales float32 [N]) as pack_linear takes them) of w\n"
      "(float32, or uint16 bf16 bits) [N,K], the rule of quant.quantize"},
-    {"linear_vnni", py_linear_vnni, METH_NOARGS,
-     "linear_vnni() -> True when i8q/u4q weights run on AVX512-VNNI integer dot products here\n"
-     "(else they run in portable C: pack i8/u4, which stay exact and fast, instead)"},
+    {"linear_q8_path", py_linear_q8_path, METH_NOARGS,
+     "linear_q8_path() -> the kernel i8q/u4q weights run on here: 'vnni' (AVX512-VNNI integer dot\n"
+     "products), 'avx2' (vpmaddubsw; fast for u4q, while exact i8 is as fast as i8q) or 'portable'"},
     {NULL, NULL, 0, NULL},
 };

@@ -96,10 +96,13 @@ def test_unsupported_setting_is_refused_naming_it(name, flow, tmp_path):
     assert greedy_ids(engine, hf_dir, tmp_path / "after") == reference  # the engine still serves
 
 
-@pytest.mark.parametrize("vnni", [True, False])
-def test_activate_quant_computes_with_int8_activations_on_every_cpu(vnni, monkeypatch):
+@pytest.mark.parametrize("path", ["vnni", "avx2", "portable"])
+def test_activate_quant_computes_with_int8_activations_on_every_cpu(path, monkeypatch):
     from dashinfer_server import weights
-    monkeypatch.setattr(weights.K, "linear_vnni", lambda: vnni)
-    assert weights.quantized_wtype("i8", 576, activate_quant=True) == "i8q"
-    # weight-only int8 takes the int8-activation path only where VNNI makes it pay
-    assert weights.quantized_wtype("i8", 576) == ("i8q" if vnni else "i8")
+    monkeypatch.setattr(weights.K, "linear_q8_path", lambda: path)
+    for wtype in ("i8", "u4"):
+        assert weights.quantized_wtype(wtype, 576, activate_quant=True) == wtype + "q"
+        assert weights.quantized_wtype(wtype, 48, activate_quant=True) == wtype  # not whole blocks
+    # weight-only codes take the int8-activation path only where its kernel beats the exact one
+    assert weights.quantized_wtype("i8", 576) == ("i8q" if path == "vnni" else "i8")
+    assert weights.quantized_wtype("u4", 576) == ("u4" if path == "portable" else "u4q")

@@ -51,7 +51,7 @@ def test_head_is_quantized_when_weights_are(isa, tiny_checkpoint, tmp_path, tied
     weights = WeightLoader(model, shard).load()
     hidden, g = TINY["hidden_size"], TINY["hidden_size"] if group == -1 else group
     wtype, n, k, packed_group = K.unpack_linear(weights.lm_head)
-    assert wtype == ("i8q" if K.linear_vnni() else "i8") and (n, k, packed_group) == (TINY["vocab_size"], hidden, g)
+    assert wtype == ("i8q" if K.linear_q8_path() == "vnni" else "i8") and (n, k, packed_group) == (TINY["vocab_size"], hidden, g)
     table = model.tensor("model.embed_tokens.weight")
     assert np.array_equal(weights.embedding, table)  # the lookup reads the exact bf16 rows
     head = from_bf16(model.tensor("model.embed_tokens.weight" if tied else "lm_head.weight"))
