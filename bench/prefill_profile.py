@@ -1,6 +1,6 @@
 """Where a prefill step's time goes: the prefill equivalent of `bench/engine.py --profile`.
 
-    python bench/prefill_profile.py [--model PATH] [--tokens 512] [--steps 5] [--threads 2]
+    python bench/prefill_profile.py [--model PATH] [--quant int8|uint4] [--tokens 512] [--steps 5] [--threads 2]
 
 Steps a ModelLoop in this thread with one fresh random prompt of --tokens tokens per step (each
 step is the whole prompt and its first token, as prefill512 runs it). It prints:
@@ -23,7 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def profile_prefill(model_spec, dtype, tokens, steps, threads):
+def profile_prefill(model_spec, dtype, quant, tokens, steps, threads):
     import numpy as np
 
     import dashinfer_server.model_loop as loop_module
@@ -33,7 +33,7 @@ def profile_prefill(model_spec, dtype, tokens, steps, threads):
     from dashinfer_server import kernels as K
     from dashinfer_server.request import ModelLimits, new_request
 
-    model = models.load(model_spec, dtype)
+    model = models.load(model_spec, dtype, quant)
     cfg = (runtime_builder(model).model_name("profile")
            .max_batch(1).max_length(tokens + 8).max_prefill_length(tokens).thread_num(threads).build())
     K.load()
@@ -79,12 +79,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--quant", default=None, choices=["int8", "uint4"])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
-    print(json.dumps(profile_prefill(args.model, args.dtype, args.tokens, args.steps, args.threads)))
+    print(json.dumps(profile_prefill(args.model, args.dtype, args.quant, args.tokens, args.steps, args.threads)))
 
 
 if __name__ == "__main__":

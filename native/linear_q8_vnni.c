@@ -44,10 +44,18 @@ typedef struct {
     int lines; /* per group */
 } ahead;
 
-/* y[r][0..valid) = x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide. */
-INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int64_t group,
-                 int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy, const float *bias,
-                 int valid, ahead pf, __m512 unscale) {
+/* A u4q panel unpacked once for many row tiles: its codes one byte each in i8q's order
+ * ([k/4][width][4]), per group the fp32 scale and scale*zero of each column. */
+typedef struct {
+    uint8_t *codes;
+    float *scale, *sz; /* [k/group][width] */
+} unpacked;
+
+/* y[r][0..valid) = x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide; from the
+ * packed panel (u4: u4q, else i8q), or from up (pass u4 = 0) when it is not NULL. */
+INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, const unpacked *up, int width,
+                 int64_t group, int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy,
+                 const float *bias, int valid, ahead pf, __m512 unscale) {
     const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m512i low = _mm512_set1_epi8(15);
@@ -56,14 +64,17 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *blk = dn_linear_group_at(t, group, panel, width, g), *codes = blk + dn_linear_group_head(t, width);
+        const uint8_t *blk = up ? NULL : dn_linear_group_at(t, group, panel, width, g);
+        const uint8_t *codes = up ? up->codes + g * group * width : blk + dn_linear_group_head(t, width);
         const uint16_t *scale = (const uint16_t *)blk, *sz = scale + width; /* i8q: fp16 */
         if (u4) {
             dn_u4_params(panel, blk, width, u4_scale, u4_sz);
             for (int c = 0; c < width; c++) u4_sz[c] *= u4_scale[c];
         }
         __m512 s[4];
-        for (int v = 0; v < nv; v++) s[v] = u4 ? _mm512_loadu_ps(u4_scale + 16 * v) : half16(scale + 16 * v);
+        for (int v = 0; v < nv; v++)
+            s[v] = up ? _mm512_loadu_ps(up->scale + g * width + 16 * v)
+                      : u4 ? _mm512_loadu_ps(u4_scale + 16 * v) : half16(scale + 16 * v);
         for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
@@ -116,7 +127,8 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
             }
         }
         for (int v = 0; v < nv; v++) {
-            __m512 z = u4 ? _mm512_loadu_ps(u4_sz + 16 * v) : half16(sz + 16 * v);
+            __m512 z = up ? _mm512_loadu_ps(up->sz + g * width + 16 * v)
+                          : u4 ? _mm512_loadu_ps(u4_sz + 16 * v) : half16(sz + 16 * v);
             for (int r = 0; r < mr; r++)
                 total[r][v] = _mm512_fnmadd_ps(z, _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
         }
@@ -141,19 +153,64 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
     return _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
 }
 
-#define NV_TILES(MR_, U4)                                                                         \
-    switch (nv) {                                                                                  \
-    case 1: tile(MR_, 1, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
-    case 2: tile(MR_, 2, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
-    case 3: tile(MR_, 3, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
-    default: tile(MR_, 4, U4, panel, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale); break; \
+#define NV_TILE(MR_, NV, U4, UP) \
+    tile(MR_, NV, U4, panel, UP, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale)
+#define NV_TILES(MR_, U4, UP)                         \
+    switch (nv) {                                     \
+    case 1: NV_TILE(MR_, 1, U4, UP); break;           \
+    case 2: NV_TILE(MR_, 2, U4, UP); break;           \
+    case 3: NV_TILE(MR_, 3, U4, UP); break;           \
+    default: NV_TILE(MR_, 4, U4, UP); break;          \
     }
+
+/* u4q panels are unpacked first for at least this many rows: the nibbles' masks and shifts, done
+ * once instead of once per 2-row tile, cost more than a dpbusd each (u4q ran at 0.4 of i8q's
+ * GFLOP/s at 32 rows and more). */
+#define UNPACK_MIN_ROWS 8
+
+/* Bytes of a thread's unpacked panel. */
+static size_t unpacked_bytes(const dn_linear_w *w) {
+    return (size_t)DN_LINEAR_NR * w->k + 2 * (size_t)(w->k / w->group) * DN_LINEAR_NR * sizeof(float);
+}
+
+static int unpacks(const dn_linear_w *w, int64_t m) { return w->wtype == DN_W_U4Q && m >= UNPACK_MIN_ROWS; }
+
+static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
+    return dn_q8_scratch_bytes(w, m, nthreads) + (unpacks(w, m) ? nthreads * unpacked_bytes(w) : 0);
+}
+
+/* The u4q panel's codes, one a byte in i8q's order, and its per-group fp32 parameters. */
+static void unpack_panel(const dn_linear_w *w, const uint8_t *panel, int width, unpacked *up) {
+    const int64_t ng = w->k / w->group, steps = w->group / 8; /* 8 k of 4-byte code pairs a step */
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *blk = dn_linear_group_at(DN_W_U4Q, w->group, panel, width, g);
+        const uint8_t *codes = blk + dn_linear_group_head(DN_W_U4Q, width);
+        float *scale = up->scale + g * width, *sz = up->sz + g * width;
+        dn_u4_params(panel, blk, width, scale, sz);
+        for (int c = 0; c < width; c++) sz[c] *= scale[c];
+        uint8_t *out = up->codes + g * w->group * width;
+        for (int64_t j = 0; j < steps; j++)
+            for (int v = 0; v < width / 16; v++) {
+                __m512i raw = _mm512_loadu_si512(codes + j * width * 4 + 64 * v);
+                _mm512_storeu_si512(out + (2 * j) * width * 4 + 64 * v, _mm512_and_si512(raw, low));
+                _mm512_storeu_si512(out + (2 * j + 1) * width * 4 + 64 * v,
+                                    _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+            }
+    }
+}
 
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     dn_q8_act a = dn_q8_prepare(c, t, nt, quantize_block);
     int64_t p0, p1, m0, m1;
     int u4 = w->wtype == DN_W_U4Q;
+    unpacked up = {NULL, NULL, NULL};
+    if (unpacks(w, c->m)) {
+        up.codes = c->scratch + dn_q8_scratch_bytes(w, c->m, nt) + t * unpacked_bytes(w);
+        up.scale = (float *)(up.codes + DN_LINEAR_NR * w->k);
+        up.sz = up.scale + (w->k / w->group) * DN_LINEAR_NR;
+    }
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
     for (int64_t p = p0; p < p1; p++) {
@@ -168,16 +225,18 @@ static void run(const dn_linear_call *c, int t, int nt) {
          * bound). Kernel alone, 1 thread, K 1536 x N 17920, u4 group 32: M = 8 1.3x, M = 16 1.17x
          * faster; i8 (group 64) measured 3-5% slower with it */
         int64_t tiles = (m1 - m0 + MR - 1) / MR, ng = w->k / w->group;
-        int64_t lines = u4 && p + 1 < p1 && tiles > 1 && tiles <= 8 ? w->panel_bytes / 64 : 0;
+        const int unpack = up.codes && m1 - m0 >= UNPACK_MIN_ROWS;
+        if (unpack) unpack_panel(w, panel, width, &up);
+        int64_t lines = u4 && !unpack && p + 1 < p1 && tiles > 1 && tiles <= 8 ? w->panel_bytes / 64 : 0;
         int per_group = (int)((lines + tiles * ng - 1) / (tiles * ng));
         for (int64_t i = m0; i < m1; i += MR) {
             int64_t first = (i - m0) / MR * ng * per_group;
             ahead pf = {(const char *)dn_linear_panel(w, p + 1) + first * 64,
                         first < lines ? per_group : 0}; /* a prefetch past the panel cannot fault */
             if (m1 - i >= 2) {
-                if (u4) NV_TILES(2, 1) else NV_TILES(2, 0)
+                if (unpack) NV_TILES(2, 0, &up) else if (u4) NV_TILES(2, 1, NULL) else NV_TILES(2, 0, NULL)
             } else {
-                if (u4) NV_TILES(1, 1) else NV_TILES(1, 0)
+                if (unpack) NV_TILES(1, 0, &up) else if (u4) NV_TILES(1, 1, NULL) else NV_TILES(1, 0, NULL)
             }
         }
     }
@@ -185,6 +244,6 @@ static void run(const dn_linear_call *c, int t, int nt) {
 
 static int64_t units(const dn_linear_w *w, int64_t m) { return w->npanels * ((m + MR - 1) / MR); }
 
-const dn_linear_kernels dn_linear_q8_vnni = {dn_q8_scratch_bytes, run, NULL, units};
+const dn_linear_kernels dn_linear_q8_vnni = {scratch_bytes, run, NULL, units};
 
 #pragma GCC pop_options
