@@ -6,7 +6,7 @@
 DIR is a Hugging Face directory of a Qwen2/Qwen3 (dense or MoE) or Llama model, e.g. one written by
 bench/make_model.py. What it does, all cached under --cache (~/.cache/dashinfer-py/llama.cpp-0.3.36):
 1. llama.cpp's source, as PyPI serves it: the sdist of llama-cpp-python 0.3.36 (`pip download
-   --no-deps --no-binary :all:`; or --sdist FILE) holds it under vendor/llama.cpp. llama-bench and
+   --no-deps --no-binary llama-cpp-python`: its build tools as wheels; or --sdist FILE) holds it under vendor/llama.cpp. llama-bench and
    llama-quantize are built with cmake (Release, CPU only, GGML_NATIVE, `nice -n 10`, -j 2); cmake
    must be on PATH (`pip install cmake` gives one).
 2. The model converted by llama.cpp's own convert_hf_to_gguf.py to bf16, then llama-quantize to
@@ -61,7 +61,7 @@ def fetch_source(cache: str, sdist: str | None) -> str:
     if os.path.isfile(os.path.join(src, "CMakeLists.txt")):
         return src
     if sdist is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                         SDIST, "-d", cache], check=True)
         sdist = os.path.join(cache, SDIST.replace("-", "_").replace("==", "-") + ".tar.gz")
     with tarfile.open(sdist) as tar:

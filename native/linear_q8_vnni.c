@@ -30,6 +30,15 @@ INLINE __mmask16 col_mask(int valid, int v) {
 /* 16 fp16 scales -> fp32 (vcvtph2ps) */
 INLINE __m512 half16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
+/* Columns [c, c + 16) of u4q group block blk: dn_u4_params' scale and its product with the zero,
+ * the same float products (the scalar loop ran a third of a one-row tile's instructions). */
+INLINE void u4_params16(const uint8_t *panel, const uint8_t *blk, int width, int c, __m512 *s, __m512 *sz) {
+    __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + c))));
+    __m512 zero = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + width + c))));
+    *s = _mm512_mul_ps(_mm512_loadu_ps((const float *)panel + c), code);
+    *sz = _mm512_mul_ps(_mm512_mul_ps(zero, _mm512_set1_ps(0.0625f)), *s);
+}
+
 INLINE int32_t quad(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -59,7 +68,6 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
     const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m512i low = _mm512_set1_epi8(15);
-    float u4_scale[DN_LINEAR_NR], u4_sz[DN_LINEAR_NR]; /* a u4q group's scale and scale*zero */
     __m512 total[MR][4];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
@@ -67,14 +75,18 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
         const uint8_t *blk = up ? NULL : dn_linear_group_at(t, group, panel, width, g);
         const uint8_t *codes = up ? up->codes + g * group * width : blk + dn_linear_group_head(t, width);
         const uint16_t *scale = (const uint16_t *)blk, *sz = scale + width; /* i8q: fp16 */
-        if (u4) {
-            dn_u4_params(panel, blk, width, u4_scale, u4_sz);
-            for (int c = 0; c < width; c++) u4_sz[c] *= u4_scale[c];
+        __m512 s[4], z[4]; /* the group's scale and scale*zero, 16 columns a vector */
+        for (int v = 0; v < nv; v++) {
+            if (up) {
+                s[v] = _mm512_loadu_ps(up->scale + g * width + 16 * v);
+                z[v] = _mm512_loadu_ps(up->sz + g * width + 16 * v);
+            } else if (u4) {
+                u4_params16(panel, blk, width, 16 * v, &s[v], &z[v]);
+            } else {
+                s[v] = half16(scale + 16 * v);
+                z[v] = half16(sz + 16 * v);
+            }
         }
-        __m512 s[4];
-        for (int v = 0; v < nv; v++)
-            s[v] = up ? _mm512_loadu_ps(up->scale + g * width + 16 * v)
-                      : u4 ? _mm512_loadu_ps(u4_scale + 16 * v) : half16(scale + 16 * v);
         for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
@@ -126,12 +138,9 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
                                                   total[r][v]);
             }
         }
-        for (int v = 0; v < nv; v++) {
-            __m512 z = up ? _mm512_loadu_ps(up->sz + g * width + 16 * v)
-                          : u4 ? _mm512_loadu_ps(u4_sz + 16 * v) : half16(sz + 16 * v);
+        for (int v = 0; v < nv; v++)
             for (int r = 0; r < mr; r++)
-                total[r][v] = _mm512_fnmadd_ps(z, _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
-        }
+                total[r][v] = _mm512_fnmadd_ps(z[v], _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
     }
     for (int v = 0; v < nv; v++) {
         __mmask16 m = col_mask(valid, v);
