@@ -298,16 +298,26 @@ class WeightLoader:
 
 
 # Bits of a float head quantized at load. int8 under uint4 layers too: on the default model
-# (python -m bench.quality) a 4-bit head in groups of 32 costs +1.30% next-token NLL against bf16
-# where an int8 head costs +0.11%, and it turned the first answer to "What is the capital of
+# (python -m bench.quality) a 4-bit head in groups of 32 costs +1.8% next-token NLL against bf16
+# where an int8 head costs +0.1%, and it turned the first answer to "What is the capital of
 # France?" wrong on CPUs without VNNI (fp32 activations); its price is the head's extra bytes,
 # a few % of a uint4 decode step from 1.5B parameters up (bench/bounds.py counts them).
 HEAD_BITS = 8
+# An int8 head's group: the largest of these that divides its width. 128 takes 8.25 bits a weight
+# with i8q's fp16 pairs where groups of 32 took 9 (Qwen3-30B-A3B's head: 320 MB a token against
+# 350); on the default model (576 columns: 64) +0.10% NLL against groups of 32's +0.11%.
+HEAD_GROUPS = (128, 64, 32)
 
 
 def head_group(group_size: int, k: int) -> int:
-    """The group of a head quantized at load: the model's group (K when per channel)."""
-    return k if group_size == -1 or k % group_size else group_size
+    """The group of a head quantized at load: per channel (K) under a per-channel model; else for
+    int8 the first of HEAD_GROUPS dividing K, for a 4-bit head the model's group (K where that
+    does not divide K)."""
+    if group_size == -1:
+        return k
+    if HEAD_BITS == 8:
+        return next((g for g in HEAD_GROUPS if k % g == 0), k)
+    return k if k % group_size else group_size
 
 
 def quantized_wtype(wtype: str, group: int, activate_quant: bool = False) -> str:

@@ -1,5 +1,5 @@
-"""The output head of a quantized model is quantized in memory to int8 in the model's group, under int8
-and uint4 layers alike (dashinfer_server/weights.py HEAD_BITS); the embedding, tied or not, stays exact."""
+"""The output head of a quantized model is quantized in memory to int8 in groups of 128 (64 or 32 where
+128 does not divide its width; per channel under a per-channel model), under int8 and uint4 layers alike (dashinfer_server/weights.py HEAD_BITS); the embedding, tied or not, stays exact."""
 import os
 
 import numpy as np
@@ -40,16 +40,17 @@ def q8_error_bound(x, w):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("fmt,group", [("uint4", 32), ("int8", -1)])
-def test_head_is_quantized_when_weights_are(isa, tiny_checkpoint, tmp_path, tied, fmt, group):
-    src = tiny_checkpoint("llama", tie_word_embeddings=tied)
+@pytest.mark.parametrize("fmt,group,hidden,head_group", [("uint4", 32, 256, 128), ("uint4", 32, 192, 64),
+                                                         ("int8", 64, 96, 32), ("int8", -1, 256, 256)])
+def test_head_is_quantized_when_weights_are(isa, tiny_checkpoint, tmp_path, tied, fmt, group, hidden, head_group):
+    src = tiny_checkpoint("llama", tie_word_embeddings=tied, hidden_size=hidden)
     cfg = {"quant_method": "instant_quant", "weight_format": fmt, "group_size": group}
     serialize(src, tmp_path, dtype="bfloat16", enable_quant=True, customized_quant_config=cfg)
     model = DashInferModel(str(tmp_path), "tiny")
     shard = Shard(0, 1, TINY["num_attention_heads"], TINY["num_key_value_heads"], TINY["intermediate_size"],
                   TINY["vocab_size"])
     weights = WeightLoader(model, shard).load()
-    hidden, g = TINY["hidden_size"], TINY["hidden_size"] if group == -1 else group
+    g = head_group  # the head's group, whatever the layers'
     wtype, n, k, packed_group = K.unpack_linear(weights.lm_head)
     assert wtype == ("i8q" if K.linear_q8_path() == "vnni" else "i8") and (n, k, packed_group) == (TINY["vocab_size"], hidden, g)
     table = model.tensor("model.embed_tokens.weight")
