@@ -195,10 +195,13 @@ static void unpack_panel(const dn_linear_w *w, const uint8_t *panel, int width, 
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *blk = dn_linear_group_at(DN_W_U4Q, w->group, panel, width, g);
         const uint8_t *codes = blk + dn_linear_group_head(DN_W_U4Q, width);
-        float *scale = up->scale + g * width, *sz = up->sz + g * width;
-        dn_u4_params(panel, blk, width, scale, sz);
-        for (int c = 0; c < width; c++) sz[c] *= scale[c];
         uint8_t *out = up->codes + g * w->group * width;
+        for (int v = 0; v < width / 16; v++) {
+            __m512 s, sz;
+            u4_params16(panel, blk, width, 16 * v, &s, &sz);
+            _mm512_storeu_ps(up->scale + g * width + 16 * v, s);
+            _mm512_storeu_ps(up->sz + g * width + 16 * v, sz);
+        }
         for (int64_t j = 0; j < steps; j++)
             for (int v = 0; v < width / 16; v++) {
                 __m512i raw = _mm512_loadu_si512(codes + j * width * 4 + 64 * v);
