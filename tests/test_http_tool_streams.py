@@ -3,7 +3,10 @@ and anthropic clients: a tiny model whose chat template speaks Qwen2.5 / Hermes'
 is forced to call (tool_choice required / any) a function whose arguments are long. The pieces of
 a streamed call (OpenAI's function.arguments deltas, Anthropic's input_json_delta) join into
 exactly the arguments the same request answers unstreamed (greedy: the same tokens), which satisfy
-the schema, and they come in more than one piece, not in one at the end."""
+the schema. How many pieces come is timing: the server sends whatever tokens have arrived at each
+wake, and a reader that lags a fast model gets them whole (CI saw one piece); that the parser
+hands out arguments token by token as they are written is test_output_parsers'
+test_calls_stream_arguments_as_written."""
 import json
 
 import anthropic
@@ -44,10 +47,6 @@ def test_openai_stream_joins_into_the_unstreamed_arguments(hermes_server):
     assert first.index == 0 and first.id and first.type == "function" and first.function.name == "write_note"
     assert all(p.index == 0 and p.id is None and p.function.name is None for p in rest)  # OpenAI's shape
     assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
-    # Not all at the end. How many pieces depends on how far the reader lags the engine (the server
-    # sends whatever tokens have arrived at each wake), so only "more than one" holds on a busy
-    # machine; one piece per token is test_output_parsers' check.
-    assert len([p for p in pieces if p.function.arguments]) > 1
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
 
 
@@ -68,6 +67,6 @@ def test_anthropic_stream_joins_into_the_unstreamed_input(hermes_server):
     for start, use in zip(starts, uses):
         partial = [e.delta.partial_json for e in events if e.type == "content_block_delta"
                    and e.index == start.index and e.delta.type == "input_json_delta"]
-        assert len(partial) > 1  # not all at the end (see the OpenAI test above)
+        assert partial  # the input streamed as input_json_delta events (how many: see the docstring)
         assert json.loads("".join(partial)) == use.input
     assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == [whole.stop_reason] == ["tool_use"]
