@@ -232,14 +232,14 @@ static void run(const dn_linear_call *c, int t, int nt) {
         int64_t col0 = p * DN_LINEAR_NR;
         const float *bias = c->bias ? c->bias + col0 : NULL;
         const __m512 unscale = _mm512_set1_ps(w->unscale);
-        /* the next panel's bytes, shared out over this panel's tiles: u4 only, none for a lone
+        /* the next panel's bytes, shared out over this panel's tiles (unpacked or not): u4 only, none for a lone
          * tile (the hardware prefetcher keeps up with one) nor above 8 tiles (M > 16: compute-
          * bound). Kernel alone, 1 thread, K 1536 x N 17920, u4 group 32: M = 8 1.3x, M = 16 1.17x
          * faster; i8 (group 64) measured 3-5% slower with it */
         int64_t tiles = (m1 - m0 + MR - 1) / MR, ng = w->k / w->group;
         const int unpack = up.codes && m1 - m0 >= UNPACK_MIN_ROWS;
         if (unpack) unpack_panel(w, panel, width, &up);
-        int64_t lines = u4 && !unpack && p + 1 < p1 && tiles > 1 && tiles <= 8 ? w->panel_bytes / 64 : 0;
+        int64_t lines = u4 && p + 1 < p1 && tiles > 1 && tiles <= 8 ? w->panel_bytes / 64 : 0;
         int per_group = (int)((lines + tiles * ng - 1) / (tiles * ng));
         for (int64_t i = m0; i < m1; i += MR) {
             int64_t first = (i - m0) / MR * ng * per_group;
