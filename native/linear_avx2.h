@@ -14,15 +14,22 @@ INLINE __m256i lane_mask(int valid) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* dn_u4_params (linear.h), 8 columns a step, the same products: gcc leaves the scalar loop's
- * zeros unvectorized (the outputs may alias the codes), which cost a u4 GEMV a quarter of its time. */
+/* Columns [c, c + 8) of dn_u4_params (linear.h), the same products, in registers. */
+INLINE void u4_params8(const uint8_t *panel, const uint8_t *blk, int width, int c, __m256 *scale, __m256 *zero) {
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + c))));
+    __m256 zc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + width + c))));
+    *scale = _mm256_mul_ps(_mm256_loadu_ps((const float *)panel + c), sc);
+    *zero = _mm256_mul_ps(zc, _mm256_set1_ps(0.0625f));
+}
+
+/* dn_u4_params, 8 columns a step: gcc leaves the scalar loop's zeros unvectorized (the outputs
+ * may alias the codes), which cost a u4 GEMV a quarter of its time. */
 INLINE void u4_params(const uint8_t *panel, const uint8_t *blk, int width, float *scale, float *zero) {
-    const __m256 sixteenth = _mm256_set1_ps(0.0625f);
     for (int c = 0; c < width; c += 8) {
-        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + c))));
-        __m256 zc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + width + c))));
-        _mm256_storeu_ps(scale + c, _mm256_mul_ps(_mm256_loadu_ps((const float *)panel + c), sc));
-        _mm256_storeu_ps(zero + c, _mm256_mul_ps(zc, sixteenth));
+        __m256 s, z;
+        u4_params8(panel, blk, width, c, &s, &z);
+        _mm256_storeu_ps(scale + c, s);
+        _mm256_storeu_ps(zero + c, z);
     }
 }
 

@@ -25,10 +25,9 @@ INLINE int32_t quad(const int8_t *p) {
 INLINE void group_params(int u4, const uint8_t *panel, const uint8_t *blk, int width, int c, __m256 *s,
                          __m256 *sz) {
     if (u4) {
-        __m256 code = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + c))));
-        __m256 zero = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + width + c))));
-        *s = _mm256_mul_ps(_mm256_loadu_ps((const float *)panel + c), code);
-        *sz = _mm256_mul_ps(_mm256_mul_ps(zero, _mm256_set1_ps(0.0625f)), *s);
+        __m256 zero;
+        u4_params8(panel, blk, width, c, s, &zero);
+        *sz = _mm256_mul_ps(zero, *s);
     } else {
         const uint16_t *h = (const uint16_t *)blk;
         *s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + c)));

@@ -74,7 +74,6 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *blk = up ? NULL : dn_linear_group_at(t, group, panel, width, g);
         const uint8_t *codes = up ? up->codes + g * group * width : blk + dn_linear_group_head(t, width);
-        const uint16_t *scale = (const uint16_t *)blk, *sz = scale + width; /* i8q: fp16 */
         __m512 s[4], z[4]; /* the group's scale and scale*zero, 16 columns a vector */
         for (int v = 0; v < nv; v++) {
             if (up) {
@@ -82,9 +81,9 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
                 z[v] = _mm512_loadu_ps(up->sz + g * width + 16 * v);
             } else if (u4) {
                 u4_params16(panel, blk, width, 16 * v, &s[v], &z[v]);
-            } else {
-                s[v] = half16(scale + 16 * v);
-                z[v] = half16(sz + 16 * v);
+            } else { /* i8q: fp16 scales, then fp16 scale*zeros */
+                s[v] = half16((const uint16_t *)blk + 16 * v);
+                z[v] = half16((const uint16_t *)blk + width + 16 * v);
             }
         }
         for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
