@@ -49,14 +49,16 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Every tile 16 rows of 64 bytes: tmm0-3 accumulators (2 x 2), tmm4-5 a, tmm6-7 b. */
-static void tiles_begin(void) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = DN_AMX_ROWS;
-    _tile_loadconfig(&cfg);
-}
+/* Every tile 16 rows of 64 bytes: tmm0-3 accumulators (2 x 2), tmm4-5 a, tmm6-7 b. A static
+ * configuration: GCC 12's _tile_loadconfig declares that it reads 8 bytes of its operand, so the
+ * stores filling a local one were dropped as dead and ldtilecfg faulted on stack garbage. */
+static const tile_config CONFIG __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {DN_AMX_ROWS, DN_AMX_ROWS, DN_AMX_ROWS, DN_AMX_ROWS, DN_AMX_ROWS, DN_AMX_ROWS, DN_AMX_ROWS, DN_AMX_ROWS},
+};
+
+static void tiles_begin(void) { _tile_loadconfig(&CONFIG); }
 
 static void tiles_end(void) { _tile_release(); }
 
