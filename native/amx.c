@@ -62,8 +62,9 @@ static void tiles_begin(void) { _tile_loadconfig(&CONFIG); }
 
 static void tiles_end(void) { _tile_release(); }
 
-static void tiles_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, int64_t ldb, int64_t steps,
-                             const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate) {
+static void tiles_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, int64_t steps,
+                             const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate,
+                             const dn_amx_prefetch *pf) {
     if (accumulate) { /* only the tiles this block stores: the others may lie past c's rows */
         _tile_loadd(0, c, ldc * 4);
         if (nt == 2) _tile_loadd(1, c + 16, ldc * 4);
@@ -75,7 +76,7 @@ static void tiles_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, 
         _tile_zero(2);
         _tile_zero(3);
     }
-    const int64_t sa = lda * 4, sb = ldb * 4;
+    const int64_t sb = ldb * 4;
     for (int64_t s = 0; s <= steps; s++) {
         const uint32_t *bs = b + s * DN_AMX_PAIRS * ldb;
         int64_t stride = sb;
@@ -83,7 +84,11 @@ static void tiles_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, 
             if (!b_tail) break;
             bs = b_tail, stride = 32 * 4;
         }
-        _tile_loadd(4, a + s * DN_AMX_PAIRS, sa);
+        const uint32_t *as = a + s * DN_AMX_A_STEP;
+        _tile_loadd(4, as, DN_AMX_PAIRS * 4);
+        if (pf && s < steps) /* a share of a later block's b into L2: a tile load would wait on DRAM */
+            for (int64_t l = pf->first + s * pf->per_step, end = l + pf->per_step; l < end && l < pf->last; l++)
+                _mm_prefetch((const char *)(pf->b + (l >> 1) * pf->ldb + (l & 1) * 16), _MM_HINT_T1);
         _tile_loadd(6, bs, stride);
         _tile_dpbf16ps(0, 4, 6);
         if (nt == 2) {
@@ -91,7 +96,7 @@ static void tiles_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, 
             _tile_dpbf16ps(1, 4, 7);
         }
         if (mt == 2) {
-            _tile_loadd(5, a + 16 * lda + s * DN_AMX_PAIRS, sa);
+            _tile_loadd(5, as + DN_AMX_ROWS * DN_AMX_PAIRS, DN_AMX_PAIRS * 4);
             _tile_dpbf16ps(2, 5, 6);
             if (nt == 2) _tile_dpbf16ps(3, 5, 7);
         }
@@ -130,8 +135,10 @@ static void emulated_dpbf16ps(float *c, int64_t ldc, const uint32_t *a, int64_t 
 
 static void emulated_nothing(void) {}
 
-static void emulated_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *b, int64_t ldb, int64_t steps,
-                                const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate) {
+static void emulated_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, int64_t steps,
+                                const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate,
+                                const dn_amx_prefetch *pf) {
+    (void)pf;
     if (!accumulate)
         for (int r = 0; r < 16 * mt; r++) memset(c + r * ldc, 0, 16 * nt * sizeof(float));
     for (int64_t s = 0; s <= steps; s++) {
@@ -143,8 +150,8 @@ static void emulated_block_bf16(const uint32_t *a, int64_t lda, const uint32_t *
         }
         for (int i = 0; i < mt; i++)
             for (int j = 0; j < nt; j++)
-                emulated_dpbf16ps(c + 16 * i * ldc + 16 * j, ldc, a + 16 * i * lda + s * DN_AMX_PAIRS, lda,
-                                  bs + 16 * j, stride);
+                emulated_dpbf16ps(c + 16 * i * ldc + 16 * j, ldc, a + s * DN_AMX_A_STEP + 16 * i * DN_AMX_PAIRS,
+                                  DN_AMX_PAIRS, bs + 16 * j, stride);
     }
 }
 

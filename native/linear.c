@@ -215,14 +215,18 @@ const char *dn_linear_q8_path(void) {
     return k == &dn_linear_q8_vnni ? "vnni" : k == &dn_linear_q8_avx2 ? "avx2" : "portable";
 }
 
-/* AMX tiles need the avx512 path (every AMX CPU has it); their emulation runs anywhere. */
-static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
+const dn_linear_kernels *dn_linear_fallback_kernels(const dn_linear_w *w) {
     if (dn_linear_act_quantized(w->wtype)) return q8_kernels();
     if (w->wtype == DN_W_MXFP4) return mxfp4_paths[dn_isa()];
-    dn_amx_mode amx = dn_amx();
-    if (w->wtype == DN_W_BF16 && (amx == DN_AMX_EMULATED || (amx == DN_AMX_TILES && dn_isa() == DN_ISA_AVX512)))
-        return &dn_linear_amx;
     return paths[dn_isa()];
+}
+
+/* AMX tiles need the avx512 path (every AMX CPU has it); their emulation runs anywhere. */
+static const dn_linear_kernels *kernels_for(const dn_linear_w *w) {
+    dn_amx_mode amx = dn_amx();
+    int tiles = amx == DN_AMX_EMULATED || (amx == DN_AMX_TILES && dn_isa() == DN_ISA_AVX512);
+    if (tiles && (w->wtype == DN_W_BF16 || dn_linear_act_quantized(w->wtype))) return &dn_linear_amx;
+    return dn_linear_fallback_kernels(w);
 }
 
 static int run_call(const dn_linear_kernels *kern, dn_linear_call *c) {

@@ -1,7 +1,9 @@
 /* Linear layer, AMX path for bf16 weights at M >= MIN_ROWS (prefill, batched decode): the
  * packed bf16 panels (linear.h: [K/2][width][2]) are AMX's B operand as they are, 16 k-pair rows
  * of 16 columns a tile, row stride width * 4 bytes, so nothing is repacked. Activations are
- * rounded to bf16 once into rows of k pairs padded to whole tile steps; each thread runs its
+ * rounded to bf16 once, straight into the A tiles' order (amx.h: per 32-row block, step by step,
+ * each tile 1 KB contiguous; rows K * 2 bytes apart put a tile's 16 rows in one L1 set at
+ * K 2048, 4096, 8192), padded to whole tile steps; each thread runs its
  * share of (panel, 32-row block) units (dn_linear_share_of) in passes of up to 256 rows, each
  * summed in fp32 over k chunks of 32 x 32 blocks (pass()), then stored (plus bias) into y under
  * column masks, or, under a GLU, as act(gate) * up of a gate panel and its up panel.
@@ -18,7 +20,9 @@
 #include "linear_kernels.h"
 
 #define ROWS 32        /* rows of a tile block: two tiles */
-#define MIN_ROWS 5     /* fewer: the ISA path */
+#define MIN_ROWS 5     /* bf16 weights: fewer rows run the ISA path */
+#define Q_MIN_ROWS 32 /* i8q/u4q: fewer run the int8 kernels, which read a quarter to half the bytes
+                        * and dequantize nothing (2 threads: 1.3x at 32 rows, ~1x at 24, 0.6x at 8) */
 #define PASS_ROWS 256  /* rows a pass sums over every k chunk, in fp32 [PASS_ROWS][64] a panel */
 #define CHUNK_STEPS 32 /* tile steps (16 k pairs) of a k chunk: a pass's activations of one chunk
                         * (256 rows x 2 KB) fit L2 while each column block reads them. Whole-K
@@ -33,27 +37,31 @@ static int64_t padded_rows(int64_t m) { return (m + ROWS - 1) / ROWS * ROWS; }
 static int64_t act_bytes(const dn_linear_w *w, int64_t m) { return round64(padded_rows(m) * row_pairs(w) * 4); }
 
 /* Per thread: a pass's sums of two panels (gate and up under a GLU) and the zero-padded last k
- * pairs of 32 columns [16][32]. */
+ * pairs of 32 columns [16][32], and an i8q/u4q panel's k chunk as bf16 pairs. */
 #define SUMS_FLOATS (PASS_ROWS * DN_LINEAR_NR)
-#define THREAD_BYTES (2 * SUMS_FLOATS * 4 + DN_AMX_PAIRS * 32 * 4)
-
-static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
-    if (m < MIN_ROWS) return dn_linear_isa_kernels()->scratch_bytes(w, m, nthreads);
-    return (size_t)(act_bytes(w, m) + (int64_t)nthreads * THREAD_BYTES);
+#define CHUNK_BYTES (CHUNK_STEPS * DN_AMX_PAIRS * DN_LINEAR_NR * 4)
+static int64_t thread_bytes(const dn_linear_w *w) {
+    return 2 * SUMS_FLOATS * 4 + DN_AMX_PAIRS * 32 * 4 + (w->wtype == DN_W_BF16 ? 0 : CHUNK_BYTES);
 }
 
-/* Rows [r0, r1) of x [m][k] as bf16 pairs into xa [.][lda]; rows past m and pairs past K zero. */
+
+/* Where k pair p of row r goes in the A tiles: [r / 32][p / 16][r % 32][p % 16] (amx.h). */
+static int64_t a_index(int64_t r, int64_t p, int64_t lda) {
+    return ((r / ROWS * (lda / DN_AMX_PAIRS) + p / DN_AMX_PAIRS) * ROWS + r % ROWS) * DN_AMX_PAIRS + p % DN_AMX_PAIRS;
+}
+
+/* Rows [r0, r1) of x [m][k] as bf16 pairs into the A tiles xa (lda pairs a row); rows past m and
+ * pairs past K zero. */
 DN_TARGET_AVX512 static void convert_rows_avx512(const float *x, int64_t m, int64_t k, uint32_t *xa, int64_t lda,
                                                  int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-        uint32_t *d = xa + r * lda;
         for (int64_t kk = 0; kk < 2 * lda; kk += 32) {
             int64_t left = r < m ? k - kk : 0;
             __mmask16 lo = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
             __mmask16 hi = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
             const float *s = x + r * k + kk;
             __m512 a = _mm512_maskz_loadu_ps(lo, s), b = _mm512_maskz_loadu_ps(hi, s + 16);
-            _mm512_storeu_si512(d + kk / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            _mm512_store_si512(xa + a_index(r, kk / 2, lda), (__m512i)_mm512_cvtne2ps_pbh(b, a));
         }
     }
 }
@@ -64,17 +72,31 @@ static void convert_rows_portable(const float *x, int64_t m, int64_t k, uint32_t
         for (int64_t p = 0; p < lda; p++) {
             uint16_t lo = r < m && 2 * p < k ? dn_f32_to_bf16(x[r * k + 2 * p]) : 0;
             uint16_t hi = r < m && 2 * p + 1 < k ? dn_f32_to_bf16(x[r * k + 2 * p + 1]) : 0;
-            xa[r * lda + p] = (uint32_t)hi << 16 | lo;
+            xa[a_index(r, p, lda)] = (uint32_t)hi << 16 | lo;
         }
 }
 
-/* The last k pairs (past the whole tile steps) of columns [col, col + 32) of a panel `width`
- * wide, zero-padded to one step; columns past the panel zero too. */
-static void copy_tail(const uint32_t *panel, int width, int64_t pairs, int col, uint32_t *tail) {
-    int64_t first = pairs / DN_AMX_PAIRS * DN_AMX_PAIRS;
+/* Pairs [first, last) of columns [col, col + 32) of a chunk `width` wide (fewer than a tile step:
+ * the pairs past K's whole steps), zero-padded to one step; columns past the panel zero too. */
+static void copy_tail(const uint32_t *chunk, int width, int64_t first, int64_t last, int col, uint32_t *tail) {
     memset(tail, 0, DN_AMX_PAIRS * 32 * 4);
     int cols = width - col < 32 ? width - col : 32;
-    for (int64_t p = first; p < pairs; p++) memcpy(tail + (p - first) * 32, panel + p * width + col, cols * 4);
+    for (int64_t p = first; p < last; p++) memcpy(tail + (p - first) * 32, chunk + p * width + col, cols * 4);
+}
+
+/* A panel's weights as bf16 pairs, a k chunk at a time: the bf16 panel itself, or an i8q/u4q
+ * panel dequantized into the thread's buffer (linear_amx_panels.c). */
+typedef struct {
+    const dn_linear_w *w;
+    const uint8_t *panel;
+    int width, avx512;
+    uint32_t *buf; /* [CHUNK_STEPS * 16][width] pairs */
+} source;
+
+static const uint32_t *chunk_pairs(const source *src, int64_t p0, int64_t p1) {
+    if (src->w->wtype == DN_W_BF16) return (const uint32_t *)src->panel + p0 * src->width;
+    dn_amx_panel_pairs(src->w, src->panel, src->width, p0, p1, src->buf, src->avx512);
+    return src->buf;
 }
 
 /* y[r][0..valid) = sums[r][..] (+ bias) for rows [0, rows), sums DN_LINEAR_NR floats a row. */
@@ -99,23 +121,37 @@ static void store_rows_portable(const float *sums, int64_t rows, float *y, int64
 /* sums [rows][DN_LINEAR_NR] = x . panel over every k chunk for rows [r0, r1) (r0 a multiple of
  * ROWS): chunk-major, so a chunk's activations serve every column block from L2; the tile sums
  * go to memory between chunks (fp32 both ways: the same sums as one long block). */
-static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const uint32_t *panel, int width,
-                 int64_t pairs, int64_t r0, int64_t r1, float *sums, uint32_t *tail) {
+static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const source *src, int64_t pairs,
+                 int64_t r0, int64_t r1, float *sums, uint32_t *tail) {
+    const int width = src->width, bf16 = src->w->wtype == DN_W_BF16;
     const int64_t steps = pairs / DN_AMX_PAIRS, chunks = steps ? (steps + CHUNK_STEPS - 1) / CHUNK_STEPS : 1;
-    const int has_tail = steps * DN_AMX_PAIRS < pairs;
     for (int64_t ch = 0; ch < chunks; ch++) {
         const int64_t s0 = ch * CHUNK_STEPS, s1 = s0 + CHUNK_STEPS < steps ? s0 + CHUNK_STEPS : steps;
         const int last = ch == chunks - 1;
+        const int64_t p0 = s0 * DN_AMX_PAIRS, p1 = last ? pairs : s1 * DN_AMX_PAIRS; /* the tail with the last */
+        const uint32_t *chunk = chunk_pairs(src, p0, p1);
         for (int col = 0; col < width; col += 32) {
             const uint32_t *b_tail = NULL;
-            if (last && has_tail) {
-                copy_tail(panel, width, pairs, col, tail);
+            if (p1 > s1 * DN_AMX_PAIRS) {
+                copy_tail(chunk, width, s1 * DN_AMX_PAIRS - p0, p1 - p0, col, tail);
                 b_tail = tail;
             }
-            for (int64_t r = r0; r < r1; r += ROWS)
-                ops->block_bf16(xa + r * lda + s0 * DN_AMX_PAIRS, lda, panel + s0 * DN_AMX_PAIRS * width + col, width,
-                                s1 - s0, b_tail, r1 - r > 16 ? 2 : 1, width - col >= 32 ? 2 : 1,
-                                sums + (r - r0) * DN_LINEAR_NR + col, DN_LINEAR_NR, ch > 0);
+            /* a bf16 panel's row blocks fetch the next column block's b (or the next chunk's
+             * first), each a share, so the lines arrive while this block computes */
+            const uint32_t *next = !bf16                ? NULL
+                                   : col + 32 < width   ? chunk + col + 32
+                                   : s1 + CHUNK_STEPS <= steps ? chunk + (s1 - s0) * DN_AMX_PAIRS * width
+                                                               : NULL;
+            const int64_t blocks = (r1 - r0 + ROWS - 1) / ROWS, lines = 2 * (s1 - s0) * DN_AMX_PAIRS;
+            const int64_t share = (lines + blocks - 1) / blocks;
+            for (int64_t r = r0; r < r1; r += ROWS) {
+                const int64_t first = (r - r0) / ROWS * share;
+                dn_amx_prefetch pf = {next, width, first, first + share < lines ? first + share : lines,
+                                      s1 > s0 ? (share + s1 - s0 - 1) / (s1 - s0) : 0};
+                ops->block_bf16(xa + a_index(r, p0, lda), chunk + col, width, s1 - s0, b_tail, r1 - r > 16 ? 2 : 1,
+                                width - col >= 32 ? 2 : 1, sums + (r - r0) * DN_LINEAR_NR + col, DN_LINEAR_NR, ch > 0,
+                                next ? &pf : NULL);
+            }
         }
     }
 }
@@ -129,8 +165,8 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
     const int64_t m = c->m, n = w->n, lda = row_pairs(w), pairs = w->kp / 2;
     const int64_t half = w->npanels / 2, inter = n / 2;
     uint32_t *xa = (uint32_t *)c->scratch;
-    float *sums = (float *)(c->scratch + act_bytes(w, m) + (int64_t)t * THREAD_BYTES);
-    uint32_t *tail = (uint32_t *)(sums + 2 * SUMS_FLOATS);
+    float *sums = (float *)(c->scratch + act_bytes(w, m) + t * thread_bytes(w));
+    uint32_t *tail = (uint32_t *)(sums + 2 * SUMS_FLOATS), *chunk_buf = tail + DN_AMX_PAIRS * 32;
     int64_t r0, r1;
     dn_split(padded_rows(m), t, nt, &r0, &r1);
     (avx512 ? convert_rows_avx512 : convert_rows_portable)(c->x, m, w->k, xa, lda, r0, r1);
@@ -145,8 +181,8 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
             const int64_t g1 = g0 + PASS_ROWS < m1 ? g0 + PASS_ROWS : m1;
             for (int h = 0; h <= glu; h++) {
                 const int64_t p = q + h * half;
-                pass(ops, xa, lda, (const uint32_t *)dn_linear_panel(w, p), dn_linear_width(w, p), pairs, g0, g1,
-                     sums + h * SUMS_FLOATS, tail);
+                source src = {w, dn_linear_panel(w, p), dn_linear_width(w, p), avx512, chunk_buf};
+                pass(ops, xa, lda, &src, pairs, g0, g1, sums + h * SUMS_FLOATS, tail);
             }
             if (glu) {
                 for (int64_t r = g0; r < g1; r++)
@@ -162,20 +198,28 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
     ops->end();
 }
 
+/* Whether m rows of w run on the tiles; else the kernels w has without AMX. */
+static int tiles_for(const dn_linear_w *w, int64_t m) { return m >= (w->wtype == DN_W_BF16 ? MIN_ROWS : Q_MIN_ROWS); }
+
+static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
+    if (!tiles_for(w, m)) return dn_linear_fallback_kernels(w)->scratch_bytes(w, m, nthreads);
+    return (size_t)(act_bytes(w, m) + nthreads * thread_bytes(w));
+}
+
 static void run(const dn_linear_call *c, int t, int nt) {
-    if (c->m < MIN_ROWS) dn_linear_isa_kernels()->run(c, t, nt);
+    if (!tiles_for(c->w, c->m)) dn_linear_fallback_kernels(c->w)->run(c, t, nt);
     else gemm(c, t, nt);
 }
 
 static int64_t units(const dn_linear_w *w, int64_t m) {
-    const dn_linear_kernels *isa = dn_linear_isa_kernels();
-    if (m < MIN_ROWS) return isa->units ? isa->units(w, m) : INT64_MAX;
+    const dn_linear_kernels *other = dn_linear_fallback_kernels(w);
+    if (!tiles_for(w, m)) return other->units ? other->units(w, m) : INT64_MAX;
     return w->npanels * ((m + ROWS - 1) / ROWS);
 }
 
 static int fuses_glu(const dn_linear_w *w, int64_t m) {
-    const dn_linear_kernels *isa = dn_linear_isa_kernels();
-    return m >= MIN_ROWS || (isa->fuses_glu && isa->fuses_glu(w, m));
+    const dn_linear_kernels *other = dn_linear_fallback_kernels(w);
+    return tiles_for(w, m) || (other->fuses_glu && other->fuses_glu(w, m));
 }
 
 const dn_linear_kernels dn_linear_amx = {scratch_bytes, run, fuses_glu, units};

@@ -30,8 +30,10 @@ typedef struct {
 } dn_linear_kernels;
 
 extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx512;
-/* bf16 weights on AMX tiles, or their emulation (linear_amx.c, amx.h) */
+/* bf16, i8q and u4q weights on AMX tiles, or their emulation (linear_amx.c, amx.h) */
 extern const dn_linear_kernels dn_linear_amx;
+/* The kernels w runs on without AMX (those of the ISA path, its int8 or its mxfp4 kernels). */
+const dn_linear_kernels *dn_linear_fallback_kernels(const dn_linear_w *w);
 /* The kernels of the ISA path dn_isa() (what dn_linear_amx runs for a few rows). */
 const dn_linear_kernels *dn_linear_isa_kernels(void);
 /* i8q/u4q (linear_q8.c, linear_q8_avx2.c, linear_q8_vnni.c) */
@@ -61,6 +63,15 @@ void dn_linear_pack_q8_panel(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int
 /* A u4/u4q panel's row scales and group heads (linear.c); returns its first group block. */
 uint8_t *dn_linear_pack_u4_heads(uint8_t *dst, dn_wtype t, int64_t n, int64_t k, int64_t group, int64_t n0,
                                  int width, const uint8_t *scales, const uint8_t *zeros, const float *row_scales);
+/* fp16 bits as a float (i8q's group parameters) */
+float dn_f16_to_f32(uint16_t h);
+/* Pairs [p0, p1) of an i8q/u4q panel `width` wide as AMX's B operand, the bf16 panel layout
+ * [p1 - p0][width] (bf16 of each weight's float value, rounded to nearest even); p0 and p1
+ * multiples of 16 (32 k). On the AVX-512 path or, for AMX's emulation elsewhere, portably
+ * (linear_amx_panels.c). */
+void dn_amx_panel_pairs(const dn_linear_w *w, const uint8_t *panel, int width, int64_t p0, int64_t p1,
+                        uint32_t *out, int avx512);
+
 /* The header's scale_exp of i8q scales, zeros [n][ng] (linear.h), within DN_Q8_MAX_EXP. */
 #define DN_Q8_MAX_EXP 120
 int dn_q8_scale_exp(int64_t n, int64_t ng, const float *scales, const float *zeros);

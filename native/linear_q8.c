@@ -19,7 +19,7 @@ static uint16_t f16_bits(float f) {
     return (uint16_t)(sign | (mag >> 13));
 }
 
-static float dn_f16_to_f32(uint16_t h) {
+float dn_f16_to_f32(uint16_t h) {
     uint32_t exp = (h >> 10) & 31u, frac = h & 1023u;
     float mag = exp ? ldexpf((float)(frac | 1024u), (int)exp - 25) : ldexpf((float)frac, -24);
     return h & 0x8000u ? -mag : mag;

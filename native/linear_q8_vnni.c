@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "linear_kernels.h"
+#include "q8_params_avx512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define MR 2 /* rows per tile: 2 x 4 int32 + 2 x 4 fp32 accumulators + 8 code registers */
@@ -25,18 +26,6 @@ int dn_linear_vnni(void) {
 INLINE __mmask16 col_mask(int valid, int v) {
     int left = valid - 16 * v;
     return left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-}
-
-/* 16 fp16 scales -> fp32 (vcvtph2ps) */
-INLINE __m512 half16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-
-/* Columns [c, c + 16) of u4q group block blk: dn_u4_params' scale and its product with the zero,
- * the same float products (the scalar loop ran a third of a one-row tile's instructions). */
-INLINE void u4_params16(const uint8_t *panel, const uint8_t *blk, int width, int c, __m512 *s, __m512 *sz) {
-    __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + c))));
-    __m512 zero = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + width + c))));
-    *s = _mm512_mul_ps(_mm512_loadu_ps((const float *)panel + c), code);
-    *sz = _mm512_mul_ps(_mm512_mul_ps(zero, _mm512_set1_ps(0.0625f)), *s);
 }
 
 INLINE int32_t quad(const int8_t *p) {

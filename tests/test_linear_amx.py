@@ -1,4 +1,4 @@
-"""The AMX driver of bf16 linears (native/linear_amx.c) against a float64 numpy reference.
+"""The AMX driver of bf16, i8q and u4q linears (native/linear_amx.c) against a float64 numpy reference.
 
 On a CPU without AMX the driver runs with its tile multiply emulated in plain C (DASHINFER_AMX=
 emulated, K.set_amx): the same activation rounding, packing strides, k-pair tails, column tiles,
@@ -14,6 +14,8 @@ from dashinfer_server import kernels as K
 from tests.helpers import kernel_threads
 from tests.test_linear import check, make_weight
 from tests.test_linear_glu import check as check_glu
+from tests.test_linear_q8 import check as check_int8_activations
+from tests.test_linear_q8 import pack as pack_q8
 
 MODES = ["emulated"] + (["tiles"] if K.amx_available() else [])
 
@@ -84,6 +86,52 @@ def test_amx_leaves_small_batches_to_the_isa_path(amx):
     packed, wexact = make_weight("bf16", 200, 256, 0, rng)
     x = rng.standard_normal((3, 256)).astype(np.float32)
     check(K.linear(x, packed), x, wexact, None, "bf16", "avx2")  # the fp32 bound
+
+
+# (M, N, K, group) of i8q/u4q weights on the tiles (M >= 32): per channel (group = K) and groups
+# of 32 to 256, K past one k chunk of 1024 (a chunk dequantized at a time), N not a multiple of
+# 64 (a last panel of 16 or 48 columns), rows past one pass of 256
+QUANT_SHAPES = [(32, 64, 64, 32), (70, 1000, 1536, 64), (100, 7, 2048, 128), (300, 130, 256, 256),
+                (65, 48, 96, 96), (129, 200, 1088, 32)]
+
+
+@pytest.mark.parametrize("wtype", ["i8q", "u4q"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_amx_quantized_weights_match_reference(amx, wtype, threads):
+    """i8q/u4q panels dequantized a k chunk at a time into bf16 pairs (native/linear_amx_panels.c):
+    two bf16 roundings a term (the weight's float value and the activation), fp32 sums: the bound
+    test_linear gives i8/u4 weights on the AVX-512 GEMM, against the weight the int8 kernels use."""
+    rng = np.random.default_rng(15)
+    with kernel_threads(threads):
+        for i, (m, n, k, group) in enumerate(QUANT_SHAPES):
+            packed, w = pack_q8(wtype, n, k, group, rng)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32) if i % 2 else None
+            check(K.linear(x, packed, bias), x, w, bias, "i8", "avx512")
+
+
+@pytest.mark.parametrize("wtype", ["i8q", "u4q"])
+def test_amx_quantized_gate_up(amx, wtype):
+    rng = np.random.default_rng(16)
+    for m, inter, k, group in [(64, 64, 128, 32), (80, 192, 1100 // 32 * 32, 32), (90, 40, 256, 64)]:
+        packed, w = pack_q8(wtype, 2 * inter, k, group, rng)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        out, gate_up = np.empty((m, inter), np.float32), np.empty((m, 2 * inter), np.float32)
+        K.linear_glu(x, packed, gate_up, out, act="silu")
+        check_glu(out, x, w, "i8", "avx512", "silu")
+
+
+def test_amx_leaves_small_quantized_batches_to_the_int8_kernels(amx):
+    """Under 32 rows i8q/u4q stay on their int8-activation kernels (a quarter to half the bytes of
+    bf16 and nothing to dequantize): the int8 reference holds there, and not at 32 rows, where
+    the tiles' bf16 activations are far closer to the exact product."""
+    rng = np.random.default_rng(17)
+    packed, w = pack_q8("u4q", 200, 256, 32, rng)
+    x = rng.standard_normal((32, 256)).astype(np.float32)
+    check_int8_activations(K.linear(x[:31], packed), x[:31], w, None)
+    with pytest.raises(AssertionError, match="quantized-x reference"):
+        check_int8_activations(K.linear(x, packed), x, w, None)
+    check(K.linear(x, packed), x, w, None, "i8", "avx512")
 
 
 def test_set_amx_refuses_what_cannot_run():

@@ -15,6 +15,16 @@ from tests.helpers import kernel_threads
 BLOCK = 32
 
 
+@pytest.fixture(autouse=True)
+def int8_kernels():
+    """These are the int8 kernels' tests: AMX off, whose tiles take i8q/u4q from 32 rows up
+    (tests/test_linear_amx.py checks them there)."""
+    before = K.amx()
+    K.set_amx("off")
+    yield
+    K.set_amx(before)
+
+
 def pack(wtype, n, k, group, rng, w=None):
     """-> (packed, the weight [N,K] float64 the kernels compute with) of a random weight (or w)."""
     fmt = "int8" if wtype == "i8q" else "uint4"
