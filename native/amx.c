@@ -63,8 +63,7 @@ static void tiles_begin(void) { _tile_loadconfig(&CONFIG); }
 static void tiles_end(void) { _tile_release(); }
 
 static void tiles_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, int64_t steps,
-                             const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate,
-                             const dn_amx_prefetch *pf) {
+                             const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate) {
     if (accumulate) { /* only the tiles this block stores: the others may lie past c's rows */
         _tile_loadd(0, c, ldc * 4);
         if (nt == 2) _tile_loadd(1, c + 16, ldc * 4);
@@ -86,9 +85,6 @@ static void tiles_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, 
         }
         const uint32_t *as = a + s * DN_AMX_A_STEP;
         _tile_loadd(4, as, DN_AMX_PAIRS * 4);
-        if (pf && s < steps) /* a share of a later block's b into L2: a tile load would wait on DRAM */
-            for (int64_t l = pf->first + s * pf->per_step, end = l + pf->per_step; l < end && l < pf->last; l++)
-                _mm_prefetch((const char *)(pf->b + (l >> 1) * pf->ldb + (l & 1) * 16), _MM_HINT_T1);
         _tile_loadd(6, bs, stride);
         _tile_dpbf16ps(0, 4, 6);
         if (nt == 2) {
@@ -136,9 +132,7 @@ static void emulated_dpbf16ps(float *c, int64_t ldc, const uint32_t *a, int64_t 
 static void emulated_nothing(void) {}
 
 static void emulated_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, int64_t steps,
-                                const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate,
-                                const dn_amx_prefetch *pf) {
-    (void)pf;
+                                const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate) {
     if (!accumulate)
         for (int r = 0; r < 16 * mt; r++) memset(c + r * ldc, 0, 16 * nt * sizeof(float));
     for (int64_t s = 0; s <= steps; s++) {

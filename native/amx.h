@@ -24,23 +24,14 @@ int dn_set_amx(dn_amx_mode mode);     /* 0, or -1 when mode is DN_AMX_TILES and 
  *   b      [steps*16][ldb] bf16 pairs as uint32 (k pair rows of a packed bf16 panel, linear.h),
  *          of which this block reads 32 columns: step s at b + 16 s ldb;
  *   b_tail [16][32] pairs, the last (zero-padded) k pair rows of the same 32 columns.
- * pf, when not NULL, names lines of a later block's b to fetch into L2 meanwhile.
  * mt is 1 or 2 (16 or 32 rows). Each thread calls begin() once before its first block and end()
  * after its last. */
 #define DN_AMX_A_STEP (2 * DN_AMX_ROWS * DN_AMX_PAIRS) /* uint32 of one step of a row block */
-/* Lines [first, last) of b [pairs][ldb] (32 columns: line 2p + h holds pair row p's columns
- * 16h..16h+15), per_step of them after each tile step's first load. */
-typedef struct dn_amx_prefetch {
-    const uint32_t *b;
-    int64_t ldb, first, last, per_step;
-} dn_amx_prefetch;
-
 typedef struct {
     void (*begin)(void);
     void (*end)(void);
     void (*block_bf16)(const uint32_t *a, const uint32_t *b, int64_t ldb, int64_t steps,
-                       const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate,
-                       const struct dn_amx_prefetch *pf);
+                       const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate);
 } dn_amx_ops;
 
 extern const dn_amx_ops dn_amx_tile_ops, dn_amx_emulated_ops;

@@ -1,18 +1,21 @@
-/* Linear layer, AMX path for bf16 weights at M >= MIN_ROWS (prefill, batched decode): the
- * packed bf16 panels (linear.h: [K/2][width][2]) are AMX's B operand as they are, 16 k-pair rows
- * of 16 columns a tile, row stride width * 4 bytes, so nothing is repacked. Activations are
- * rounded to bf16 once, straight into the A tiles' order (amx.h: per 32-row block, step by step,
- * each tile 1 KB contiguous; rows K * 2 bytes apart put a tile's 16 rows in one L1 set at
- * K 2048, 4096, 8192), padded to whole tile steps; each thread runs its
- * share of (panel, 32-row block) units (dn_linear_share_of) in passes of up to 256 rows, each
- * summed in fp32 over k chunks of 32 x 32 blocks (pass()), then stored (plus bias) into y under
- * column masks, or, under a GLU, as act(gate) * up of a gate panel and its up panel.
+/* Linear layer, AMX path (prefill, batched decode) for bf16 weights at M >= MIN_ROWS and i8q/u4q
+ * at M >= Q_MIN_ROWS: the packed bf16 panels (linear.h: [K/2][width][2]) are AMX's B operand as
+ * they are, 16 k-pair rows of 16 columns a tile, row stride width * 4 bytes, so nothing is
+ * repacked; an i8q/u4q panel is dequantized into that layout a k chunk at a time
+ * (linear_amx_panels.c). Activations are rounded to bf16 once, straight into the A tiles'
+ * order (amx.h: per 32-row block, step by step, each tile 1 KB contiguous: rows K * 2 bytes
+ * apart put a tile's 16 rows in one L1 set at K 2048 or 4096, ~5% slower there), padded to
+ * whole tile steps; each thread runs its share of (panel, 32-row block) units
+ * (dn_linear_share_of) in passes of up to 256 rows, each summed in fp32 over k chunks of
+ * 32 x 32 blocks (pass()), then stored (plus bias) into y under column masks, or, under a GLU,
+ * as act(gate) * up of a gate panel and its up panel.
  *
  * The tile work goes through dn_amx_ops: the instructions where the CPU has AMX, a plain-C
  * emulation under DN_AMX_EMULATED (tests and CI on CPUs without AMX run this very driver; the
  * rounding of activations and the stores have an AVX-512 and a portable form, the latter for
- * CPUs without AVX-512, which only ever emulate). Fewer rows run the ISA path's kernels (its
- * GEMV): a few rows read the weights once either way. */
+ * CPUs without AVX-512, which only ever emulate). Fewer rows run the kernels the weight has
+ * without AMX (the ISA path's GEMV, the int8 kernels): a few rows read the weights once either
+ * way, and the int8 kernels read fewer bytes. */
 #include <immintrin.h>
 
 #include "amx.h"
@@ -123,7 +126,7 @@ static void store_rows_portable(const float *sums, int64_t rows, float *y, int64
  * go to memory between chunks (fp32 both ways: the same sums as one long block). */
 static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const source *src, int64_t pairs,
                  int64_t r0, int64_t r1, float *sums, uint32_t *tail) {
-    const int width = src->width, bf16 = src->w->wtype == DN_W_BF16;
+    const int width = src->width;
     const int64_t steps = pairs / DN_AMX_PAIRS, chunks = steps ? (steps + CHUNK_STEPS - 1) / CHUNK_STEPS : 1;
     for (int64_t ch = 0; ch < chunks; ch++) {
         const int64_t s0 = ch * CHUNK_STEPS, s1 = s0 + CHUNK_STEPS < steps ? s0 + CHUNK_STEPS : steps;
@@ -136,22 +139,9 @@ static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const s
                 copy_tail(chunk, width, s1 * DN_AMX_PAIRS - p0, p1 - p0, col, tail);
                 b_tail = tail;
             }
-            /* a bf16 panel's row blocks fetch the next column block's b (or the next chunk's
-             * first), each a share, so the lines arrive while this block computes */
-            const uint32_t *next = !bf16                ? NULL
-                                   : col + 32 < width   ? chunk + col + 32
-                                   : s1 + CHUNK_STEPS <= steps ? chunk + (s1 - s0) * DN_AMX_PAIRS * width
-                                                               : NULL;
-            const int64_t blocks = (r1 - r0 + ROWS - 1) / ROWS, lines = 2 * (s1 - s0) * DN_AMX_PAIRS;
-            const int64_t share = (lines + blocks - 1) / blocks;
-            for (int64_t r = r0; r < r1; r += ROWS) {
-                const int64_t first = (r - r0) / ROWS * share;
-                dn_amx_prefetch pf = {next, width, first, first + share < lines ? first + share : lines,
-                                      s1 > s0 ? (share + s1 - s0 - 1) / (s1 - s0) : 0};
+            for (int64_t r = r0; r < r1; r += ROWS)
                 ops->block_bf16(xa + a_index(r, p0, lda), chunk + col, width, s1 - s0, b_tail, r1 - r > 16 ? 2 : 1,
-                                width - col >= 32 ? 2 : 1, sums + (r - r0) * DN_LINEAR_NR + col, DN_LINEAR_NR, ch > 0,
-                                next ? &pf : NULL);
-            }
+                                width - col >= 32 ? 2 : 1, sums + (r - r0) * DN_LINEAR_NR + col, DN_LINEAR_NR, ch > 0);
         }
     }
 }
