@@ -150,9 +150,11 @@ REGISTRY = {s.name: s for s in (
     Setting("DASHINFER_ISA", "choice", None, "kernels", "cap the kernel path", "the best the CPU has",
        choices=("portable", "avx2", "avx512")),
     Setting("DASHINFER_AMX", "choice", None, "kernels",
-       "how bf16 GEMMs of 5 rows or more run: `tiles` (AMX, on the `avx512` path), `off` (the ISA "
-       "path's own kernels), `emulated` (AMX's driver with the tile multiply in plain C, on any "
-       "path: slow, for tests on CPUs without AMX)",
+       "how GEMMs of bf16 weights (5 rows or more) and of int8/uint4 weights (i8q/u4q, 32 rows or "
+       "more) run: `tiles` (AMX, on the `avx512` path; quantized panels dequantized to bf16 a k "
+       "chunk at a time), `off` (the ISA path's own kernels, VNNI's int8 ones for i8q/u4q), "
+       "`emulated` (AMX's driver with the tile multiply in plain C, on any path: slow, for tests "
+       "on CPUs without AMX)",
        "`tiles` where the CPU has AMX and Linux grants the tile state, else `off`",
        choices=("off", "tiles", "emulated")),
     Setting("DASHINFER_CACHE", "text", None, "default model, conversions",
