@@ -24,8 +24,9 @@
 
 #define ROWS 32        /* rows of a tile block: two tiles */
 #define MIN_ROWS 5     /* bf16 weights: fewer rows run the ISA path */
-#define Q_MIN_ROWS 32 /* i8q/u4q: fewer run the int8 kernels, which read a quarter to half the bytes
-                        * and dequantize nothing (2 threads: 1.3x at 32 rows, ~1x at 24, 0.6x at 8) */
+#define Q_MIN_ROWS 32   /* i8q/u4q: fewer run the int8 kernels, which read a quarter to half the
+                         * bytes and dequantize nothing (2 threads: 1.3x at 32 rows, ~1x at 24,
+                         * 0.6x at 8) */
 #define PASS_ROWS 256  /* rows a pass sums over every k chunk, in fp32 [PASS_ROWS][64] a panel */
 #define CHUNK_STEPS 32 /* tile steps (16 k pairs) of a k chunk: a pass's activations of one chunk
                         * (256 rows x 2 KB) fit L2 while each column block reads them. Whole-K
@@ -46,7 +47,6 @@ static int64_t act_bytes(const dn_linear_w *w, int64_t m) { return round64(padde
 static int64_t thread_bytes(const dn_linear_w *w) {
     return 2 * SUMS_FLOATS * 4 + DN_AMX_PAIRS * 32 * 4 + (w->wtype == DN_W_BF16 ? 0 : CHUNK_BYTES);
 }
-
 
 /* Where k pair p of row r goes in the A tiles: [r / 32][p / 16][r % 32][p % 16] (amx.h). */
 static int64_t a_index(int64_t r, int64_t p, int64_t lda) {

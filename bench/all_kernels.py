@@ -1,6 +1,6 @@
 """Kernel benchmark: this machine's limits, then every kernel family's table.
 
-    python bench/kernels.py [--threads 2] [--only linear,attention,elementwise]
+    python bench/all_kernels.py [--threads 2] [--only linear,attention,elementwise]
 
 Each family module (bench/<family>.py) has rows(limits) -> list of dicts and prints its
 own table; this script measures the limits once, runs them all, and prints a JSON summary.
