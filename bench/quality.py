@@ -12,7 +12,8 @@ window's first is predicted. One JSON line per setting: mean NLL (nats/token), p
 the NLL's change against bf16 in % (targets: int8 within 0.5%, uint4 within 3%), and the packed
 weight bytes a decode step streams (all linears and the head) against bf16's. Quantized
 settings run twice: `int8-act`, the i8q/u4q kernels (activations quantized to int8 per 32 k,
-native/linear.h: what a VNNI CPU runs, and u4 on AVX2), and `exact` (weights dequantized
+native/linear.h: what a VNNI CPU runs, and u4 on AVX2; AMX off, whose tiles would take 32 rows
+or more in bf16), and `exact` (weights dequantized
 exactly, activations fp32), so the cost of the activation quantization shows apart from the
 weights'. Each run is its own process.
 """
@@ -50,6 +51,8 @@ def nll(quant, group_size, head_bits, window, threads, exact) -> dict:
         weights.quantized_wtype = lambda wtype, group, activate_quant=False: wtype
     K.load()
     K.set_num_threads(threads)
+    if not exact:  # the int8 kernels on every row, not AMX's bf16 tiles from 32 rows
+        K.set_amx("off")
     model = models.load("default", "bfloat16", quant, group_size)
     with open(TEXT) as f:
         ids = model.get_tokenizer()(f.read())["input_ids"]
