@@ -204,8 +204,6 @@ static const dn_linear_kernels *const paths[] = {&dn_linear_portable, &dn_linear
 static const dn_linear_kernels *const mxfp4_paths[] = {&dn_linear_portable, &dn_linear_mxfp4_avx2,
                                                        &dn_linear_mxfp4_avx512};
 
-const dn_linear_kernels *dn_linear_isa_kernels(void) { return paths[dn_isa()]; }
-
 static const dn_linear_kernels *q8_kernels(void) {
     return dn_linear_vnni() ? &dn_linear_q8_vnni : dn_isa() >= DN_ISA_AVX2 ? &dn_linear_q8_avx2 : &dn_linear_q8_portable;
 }

@@ -34,8 +34,6 @@ extern const dn_linear_kernels dn_linear_portable, dn_linear_avx2, dn_linear_avx
 extern const dn_linear_kernels dn_linear_amx;
 /* The kernels w runs on without AMX (those of the ISA path, its int8 or its mxfp4 kernels). */
 const dn_linear_kernels *dn_linear_fallback_kernels(const dn_linear_w *w);
-/* The kernels of the ISA path dn_isa() (what dn_linear_amx runs for a few rows). */
-const dn_linear_kernels *dn_linear_isa_kernels(void);
 /* i8q/u4q (linear_q8.c, linear_q8_avx2.c, linear_q8_vnni.c) */
 extern const dn_linear_kernels dn_linear_q8_portable, dn_linear_q8_avx2, dn_linear_q8_vnni;
 /* mxfp4 (linear_mxfp4_avx2.c, linear_mxfp4_avx512.c; the portable path reads it too) */
