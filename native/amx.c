@@ -104,9 +104,46 @@ static void tiles_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, 
         if (nt == 2) _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
     }
 }
+
+/* Four accumulators, a in tmm4, b through tmm5-7 (the fourth load reuses tmm5 once its product
+ * has read it). */
+static void tiles_row_bf16(const uint32_t *a, const uint32_t *b, int64_t steps, const uint32_t *b_tail, float *c,
+                           int64_t ldc, int accumulate) {
+    if (accumulate) {
+        _tile_loadd(0, c, ldc * 4);
+        _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(2, c + 32, ldc * 4);
+        _tile_loadd(3, c + 48, ldc * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t s = 0; s <= steps; s++) {
+        const uint32_t *bs = b + s * DN_AMX_PAIRS * 64;
+        if (s == steps) {
+            if (!b_tail) break;
+            bs = b_tail;
+        }
+        _tile_loadd(4, a + s * DN_AMX_A_STEP, DN_AMX_PAIRS * 4);
+        _tile_loadd(5, bs, 64 * 4);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, bs + 16, 64 * 4);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, bs + 32, 64 * 4);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, bs + 48, 64 * 4);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, c, ldc * 4);
+    _tile_stored(1, c + 16, ldc * 4);
+    _tile_stored(2, c + 32, ldc * 4);
+    _tile_stored(3, c + 48, ldc * 4);
+}
 #pragma GCC pop_options
 
-const dn_amx_ops dn_amx_tile_ops = {tiles_begin, tiles_end, tiles_block_bf16};
+const dn_amx_ops dn_amx_tile_ops = {tiles_begin, tiles_end, tiles_block_bf16, tiles_row_bf16};
 
 /* ---- the emulation ------------------------------------------------------------------------- */
 static float flush(float f) { return fpclassify(f) == FP_SUBNORMAL ? copysignf(0.0f, f) : f; }
@@ -149,4 +186,16 @@ static void emulated_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ld
     }
 }
 
-const dn_amx_ops dn_amx_emulated_ops = {emulated_nothing, emulated_nothing, emulated_block_bf16};
+static void emulated_row_bf16(const uint32_t *a, const uint32_t *b, int64_t steps, const uint32_t *b_tail, float *c,
+                              int64_t ldc, int accumulate) {
+    if (!accumulate)
+        for (int r = 0; r < 16; r++) memset(c + r * ldc, 0, 64 * sizeof(float));
+    for (int64_t s = 0; s <= steps; s++) {
+        const uint32_t *bs = s < steps ? b + s * DN_AMX_PAIRS * 64 : b_tail;
+        if (!bs) break;
+        for (int j = 0; j < 4; j++)
+            emulated_dpbf16ps(c + 16 * j, ldc, a + s * DN_AMX_A_STEP, DN_AMX_PAIRS, bs + 16 * j, 64);
+    }
+}
+
+const dn_amx_ops dn_amx_emulated_ops = {emulated_nothing, emulated_nothing, emulated_block_bf16, emulated_row_bf16};

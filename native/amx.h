@@ -24,14 +24,20 @@ int dn_set_amx(dn_amx_mode mode);     /* 0, or -1 when mode is DN_AMX_TILES and 
  *   b      [steps*16][ldb] bf16 pairs as uint32 (k pair rows of a packed bf16 panel, linear.h),
  *          of which this block reads 32 columns: step s at b + 16 s ldb;
  *   b_tail [16][32] pairs, the last (zero-padded) k pair rows of the same 32 columns.
- * mt is 1 or 2 (16 or 32 rows). Each thread calls begin() once before its first block and end()
- * after its last. */
+ * mt is 1 or 2 (16 or 32 rows). row_bf16 is the same product for one row tile (the first 16 rows
+ * of a's blocks) across a whole 64-column panel (ldb 64, b_tail [16][64]): every step reads the
+ * step's 16 k pair rows front to back, 4 KB in order, and a loads once for four products, where
+ * two 32-column blocks would each read every other 128 bytes. Few rows stream their weights from
+ * DRAM; read in order they arrive ~12% faster (one core: 12.3-12.8 GB/s against 10.3-11.4).
+ * Each thread calls begin() once before its first block and end() after its last. */
 #define DN_AMX_A_STEP (2 * DN_AMX_ROWS * DN_AMX_PAIRS) /* uint32 of one step of a row block */
 typedef struct {
     void (*begin)(void);
     void (*end)(void);
     void (*block_bf16)(const uint32_t *a, const uint32_t *b, int64_t ldb, int64_t steps,
                        const uint32_t *b_tail, int mt, int nt, float *c, int64_t ldc, int accumulate);
+    void (*row_bf16)(const uint32_t *a, const uint32_t *b, int64_t steps, const uint32_t *b_tail, float *c,
+                     int64_t ldc, int accumulate);
 } dn_amx_ops;
 
 extern const dn_amx_ops dn_amx_tile_ops, dn_amx_emulated_ops;

@@ -7,7 +7,7 @@
  * apart put a tile's 16 rows in one L1 set at K 2048 or 4096, ~5% slower there), padded to
  * whole tile steps; each thread runs its share of (panel, 32-row block) units
  * (dn_linear_share_of) in passes of up to 256 rows, each summed in fp32 over k chunks of
- * 32 x 32 blocks (pass()), then stored (plus bias) into y under column masks, or, under a GLU,
+ * 32 x 32 blocks, or of 16 x 64 row tiles where a pass is one row block (pass()), then stored (plus bias) into y under column masks, or, under a GLU,
  * as act(gate) * up of a gate panel and its up panel.
  *
  * The tile work goes through dn_amx_ops: the instructions where the CPU has AMX, a plain-C
@@ -33,6 +33,9 @@
                         * blocks ran K 8960 at 2.7 TFLOP/s against 3.9 at K 1536 on the Xeon; the
                         * chunks' own gain there is not yet measured on a quiet run */
 
+#define ROW_STEPS 8 /* tile steps one row tile of two runs before the other reads the same 32 KB
+                     * from L1 (2 threads, M 32: 18.7-19.8 GB/s against 17.0-17.9 a whole chunk) */
+
 static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
 /* k pairs of an activation row: whole tile steps, zero past K */
@@ -41,11 +44,11 @@ static int64_t padded_rows(int64_t m) { return (m + ROWS - 1) / ROWS * ROWS; }
 static int64_t act_bytes(const dn_linear_w *w, int64_t m) { return round64(padded_rows(m) * row_pairs(w) * 4); }
 
 /* Per thread: a pass's sums of two panels (gate and up under a GLU) and the zero-padded last k
- * pairs of 32 columns [16][32], and an i8q/u4q panel's k chunk as bf16 pairs. */
+ * pairs of up to a panel's columns [16][64], and an i8q/u4q panel's k chunk as bf16 pairs. */
 #define SUMS_FLOATS (PASS_ROWS * DN_LINEAR_NR)
 #define CHUNK_BYTES (CHUNK_STEPS * DN_AMX_PAIRS * DN_LINEAR_NR * 4)
 static int64_t thread_bytes(const dn_linear_w *w) {
-    return 2 * SUMS_FLOATS * 4 + DN_AMX_PAIRS * 32 * 4 + (w->wtype == DN_W_BF16 ? 0 : CHUNK_BYTES);
+    return 2 * SUMS_FLOATS * 4 + DN_AMX_PAIRS * DN_LINEAR_NR * 4 + (w->wtype == DN_W_BF16 ? 0 : CHUNK_BYTES);
 }
 
 /* Where k pair p of row r goes in the A tiles: [r / 32][p / 16][r % 32][p % 16] (amx.h). */
@@ -79,12 +82,14 @@ static void convert_rows_portable(const float *x, int64_t m, int64_t k, uint32_t
         }
 }
 
-/* Pairs [first, last) of columns [col, col + 32) of a chunk `width` wide (fewer than a tile step:
- * the pairs past K's whole steps), zero-padded to one step; columns past the panel zero too. */
-static void copy_tail(const uint32_t *chunk, int width, int64_t first, int64_t last, int col, uint32_t *tail) {
-    memset(tail, 0, DN_AMX_PAIRS * 32 * 4);
-    int cols = width - col < 32 ? width - col : 32;
-    for (int64_t p = first; p < last; p++) memcpy(tail + (p - first) * 32, chunk + p * width + col, cols * 4);
+/* Pairs [first, last) of columns [col, col + cols) of a chunk `width` wide (fewer than a tile
+ * step: the pairs past K's whole steps) as tail [16][cols], zero-padded to one step; columns past
+ * the panel zero too. */
+static void copy_tail(const uint32_t *chunk, int width, int64_t first, int64_t last, int col, int cols,
+                      uint32_t *tail) {
+    memset(tail, 0, DN_AMX_PAIRS * cols * 4);
+    const int copied = width - col < cols ? width - col : cols;
+    for (int64_t p = first; p < last; p++) memcpy(tail + (p - first) * cols, chunk + p * width + col, copied * 4);
 }
 
 /* A panel's weights as bf16 pairs, a k chunk at a time: the bf16 panel itself, or an i8q/u4q
@@ -123,25 +128,37 @@ static void store_rows_portable(const float *sums, int64_t rows, float *y, int64
 
 /* sums [rows][DN_LINEAR_NR] = x . panel over every k chunk for rows [r0, r1) (r0 a multiple of
  * ROWS): chunk-major, so a chunk's activations serve every column block from L2; the tile sums
- * go to memory between chunks (fp32 both ways: the same sums as one long block). */
+ * go to memory between chunks (fp32 both ways: the same sums as one long block). A pass of one
+ * row block over a full panel runs a row tile across all 64 columns at a time (amx.h row_bf16):
+ * its weights come from DRAM, and that reads them in order. */
 static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const source *src, int64_t pairs,
                  int64_t r0, int64_t r1, float *sums, uint32_t *tail) {
-    const int width = src->width;
+    const int width = src->width, by_row = r1 - r0 <= ROWS && width == DN_LINEAR_NR;
+    const int64_t sub = r1 - r0 > DN_AMX_ROWS ? ROW_STEPS : CHUNK_STEPS; /* by row: steps per row tile */
     const int64_t steps = pairs / DN_AMX_PAIRS, chunks = steps ? (steps + CHUNK_STEPS - 1) / CHUNK_STEPS : 1;
     for (int64_t ch = 0; ch < chunks; ch++) {
         const int64_t s0 = ch * CHUNK_STEPS, s1 = s0 + CHUNK_STEPS < steps ? s0 + CHUNK_STEPS : steps;
         const int last = ch == chunks - 1;
         const int64_t p0 = s0 * DN_AMX_PAIRS, p1 = last ? pairs : s1 * DN_AMX_PAIRS; /* the tail with the last */
         const uint32_t *chunk = chunk_pairs(src, p0, p1);
-        for (int col = 0; col < width; col += 32) {
-            const uint32_t *b_tail = NULL;
-            if (p1 > s1 * DN_AMX_PAIRS) {
-                copy_tail(chunk, width, s1 * DN_AMX_PAIRS - p0, p1 - p0, col, tail);
-                b_tail = tail;
+        const int has_tail = p1 > s1 * DN_AMX_PAIRS;
+        if (by_row) {
+            if (has_tail) copy_tail(chunk, width, s1 * DN_AMX_PAIRS - p0, p1 - p0, 0, width, tail);
+            for (int64_t u0 = s0; u0 < s1 || (u0 == s0 && has_tail); u0 += sub) {
+                const int64_t u1 = u0 + sub < s1 ? u0 + sub : s1;
+                const uint32_t *t = has_tail && u1 == s1 ? tail : NULL;
+                for (int64_t r = r0; r < r1; r += DN_AMX_ROWS)
+                    ops->row_bf16(xa + a_index(r, u0 * DN_AMX_PAIRS, lda), chunk + (u0 - s0) * DN_AMX_PAIRS * width,
+                                  u1 - u0, t, sums + (r - r0) * DN_LINEAR_NR, DN_LINEAR_NR, ch > 0 || u0 > s0);
             }
+            continue;
+        }
+        for (int col = 0; col < width; col += 32) {
+            if (has_tail) copy_tail(chunk, width, s1 * DN_AMX_PAIRS - p0, p1 - p0, col, 32, tail);
             for (int64_t r = r0; r < r1; r += ROWS)
-                ops->block_bf16(xa + a_index(r, p0, lda), chunk + col, width, s1 - s0, b_tail, r1 - r > 16 ? 2 : 1,
-                                width - col >= 32 ? 2 : 1, sums + (r - r0) * DN_LINEAR_NR + col, DN_LINEAR_NR, ch > 0);
+                ops->block_bf16(xa + a_index(r, p0, lda), chunk + col, width, s1 - s0, has_tail ? tail : NULL,
+                                r1 - r > 16 ? 2 : 1, width - col >= 32 ? 2 : 1, sums + (r - r0) * DN_LINEAR_NR + col,
+                                DN_LINEAR_NR, ch > 0);
         }
     }
 }
@@ -156,7 +173,7 @@ static void gemm(const dn_linear_call *c, int t, int nt) {
     const int64_t half = w->npanels / 2, inter = n / 2;
     uint32_t *xa = (uint32_t *)c->scratch;
     float *sums = (float *)(c->scratch + act_bytes(w, m) + t * thread_bytes(w));
-    uint32_t *tail = (uint32_t *)(sums + 2 * SUMS_FLOATS), *chunk_buf = tail + DN_AMX_PAIRS * 32;
+    uint32_t *tail = (uint32_t *)(sums + 2 * SUMS_FLOATS), *chunk_buf = tail + DN_AMX_PAIRS * DN_LINEAR_NR;
     int64_t r0, r1;
     dn_split(padded_rows(m), t, nt, &r0, &r1);
     (avx512 ? convert_rows_avx512 : convert_rows_portable)(c->x, m, w->k, xa, lda, r0, r1);

@@ -33,9 +33,10 @@ def amx(request):
 # (M, N, K): row blocks of 32 and a 16-row tail (5, 16, 17, 33, 200), a last panel of 48 columns
 # (N = 1000: one column tile of 16 after a pair) and of 16 (N = 7, 33), K not a whole tile step
 # of 32 (77, 4201), K of exact steps (64, 576), bias on every other case; K past one k chunk of
-# 1024 (4201, 1536, 1100) and rows past one pass of 256 (300)
+# 1024 (4201, 1536, 1100) and rows past one pass of 256 (300); passes of one row block over full
+# panels run a row tile across 64 columns (5, 16, and 29 rows: two row tiles, a k tail, two chunks)
 SHAPES = [(5, 64, 64), (16, 1000, 77), (17, 7, 576), (33, 33, 4201), (200, 130, 96), (37, 256, 1536),
-          (300, 80, 1100)]
+          (300, 80, 1100), (29, 128, 1100)]
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -53,7 +54,9 @@ def test_amx_rounds_activations_like_the_tiles(amx):
     """Products of bf16-exact inputs are exact: with x already bf16 and small integer weights,
     every output is an exact integer, so any lost or doubled k pair, row or column shows."""
     rng = np.random.default_rng(12)
-    for m, n, k in [(40, 96, 200), (37, 64, 2100)]:  # the second sums three k chunks
+    # the second sums three k chunks; the third runs row tiles across whole panels, with a k tail,
+    # the fourth only a k tail
+    for m, n, k in [(40, 96, 200), (37, 64, 2100), (29, 128, 2100), (12, 64, 20)]:
         w = rng.integers(-4, 5, (n, k)).astype(np.float32)
         x = rng.integers(-8, 9, (m, k)).astype(np.float32)
         packed = K.pack_linear((w.view(np.uint32) >> 16).astype(np.uint16), "bf16")
