@@ -107,8 +107,10 @@ static void tiles_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ldb, 
 
 /* Four accumulators, a in tmm4, b through tmm5-7 (the fourth load reuses tmm5 once its product
  * has read it). */
+#define ROW_PREFETCH_STEPS 8 /* one core, 4 KB steps from DRAM: 14.4-14.8 GB/s at 4-8, 14.0-14.3 at 32 */
+
 static void tiles_row_bf16(const uint32_t *a, const uint32_t *b, int64_t steps, const uint32_t *b_tail, float *c,
-                           int64_t ldc, int accumulate) {
+                           int64_t ldc, int accumulate, int stream) {
     if (accumulate) {
         _tile_loadd(0, c, ldc * 4);
         _tile_loadd(1, c + 16, ldc * 4);
@@ -135,6 +137,9 @@ static void tiles_row_bf16(const uint32_t *a, const uint32_t *b, int64_t steps, 
         _tile_dpbf16ps(2, 4, 7);
         _tile_loadd(5, bs + 48, 64 * 4);
         _tile_dpbf16ps(3, 4, 5);
+        if (stream) /* past b's end lie the panel's next steps and panels, in the order read */
+            for (int line = 0; line < DN_AMX_PAIRS * 64 * 4; line += 64)
+                _mm_prefetch((const char *)(bs + ROW_PREFETCH_STEPS * DN_AMX_PAIRS * 64) + line, _MM_HINT_T1);
     }
     _tile_stored(0, c, ldc * 4);
     _tile_stored(1, c + 16, ldc * 4);
@@ -187,7 +192,8 @@ static void emulated_block_bf16(const uint32_t *a, const uint32_t *b, int64_t ld
 }
 
 static void emulated_row_bf16(const uint32_t *a, const uint32_t *b, int64_t steps, const uint32_t *b_tail, float *c,
-                              int64_t ldc, int accumulate) {
+                              int64_t ldc, int accumulate, int stream) {
+    (void)stream;
     if (!accumulate)
         for (int r = 0; r < 16; r++) memset(c + r * ldc, 0, 64 * sizeof(float));
     for (int64_t s = 0; s <= steps; s++) {

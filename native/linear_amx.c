@@ -134,6 +134,7 @@ static void store_rows_portable(const float *sums, int64_t rows, float *y, int64
 static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const source *src, int64_t pairs,
                  int64_t r0, int64_t r1, float *sums, uint32_t *tail) {
     const int width = src->width, by_row = r1 - r0 <= ROWS && width == DN_LINEAR_NR;
+    const int streams = src->w->wtype == DN_W_BF16; /* its first row tile reads the panel from memory */
     const int64_t sub = r1 - r0 > DN_AMX_ROWS ? ROW_STEPS : CHUNK_STEPS; /* by row: steps per row tile */
     const int64_t steps = pairs / DN_AMX_PAIRS, chunks = steps ? (steps + CHUNK_STEPS - 1) / CHUNK_STEPS : 1;
     for (int64_t ch = 0; ch < chunks; ch++) {
@@ -149,7 +150,8 @@ static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const s
                 const uint32_t *t = has_tail && u1 == s1 ? tail : NULL;
                 for (int64_t r = r0; r < r1; r += DN_AMX_ROWS)
                     ops->row_bf16(xa + a_index(r, u0 * DN_AMX_PAIRS, lda), chunk + (u0 - s0) * DN_AMX_PAIRS * width,
-                                  u1 - u0, t, sums + (r - r0) * DN_LINEAR_NR, DN_LINEAR_NR, ch > 0 || u0 > s0);
+                                  u1 - u0, t, sums + (r - r0) * DN_LINEAR_NR, DN_LINEAR_NR, ch > 0 || u0 > s0,
+                                  streams && r == r0);
             }
             continue;
         }
