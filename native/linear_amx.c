@@ -160,7 +160,7 @@ static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const s
             for (int64_t r = r0; r < r1; r += ROWS)
                 ops->block_bf16(xa + a_index(r, p0, lda), chunk + col, width, s1 - s0, has_tail ? tail : NULL,
                                 r1 - r > 16 ? 2 : 1, width - col >= 32 ? 2 : 1, sums + (r - r0) * DN_LINEAR_NR + col,
-                                DN_LINEAR_NR, ch > 0);
+                                DN_LINEAR_NR, ch > 0, streams && r == r0 && col == 0 && width == DN_LINEAR_NR);
         }
     }
 }
