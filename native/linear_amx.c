@@ -7,8 +7,9 @@
  * apart put a tile's 16 rows in one L1 set at K 2048 or 4096, ~5% slower there), padded to
  * whole tile steps; each thread runs its share of (panel, 32-row block) units
  * (dn_linear_share_of) in passes of up to 256 rows, each summed in fp32 over k chunks of
- * 32 x 32 blocks, or of 16 x 64 row tiles where a pass is one row block (pass()), then stored (plus bias) into y under column masks, or, under a GLU,
- * as act(gate) * up of a gate panel and its up panel.
+ * 32 x 32 blocks, or of 16 x 64 row tiles where a pass is one row block (pass()), then stored
+ * (plus bias) into y under column masks, or, under a GLU, as act(gate) * up of a gate panel and
+ * its up panel.
  *
  * The tile work goes through dn_amx_ops: the instructions where the CPU has AMX, a plain-C
  * emulation under DN_AMX_EMULATED (tests and CI on CPUs without AMX run this very driver; the
@@ -145,7 +146,7 @@ static void pass(const dn_amx_ops *ops, const uint32_t *xa, int64_t lda, const s
         const int has_tail = p1 > s1 * DN_AMX_PAIRS;
         if (by_row) {
             if (has_tail) copy_tail(chunk, width, s1 * DN_AMX_PAIRS - p0, p1 - p0, 0, width, tail);
-            for (int64_t u0 = s0; u0 < s1 || (u0 == s0 && has_tail); u0 += sub) {
+            for (int64_t u0 = s0; u0 < s1 || (u0 == s0 && has_tail); u0 += sub) { /* a tail alone too */
                 const int64_t u1 = u0 + sub < s1 ? u0 + sub : s1;
                 const uint32_t *t = has_tail && u1 == s1 ? tail : NULL;
                 for (int64_t r = r0; r < r1; r += DN_AMX_ROWS)
