@@ -28,8 +28,9 @@ int dn_set_amx(dn_amx_mode mode);     /* 0, or -1 when mode is DN_AMX_TILES and 
  * of a's blocks) across a whole 64-column panel (ldb 64, b_tail [16][64]): every step reads the
  * step's 16 k pair rows front to back, 4 KB in order, and a loads once for four products, where
  * two 32-column blocks would each read every other 128 bytes. Few rows stream their weights from
- * DRAM; read in order they arrive ~12% faster (one core: 12.3-12.8 GB/s against 10.3-11.4), and
- * with `stream` set (b comes from memory) each step asks L2 for the step 8 ahead: 14.4-14.8.
+ * DRAM; read in order they arrive faster (one core: 11.5-12.8 GB/s against 10.3-11.4), and
+ * with `stream` set (b comes from memory) each step asks L2 for the step 8 ahead: 14.4-14.8 in two
+ * rounds of three (the third, noisy, 10.2-13.6).
  * block_bf16's `stream` asks L2 for the whole 4 KB step 8 ahead of b's (ldb 64): the first block
  * of a chunk's first column block, whose weights come from DRAM (2 threads, 128 rows: 1234 GFLOP/s
  * against 1155, medians of 6; 512 rows 1337 against 1316).
