@@ -8,11 +8,12 @@ from bench.engine import TimedKernels, greedy, runtime_builder, timed_call
 
 
 def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode, rows=1, prompt_len=32,
-                   steps=100, regions=None):
+                   steps=100, regions=None, sampling=None):
     """Where a decode step of `rows` requests goes after prompts of `prompt_len` tokens: the
     ModelLoop stepped in this thread (no loop thread), every kernel call and every loop stage
     timed -> ms per step. regions: None, or a callable -> the process's OpenMP parallel regions
-    so far (bench/step_overhead.py), to count them per step and per kernel."""
+    so far (bench/step_overhead.py), to count them per step and per kernel. sampling: None
+    (greedy), or generation options that sample (e.g. {"temperature": 0.7, "top_p": 0.8})."""
     import numpy as np
 
     import dashinfer_server.model_loop as loop_module
@@ -33,6 +34,8 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
     timed = functools.partial(timed_call, spent)
     rng = np.random.default_rng(0)
     gen = greedy(prompt_len + steps + 4)
+    if sampling:
+        gen.update({"do_sample": True, **sampling})
     seqs = [new_request(rng.integers(3, model.config.vocab_size, prompt_len).tolist(), dict(gen.build()),
                         ModelLimits(model.config.vocab_size, cfg.max_length, loop.block_capacity))
             for _ in range(rows)]

@@ -2,6 +2,7 @@
 kernels and what takes them, and the OpenMP parallel regions per layer.
 
     PYTHONPATH=. python bench/step_overhead.py [--model PATH] [--threads N] [--rows 1,32] [--steps 50]
+                                               [--sampling "temperature=0.7,top_p=0.8,top_k=20"]
 
 The model loop is stepped in this thread (bench/decode_profile.py) with every kernel call and
 loop stage timed: schedule (the scheduler's policy), plan (the step's int32 arrays), broadcast
@@ -79,6 +80,15 @@ def summarize(p: dict, rows: int, threads: int) -> dict:
     }
 
 
+def parse_sampling(text: str) -> dict:
+    """--sampling "temperature=0.7,top_p=0.8,top_k=20" -> options (numbers); "" -> {} (greedy)."""
+    options = {}
+    for item in filter(None, text.split(",")):
+        name, value = item.split("=")
+        options[name.strip()] = int(value) if name.strip() == "top_k" else float(value)
+    return options
+
+
 def child(args):
     sys.path.insert(0, ROOT)
     from bench.decode_profile import profile_decode
@@ -86,7 +96,8 @@ def child(args):
     for rows in [int(r) for r in args.rows.split(",")]:
         before = counter.read() if counter else None
         p = profile_decode(args.model, args.dtype, args.quant, None, args.threads, False, "AsCacheDefault",
-                           rows, args.prompt, args.steps, counter.regions if counter else None)
+                           rows, args.prompt, args.steps, counter.regions if counter else None,
+                           parse_sampling(args.sampling))
         out = summarize(p, rows, args.threads)
         if counter:  # fork to join, averaged over every region of the run (warm-up included)
             after = counter.read()
@@ -104,6 +115,8 @@ def main():
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens of each request")
     parser.add_argument("--steps", type=int, default=50, help="decode steps timed")
     parser.add_argument("--no-count", action="store_true", help="without the region-counting shim")
+    parser.add_argument("--sampling", default="",
+                        help='sampled requests, e.g. "temperature=0.7,top_p=0.8,top_k=20" (default: greedy)')
     args = parser.parse_args()
     if args.no_count or os.environ.get("DN_GOMP_COUNT"):
         return child(args)

@@ -1,8 +1,9 @@
-"""Logits processing for one row of logits (one request): penalties, top-k / top-p candidate
-selection, drawing a token, log-probabilities. Pure numpy over float32 [V] rows.
+"""Logits processing for one row of logits (one request) in numpy: penalties and
+log-probabilities. Drawing the token (temperature, top-k, top-p, min-p) is native/sample.c's,
+all rows at once.
 
-The selection helpers avoid whole-vocabulary sorts and partitions: on V = 49152, np.argpartition
-costs ~0.4 ms and np.cumsum ~0.17 ms, while a vectorized max / compare / exp costs 5-40 us.
+top_k_indices avoids a whole-vocabulary partition: on V = 49152, np.argpartition costs ~0.4 ms,
+while a vectorized max / compare costs 5-40 us.
 """
 import numpy as np
 
@@ -10,8 +11,6 @@ NEG_INF = np.float32(-np.inf)
 
 # top_k_indices: columns of the [V / _GROUPS, _GROUPS] view whose maxima bound the k-th largest.
 _GROUPS = 1024
-# pick: block size of the two-level inverse CDF over a whole vocabulary.
-_CHUNK = 256
 
 
 def apply_penalties(row, state):
@@ -71,77 +70,6 @@ def top_k_indices(x, k):
 
 def _descending(x, ids):
     return ids[np.argsort(-x[ids], kind="stable")]
-
-
-def _heaviest(w, target):
-    """Indices of the largest entries of w [n], sorted descending, whose sum exceeds target (or all
-    of them): the top-p nucleus lies inside, and usually only a few dozen tokens need sorting."""
-    size = 64
-    while size < w.size:
-        ids = top_k_indices(w, size)
-        if w[ids].sum() > target:
-            return _descending(w, ids)
-        size *= 16
-    return _descending(w, np.arange(w.size))
-
-
-def sampling_weights(row, temperature, top_k, top_p, min_p=0.0):
-    """The distribution a sampled token is drawn from: (ids, weights), unnormalized.
-
-    Order as in DashInfer and transformers: temperature, top-k (0 or >= V: off), then top-p on the
-    renormalized top-k distribution, keeping the shortest most-probable prefix whose probability
-    exceeds top_p (at least one token), then min_p (0: off): the tokens left whose probability is
-    at least min_p times the largest. ids is None when the whole vocabulary is kept (then weights
-    is float32 [V]); otherwise ids are sorted by decreasing probability.
-    """
-    # The weights are probabilities over the largest one (which weighs exp(0) = 1), so min_p
-    # compares them with min_p itself.
-    if 0 < top_k < row.size:
-        ids = _descending(row, top_k_indices(row, top_k))
-        w = np.exp((row[ids].astype(np.float64) - row[ids[0]]) / temperature)
-        mass = w.sum()
-    else:
-        w_all = np.exp((row - row.max()) / np.float32(temperature))
-        if top_p >= 1.0 and min_p <= 0.0:
-            return None, w_all
-        if top_p >= 1.0:
-            ids = _descending(w_all, np.flatnonzero(w_all >= np.float32(min_p)))
-            return ids, w_all[ids].astype(np.float64)
-        mass = float(w_all.sum())
-        ids = _heaviest(w_all, top_p * mass)
-        w = w_all[ids].astype(np.float64)
-    if top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(w), top_p * mass, side="right")) + 1
-        ids, w = ids[:keep], w[:keep]
-    if min_p > 0.0:
-        keep = int(np.count_nonzero(w >= min_p))  # w decreases: the kept tokens lead
-        ids, w = ids[:keep], w[:keep]
-    return ids, w
-
-
-def _first_above(cdf, target):
-    """First i with cdf[i] > target; a zero-weight entry (a flat step) is never returned."""
-    i = int(np.searchsorted(cdf, target, side="right"))
-    if i == cdf.size:  # target == total, only by rounding: take the last entry with weight
-        i = int(np.flatnonzero(np.diff(cdf, prepend=0.0))[-1])
-    return i
-
-
-def pick(w, u):
-    """Index i drawn with probability w[i] / sum(w) by inverting the CDF at u in [0, 1).
-
-    One uniform number per token: a request's random stream does not depend on its batch.
-    Over a whole vocabulary the CDF is built in two levels (block sums, then one block).
-    """
-    if w.size <= 4 * _CHUNK:
-        cdf = np.cumsum(w, dtype=np.float64)
-        return _first_above(cdf, u * cdf[-1])
-    block_cdf = np.cumsum(np.add.reduceat(w, np.arange(0, w.size, _CHUNK), dtype=np.float64))
-    target = u * block_cdf[-1]
-    j = _first_above(block_cdf, target)
-    below = block_cdf[j - 1] if j else 0.0
-    inner = np.cumsum(w[j * _CHUNK:(j + 1) * _CHUNK], dtype=np.float64)
-    return j * _CHUNK + _first_above(inner, target - below)
 
 
 def logprobs(row, token, top_n):

@@ -1,5 +1,7 @@
 """Sampling: what the sampler keeps of each request (its options, the token sets its penalties
-read, its random generator) and the Sampler that turns a batch of logits into one token per request.
+read, its random generator) and the Sampler that turns a batch of logits into one token per request:
+penalties and masks here, row by row in numpy; the draw (greedy, temperature, top-k, top-p, min-p)
+in native/sample.c, every row at once on the kernels' threads.
 
 A request's options come checked (dashinfer_client.generation_config.check_generation: a plain
 dict); its tokens are the request's own list (Sequence.tokens), read here, never copied.
@@ -41,7 +43,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .logits_processors import apply_penalties, logprobs, pick, sampling_weights
+from . import kernels as K
+from .logits_processors import apply_penalties, logprobs
+
+_INT32_MAX = 2**31 - 1
 
 
 class _IdSet:
@@ -184,24 +189,25 @@ class Sampler:
             raise ValueError(f"Sampler.sample: {logits.shape[0]} logits rows for "
                              f"{len(requests)} requests")
         batch = logits.shape[0]
-        ids = np.empty(batch, np.int64)
-        greedy = []
+        # per row: temperature 0 = greedy, top_k 0 / top_p 1 / min_p 0 = off; u, the one number drawn
+        temperature = np.zeros(batch, np.float32)
+        top_k = np.zeros(batch, np.int32)
+        top_p = np.ones(batch, np.float32)
+        min_p = np.zeros(batch, np.float32)
+        u = np.zeros(batch)
         for i, state in enumerate(requests):
             row = logits[i]
             apply_penalties(row, state)
             if state.guide is not None:  # last: the grammar's mask overrides what came before
                 state.guide.apply(row)
-            if state.greedy:
-                greedy.append(i)
-            else:
+            if not state.greedy:
                 p = state.params
-                cand, w = sampling_weights(row, p["temperature"], p["top_k"], p["top_p"], p["min_p"])
-                j = pick(w, state.rng.random())
-                ids[i] = j if cand is None else cand[j]
-        if len(greedy) == batch:
-            ids[:] = logits.argmax(axis=1)
-        elif greedy:
-            ids[greedy] = logits[greedy].argmax(axis=1)
+                temperature[i], top_p[i], min_p[i] = p["temperature"], p["top_p"], p["min_p"]
+                top_k[i] = min(p["top_k"], _INT32_MAX)
+                u[i] = state.rng.random()
+        ids = np.empty(batch, np.int32)
+        K.sample(logits, temperature, top_k, top_p, min_p, u, ids)  # rows in parallel, in C
+        ids = ids.astype(np.int64)
 
         token_logprobs = np.full(batch, np.nan, np.float32)
         top_logprobs = [None] * batch

@@ -28,7 +28,9 @@ static inline int dn_team_for(int64_t work, int64_t serial_limit) { return work 
 /* A 64-byte aligned buffer of at least n bytes that belongs to the calling thread (so Python
  * threads can run kernels at once), one per slot, grown on demand and kept for the next call;
  * freed when the thread exits. NULL when out of memory. */
-typedef enum { DN_SCRATCH_LINEAR = 0, DN_SCRATCH_ATTENTION = 1, DN_SCRATCH_MOE = 2, DN_SCRATCH_SLOTS = 3 } dn_scratch_slot;
+typedef enum {
+    DN_SCRATCH_LINEAR = 0, DN_SCRATCH_ATTENTION = 1, DN_SCRATCH_MOE = 2, DN_SCRATCH_SAMPLE = 3, DN_SCRATCH_SLOTS = 4
+} dn_scratch_slot;
 void *dn_scratch(dn_scratch_slot slot, size_t n);
 
 static inline float dn_bf16_to_f32(uint16_t h) {

@@ -11,10 +11,12 @@ extern PyMethodDef dn_probe_methods[];
 extern PyMethodDef dn_comm_methods[];
 extern PyMethodDef dn_decoder_methods[];
 extern PyMethodDef dn_moe_methods[];
+extern PyMethodDef dn_sample_methods[];
 
 static PyMethodDef *const families[] = {
     dn_runtime_methods, dn_linear_methods, dn_kv_cache_methods, dn_attention_methods,
     dn_elementwise_methods, dn_probe_methods, dn_comm_methods, dn_decoder_methods, dn_moe_methods,
+    dn_sample_methods,
 };
 
 static struct PyModuleDef module = {

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import (
-    MinLengthLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+    MinLengthLogitsProcessor, MinPLogitsWarper, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from dashinfer_server.logits_processors import pick, sampling_weights, top_k_indices
+from dashinfer_server import kernels as K
+from dashinfer_server.logits_processors import top_k_indices
 from dashinfer_client.generation_config import check_generation
 from dashinfer_server.sampler import Sampler
 from dashinfer_server.sequence import Sequence
@@ -26,13 +27,17 @@ def rand_logits(rng, batch, vocab, scale=3.0):
 
 
 def dense_probs(row, temperature, top_k, top_p, min_p=0.0):
-    ids, w = sampling_weights(row, temperature, top_k, top_p, min_p)
-    probs = np.zeros(row.size)
-    if ids is None:
-        probs[:] = w
-    else:
-        probs[ids] = w
-    return probs / probs.sum()
+    """The distribution K.sample draws row's token from."""
+    w = np.empty_like(row)
+    K.sample_weights(row, temperature, top_k, top_p, min_p, w)
+    return w.astype(np.float64) / w.astype(np.float64).sum()
+
+
+def sample_one(row, u, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    ids = np.empty(1, np.int32)
+    K.sample(row[None], np.array([temperature], np.float32), np.array([top_k], np.int32),
+             np.array([top_p], np.float32), np.array([min_p], np.float32), np.array([u]), ids)
+    return int(ids[0])
 
 
 def chi_square(counts, probs):
@@ -157,17 +162,19 @@ def test_top_k_indices_are_exact(vocab, k):
 @pytest.mark.parametrize("temperature,top_k,top_p", [
     (0.7, 50, 0.8), (1.3, 0, 0.9), (1.0, 20, 1.0), (0.5, 0, 1.0), (1.0, 0, 0.3),
     (2.0, 400, 0.95), (1.0, 1, 0.5)])
-@pytest.mark.parametrize("vocab,scale", [(500, 3.0), (49152, 6.0)])
+@pytest.mark.parametrize("vocab,scale", [(500, 3.0), (49152, 6.0), (151936, 2.5)])
+@pytest.mark.parametrize("min_p", [0.0, 0.02])
 def test_sampling_distribution_matches_transformers_warpers(temperature, top_k, top_p, vocab,
-                                                            scale):
+                                                            scale, min_p):
     rng = np.random.default_rng(vocab)
     row = rand_logits(rng, 1, vocab, scale)[0]
     scores = torch.from_numpy(row.copy()[None].astype(np.float64))
-    for warper in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k or vocab),
-                   TopPLogitsWarper(top_p)):
+    warpers = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k or vocab),
+               TopPLogitsWarper(top_p)] + ([MinPLogitsWarper(min_p)] if min_p else [])
+    for warper in warpers:
         scores = warper(None, scores)
     ref = torch.softmax(scores, dim=-1)[0].numpy()
-    ours = dense_probs(row, temperature, top_k, top_p)
+    ours = dense_probs(row, temperature, top_k, top_p, min_p)
     # same support, except probabilities below float32's range (< 1e-38) that underflow to 0
     assert not (ours > 0)[ref == 0].any() and (ours > 0)[ref > 1e-30].all()
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-9)
@@ -205,16 +212,48 @@ def test_temperature_sets_the_predicted_entropy_and_frequencies(temperature):
     assert chi_square(counts, expected) < 30.0  # df 5: p ~ 1.5e-5
 
 
-def test_pick_inverts_the_cdf_and_never_picks_a_zero_weight():
+def test_the_draw_inverts_the_cdf_in_token_order_and_never_picks_a_zero_weight():
     rng = np.random.default_rng(4)
-    for size in (7, 1000, 49152):
-        w = rng.random(size).astype(np.float32)
-        w[rng.random(size) < 0.5] = 0
-        cdf = np.cumsum(w, dtype=np.float64)
-        for u in np.concatenate((rng.random(200), [0.0, np.nextafter(1.0, 0)])):
-            i = pick(w, u)
+    for size in (7, 1000, 49152, 151936):
+        w = rng.random(size) + 0.01
+        w[rng.random(size) < 0.5] = 0  # -inf logits: weight 0
+        with np.errstate(divide="ignore"):
+            row = np.log(w).astype(np.float32)
+        w = np.exp(row.astype(np.float64) - row.max())  # the kernel's weights, in float64
+        cdf = np.cumsum(w)
+        for u in np.concatenate((rng.random(100), [0.0, np.nextafter(1.0, 0)])):
+            i = sample_one(row, u)
             assert w[i] > 0
-            assert cdf[i] - w[i] <= u * cdf[-1] * (1 + 1e-9) and u * cdf[-1] <= cdf[i] * (1 + 1e-9)
+            # float32 weights summed in blocks: the crossing may move by their rounding
+            assert cdf[i] - w[i] <= u * cdf[-1] + 1e-5 * cdf[-1] and u * cdf[-1] <= cdf[i] + 1e-5 * cdf[-1]
+
+
+@pytest.mark.parametrize("top_k", [3, 50, 300])
+def test_top_k_where_fewer_tokens_are_allowed_than_k(top_k):
+    """A grammar's mask leaves a few finite logits among -inf: only those are ever drawn."""
+    row = np.full(49152, -np.inf, np.float32)
+    allowed = [17, 4000, 49151]
+    row[allowed] = [0.5, 1.5, 1.0]
+    probs = dense_probs(row, 1.0, top_k, 1.0)
+    assert set(np.flatnonzero(probs)) == set(allowed[:top_k])
+    np.testing.assert_allclose(probs[allowed], np.exp([0.5, 1.5, 1.0]) / np.exp([0.5, 1.5, 1.0]).sum(),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [100, 49152])
+def test_top_k_ties_keep_the_lower_ids(vocab):
+    row = np.zeros(vocab, np.float32)
+    row[[9, 60]] = 1.0
+    assert set(np.flatnonzero(dense_probs(row, 1.0, 5, 1.0))) == {9, 60, 0, 1, 2}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_give_a_token_of_the_vocabulary(bad):
+    rng = np.random.default_rng(12)
+    for top_k, top_p in ((0, 1.0), (0, 0.9), (40, 0.9), (500, 1.0)):
+        row = rand_logits(rng, 1, 20000)[0]
+        row[rng.integers(0, 20000, 30)] = bad
+        assert 0 <= sample_one(row, 0.7, top_k=top_k, top_p=top_p) < 20000
 
 
 def test_full_vocabulary_sampling_frequencies():

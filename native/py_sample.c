@@ -1,0 +1,72 @@
+/* Bindings: sample, sample_weights (sample.c). */
+#include <stdlib.h>
+
+#include "pyarg.h"
+#include "sample.h"
+
+static PyObject *py_sample(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"logits", "temperature", "top_k", "top_p", "min_p", "u", "ids", NULL};
+    PyObject *ol, *ot, *ok, *op, *om, *ou, *oi;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOO:sample", names, &ol, &ot, &ok, &op, &om, &ou, &oi))
+        return NULL;
+    dn_args a = {.fn = "sample"};
+    Py_buffer *l = dn_take(&a, ol, "logits", 'f', 2, 0);
+    Py_buffer *t = l ? dn_take(&a, ot, "temperature", 'f', 1, 0) : NULL;
+    Py_buffer *k = t ? dn_take(&a, ok, "top_k", 'i', 1, 0) : NULL;
+    Py_buffer *p = k ? dn_take(&a, op, "top_p", 'f', 1, 0) : NULL;
+    Py_buffer *m = p ? dn_take(&a, om, "min_p", 'f', 1, 0) : NULL;
+    Py_buffer *u = m ? dn_take(&a, ou, "u", 'd', 1, 0) : NULL;
+    Py_buffer *ids = u ? dn_take(&a, oi, "ids", 'i', 1, 1) : NULL;
+    if (!ids) return dn_done(&a, NULL);
+    const Py_ssize_t B = l->shape[0], V = l->shape[1];
+    if (dn_check_dim(&a, t, "temperature", 0, B) || dn_check_dim(&a, k, "top_k", 0, B) ||
+        dn_check_dim(&a, p, "top_p", 0, B) || dn_check_dim(&a, m, "min_p", 0, B) ||
+        dn_check_dim(&a, u, "u", 0, B) || dn_check_dim(&a, ids, "ids", 0, B))
+        return dn_done(&a, NULL);
+    if (V == 0 || V > 0x7fffffff) return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", V);
+    dn_sample_opts *opts = malloc((size_t)(B ? B : 1) * sizeof *opts);
+    if (!opts) return dn_fail(&a, PyExc_MemoryError, "no memory for %zd rows' options", B);
+    for (Py_ssize_t r = 0; r < B; r++)
+        opts[r] = (dn_sample_opts){((float *)t->buf)[r], ((int32_t *)k->buf)[r], ((float *)p->buf)[r],
+                                   ((float *)m->buf)[r], ((double *)u->buf)[r]};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dn_sample(l->buf, B, V, opts, ids->buf);
+    Py_END_ALLOW_THREADS
+    free(opts);
+    if (rc) return dn_fail(&a, PyExc_MemoryError, "no memory for the rows' scratch (vocabulary %zd)", V);
+    return dn_done(&a, NULL);
+}
+
+static PyObject *py_sample_weights(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"row", "temperature", "top_k", "top_p", "min_p", "out", NULL};
+    PyObject *orow, *oo;
+    dn_sample_opts o = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OfiffO:sample_weights", names, &orow, &o.temperature, &o.top_k,
+                                     &o.top_p, &o.min_p, &oo))
+        return NULL;
+    dn_args a = {.fn = "sample_weights"};
+    Py_buffer *row = dn_take(&a, orow, "row", 'f', 1, 0);
+    Py_buffer *out = row ? dn_take(&a, oo, "out", 'f', 1, 1) : NULL;
+    if (!out || dn_check_dim(&a, out, "out", 0, row->shape[0])) return dn_done(&a, NULL);
+    if (row->shape[0] == 0 || row->shape[0] > 0x7fffffff)
+        return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", row->shape[0]);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dn_sample_weights(row->buf, row->shape[0], &o, out->buf);
+    Py_END_ALLOW_THREADS
+    if (rc) return dn_fail(&a, PyExc_MemoryError, "no memory for the row's scratch");
+    return dn_done(&a, NULL);
+}
+
+PyMethodDef dn_sample_methods[] = {
+    {"sample", (PyCFunction)(void (*)(void))py_sample, METH_VARARGS | METH_KEYWORDS,
+     "sample(logits, temperature, top_k, top_p, min_p, u, ids): one token a row of logits float32 "
+     "[B, V] into ids int32 [B], rows in parallel. Per row: temperature float32 (<= 0: greedy), "
+     "top_k int32 (0: off), top_p float32 (>= 1: off), min_p float32 (<= 0: off), u float64 in "
+     "[0, 1), the number the kept weights' CDF is inverted at."},
+    {"sample_weights", (PyCFunction)(void (*)(void))py_sample_weights, METH_VARARGS | METH_KEYWORDS,
+     "sample_weights(row, temperature, top_k, top_p, min_p, out): the unnormalized weights "
+     "sample() draws row's token from, into out float32 [V] (0: left out)."},
+    {NULL, NULL, 0, NULL},
+};
