@@ -1,7 +1,7 @@
 """Sampling: what the sampler keeps of each request (its options, the token sets its penalties
 read, its random generator) and the Sampler that turns a batch of logits into one token per request:
 penalties and masks here, row by row in numpy; the draw (greedy, temperature, top-k, top-p, min-p)
-in native/sample.c, every row at once on the kernels' threads.
+and the log-probabilities in native/sample.c, every row at once on the kernels' threads.
 
 A request's options come checked (dashinfer_client.generation_config.check_generation: a plain
 dict); its tokens are the request's own list (Sequence.tokens), read here, never copied.
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels as K
-from .logits_processors import apply_penalties, logprobs
+from .logits_processors import apply_penalties
 
 _INT32_MAX = 2**31 - 1
 
@@ -205,14 +205,21 @@ class Sampler:
                 temperature[i], top_p[i], min_p[i] = p["temperature"], p["top_p"], p["min_p"]
                 top_k[i] = min(p["top_k"], _INT32_MAX)
                 u[i] = state.rng.random()
-        ids = np.empty(batch, np.int32)
-        K.sample(logits, temperature, top_k, top_p, min_p, u, ids)  # rows in parallel, in C
-        ids = ids.astype(np.int64)
+        ids32 = np.empty(batch, np.int32)
+        K.sample(logits, temperature, top_k, top_p, min_p, u, ids32)  # rows in parallel, in C
+        ids = ids32.astype(np.int64)
 
         token_logprobs = np.full(batch, np.nan, np.float32)
         top_logprobs = [None] * batch
-        for i, state in enumerate(requests):
-            if state.params["logprobs"]:
-                token_logprobs[i], top_logprobs[i] = logprobs(logits[i], ids[i],
-                                                              state.params["top_logprobs"])
+        wanted = np.array([state.params["top_logprobs"] if state.params["logprobs"] else -1
+                           for state in requests], np.int32)
+        if batch and wanted.max() >= 0:  # rows that asked, in C as the draw
+            wanted = np.minimum(wanted, logits.shape[1])
+            width = max(1, int(wanted.max()))
+            top_ids = np.zeros((batch, width), np.int32)
+            top_values = np.zeros((batch, width), np.float32)
+            K.logprobs(logits, ids32, wanted, token_logprobs, top_ids, top_values)
+            for i in np.flatnonzero(wanted >= 0):
+                n = wanted[i]
+                top_logprobs[i] = [(int(t), float(v)) for t, v in zip(top_ids[i, :n], top_values[i, :n])]
         return SampleResult(ids, token_logprobs, top_logprobs)

@@ -1,4 +1,4 @@
-/* Bindings: sample, sample_weights (sample.c). */
+/* Bindings: sample, logprobs, sample_weights (sample.c). */
 #include <stdlib.h>
 
 #include "pyarg.h"
@@ -38,6 +38,38 @@ static PyObject *py_sample(PyObject *self, PyObject *args, PyObject *kw) {
     return dn_done(&a, NULL);
 }
 
+static PyObject *py_logprobs(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"logits", "ids", "n", "token_logprob", "top_ids", "top_logprob", NULL};
+    PyObject *ol, *oi, *on, *ot, *oti, *otl;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO:logprobs", names, &ol, &oi, &on, &ot, &oti, &otl)) return NULL;
+    dn_args a = {.fn = "logprobs"};
+    Py_buffer *l = dn_take(&a, ol, "logits", 'f', 2, 0);
+    Py_buffer *ids = l ? dn_take(&a, oi, "ids", 'i', 1, 0) : NULL;
+    Py_buffer *n = ids ? dn_take(&a, on, "n", 'i', 1, 0) : NULL;
+    Py_buffer *t = n ? dn_take(&a, ot, "token_logprob", 'f', 1, 1) : NULL;
+    Py_buffer *ti = t ? dn_take(&a, oti, "top_ids", 'i', 2, 1) : NULL;
+    Py_buffer *tl = ti ? dn_take(&a, otl, "top_logprob", 'f', 2, 1) : NULL;
+    if (!tl) return dn_done(&a, NULL);
+    const Py_ssize_t B = l->shape[0], V = l->shape[1], W = ti->shape[1];
+    if (dn_check_dim(&a, ids, "ids", 0, B) || dn_check_dim(&a, n, "n", 0, B) ||
+        dn_check_dim(&a, t, "token_logprob", 0, B) || dn_check_dim(&a, ti, "top_ids", 0, B) ||
+        dn_check_dim(&a, tl, "top_logprob", 0, B) || dn_check_dim(&a, tl, "top_logprob", 1, W))
+        return dn_done(&a, NULL);
+    if (V == 0 || V > 0x7fffffff) return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", V);
+    for (Py_ssize_t r = 0; r < B; r++) {
+        const int32_t id = ((int32_t *)ids->buf)[r], k = ((int32_t *)n->buf)[r];
+        if (k >= 0 && (id < 0 || id >= V || k > W || k > V))
+            return dn_fail(&a, PyExc_ValueError, "row %zd: token %d or %d top pairs outside the vocabulary %zd "
+                           "or the width %zd", r, id, k, V, W);
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dn_logprobs(l->buf, B, V, ids->buf, n->buf, (int32_t)W, t->buf, ti->buf, tl->buf);
+    Py_END_ALLOW_THREADS
+    if (rc) return dn_fail(&a, PyExc_MemoryError, "no memory for the rows' scratch (vocabulary %zd)", V);
+    return dn_done(&a, NULL);
+}
+
 static PyObject *py_sample_weights(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"row", "temperature", "top_k", "top_p", "min_p", "out", NULL};
     PyObject *orow, *oo;
@@ -65,6 +97,11 @@ PyMethodDef dn_sample_methods[] = {
      "[B, V] into ids int32 [B], rows in parallel. Per row: temperature float32 (<= 0: greedy), "
      "top_k int32 (0: off), top_p float32 (>= 1: off), min_p float32 (<= 0: off), u float64 in "
      "[0, 1), the number the kept weights' CDF is inverted at."},
+    {"logprobs", (PyCFunction)(void (*)(void))py_logprobs, METH_VARARGS | METH_KEYWORDS,
+     "logprobs(logits, ids, n, token_logprob, top_ids, top_logprob): log_softmax of each row of logits "
+     "float32 [B, V] whose n int32 [B] is >= 0: at ids int32 [B] into token_logprob float32 [B], and "
+     "its n largest (decreasing, ties: lower id) into top_ids int32 / top_logprob float32 [B, W] "
+     "(n <= W, n <= V). Rows with n < 0 are left alone."},
     {"sample_weights", (PyCFunction)(void (*)(void))py_sample_weights, METH_VARARGS | METH_KEYWORDS,
      "sample_weights(row, temperature, top_k, top_p, min_p, out): the unnormalized weights "
      "sample() draws row's token from, into out float32 [V] (0: left out)."},

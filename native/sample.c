@@ -221,12 +221,16 @@ static int64_t top_k_by_histogram(const float *x, int64_t V, int64_t k, row_work
     return k;
 }
 
+/* The k largest logits (0 < k <= V; ties: lower id) into r->sorted[0..k), decreasing. */
+static void top_k_sorted(const float *x, int64_t V, int64_t k, row_work *r) {
+    if ((V >= 8 * 1024 && 8 * k <= 1024 ? top_k_by_group_max(x, V, k, r) : 0) < k) top_k_by_histogram(x, V, k, r);
+}
+
 /* Top-k, then top-p on the renormalized top k, then min-p, in decreasing order: the list
  * (r->ids, r->w), its length returned. */
 static int64_t top_k_list(const float *x, int64_t V, const dn_sample_opts *o, row_work *r) {
     const int64_t k = o->top_k;
-    int64_t found = V >= 8 * 1024 && 8 * k <= 1024 ? top_k_by_group_max(x, V, k, r) : 0;
-    if (found < k) top_k_by_histogram(x, V, k, r);
+    top_k_sorted(x, V, k, r);
     const double inv_t = 1.0 / o->temperature, top = r->sorted[0].v;
     double mass = 0;
     for (int64_t j = 0; j < k; j++) {
@@ -279,17 +283,24 @@ static void vocabulary_weights(const float *x, int64_t V, float m, const dn_samp
     if (o->min_p > 0.0f || tw >= 0.0f) cut_row(r->all, V, o->min_p > 0.0f ? o->min_p : 0.0f, tw, ti);
 }
 
+/* This thread's row_work for a vocabulary of V; -1 when out of memory. */
+static int row_scratch(int64_t V, row_work *r) {
+    char *p = dn_scratch(DN_SCRATCH_SAMPLE, (size_t)V * (sizeof(entry) + sizeof(int32_t) + 2 * sizeof(float)) +
+                                                (size_t)(V / BLOCK + 2) * sizeof(double));
+    if (!p) return -1;
+    *r = (row_work){(int32_t *)(p + 8 * V), (float *)(p + 12 * V), (float *)(p + 16 * V), (entry *)p,
+                    (double *)(p + 20 * V + (8 - 20 * V % 8) % 8)};
+    return 0;
+}
+
 /* Row x's token, or with dense set its weights into dense [V] (returning 0). -1: no memory. */
 static int64_t sample_row(const float *x, int64_t V, const dn_sample_opts *o, float *dense) {
     int64_t best = row_argmax(x, V);
     const float m = x[best];
     if (!(o->temperature <= 0.0f || !isfinite(m))) best = -1;
     if (best >= 0 && !dense) return best;
-    char *p = dn_scratch(DN_SCRATCH_SAMPLE, (size_t)V * (sizeof(entry) + sizeof(int32_t) + 2 * sizeof(float)) +
-                                                (size_t)(V / BLOCK + 2) * sizeof(double));
-    if (!p) return -1;
-    row_work r = {(int32_t *)(p + 8 * V), (float *)(p + 12 * V), (float *)(p + 16 * V), (entry *)p,
-                  (double *)(p + 20 * V + (8 - 20 * V % 8) % 8)};
+    row_work r;
+    if (row_scratch(V, &r)) return -1;
     const float *w = r.w;
     const int32_t *ids = r.ids;
     int64_t n = 1;
@@ -326,6 +337,33 @@ int dn_sample(const float *logits, int64_t rows, int64_t V, const dn_sample_opts
             failed = 1;
         }
     }
+    return failed ? -1 : 0;
+}
+
+/* log_softmax(x) at token id, and its n largest (n <= V) into top_ids / top_lp, decreasing. */
+static int logprobs_row(const float *x, int64_t V, int32_t id, int32_t n, float *token_lp, int32_t *top_ids,
+                        float *top_lp) {
+    row_work r;
+    if (row_scratch(V, &r)) return -1;
+    const float m = x[row_argmax(x, V)];
+    const double lse = isfinite(m) ? m + log(exp_row(x, V, m, 1.0f, r.all)) : m;
+    *token_lp = (float)(x[id] - lse);
+    if (n <= 0) return 0;
+    top_k_sorted(x, V, n, &r);
+    for (int32_t j = 0; j < n; j++) top_ids[j] = r.sorted[j].i, top_lp[j] = (float)(r.sorted[j].v - lse);
+    return 0;
+}
+
+int dn_logprobs(const float *logits, int64_t rows, int64_t V, const int32_t *ids, const int32_t *n, int32_t width,
+                float *token_logprob, int32_t *top_ids, float *top_logprob) {
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(dn_team(rows))
+    for (int64_t r = 0; r < rows; r++)
+        if (n[r] >= 0 && logprobs_row(logits + r * V, V, ids[r], n[r], &token_logprob[r], top_ids + r * width,
+                                      top_logprob + r * width)) {
+#pragma omp atomic write
+            failed = 1;
+        }
     return failed ? -1 : 0;
 }
 

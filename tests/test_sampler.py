@@ -8,7 +8,6 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from dashinfer_server import kernels as K
-from dashinfer_server.logits_processors import top_k_indices
 from dashinfer_client.generation_config import check_generation
 from dashinfer_server.sampler import Sampler
 from dashinfer_server.sequence import Sequence
@@ -150,13 +149,13 @@ def test_min_length_masks_every_eos_until_reached_as_transformers():
 
 @pytest.mark.parametrize("vocab", [100, 49152, 50001])
 @pytest.mark.parametrize("k", [1, 50, 128, 129, 2000])
-def test_top_k_indices_are_exact(vocab, k):
+def test_top_k_keeps_exactly_the_k_largest(vocab, k):
     rng = np.random.default_rng(vocab + k)
     x = rand_logits(rng, 1, vocab)[0]
     x[rng.integers(0, vocab, vocab // 3)] = -np.inf
-    got = top_k_indices(x, k)
-    assert got.size == min(k, vocab) and len(set(got.tolist())) == got.size
-    assert np.sort(x[got])[0] >= np.sort(x)[-min(k, vocab)]
+    finite = np.flatnonzero(np.isfinite(x))
+    largest = finite[np.argsort(-x[finite])[:k]]
+    assert set(np.flatnonzero(dense_probs(x, 1.0, k, 1.0))) == set(largest.tolist())
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [
@@ -356,6 +355,21 @@ def test_logprobs_equal_a_log_softmax_reference_of_the_penalized_logits():
         assert [i for i, _ in top] == np.argsort(-ref)[:n].tolist()
         np.testing.assert_allclose([lp for _, lp in top], np.sort(ref)[::-1][:n], atol=1e-5)
     assert np.isnan(out.token_logprobs[2]) and out.top_logprobs[2] is None
+
+
+@pytest.mark.parametrize("vocab", [7, 3000])
+def test_top_logprobs_beyond_the_vocabulary_and_among_masked_tokens(vocab):
+    """More pairs asked than tokens exist: every token, in order; -inf tokens come last as -inf."""
+    rng = np.random.default_rng(vocab)
+    row = rand_logits(rng, 1, vocab)[0]
+    row[[1, vocab - 1]] = -np.inf
+    out = Sampler().sample(row[None].copy(), [make_state([0], do_sample=False, logprobs=True, top_logprobs=10)])
+    ref = log_softmax64(row)
+    n = min(10, vocab)
+    top = out.top_logprobs[0]
+    assert [i for i, _ in top] == np.argsort(-ref, kind="stable")[:n].tolist()
+    np.testing.assert_allclose([lp for _, lp in top], np.sort(ref)[::-1][:n], atol=1e-5)
+    assert out.ids[0] == top[0][0] and math.isclose(out.token_logprobs[0], top[0][1], rel_tol=1e-6)
 
 
 def test_logprobs_without_top_logprobs_and_independent_of_temperature():
