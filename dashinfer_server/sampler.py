@@ -46,8 +46,6 @@ import numpy as np
 from . import kernels as K
 from .logits_processors import apply_penalties
 
-_INT32_MAX = 2**31 - 1
-
 
 class _IdSet:
     """Distinct token ids in first-seen order, each with how often it was added; `ids` and
@@ -95,6 +93,8 @@ class RequestSamplingState:
         self.tokens = tokens
         self.guide = guide  # a guided.Guide (response_format), or None
         self.greedy = not params["do_sample"] or params["temperature"] == 0.0
+        # K.sample's options row but u: temperature, top_k, top_p, min_p
+        self.draw_options = (params["temperature"], params["top_k"], params["top_p"], params["min_p"], 0.0)
         eos = params["eos_token_id"]
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
         self.eos_array = np.array(sorted(self.eos_ids), np.int64)
@@ -189,32 +189,28 @@ class Sampler:
             raise ValueError(f"Sampler.sample: {logits.shape[0]} logits rows for "
                              f"{len(requests)} requests")
         batch = logits.shape[0]
-        # per row: temperature 0 = greedy, top_k 0 / top_p 1 / min_p 0 = off; u, the one number drawn
-        temperature = np.zeros(batch, np.float32)
-        top_k = np.zeros(batch, np.int32)
-        top_p = np.ones(batch, np.float32)
-        min_p = np.zeros(batch, np.float32)
-        u = np.zeros(batch)
+        # per row: temperature (0: greedy), top_k (0: off), top_p (1: off), min_p (0: off), u (the
+        # one number drawn); one array, since every numpy call counts between two decode steps
+        options = np.zeros((batch, 5))
+        logprobs = False
         for i, state in enumerate(requests):
             row = logits[i]
             apply_penalties(row, state)
             if state.guide is not None:  # last: the grammar's mask overrides what came before
                 state.guide.apply(row)
             if not state.greedy:
-                p = state.params
-                temperature[i], top_p[i], min_p[i] = p["temperature"], p["top_p"], p["min_p"]
-                top_k[i] = min(p["top_k"], _INT32_MAX)
-                u[i] = state.rng.random()
+                options[i] = state.draw_options
+                options[i, 4] = state.rng.random()
+            logprobs = logprobs or state.params["logprobs"]
         ids32 = np.empty(batch, np.int32)
-        K.sample(logits, temperature, top_k, top_p, min_p, u, ids32)  # rows in parallel, in C
+        K.sample(logits, options, ids32)  # rows in parallel, in C
         ids = ids32.astype(np.int64)
 
         token_logprobs = np.full(batch, np.nan, np.float32)
         top_logprobs = [None] * batch
-        wanted = np.array([state.params["top_logprobs"] if state.params["logprobs"] else -1
-                           for state in requests], np.int32)
-        if batch and wanted.max() >= 0:  # rows that asked, in C as the draw
-            wanted = np.minimum(wanted, logits.shape[1])
+        if logprobs:  # the rows that asked, in C as the draw
+            wanted = np.array([min(state.params["top_logprobs"], logits.shape[1]) if state.params["logprobs"]
+                               else -1 for state in requests], np.int32)
             width = max(1, int(wanted.max()))
             top_ids = np.zeros((batch, width), np.int32)
             top_values = np.zeros((batch, width), np.float32)

@@ -5,30 +5,26 @@
 #include "sample.h"
 
 static PyObject *py_sample(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"logits", "temperature", "top_k", "top_p", "min_p", "u", "ids", NULL};
-    PyObject *ol, *ot, *ok, *op, *om, *ou, *oi;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOO:sample", names, &ol, &ot, &ok, &op, &om, &ou, &oi))
-        return NULL;
+    static char *names[] = {"logits", "options", "ids", NULL};
+    PyObject *ol, *oo, *oi;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:sample", names, &ol, &oo, &oi)) return NULL;
     dn_args a = {.fn = "sample"};
     Py_buffer *l = dn_take(&a, ol, "logits", 'f', 2, 0);
-    Py_buffer *t = l ? dn_take(&a, ot, "temperature", 'f', 1, 0) : NULL;
-    Py_buffer *k = t ? dn_take(&a, ok, "top_k", 'i', 1, 0) : NULL;
-    Py_buffer *p = k ? dn_take(&a, op, "top_p", 'f', 1, 0) : NULL;
-    Py_buffer *m = p ? dn_take(&a, om, "min_p", 'f', 1, 0) : NULL;
-    Py_buffer *u = m ? dn_take(&a, ou, "u", 'd', 1, 0) : NULL;
-    Py_buffer *ids = u ? dn_take(&a, oi, "ids", 'i', 1, 1) : NULL;
+    Py_buffer *o = l ? dn_take(&a, oo, "options", 'd', 2, 0) : NULL;
+    Py_buffer *ids = o ? dn_take(&a, oi, "ids", 'i', 1, 1) : NULL;
     if (!ids) return dn_done(&a, NULL);
     const Py_ssize_t B = l->shape[0], V = l->shape[1];
-    if (dn_check_dim(&a, t, "temperature", 0, B) || dn_check_dim(&a, k, "top_k", 0, B) ||
-        dn_check_dim(&a, p, "top_p", 0, B) || dn_check_dim(&a, m, "min_p", 0, B) ||
-        dn_check_dim(&a, u, "u", 0, B) || dn_check_dim(&a, ids, "ids", 0, B))
+    if (dn_check_dim(&a, o, "options", 0, B) || dn_check_dim(&a, o, "options", 1, 5) ||
+        dn_check_dim(&a, ids, "ids", 0, B))
         return dn_done(&a, NULL);
     if (V == 0 || V > 0x7fffffff) return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", V);
     dn_sample_opts *opts = malloc((size_t)(B ? B : 1) * sizeof *opts);
     if (!opts) return dn_fail(&a, PyExc_MemoryError, "no memory for %zd rows' options", B);
-    for (Py_ssize_t r = 0; r < B; r++)
-        opts[r] = (dn_sample_opts){((float *)t->buf)[r], ((int32_t *)k->buf)[r], ((float *)p->buf)[r],
-                                   ((float *)m->buf)[r], ((double *)u->buf)[r]};
+    for (Py_ssize_t r = 0; r < B; r++) {
+        const double *row = (const double *)o->buf + 5 * r;
+        const double k = row[1] < 0 ? 0 : row[1] > V ? (double)V : row[1]; /* beyond V: off */
+        opts[r] = (dn_sample_opts){(float)row[0], (int32_t)k, (float)row[2], (float)row[3], row[4]};
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dn_sample(l->buf, B, V, opts, ids->buf);
@@ -93,10 +89,10 @@ static PyObject *py_sample_weights(PyObject *self, PyObject *args, PyObject *kw)
 
 PyMethodDef dn_sample_methods[] = {
     {"sample", (PyCFunction)(void (*)(void))py_sample, METH_VARARGS | METH_KEYWORDS,
-     "sample(logits, temperature, top_k, top_p, min_p, u, ids): one token a row of logits float32 "
-     "[B, V] into ids int32 [B], rows in parallel. Per row: temperature float32 (<= 0: greedy), "
-     "top_k int32 (0: off), top_p float32 (>= 1: off), min_p float32 (<= 0: off), u float64 in "
-     "[0, 1), the number the kept weights' CDF is inverted at."},
+     "sample(logits, options, ids): one token a row of logits float32 [B, V] into ids int32 [B], "
+     "rows in parallel. options float64 [B, 5], a row's (temperature (<= 0: greedy), top_k (0 or "
+     ">= V: off), top_p (>= 1: off), min_p (<= 0: off), u in [0, 1): the number the kept weights' "
+     "CDF is inverted at)."},
     {"logprobs", (PyCFunction)(void (*)(void))py_logprobs, METH_VARARGS | METH_KEYWORDS,
      "logprobs(logits, ids, n, token_logprob, top_ids, top_logprob): log_softmax of each row of logits "
      "float32 [B, V] whose n int32 [B] is >= 0: at ids int32 [B] into token_logprob float32 [B], and "

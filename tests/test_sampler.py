@@ -34,8 +34,7 @@ def dense_probs(row, temperature, top_k, top_p, min_p=0.0):
 
 def sample_one(row, u, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     ids = np.empty(1, np.int32)
-    K.sample(row[None], np.array([temperature], np.float32), np.array([top_k], np.int32),
-             np.array([top_p], np.float32), np.array([min_p], np.float32), np.array([u]), ids)
+    K.sample(row[None], np.array([[temperature, top_k, top_p, min_p, u]]), ids)
     return int(ids[0])
 
 
