@@ -112,6 +112,13 @@ DN_CLONES static double exp_row(const float *x, int64_t V, float m, float inv_t,
 }
 
 /* all[i] = 0 where all[i] < floor or (all[i], -i) < (tw, -ti): min-p's and top-p's cuts. */
+/* Whether any of the 64 weights at w is >= floor: most blocks of a peaked row have none. */
+DN_CLONES static int any_at_least(const float *w, float floor) {
+    v8i hit = load8(w) >= floor;
+    for (int j = 8; j < 64; j += 8) hit |= load8(w + j) >= floor;
+    return any8(hit);
+}
+
 DN_CLONES static void cut_row(float *all, int64_t V, float floor, float tw, int64_t ti) {
     const float below = tw > floor ? tw : floor; /* every weight under both cuts goes */
     int64_t i = 0;
@@ -120,8 +127,12 @@ DN_CLONES static void cut_row(float *all, int64_t V, float floor, float tw, int6
         store8(all + i, select8(w < below, (v8f){0}, w));
     }
     for (; i < V; i++) all[i] = all[i] < below ? 0.0f : all[i];
-    for (i = ti + 1; i < V && tw >= floor; i++) /* top-p's edge weight after its last token */
-        if (all[i] == tw) all[i] = 0.0f;
+    if (tw < floor) return;
+    for (int64_t b0 = ti + 1; b0 < V; b0 += 64) { /* top-p's edge weight after its last token */
+        const int64_t end = b0 + 64 < V ? b0 + 64 : V;
+        if (end - b0 < 64 || any_at_least(all + b0, tw))
+            for (i = b0; i < end; i++) all[i] = all[i] == tw ? 0.0f : all[i];
+    }
 }
 
 DN_CLONES static double block_sum(const float *w, int64_t n) {
@@ -250,14 +261,23 @@ static int64_t top_k_list(const float *x, int64_t V, const dn_sample_opts *o, ro
 }
 
 /* The weight (and id) of the last token of the top-p nucleus, tokens ordered by decreasing
- * weight then id: a token is in it when (w, -id) >= (*tw, -*ti). */
-static void nucleus_edge(const float *all, int64_t V, double target, row_work *r, float *tw, int64_t *ti) {
+ * weight then id: a token is in it when (w, -id) >= (*tw, -*ti). Tokens under tau weigh less than
+ * V * tau = mass - target together, so the nucleus ends at or above tau: both passes skip the
+ * blocks of 64 with none above it (on a peaked row, nearly all); a bucket that then lacks some
+ * lies at or below the edge's, whose tokens above tau are all counted. */
+static void nucleus_edge(const float *all, int64_t V, double mass_all, double target, row_work *r, float *tw,
+                         int64_t *ti) {
     static const int B = WEIGHT_BUCKETS;
+    const float tau = (float)((mass_all - target) / (double)V * 0.999);
     double mass[WEIGHT_BUCKETS] = {0};
     uint32_t bits;
-    for (int64_t i = 0; i < V; i++) {
-        memcpy(&bits, &all[i], sizeof bits);
-        if (bits >> 19 < (uint32_t)B) mass[bits >> 19] += all[i]; /* NaN weighs nothing */
+    for (int64_t b0 = 0; b0 < V; b0 += 64) {
+        const int64_t end = b0 + 64 < V ? b0 + 64 : V;
+        if (end - b0 < 64 || any_at_least(all + b0, tau))
+            for (int64_t i = b0; i < end; i++) {
+                memcpy(&bits, &all[i], sizeof bits);
+                if (bits >> 19 < (uint32_t)B) mass[bits >> 19] += all[i]; /* NaN weighs nothing */
+            }
     }
     double cum = 0;
     int b = B - 1;
@@ -265,9 +285,13 @@ static void nucleus_edge(const float *all, int64_t V, double target, row_work *r
     *tw = -1.0f, *ti = V; /* rounding put the whole vocabulary within top_p: all kept */
     if (b < 0) return;
     int64_t nb = 0;
-    for (int64_t i = 0; i < V; i++) {
-        memcpy(&bits, &all[i], sizeof bits);
-        if ((int)(bits >> 19) == b) r->sorted[nb++] = (entry){all[i], (int32_t)i};
+    for (int64_t b0 = 0; b0 < V; b0 += 64) {
+        const int64_t end = b0 + 64 < V ? b0 + 64 : V;
+        if (end - b0 < 64 || any_at_least(all + b0, tau))
+            for (int64_t i = b0; i < end; i++) {
+                memcpy(&bits, &all[i], sizeof bits);
+                if ((int)(bits >> 19) == b) r->sorted[nb++] = (entry){all[i], (int32_t)i};
+            }
     }
     qsort(r->sorted, (size_t)nb, sizeof *r->sorted, by_value_desc);
     int64_t j = 0;
@@ -280,7 +304,7 @@ static void vocabulary_weights(const float *x, int64_t V, float m, const dn_samp
     const double mass = exp_row(x, V, m, 1.0f / o->temperature, r->all);
     float tw = -1.0f;
     int64_t ti = V;
-    if (o->top_p < 1.0f) nucleus_edge(r->all, V, o->top_p * mass, r, &tw, &ti);
+    if (o->top_p < 1.0f) nucleus_edge(r->all, V, mass, o->top_p * mass, r, &tw, &ti);
     if (o->min_p > 0.0f || tw >= 0.0f) cut_row(r->all, V, o->min_p > 0.0f ? o->min_p : 0.0f, tw, ti);
 }
 
