@@ -33,9 +33,7 @@ def profile_decode(model_spec, dtype, quant, group_size, threads, by_op, kv_mode
     spent = collections.defaultdict(float)
     timed = functools.partial(timed_call, spent)
     rng = np.random.default_rng(0)
-    gen = greedy(prompt_len + steps + 4)
-    if sampling:
-        gen.update({"do_sample": True, **sampling})
+    gen = greedy(prompt_len + steps + 4, sampling)
     seqs = [new_request(rng.integers(3, model.config.vocab_size, prompt_len).tolist(), dict(gen.build()),
                         ModelLimits(model.config.vocab_size, cfg.max_length, loop.block_capacity))
             for _ in range(rows)]

@@ -3,7 +3,8 @@
     python bench/engine.py [--model PATH] [--quant int8 [--group-size -1]] [--workloads prefill512,decode1]
     python bench/engine.py --ranks 2 --threads 1    # through ClientEngine, 2 tensor-parallel ranks
 
-Workloads (token-level random prompts, greedy, eos ignored, every request submitted at once):
+Workloads (token-level random prompts, greedy unless --sampling "temperature=0.6,top_p=0.9" gives
+options that sample, eos ignored, every request submitted at once):
     prefill512  1 request: 512 prompt tokens, 1 new
     decode1     1 request: 32 prompt tokens, 128 new
     batch8      8 requests: 64 prompt tokens, 128 new
@@ -67,7 +68,7 @@ WORKLOADS = {
 KV_FORMATS = {"AsCacheDefault": None, "AsCacheQuantI8": "int8", "AsCacheQuantU4": "uint4"}
 
 
-def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ranks, kv_mode):
+def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ranks, kv_mode, sampling=None):
     """In the child process: serve the workload, return its figures."""
     import dashinfer_client as allspark
     from bench import host, models
@@ -80,7 +81,7 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
 
     before = host.sample()
     t0 = time.time() * 1000.0
-    queues = submit(engine, loader, prompts, requests)
+    queues = submit(engine, loader, prompts, requests, sampling)
     assert engine.sync_request("bench", None) == AsStatus.ALLSPARK_SUCCESS
     seen = host.since(before)  # in-process only: a rank's threads are not this process's
     stats = [q.RequestStatInfo() for q in queues]
@@ -92,7 +93,8 @@ def run_workload(name, model, dtype, quant, group_size, threads, max_prefill, ra
     ttft = [s["time_to_first_token"] for s in stats]
     return {
         "workload": name, "weights": dtype + (f"-{quant}" if quant else ""), "threads": threads,
-        "kv_cache_mode": kv_mode, "ranks": ranks or "in-process", "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
+        "kv_cache_mode": kv_mode, "ranks": ranks or "in-process", "sampling": sampling or "greedy",
+        "requests": len(stats), "prompt_tokens": sum(s["context_token_length"] for s in stats),
         "new_tokens": sum(s["generated_token_length"] for s in stats),
         "ttft_ms": round(statistics.median(ttft), 1),
         "ttft_min_ms": round(min(ttft), 1),
@@ -152,11 +154,22 @@ def start_workload(engine, loader, name, threads, kv_mode="AsCacheDefault", max_
     return prompts, time.perf_counter() - t
 
 
-def greedy(max_length: int):
-    """The generation config of every bench request: greedy, eos ignored, up to max_length."""
+def greedy(max_length: int, sampling=None):
+    """The generation config of every bench request: greedy (or sampling with the options of
+    parse_sampling), eos ignored, up to max_length."""
     from dashinfer_client import ASGenerationConfigBuilder
     return ASGenerationConfigBuilder(seed=0).update(
-        {"do_sample": False, "top_k": 0, "early_stopping": False, "max_length": max_length})
+        {"do_sample": bool(sampling), "top_k": 0, "early_stopping": False, "max_length": max_length,
+         **(sampling or {})})
+
+
+def parse_sampling(text: str) -> dict:
+    """--sampling "temperature=0.7,top_p=0.8,top_k=20" -> options (numbers); "" -> {} (greedy)."""
+    options = {}
+    for item in filter(None, text.split(",")):
+        name, value = (part.strip() for part in item.split("="))
+        options[name] = int(value) if name == "top_k" else float(value)
+    return options
 
 
 class TimedKernels:
@@ -181,12 +194,13 @@ class TimedKernels:
         return counted
 
 
-def submit(engine, loader, prompts, requests) -> list:
-    """Start every request of a workload (greedy, eos ignored) on model "bench"; their queues."""
+def submit(engine, loader, prompts, requests, sampling=None) -> list:
+    """Start every request of a workload (greedy unless sampling, eos ignored) on model "bench";
+    their queues."""
     from dashinfer_client import AsStatus
     queues = []
     for prompt, (_, new) in zip(prompts, requests):
-        status, _, queue = engine.start_request_ids("bench", loader, prompt, greedy(len(prompt) + new))
+        status, _, queue = engine.start_request_ids("bench", loader, prompt, greedy(len(prompt) + new, sampling))
         assert status == AsStatus.ALLSPARK_SUCCESS
         queues.append(queue)
     return queues
@@ -278,6 +292,8 @@ def main():
                         help="A/B: alternate runs with these variables set (A) and without (B), "
                              "--pairs times, and print the B/A ratios of every pair")
     parser.add_argument("--pairs", type=int, default=3, help="with --baseline-env: A/B pairs per workload")
+    parser.add_argument("--sampling", default="",
+                        help='requests that sample, e.g. "temperature=0.6,top_p=0.9" (default: greedy)')
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile:
@@ -288,7 +304,8 @@ def main():
         return
     if args.child:
         print(json.dumps(run_workload(args.child, args.model, args.dtype, args.quant, args.group_size,
-                                      args.threads, args.max_prefill, args.ranks, args.kv_cache_mode)))
+                                      args.threads, args.max_prefill, args.ranks, args.kv_cache_mode,
+                                      parse_sampling(args.sampling))))
         return
     names = args.workloads.split(",")
     unknown = [n for n in names if n not in WORKLOADS]
@@ -313,6 +330,7 @@ def main():
                "--ranks", str(args.ranks), "--kv-cache-mode", args.kv_cache_mode]
         cmd += ["--quant", args.quant] if args.quant else []
         cmd += ["--group-size", str(args.group_size)] if args.group_size else []
+        cmd += ["--sampling", args.sampling] if args.sampling else []
         if args.baseline_env is not None:
             ab_pairs(cmd, env, name, args.baseline_env, args.pairs)
             continue

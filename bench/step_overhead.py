@@ -80,18 +80,10 @@ def summarize(p: dict, rows: int, threads: int) -> dict:
     }
 
 
-def parse_sampling(text: str) -> dict:
-    """--sampling "temperature=0.7,top_p=0.8,top_k=20" -> options (numbers); "" -> {} (greedy)."""
-    options = {}
-    for item in filter(None, text.split(",")):
-        name, value = item.split("=")
-        options[name.strip()] = int(value) if name.strip() == "top_k" else float(value)
-    return options
-
-
 def child(args):
     sys.path.insert(0, ROOT)
     from bench.decode_profile import profile_decode
+    from bench.engine import parse_sampling
     counter = RegionCounter(os.environ["DN_GOMP_COUNT"]) if os.environ.get("DN_GOMP_COUNT") else None
     for rows in [int(r) for r in args.rows.split(",")]:
         before = counter.read() if counter else None
