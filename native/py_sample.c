@@ -4,6 +4,13 @@
 #include "pyarg.h"
 #include "sample.h"
 
+/* The kernels index a row with int32: a vocabulary of 1 .. 2^31 - 1. Raises and releases when not. */
+static int bad_vocabulary(dn_args *a, Py_ssize_t V) {
+    if (V > 0 && V <= 0x7fffffff) return 0;
+    dn_fail(a, PyExc_ValueError, "vocabulary size %zd out of range", V);
+    return 1;
+}
+
 static PyObject *py_sample(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"logits", "options", "ids", NULL};
     PyObject *ol, *oo, *oi;
@@ -17,7 +24,7 @@ static PyObject *py_sample(PyObject *self, PyObject *args, PyObject *kw) {
     if (dn_check_dim(&a, o, "options", 0, B) || dn_check_dim(&a, o, "options", 1, 5) ||
         dn_check_dim(&a, ids, "ids", 0, B))
         return dn_done(&a, NULL);
-    if (V == 0 || V > 0x7fffffff) return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", V);
+    if (bad_vocabulary(&a, V)) return NULL;
     dn_sample_opts *opts = malloc((size_t)(B ? B : 1) * sizeof *opts);
     if (!opts) return dn_fail(&a, PyExc_MemoryError, "no memory for %zd rows' options", B);
     for (Py_ssize_t r = 0; r < B; r++) {
@@ -51,7 +58,7 @@ static PyObject *py_logprobs(PyObject *self, PyObject *args, PyObject *kw) {
         dn_check_dim(&a, t, "token_logprob", 0, B) || dn_check_dim(&a, ti, "top_ids", 0, B) ||
         dn_check_dim(&a, tl, "top_logprob", 0, B) || dn_check_dim(&a, tl, "top_logprob", 1, W))
         return dn_done(&a, NULL);
-    if (V == 0 || V > 0x7fffffff) return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", V);
+    if (bad_vocabulary(&a, V)) return NULL;
     for (Py_ssize_t r = 0; r < B; r++) {
         const int32_t id = ((int32_t *)ids->buf)[r], k = ((int32_t *)n->buf)[r];
         if (k >= 0 && (id < 0 || id >= V || k > W || k > V))
@@ -77,8 +84,7 @@ static PyObject *py_sample_weights(PyObject *self, PyObject *args, PyObject *kw)
     Py_buffer *row = dn_take(&a, orow, "row", 'f', 1, 0);
     Py_buffer *out = row ? dn_take(&a, oo, "out", 'f', 1, 1) : NULL;
     if (!out || dn_check_dim(&a, out, "out", 0, row->shape[0])) return dn_done(&a, NULL);
-    if (row->shape[0] == 0 || row->shape[0] > 0x7fffffff)
-        return dn_fail(&a, PyExc_ValueError, "vocabulary size %zd out of range", row->shape[0]);
+    if (bad_vocabulary(&a, row->shape[0])) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dn_sample_weights(row->buf, row->shape[0], &o, out->buf);

@@ -111,14 +111,14 @@ DN_CLONES static double exp_row(const float *x, int64_t V, float m, float inv_t,
     return mass;
 }
 
-/* all[i] = 0 where all[i] < floor or (all[i], -i) < (tw, -ti): min-p's and top-p's cuts. */
-/* Whether any of the 64 weights at w is >= floor: most blocks of a peaked row have none. */
+/* Whether any of the 64 values at w is >= floor: most blocks of a peaked row have none. */
 DN_CLONES static int any_at_least(const float *w, float floor) {
     v8i hit = load8(w) >= floor;
     for (int j = 8; j < 64; j += 8) hit |= load8(w + j) >= floor;
     return any8(hit);
 }
 
+/* all[i] = 0 where all[i] < floor or (all[i], -i) < (tw, -ti): min-p's and top-p's cuts. */
 DN_CLONES static void cut_row(float *all, int64_t V, float floor, float tw, int64_t ti) {
     const float below = tw > floor ? tw : floor; /* every weight under both cuts goes */
     int64_t i = 0;
@@ -198,15 +198,10 @@ DN_CLONES static int64_t top_k_by_group_max(const float *x, int64_t V, int64_t k
     const float bound = kth_largest(m, G + V - whole, k);
     if (bound == -INFINITY) return 0;
     int64_t n = 0;
-    for (int64_t i = 0; i < V; i += 64) {
-        if (i + 64 <= V) { /* most of 64 logits are below the bound: one test for them */
-            v8i hit = load8(x + i) >= bound;
-            for (int j = 8; j < 64; j += 8) hit |= load8(x + i + j) >= bound;
-            if (!any8(hit)) continue;
-        }
-        for (int64_t j = i; j < i + 64 && j < V; j++)
-            if (x[j] >= bound) r->sorted[n++] = (entry){x[j], (int32_t)j};
-    }
+    for (int64_t i = 0; i < V; i += 64) /* most blocks of 64 logits are below the bound */
+        if (i + 64 > V || any_at_least(x + i, bound))
+            for (int64_t j = i; j < i + 64 && j < V; j++)
+                if (x[j] >= bound) r->sorted[n++] = (entry){x[j], (int32_t)j};
     qsort(r->sorted, (size_t)n, sizeof *r->sorted, by_value_desc);
     return n;
 }
@@ -320,25 +315,23 @@ static int row_scratch(int64_t V, row_work *r) {
 
 /* Row x's token, or with dense set its weights into dense [V] (returning 0). -1: no memory. */
 static int64_t sample_row(const float *x, int64_t V, const dn_sample_opts *o, float *dense) {
-    int64_t best = row_argmax(x, V);
-    const float m = x[best];
-    if (!(o->temperature <= 0.0f || !isfinite(m))) best = -1;
-    if (best >= 0 && !dense) return best;
+    const int64_t first = row_argmax(x, V);
+    const float m = x[first];
+    const int greedy = o->temperature <= 0.0f || !isfinite(m);
+    if (greedy && !dense) return first;
     row_work r;
     if (row_scratch(V, &r)) return -1;
     const float *w = r.w;
     const int32_t *ids = r.ids;
-    int64_t n = 1;
-    if (best >= 0) { /* greedy: one token */
-        r.ids[0] = (int32_t)best, r.w[0] = 1.0f;
-    } else if (o->top_k > 0 && o->top_k < V) {
+    int64_t n = 0;
+    if (!greedy && o->top_k > 0 && o->top_k < V) {
         n = top_k_list(x, V, o, &r);
-    } else {
+    } else if (!greedy) {
         vocabulary_weights(x, V, m, o, &r);
         w = r.all, ids = NULL, n = V;
     }
-    if (n == 0) /* only NaN logits leave nothing: the greedy token then */
-        r.ids[0] = (int32_t)row_argmax(x, V), r.w[0] = 1.0f, w = r.w, ids = r.ids, n = 1;
+    if (n == 0) /* greedy, or only NaN logits left nothing: the first largest logit */
+        r.ids[0] = (int32_t)first, r.w[0] = 1.0f, w = r.w, ids = r.ids, n = 1;
     if (!dense) {
         const int64_t at = invert_cdf(w, n, o->u, r.sums);
         return ids ? ids[at] : at;

@@ -22,6 +22,6 @@ int dn_sample(const float *logits, int64_t rows, int64_t V, const dn_sample_opts
 int dn_logprobs(const float *logits, int64_t rows, int64_t V, const int32_t *ids, const int32_t *n, int32_t width,
                 float *token_logprob, int32_t *top_ids, float *top_logprob);
 
-/* The weights row r's token is drawn from, unnormalized, into w [V] (0 for every token left
- * out): what dn_sample inverts at u, for tests. -1 when scratch memory ran out. */
+/* The weights the token of one row of logits [V] is drawn from, unnormalized, into w [V] (0 for
+ * every token left out): what dn_sample inverts at u, for tests. -1 when scratch memory ran out. */
 int dn_sample_weights(const float *logits, int64_t V, const dn_sample_opts *opts, float *w);
