@@ -1,9 +1,11 @@
 /* i8q/u4q linear on AVX512-VNNI (layout and math in linear.h): the activations quantized to
  * int8 per 32 k, then per block one vpdpbusd per 4 k x 16 columns (u8 weight codes x s8
  * activations, exact int32 sums), the block's int32 sums scaled once by scale * d into fp32,
- * and the zero point subtracted once per group. A 64-column panel is streamed once per block of
- * MR rows; int8 codes are half the bytes of bf16, uint4 a quarter, and the arithmetic stays far
- * below the memory time, so a decode step runs at the speed of its bytes. */
+ * and the zero point subtracted once per group. One row (decode) streams a 64-column panel
+ * through one tile; more rows take it a chunk of k at a time, every MR-row tile of up to
+ * ROW_BLOCK rows over the chunk from L1 while the next chunk is prefetched. int8 codes are half
+ * the bytes of bf16, uint4 a quarter, and the arithmetic stays far below the memory time, so a
+ * decode step runs at the speed of its bytes. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
@@ -34,9 +36,9 @@ INLINE int32_t quad(const int8_t *p) {
     return v;
 }
 
-/* Cache lines of the panel a thread reads next, fetched into L2 a few per group while this
- * panel's row tiles run: with several tiles per panel (batched decode) the first would otherwise
- * wait on DRAM for every line while the later ones compute from L2, the two never overlapping. */
+/* Cache lines of the chunk a thread reads next, fetched into L2 a few per group while this
+ * chunk's row tiles run: with several tiles per panel (batched decode) the first would otherwise
+ * wait on DRAM for every line while the later ones compute from L1, the two never overlapping. */
 typedef struct {
     const char *at;
     int lines; /* per group */
@@ -49,18 +51,21 @@ typedef struct {
     float *scale, *sz; /* [k/group][width] */
 } unpacked;
 
-/* y[r][0..valid) = x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide; from the
- * packed panel (u4: u4q, else i8q), or from up (pass u4 = 0) when it is not NULL. */
+/* Groups [g0, g1) of x[r] . W^T for `mr` rows over one panel `nv` x 16 columns wide, from the
+ * packed panel (u4: u4q, else i8q), or from up (pass u4 = 0) when it is not NULL; the sums so far
+ * come from acc (rows of 64) unless g0 is 0, and go back there unless g1 is the last group, where
+ * y[r][0..valid) gets them. */
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, const unpacked *up, int width,
-                 int64_t group, int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy,
-                 const float *bias, int valid, ahead pf, __m512 unscale) {
+                 int64_t group, int64_t k, int64_t g0, int64_t g1, float *acc, const dn_q8_act *a, int64_t row0,
+                 float *y, int64_t ldy, const float *bias, int valid, ahead pf, __m512 unscale) {
     const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m512i low = _mm512_set1_epi8(15);
     __m512 total[MR][4];
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
+        for (int v = 0; v < nv; v++)
+            total[r][v] = g0 ? _mm512_loadu_ps(acc + r * DN_LINEAR_NR + 16 * v) : _mm512_setzero_ps();
+    for (int64_t g = g0; g < g1; g++) {
         const uint8_t *blk = up ? NULL : dn_linear_group_at(t, group, panel, width, g);
         const uint8_t *codes = up ? up->codes + g * group * width : blk + dn_linear_group_head(t, width);
         __m512 s[4], z[4]; /* the group's scale and scale*zero, 16 columns a vector */
@@ -75,7 +80,7 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
                 z[v] = half16((const uint16_t *)blk + width + 16 * v);
             }
         }
-        for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + (g * pf.lines + l) * 64, _MM_HINT_T1);
+        for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + ((g - g0) * pf.lines + l) * 64, _MM_HINT_T1);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
             const int64_t k0 = g * group + b * DN_Q8_BLOCK;
             /* one row: two sums per column (even / odd steps), so no chain of 8 dependent vpdpbusd */
@@ -130,6 +135,11 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
             for (int r = 0; r < mr; r++)
                 total[r][v] = _mm512_fnmadd_ps(z[v], _mm512_set1_ps(a->xg[(row0 + r) * ng + g]), total[r][v]);
     }
+    if (g1 < ng) {
+        for (int r = 0; r < mr; r++)
+            for (int v = 0; v < nv; v++) _mm512_storeu_ps(acc + r * DN_LINEAR_NR + 16 * v, total[r][v]);
+        return;
+    }
     for (int v = 0; v < nv; v++) {
         __mmask16 m = col_mask(valid, v);
         __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
@@ -150,8 +160,9 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
     return _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
 }
 
-#define NV_TILE(MR_, NV, U4, UP) \
-    tile(MR_, NV, U4, panel, UP, width, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, pf, unscale)
+#define NV_TILE(MR_, NV, U4, UP)                                                                        \
+    tile(MR_, NV, U4, panel, UP, width, w->group, w->k, g0, g1, acc + (i - r0) * DN_LINEAR_NR, &a, i,      \
+         c->y + col0, w->n, bias, valid, pf, unscale)
 #define NV_TILES(MR_, U4, UP)                         \
     switch (nv) {                                     \
     case 1: NV_TILE(MR_, 1, U4, UP); break;           \
@@ -165,6 +176,11 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
  * GFLOP/s at 32 rows and more). */
 #define UNPACK_MIN_ROWS 8
 
+/* k a chunk of the panel spans when several row tiles share it (64 columns x 256 k: 16 KB of
+ * i8q codes), and the rows that take one chunk before the next (their sums: 8 KB). */
+#define CHUNK_K 256
+#define ROW_BLOCK 32
+
 /* Bytes of a thread's unpacked panel. */
 static size_t unpacked_bytes(const dn_linear_w *w) {
     return (size_t)DN_LINEAR_NR * w->k + 2 * (size_t)(w->k / w->group) * DN_LINEAR_NR * sizeof(float);
@@ -176,11 +192,12 @@ static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
     return dn_q8_scratch_bytes(w, m, nthreads) + (unpacks(w, m) ? nthreads * unpacked_bytes(w) : 0);
 }
 
-/* The u4q panel's codes, one a byte in i8q's order, and its per-group fp32 parameters. */
-static void unpack_panel(const dn_linear_w *w, const uint8_t *panel, int width, unpacked *up) {
-    const int64_t ng = w->k / w->group, steps = w->group / 8; /* 8 k of 4-byte code pairs a step */
+/* Groups [g0, g1) of the u4q panel: codes one a byte in i8q's order, per group fp32 parameters. */
+static void unpack_groups(const dn_linear_w *w, const uint8_t *panel, int width, int64_t g0, int64_t g1,
+                          unpacked *up) {
+    const int64_t steps = w->group / 8; /* 8 k of 4-byte code pairs a step */
     const __m512i low = _mm512_set1_epi8(15);
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         const uint8_t *blk = dn_linear_group_at(DN_W_U4Q, w->group, panel, width, g);
         const uint8_t *codes = blk + dn_linear_group_head(DN_W_U4Q, width);
         uint8_t *out = up->codes + g * w->group * width;
@@ -211,6 +228,7 @@ static void run(const dn_linear_call *c, int t, int nt) {
         up.scale = (float *)(up.codes + DN_LINEAR_NR * w->k);
         up.sz = up.scale + (w->k / w->group) * DN_LINEAR_NR;
     }
+    float acc[ROW_BLOCK * DN_LINEAR_NR] __attribute__((aligned(64))); /* the row block's sums between chunks */
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
     for (int64_t p = p0; p < p1; p++) {
@@ -220,23 +238,37 @@ static void run(const dn_linear_call *c, int t, int nt) {
         int64_t col0 = p * DN_LINEAR_NR;
         const float *bias = c->bias ? c->bias + col0 : NULL;
         const __m512 unscale = _mm512_set1_ps(w->unscale);
-        /* the next panel's bytes, shared out over this panel's tiles (unpacked or not): u4 only, none for a lone
-         * tile (the hardware prefetcher keeps up with one) nor above 8 tiles (M > 16: compute-
-         * bound). Kernel alone, 1 thread, K 1536 x N 17920, u4 group 32: M = 8 1.3x, M = 16 1.17x
-         * faster; i8 (group 64) measured 3-5% slower with it */
         int64_t tiles = (m1 - m0 + MR - 1) / MR, ng = w->k / w->group;
         const int unpack = up.codes && m1 - m0 >= UNPACK_MIN_ROWS;
-        if (unpack) unpack_panel(w, panel, width, &up);
-        int64_t lines = u4 && p + 1 < p1 && tiles > 1 && tiles <= 8 ? w->panel_bytes / 64 : 0;
-        int per_group = (int)((lines + tiles * ng - 1) / (tiles * ng));
-        for (int64_t i = m0; i < m1; i += MR) {
-            int64_t first = (i - m0) / MR * ng * per_group;
-            ahead pf = {(const char *)dn_linear_panel(w, p + 1) + first * 64,
-                        first < lines ? per_group : 0}; /* a prefetch past the panel cannot fault */
-            if (m1 - i >= 2) {
-                if (unpack) NV_TILES(2, 0, &up) else if (u4) NV_TILES(2, 1, NULL) else NV_TILES(2, 0, NULL)
-            } else {
-                if (unpack) NV_TILES(1, 0, &up) else if (u4) NV_TILES(1, 1, NULL) else NV_TILES(1, 0, NULL)
+        /* Several row tiles take the panel a chunk of k at a time, all of them over one chunk
+         * before the next: the chunk's weights come from DRAM once and stay in L1 for the
+         * others (a tile over the whole panel at a time waited on DRAM alone, then computed
+         * from L2 alone). The next chunk's bytes are asked of L2 a few lines a group while
+         * this chunk's tiles compute, so the stream from memory runs beside the arithmetic. */
+        const int64_t chunk = tiles > 1 ? (CHUNK_K + w->group - 1) / w->group : ng;
+        const int64_t group_bytes = dn_linear_group_bytes(w->wtype, w->group, width);
+        const int ahead_on = tiles > 1 && m1 - m0 <= ROW_BLOCK; /* more rows: compute-bound */
+        for (int64_t r0 = m0; r0 < m1; r0 += ROW_BLOCK) {
+            const int64_t r1 = r0 + ROW_BLOCK < m1 ? r0 + ROW_BLOCK : m1;
+            for (int64_t g0 = 0, g1; g0 < ng; g0 = g1) {
+                g1 = g0 + chunk < ng ? g0 + chunk : ng;
+                if (unpack && r0 == m0) unpack_groups(w, panel, width, g0, g1, &up);
+                /* the next chunk: this panel's, or the next panel's head and first chunk */
+                const uint8_t *next = g1 < ng ? dn_linear_group_at(w->wtype, w->group, panel, width, g1)
+                                              : p + 1 < p1 ? dn_linear_panel(w, p + 1) : NULL;
+                const int64_t next_bytes = g1 < ng ? (g1 + chunk < ng ? chunk : ng - g1) * group_bytes
+                                                   : dn_linear_group_at(w->wtype, w->group, panel, width, chunk < ng ? chunk : ng) - panel;
+                int64_t lines = ahead_on && next ? next_bytes / 64 : 0, spots = (r1 - r0 + MR - 1) / MR * (g1 - g0);
+                int per_group = (int)((lines + spots - 1) / spots);
+                for (int64_t i = r0; i < r1; i += MR) {
+                    int64_t first = (i - r0) / MR * (g1 - g0) * per_group;
+                    ahead pf = {(const char *)next + first * 64, first < lines ? per_group : 0};
+                    if (r1 - i >= 2) {
+                        if (unpack) NV_TILES(2, 0, &up) else if (u4) NV_TILES(2, 1, NULL) else NV_TILES(2, 0, NULL)
+                    } else {
+                        if (unpack) NV_TILES(1, 0, &up) else if (u4) NV_TILES(1, 1, NULL) else NV_TILES(1, 0, NULL)
+                    }
+                }
             }
         }
     }

@@ -83,10 +83,12 @@ def check(y, x, w, bias):
 
 
 # (M, N, K, group): per channel (group = K), several groups, K spanning many blocks, N not a
-# multiple of 16, M on both sides of the 2-row tile; M = 16 over several panels, the last narrower
-# (u4q prefetches the next panel while 2..8 tiles run)
+# multiple of 16, M on both sides of the 2-row tile; M = 16 over several panels, the last narrower;
+# several row tiles over K in chunks of 256 (the last one shorter), u4q unpacked (M >= 8), more
+# rows than one block of 32 takes a chunk at a time, the next chunk prefetched across panels
 CASES = [(1, 1, 64, 32), (2, 40, 128, 64), (3, 200, 256, 128), (8, 64, 96, 96), (37, 130, 256, 256),
-         (1, 1000, 4224, 128), (5, 48, 512, 512), (1, 576, 1536, 64), (16, 200, 256, 32)]
+         (1, 1000, 4224, 128), (5, 48, 512, 512), (1, 576, 1536, 64), (16, 200, 256, 32),
+         (3, 70, 576, 64), (8, 200, 1536, 32), (40, 130, 640, 64), (71, 80, 1088, 32)]
 
 
 @pytest.mark.parametrize("wtype", ["i8q", "u4q"])
