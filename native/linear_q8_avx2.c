@@ -35,18 +35,29 @@ INLINE void group_params(int u4, const uint8_t *panel, const uint8_t *blk, int w
     }
 }
 
-/* y[r][c0 .. c0 + 8 nv) (of the panel's `valid` real columns) = x[r] . W^T for mr rows. */
+/* Cache lines of the chunk a thread reads next, asked of L2 a few a group while this chunk's
+ * tiles compute (linear_q8_vnni.c does the same). */
+typedef struct {
+    const char *at;
+    int lines; /* per group */
+} ahead;
+
+/* Groups [g0, g1) of x[r] . W^T for mr rows, columns [c0, c0 + 8 nv) of the panel: the sums so
+ * far come from acc (rows of DN_LINEAR_NR, the panel's columns) unless g0 is 0, and go back
+ * there unless g1 is the last group, where y gets the panel's `valid` real columns. */
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int c0,
-                 int64_t group, int64_t k, const dn_q8_act *a, int64_t row0, float *y, int64_t ldy,
-                 const float *bias, int valid, float unscale) {
+                 int64_t group, int64_t k, int64_t g0, int64_t g1, float *acc, const dn_q8_act *a, int64_t row0,
+                 float *y, int64_t ldy, const float *bias, int valid, float unscale, ahead pf) {
     const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 total[4][8];
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < nv; v++) total[r][v] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
+        for (int v = 0; v < nv; v++)
+            total[r][v] = g0 ? _mm256_loadu_ps(acc + r * DN_LINEAR_NR + c0 + 8 * v) : _mm256_setzero_ps();
+    for (int64_t g = g0; g < g1; g++) {
         const uint8_t *blk = dn_linear_group_at(t, group, panel, width, g), *codes = blk + dn_linear_group_head(t, width);
+        for (int l = 0; l < pf.lines; l++) _mm_prefetch(pf.at + ((g - g0) * pf.lines + l) * 64, _MM_HINT_T1);
         __m256 s[8], sz[8];
         for (int v = 0; v < nv; v++) group_params(u4, panel, blk, width, c0 + 8 * v, &s[v], &sz[v]);
         for (int64_t b = 0; b < group / DN_Q8_BLOCK; b++) {
@@ -105,6 +116,11 @@ INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel,
             for (int v = 0; v < nv; v++) total[r][v] = _mm256_fnmadd_ps(sz[v], xg, total[r][v]);
         }
     }
+    if (g1 < ng) {
+        for (int r = 0; r < mr; r++)
+            for (int v = 0; v < nv; v++) _mm256_storeu_ps(acc + r * DN_LINEAR_NR + c0 + 8 * v, total[r][v]);
+        return;
+    }
     for (int v = 0; v < nv; v++) {
         const int c = c0 + 8 * v;
         if (c >= valid) break;
@@ -142,9 +158,13 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
     return _mm_cvtsi128_si32(s4);
 }
 
-/* One panel's columns for MR_ rows at row i, NV x 8 at a time, narrower at its end. */
-#define TILE(MR_, NV, U4) \
-    tile(MR_, NV, U4, panel, width, c0, w->group, w->k, &a, i, c->y + col0, w->n, bias, valid, w->unscale)
+/* One panel's columns for MR_ rows at row i, NV x 8 at a time, narrower at its end; each tile
+ * call prefetches its share of the next chunk (call index ci). */
+#define TILE(MR_, NV, U4)                                                                                  \
+    tile(MR_, NV, U4, panel, width, c0, w->group, w->k, g0, g1, acc + (i - r0) * DN_LINEAR_NR, &a, i,      \
+         c->y + col0, w->n, bias, valid, w->unscale,                                                      \
+         (ahead){next + ci * per_call * 64, ci * per_call < lines ? per_group : 0}),                      \
+        ci++
 #define PANEL(MR_, NV, U4)                                                                  \
     for (int c0 = 0; c0 < width;) { /* a panel is 16 to 64 columns wide */                  \
         if (width - c0 >= 8 * (NV)) TILE(MR_, NV, U4), c0 += 8 * (NV);                      \
@@ -152,29 +172,71 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
         else TILE(MR_, (NV) > 2 ? 2 : (NV), U4), c0 += 16;                                  \
     }
 
+/* k a chunk spans when a panel takes several tile calls (row tiles, or column tiles narrower
+ * than the panel), and the rows that take one chunk before the next (their sums: 8 KB). */
+#define CHUNK_K 256
+#define ROW_BLOCK 32
+
+/* Tile calls of one chunk over rows [r0, r1) of a panel `width` wide. */
+static int64_t tile_calls(int64_t r0, int64_t r1, int width, int u4) {
+    int64_t calls = 0;
+    for (int64_t i = r0; i < r1;) {
+        const int mr = r1 - i >= 4 ? 4 : r1 - i >= 2 ? 2 : 1, nv = mr == 4 ? 1 : mr == 2 ? 2 : u4 ? 8 : 4;
+        calls += (width + 8 * nv - 1) / (8 * nv);
+        i += mr;
+    }
+    return calls;
+}
+
 static void run(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     dn_q8_act a = dn_q8_prepare(c, t, nt, quantize_block);
     int64_t p0, p1, m0, m1;
     const int u4 = w->wtype == DN_W_U4Q;
+    float acc[ROW_BLOCK * DN_LINEAR_NR] __attribute__((aligned(32))); /* the row block's sums between chunks */
     dn_linear_part share = dn_linear_share(w, c->m, Q8_MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
     for (int64_t p = p0; p < p1; p++) {
         dn_linear_rows(&share, p, &m0, &m1);
         const uint8_t *panel = dn_linear_panel(w, p);
         const int width = dn_linear_width(w, p), valid = dn_linear_valid(w, p);
-        const int64_t col0 = p * DN_LINEAR_NR;
+        const int64_t col0 = p * DN_LINEAR_NR, ng = w->k / w->group;
         const float *bias = c->bias ? c->bias + col0 : NULL;
-        for (int64_t i = m0; i < m1;) {
-            if (m1 - i >= 4) {
-                if (u4) { PANEL(4, 1, 1); } else { PANEL(4, 1, 0); }
-                i += 4;
-            } else if (m1 - i >= 2) {
-                if (u4) { PANEL(2, 2, 1); } else { PANEL(2, 2, 0); }
-                i += 2;
-            } else {
-                if (u4) { PANEL(1, 8, 1); } else { PANEL(1, 4, 0); }
-                i += 1;
+        /* Where several tile calls read the panel, they take it a chunk of k at a time, all of
+         * them over one chunk before the next: the chunk comes from DRAM once and stays in L1
+         * for the others while the next one is prefetched (one call over the whole panel at a
+         * time waited on DRAM, and the others read the panel again from L2). */
+        const int several = tile_calls(m0, m1 < m0 + ROW_BLOCK ? m1 : m0 + ROW_BLOCK, width, u4) > 1;
+        const int64_t chunk = several ? (CHUNK_K + w->group - 1) / w->group : ng;
+        const int64_t group_bytes = dn_linear_group_bytes(w->wtype, w->group, width);
+        for (int64_t r0 = m0; r0 < m1; r0 += ROW_BLOCK) {
+            const int64_t r1 = r0 + ROW_BLOCK < m1 ? r0 + ROW_BLOCK : m1;
+            for (int64_t g0 = 0, g1; g0 < ng; g0 = g1) {
+                g1 = g0 + chunk < ng ? g0 + chunk : ng;
+                /* the next chunk: this panel's, or the next panel's head and first chunk; none
+                 * where more rows than a block make the call compute-bound */
+                const char *next = (const char *)(g1 < ng ? dn_linear_group_at(w->wtype, w->group, panel, width, g1)
+                                                  : p + 1 < p1 ? dn_linear_panel(w, p + 1) : NULL);
+                const int64_t next_bytes = g1 < ng ? (g1 + chunk < ng ? chunk : ng - g1) * group_bytes
+                                                   : dn_linear_group_at(w->wtype, w->group, panel, width,
+                                                                        chunk < ng ? chunk : ng) - panel;
+                const int64_t calls = tile_calls(r0, r1, width, u4);
+                const int64_t lines = several && m1 - m0 <= ROW_BLOCK && next ? next_bytes / 64 : 0;
+                const int per_group = (int)((lines + calls * (g1 - g0) - 1) / (calls * (g1 - g0)));
+                const int64_t per_call = per_group * (g1 - g0);
+                int64_t ci = 0;
+                for (int64_t i = r0; i < r1;) {
+                    if (r1 - i >= 4) {
+                        if (u4) { PANEL(4, 1, 1); } else { PANEL(4, 1, 0); }
+                        i += 4;
+                    } else if (r1 - i >= 2) {
+                        if (u4) { PANEL(2, 2, 1); } else { PANEL(2, 2, 0); }
+                        i += 2;
+                    } else {
+                        if (u4) { PANEL(1, 8, 1); } else { PANEL(1, 4, 0); }
+                        i += 1;
+                    }
+                }
             }
         }
     }
