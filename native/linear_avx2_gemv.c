@@ -1,4 +1,4 @@
-/* Linear layer, AVX2 GEMV for M <= GEMV_MAX_M (decode): bound by the weight stream, so every
+/* Linear layer, AVX2 GEMV for M <= GEMV_MAX_M (bf16: GEMV_BF16_MAX_M; decode): bound by the weight stream, so every
  * weight register goes from its load straight into the FMAs, nothing written back. bf16 pairs
  * widen by a shift (even k) and a mask (odd k); i8/u4 codes zero-extend and convert, and never
  * dequantize per weight: per group they sum q * x and fix up once,
@@ -157,8 +157,9 @@ static int block_nv(int mb, int left) {
     return nv;
 }
 
-#define MB_NV_CASES(F, ...) \
-    switch (mb * 16 + nv) { \
+#define MB_NV_CASES(F, ...) MB_NV_CASES_OF(mb, F, __VA_ARGS__)
+#define MB_NV_CASES_OF(MB_, F, ...) \
+    switch ((MB_) * 16 + nv) { \
     case 1 * 16 + 8: F(1, 8, __VA_ARGS__); break; \
     case 1 * 16 + 4: F(1, 4, __VA_ARGS__); break; \
     case 1 * 16 + 2: F(1, 2, __VA_ARGS__); break; \
@@ -182,16 +183,22 @@ static void gemv_panel(const dn_linear_w *w, int64_t p, int mb, const float *x, 
             /* every column block asks for its share of the next block's lines, spread over its k
              * pairs: the first asking for all of them in its quarter of the time stalled on
              * the misses, and with 2-4 rows the stream then waited on the arithmetic (0.5 of
-             * the bandwidth) */
-            const int blocks = width / (8 * block_nv(mb, width)); /* column blocks of a full panel */
-            const int share = (int)((np * NR * 4 / 64 + blocks - 1) / blocks), per_kp = (int)((share + np - 1) / np);
-            for (int c0 = 0, nv; c0 < width; c0 += 8 * nv) {
-                nv = block_nv(mb, width - c0);
-                const uint8_t *next = width == NR ? (const uint8_t *)(blk + np * width) + c0 / (8 * nv) * share * 64
-                                                  : NULL;
-#define BF16(MB, NV, ...) block_bf16(MB, NV, blk + c0, width, np, xb, ldx, tot + c0, next, per_kp)
-                MB_NV_CASES(BF16, 0)
+             * the bandwidth). More than 4 rows run 4 at a time over the block from L1 (one
+             * column register for 8 rows loads 2 broadcasts per 2 FMAs). */
+            int calls = 0;
+            for (int r0 = 0; r0 < mb; r0 += 4) calls += width / (8 * block_nv(mb - r0 < 4 ? mb - r0 : 4, width));
+            const int share = (int)((np * NR * 4 / 64 + calls - 1) / calls);
+            const int per_kp = (int)((share + np - 1) / np);
+            for (int r0 = 0, call = 0; r0 < mb; r0 += 4) {
+                const int rows = mb - r0 < 4 ? mb - r0 : 4;
+                for (int c0 = 0, nv; c0 < width; c0 += 8 * nv, call++) {
+                    nv = block_nv(rows, width - c0);
+                    const uint8_t *next = width == NR ? (const uint8_t *)(blk + np * width) + call * share * 64 : NULL;
+#define BF16(MB, NV, ...) \
+    block_bf16(MB, NV, blk + c0, width, np, xb + r0 * ldx, ldx, tot + r0 * NR + c0, next, per_kp)
+                    MB_NV_CASES_OF(rows, BF16, 0)
 #undef BF16
+                }
             }
         }
         return;
@@ -242,7 +249,7 @@ void dn_avx2_gemv(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     const int mb = (int)c->m;
     int64_t k = w->k, p0, p1;
-    dn_linear_part share = dn_linear_share(w, c->m, GEMV_MAX_M, t, nt);
+    dn_linear_part share = dn_linear_share(w, c->m, GEMV_BF16_MAX_M, t, nt); /* whole panels, every row */
     dn_linear_panels(&share, &p0, &p1);
     if (p0 >= p1) return;
     float *pad = (float *)(c->scratch + (size_t)t * thread_bytes(w, c->m)), *xs = pad + mb * w->kp;
@@ -265,7 +272,7 @@ void dn_avx2_gemv(const dn_linear_call *c, int t, int nt) {
             }
     }
     for (int64_t p = p0; p < p1; p++) {
-        float tot[GEMV_MAX_M * NR] __attribute__((aligned(32))) = {0};
+        float tot[GEMV_BF16_MAX_M * NR] __attribute__((aligned(32))) = {0};
         gemv_panel(w, p, mb, x, ldx, xs, tot);
         gemv_store(tot, mb, dn_linear_width(w, p), dn_linear_valid(w, p), c->bias ? c->bias + p * NR : NULL,
                    c->y + p * NR, w->n);
