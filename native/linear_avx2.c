@@ -1,4 +1,4 @@
-/* Linear layer, AVX2 + FMA path: everything in fp32. Up to GEMV_MAX_M rows (bf16: 8) the GEMV
+/* Linear layer, AVX2 + FMA path: everything in fp32. Up to GEMV_ROWS rows the GEMV
  * (linear_avx2_gemv.c) converts weights in registers. Above, each panel is widened to fp32 KC
  * rows at a time into a per-thread slice of 16-column strips, [width/16][KC][16]: one strip is
  * 16 KB of contiguous lines that stays in L1 while the 6 x 16 microkernel (12 accumulators, 2
@@ -159,9 +159,7 @@ static void dequant(const dn_linear_w *w, const uint8_t *panel, int width, int64
     }
 }
 
-static int gemv(const dn_linear_w *w, int64_t m) {
-    return w->wtype == DN_W_BF16 ? m <= GEMV_BF16_MAX_M : m <= GEMV_MAX_M && w->wtype != DN_W_F32;
-}
+static int gemv(const dn_linear_w *w, int64_t m) { return m <= GEMV_ROWS && w->wtype != DN_W_F32; }
 
 static size_t scratch_bytes(const dn_linear_w *w, int64_t m, int nthreads) {
     if (gemv(w, m)) return dn_avx2_gemv_scratch(w, m, nthreads);

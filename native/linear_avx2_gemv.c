@@ -1,4 +1,4 @@
-/* Linear layer, AVX2 GEMV for M <= GEMV_MAX_M (bf16: GEMV_BF16_MAX_M; decode): bound by the weight stream, so every
+/* Linear layer, AVX2 GEMV for M <= GEMV_ROWS (decode and small batches): bound by the weight stream, so every
  * weight register goes from its load straight into the FMAs, nothing written back. bf16 pairs
  * widen by a shift (even k) and a mask (odd k); i8/u4 codes zero-extend and convert, and never
  * dequantize per weight: per group they sum q * x and fix up once,
@@ -157,7 +157,6 @@ static int block_nv(int mb, int left) {
     return nv;
 }
 
-#define MB_NV_CASES(F, ...) MB_NV_CASES_OF(mb, F, __VA_ARGS__)
 #define MB_NV_CASES_OF(MB_, F, ...) \
     switch ((MB_) * 16 + nv) { \
     case 1 * 16 + 8: F(1, 8, __VA_ARGS__); break; \
@@ -221,15 +220,18 @@ static void gemv_panel(const dn_linear_w *w, int64_t p, int mb, const float *x, 
         /* the next group's codes, all asked for by the first column block: the quantized
          * blocks' arithmetic is slower than their stream, and sharing the lines out over the
          * column blocks as bf16 does measured 5-15% slower at 2 rows */
-        for (int c0 = 0, nv; c0 < width; c0 += 8 * nv) {
-            nv = block_nv(mb, width - c0);
-            const uint8_t *next = c0 == 0 && width == NR ? codes + gb : NULL;
-#define QUANT(MB, NV, KERNEL) \
-    KERNEL(MB, NV, codes + (u4 ? c0 : 2 * c0), width, gpairs, xg, ldx, scale + c0, zero + c0, \
-           xs + g, ngroups, tot + c0, next)
-            if (u4) MB_NV_CASES(QUANT, block_u4)
-            else MB_NV_CASES(QUANT, block_i8)
+        for (int r0 = 0; r0 < mb; r0 += 4) { /* more than 4 rows: 4 at a time, as bf16 */
+            const int rows = mb - r0 < 4 ? mb - r0 : 4;
+            for (int c0 = 0, nv; c0 < width; c0 += 8 * nv) {
+                nv = block_nv(rows, width - c0);
+                const uint8_t *next = r0 == 0 && c0 == 0 && width == NR ? codes + gb : NULL;
+#define QUANT(MB, NV, KERNEL)                                                                                 \
+    KERNEL(MB, NV, codes + (u4 ? c0 : 2 * c0), width, gpairs, xg + r0 * ldx, ldx, scale + c0, zero + c0,     \
+           xs + r0 * ngroups + g, ngroups, tot + r0 * NR + c0, next)
+                if (u4) MB_NV_CASES_OF(rows, QUANT, block_u4)
+                else MB_NV_CASES_OF(rows, QUANT, block_i8)
 #undef QUANT
+            }
         }
     }
 }
@@ -249,7 +251,7 @@ void dn_avx2_gemv(const dn_linear_call *c, int t, int nt) {
     const dn_linear_w *w = c->w;
     const int mb = (int)c->m;
     int64_t k = w->k, p0, p1;
-    dn_linear_part share = dn_linear_share(w, c->m, GEMV_BF16_MAX_M, t, nt); /* whole panels, every row */
+    dn_linear_part share = dn_linear_share(w, c->m, GEMV_ROWS, t, nt); /* whole panels, every row */
     dn_linear_panels(&share, &p0, &p1);
     if (p0 >= p1) return;
     float *pad = (float *)(c->scratch + (size_t)t * thread_bytes(w, c->m)), *xs = pad + mb * w->kp;
@@ -272,7 +274,7 @@ void dn_avx2_gemv(const dn_linear_call *c, int t, int nt) {
             }
     }
     for (int64_t p = p0; p < p1; p++) {
-        float tot[GEMV_BF16_MAX_M * NR] __attribute__((aligned(32))) = {0};
+        float tot[GEMV_ROWS * NR] __attribute__((aligned(32))) = {0};
         gemv_panel(w, p, mb, x, ldx, xs, tot);
         gemv_store(tot, mb, dn_linear_width(w, p), dn_linear_valid(w, p), c->bias ? c->bias + p * NR : NULL,
                    c->y + p * NR, w->n);

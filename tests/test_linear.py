@@ -142,14 +142,14 @@ def test_threads_agree(isa, wtype, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("wtype", ["bf16", "u4", "f32"])
+@pytest.mark.parametrize("wtype", ["bf16", "i8", "u4", "f32"])
 def test_batched_decode_rows(isa, wtype, threads):
-    """Every M of a batched decode step (row blocks of 6 and the rest, 1 to 6 blocks; AVX2's bf16
-    GEMV up to 8 rows, 4 at a time), with a narrow last panel (200 = 3 x 64 + 8 columns), bias, K
-    within one k block and past it (bf16), odd (f32)."""
+    """Every M of a batched decode step (row blocks of 6 and the rest, 1 to 6 blocks; AVX2's
+    GEMV up to 8 rows, 4 at a time, for bf16/i8/u4), with a narrow last panel (200 = 3 x 64 + 8
+    columns), bias, K within one k block and past it (bf16), several groups (i8, u4), odd (f32)."""
     rng = np.random.default_rng(8)
-    for k in {"f32": (77,), "bf16": (1030, 4210), "u4": (256,)}[wtype]:
-        packed, wexact = make_weight(wtype, 200, k, 32 if wtype == "u4" else 0, rng)
+    for k in {"f32": (77,), "bf16": (1030, 4210), "i8": (640,), "u4": (256, 640)}[wtype]:
+        packed, wexact = make_weight(wtype, 200, k, {"u4": 32, "i8": 64}.get(wtype, 0), rng)
         bias = rng.standard_normal(200).astype(np.float32)
         with kernel_threads(threads):
             for m in (5, 6, 7, 8, 10, 11, 12, 13, 16, 17, 23, 24, 31, 32, 33):
