@@ -57,6 +57,7 @@ def native_extension():
     return Extension(
         "dashinfer_server._native",
         sources=sources,
+        depends=sorted(glob.glob("native/*.h")),  # a header's edit rebuilds the extension too
         define_macros=macros,
         include_dirs=["native"],
         # Baseline x86-64 code; faster paths are chosen per function (DN_TARGET_*) at run time.
@@ -72,6 +73,7 @@ def conversion_quantize_extension():
     return Extension(
         "dashinfer_client.model._quantize",
         sources=list(CONVERSION_QUANTIZE),
+        depends=sorted(glob.glob("native/*.h")),
         include_dirs=["native"],
         extra_compile_args=["-O3", "-g0", "-pthread", "-std=gnu11", "-fno-math-errno", "-Wall",
                             "-Wno-unused-function"],
