@@ -135,3 +135,27 @@ static inline void dn_linear_rows(const dn_linear_part *s, int64_t p, int64_t *m
     *m0 = b0 * s->mr;
     *m1 = b1 * s->mr < s->m ? b1 * s->mr : s->m;
 }
+
+/* Batched i8q/u4q calls take a panel DN_Q8_CHUNK_K k at a time, every tile of up to
+ * DN_Q8_ROW_BLOCK rows over a chunk (from L1) before the next, whose cache lines the tiles ask of
+ * L2 meanwhile, a few per group each (linear_q8_vnni.c, linear_q8_avx2.c). */
+#define DN_Q8_CHUNK_K 256  /* 64 columns x 256 k: 16 KB of i8q codes */
+#define DN_Q8_ROW_BLOCK 32 /* their sums between chunks: 8 KB */
+typedef struct {
+    const char *at;
+    int lines; /* per group */
+} dn_q8_ahead;
+
+/* The chunk after groups [.., g1) of panel p (the next panel's head and first chunk after the
+ * last; NULL after the thread's last panel p1 - 1), and its bytes. */
+static inline const char *dn_q8_next_chunk(const dn_linear_w *w, int64_t p, int64_t p1, int width, int64_t g1,
+                                           int64_t chunk, int64_t *bytes) {
+    const int64_t ng = w->k / w->group;
+    const uint8_t *panel = dn_linear_panel(w, p);
+    if (g1 < ng) {
+        *bytes = (g1 + chunk < ng ? chunk : ng - g1) * dn_linear_group_bytes(w->wtype, w->group, width);
+        return (const char *)dn_linear_group_at(w->wtype, w->group, panel, width, g1);
+    }
+    *bytes = dn_linear_group_at(w->wtype, w->group, panel, width, chunk < ng ? chunk : ng) - panel;
+    return p + 1 < p1 ? (const char *)dn_linear_panel(w, p + 1) : NULL;
+}

@@ -35,19 +35,12 @@ INLINE void group_params(int u4, const uint8_t *panel, const uint8_t *blk, int w
     }
 }
 
-/* Cache lines of the chunk a thread reads next, asked of L2 a few a group while this chunk's
- * tiles compute (linear_q8_vnni.c does the same). */
-typedef struct {
-    const char *at;
-    int lines; /* per group */
-} ahead;
-
 /* Groups [g0, g1) of x[r] . W^T for mr rows, columns [c0, c0 + 8 nv) of the panel: the sums so
  * far come from acc (rows of DN_LINEAR_NR, the panel's columns) unless g0 is 0, and go back
  * there unless g1 is the last group, where y gets the panel's `valid` real columns. */
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, int width, int c0,
                  int64_t group, int64_t k, int64_t g0, int64_t g1, float *acc, const dn_q8_act *a, int64_t row0,
-                 float *y, int64_t ldy, const float *bias, int valid, float unscale, ahead pf) {
+                 float *y, int64_t ldy, const float *bias, int valid, float unscale, dn_q8_ahead pf) {
     const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
@@ -163,7 +156,7 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
 #define TILE(MR_, NV, U4)                                                                                  \
     tile(MR_, NV, U4, panel, width, c0, w->group, w->k, g0, g1, acc + (i - r0) * DN_LINEAR_NR, &a, i,      \
          c->y + col0, w->n, bias, valid, w->unscale,                                                      \
-         (ahead){next + ci * per_call * 64, ci * per_call < lines ? per_group : 0}),                      \
+         (dn_q8_ahead){next + ci * per_call * 64, ci * per_call < lines ? per_group : 0}),                      \
         ci++
 #define PANEL(MR_, NV, U4)                                                                  \
     for (int c0 = 0; c0 < width;) { /* a panel is 16 to 64 columns wide */                  \
@@ -171,11 +164,6 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
         else if ((NV) > 4 && width - c0 >= 32) TILE(MR_, (NV) > 4 ? 4 : (NV), U4), c0 += 32; \
         else TILE(MR_, (NV) > 2 ? 2 : (NV), U4), c0 += 16;                                  \
     }
-
-/* k a chunk spans when a panel takes several tile calls (row tiles, or column tiles narrower
- * than the panel), and the rows that take one chunk before the next (their sums: 8 KB). */
-#define CHUNK_K 256
-#define ROW_BLOCK 32
 
 /* Tile calls of one chunk over rows [r0, r1) of a panel `width` wide. */
 static int64_t tile_calls(int64_t r0, int64_t r1, int width, int u4) {
@@ -193,7 +181,7 @@ static void run(const dn_linear_call *c, int t, int nt) {
     dn_q8_act a = dn_q8_prepare(c, t, nt, quantize_block);
     int64_t p0, p1, m0, m1;
     const int u4 = w->wtype == DN_W_U4Q;
-    float acc[ROW_BLOCK * DN_LINEAR_NR] __attribute__((aligned(32))); /* the row block's sums between chunks */
+    float acc[DN_Q8_ROW_BLOCK * DN_LINEAR_NR] __attribute__((aligned(32))); /* the row block's sums between chunks */
     dn_linear_part share = dn_linear_share(w, c->m, Q8_MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
     for (int64_t p = p0; p < p1; p++) {
@@ -206,22 +194,17 @@ static void run(const dn_linear_call *c, int t, int nt) {
          * them over one chunk before the next: the chunk comes from DRAM once and stays in L1
          * for the others while the next one is prefetched (one call over the whole panel at a
          * time waited on DRAM, and the others read the panel again from L2). */
-        const int several = tile_calls(m0, m1 < m0 + ROW_BLOCK ? m1 : m0 + ROW_BLOCK, width, u4) > 1;
-        const int64_t chunk = several ? (CHUNK_K + w->group - 1) / w->group : ng;
-        const int64_t group_bytes = dn_linear_group_bytes(w->wtype, w->group, width);
-        for (int64_t r0 = m0; r0 < m1; r0 += ROW_BLOCK) {
-            const int64_t r1 = r0 + ROW_BLOCK < m1 ? r0 + ROW_BLOCK : m1;
+        const int several = tile_calls(m0, m1 < m0 + DN_Q8_ROW_BLOCK ? m1 : m0 + DN_Q8_ROW_BLOCK, width, u4) > 1;
+        const int64_t chunk = several ? (DN_Q8_CHUNK_K + w->group - 1) / w->group : ng;
+        for (int64_t r0 = m0; r0 < m1; r0 += DN_Q8_ROW_BLOCK) {
+            const int64_t r1 = r0 + DN_Q8_ROW_BLOCK < m1 ? r0 + DN_Q8_ROW_BLOCK : m1;
             for (int64_t g0 = 0, g1; g0 < ng; g0 = g1) {
                 g1 = g0 + chunk < ng ? g0 + chunk : ng;
-                /* the next chunk: this panel's, or the next panel's head and first chunk; none
-                 * where more rows than a block make the call compute-bound */
-                const char *next = (const char *)(g1 < ng ? dn_linear_group_at(w->wtype, w->group, panel, width, g1)
-                                                  : p + 1 < p1 ? dn_linear_panel(w, p + 1) : NULL);
-                const int64_t next_bytes = g1 < ng ? (g1 + chunk < ng ? chunk : ng - g1) * group_bytes
-                                                   : dn_linear_group_at(w->wtype, w->group, panel, width,
-                                                                        chunk < ng ? chunk : ng) - panel;
+                /* none where more rows than a block make the call compute-bound */
+                int64_t next_bytes;
+                const char *next = dn_q8_next_chunk(w, p, p1, width, g1, chunk, &next_bytes);
                 const int64_t calls = tile_calls(r0, r1, width, u4);
-                const int64_t lines = several && m1 - m0 <= ROW_BLOCK && next ? next_bytes / 64 : 0;
+                const int64_t lines = several && m1 - m0 <= DN_Q8_ROW_BLOCK && next ? next_bytes / 64 : 0;
                 const int per_group = (int)((lines + calls * (g1 - g0) - 1) / (calls * (g1 - g0)));
                 const int64_t per_call = per_group * (g1 - g0);
                 int64_t ci = 0;

@@ -3,9 +3,9 @@
  * activations, exact int32 sums), the block's int32 sums scaled once by scale * d into fp32,
  * and the zero point subtracted once per group. One row (decode) streams a 64-column panel
  * through one tile; more rows take it a chunk of k at a time, every MR-row tile of up to
- * ROW_BLOCK rows over the chunk from L1 while the next chunk is prefetched. int8 codes are half
- * the bytes of bf16, uint4 a quarter, and the arithmetic stays far below the memory time, so a
- * decode step runs at the speed of its bytes. */
+ * DN_Q8_ROW_BLOCK rows over the chunk from L1 while the next chunk is prefetched. int8 codes are
+ * half the bytes of bf16, uint4 a quarter, and the arithmetic stays far below the memory time,
+ * so a decode step runs at the speed of its bytes. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
@@ -36,14 +36,6 @@ INLINE int32_t quad(const int8_t *p) {
     return v;
 }
 
-/* Cache lines of the chunk a thread reads next, fetched into L2 a few per group while this
- * chunk's row tiles run: with several tiles per panel (batched decode) the first would otherwise
- * wait on DRAM for every line while the later ones compute from L1, the two never overlapping. */
-typedef struct {
-    const char *at;
-    int lines; /* per group */
-} ahead;
-
 /* A u4q panel unpacked once for many row tiles: its codes one byte each in i8q's order
  * ([k/4][width][4]), per group the fp32 scale and scale*zero of each column. */
 typedef struct {
@@ -57,7 +49,7 @@ typedef struct {
  * y[r][0..valid) gets them. */
 INLINE void tile(const int mr, const int nv, const int u4, const uint8_t *panel, const unpacked *up, int width,
                  int64_t group, int64_t k, int64_t g0, int64_t g1, float *acc, const dn_q8_act *a, int64_t row0,
-                 float *y, int64_t ldy, const float *bias, int valid, ahead pf, __m512 unscale) {
+                 float *y, int64_t ldy, const float *bias, int valid, dn_q8_ahead pf, __m512 unscale) {
     const dn_wtype t = u4 ? DN_W_U4Q : DN_W_I8Q;
     const int64_t ng = k / group, nb = k / DN_Q8_BLOCK;
     const __m512i low = _mm512_set1_epi8(15);
@@ -176,11 +168,6 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
  * GFLOP/s at 32 rows and more). */
 #define UNPACK_MIN_ROWS 8
 
-/* k a chunk of the panel spans when several row tiles share it (64 columns x 256 k: 16 KB of
- * i8q codes), and the rows that take one chunk before the next (their sums: 8 KB). */
-#define CHUNK_K 256
-#define ROW_BLOCK 32
-
 /* Bytes of a thread's unpacked panel. */
 static size_t unpacked_bytes(const dn_linear_w *w) {
     return (size_t)DN_LINEAR_NR * w->k + 2 * (size_t)(w->k / w->group) * DN_LINEAR_NR * sizeof(float);
@@ -228,7 +215,7 @@ static void run(const dn_linear_call *c, int t, int nt) {
         up.scale = (float *)(up.codes + DN_LINEAR_NR * w->k);
         up.sz = up.scale + (w->k / w->group) * DN_LINEAR_NR;
     }
-    float acc[ROW_BLOCK * DN_LINEAR_NR] __attribute__((aligned(64))); /* the row block's sums between chunks */
+    float acc[DN_Q8_ROW_BLOCK * DN_LINEAR_NR] __attribute__((aligned(64))); /* the row block's sums between chunks */
     dn_linear_part share = dn_linear_share(w, c->m, MR, t, nt);
     dn_linear_panels(&share, &p0, &p1);
     for (int64_t p = p0; p < p1; p++) {
@@ -245,24 +232,20 @@ static void run(const dn_linear_call *c, int t, int nt) {
          * others (a tile over the whole panel at a time waited on DRAM alone, then computed
          * from L2 alone). The next chunk's bytes are asked of L2 a few lines a group while
          * this chunk's tiles compute, so the stream from memory runs beside the arithmetic. */
-        const int64_t chunk = tiles > 1 ? (CHUNK_K + w->group - 1) / w->group : ng;
-        const int64_t group_bytes = dn_linear_group_bytes(w->wtype, w->group, width);
-        const int ahead_on = tiles > 1 && m1 - m0 <= ROW_BLOCK; /* more rows: compute-bound */
-        for (int64_t r0 = m0; r0 < m1; r0 += ROW_BLOCK) {
-            const int64_t r1 = r0 + ROW_BLOCK < m1 ? r0 + ROW_BLOCK : m1;
+        const int64_t chunk = tiles > 1 ? (DN_Q8_CHUNK_K + w->group - 1) / w->group : ng;
+        const int ahead_on = tiles > 1 && m1 - m0 <= DN_Q8_ROW_BLOCK; /* more rows: compute-bound */
+        for (int64_t r0 = m0; r0 < m1; r0 += DN_Q8_ROW_BLOCK) {
+            const int64_t r1 = r0 + DN_Q8_ROW_BLOCK < m1 ? r0 + DN_Q8_ROW_BLOCK : m1;
             for (int64_t g0 = 0, g1; g0 < ng; g0 = g1) {
                 g1 = g0 + chunk < ng ? g0 + chunk : ng;
                 if (unpack && r0 == m0) unpack_groups(w, panel, width, g0, g1, &up);
-                /* the next chunk: this panel's, or the next panel's head and first chunk */
-                const uint8_t *next = g1 < ng ? dn_linear_group_at(w->wtype, w->group, panel, width, g1)
-                                              : p + 1 < p1 ? dn_linear_panel(w, p + 1) : NULL;
-                const int64_t next_bytes = g1 < ng ? (g1 + chunk < ng ? chunk : ng - g1) * group_bytes
-                                                   : dn_linear_group_at(w->wtype, w->group, panel, width, chunk < ng ? chunk : ng) - panel;
+                int64_t next_bytes;
+                const char *next = dn_q8_next_chunk(w, p, p1, width, g1, chunk, &next_bytes);
                 int64_t lines = ahead_on && next ? next_bytes / 64 : 0, spots = (r1 - r0 + MR - 1) / MR * (g1 - g0);
                 int per_group = (int)((lines + spots - 1) / spots);
                 for (int64_t i = r0; i < r1; i += MR) {
                     int64_t first = (i - r0) / MR * (g1 - g0) * per_group;
-                    ahead pf = {(const char *)next + first * 64, first < lines ? per_group : 0};
+                    dn_q8_ahead pf = {next + first * 64, first < lines ? per_group : 0};
                     if (r1 - i >= 2) {
                         if (unpack) NV_TILES(2, 0, &up) else if (u4) NV_TILES(2, 1, NULL) else NV_TILES(2, 0, NULL)
                     } else {
