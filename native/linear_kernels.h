@@ -146,16 +146,33 @@ typedef struct {
     int lines; /* per group */
 } dn_q8_ahead;
 
-/* The chunk after groups [.., g1) of panel p (the next panel's head and first chunk after the
- * last; NULL after the thread's last panel p1 - 1), and its bytes. */
-static inline const char *dn_q8_next_chunk(const dn_linear_w *w, int64_t p, int64_t p1, int width, int64_t g1,
-                                           int64_t chunk, int64_t *bytes) {
+/* The lines of the chunk after groups [g0, g1) of panel p (the next panel's head and first chunk
+ * after the last; none after the thread's last panel p1 - 1), shared out over `calls` tile calls. */
+typedef struct {
+    const char *next;
+    int64_t lines, groups; /* lines in all; groups a call runs */
+    int per_group;
+} dn_q8_prefetch;
+
+static inline dn_q8_prefetch dn_q8_prefetch_plan(const dn_linear_w *w, int64_t p, int64_t p1, int width, int64_t g0,
+                                                 int64_t g1, int64_t chunk, int on, int64_t calls) {
     const int64_t ng = w->k / w->group;
     const uint8_t *panel = dn_linear_panel(w, p);
+    dn_q8_prefetch f = {NULL, 0, g1 - g0, 0};
     if (g1 < ng) {
-        *bytes = (g1 + chunk < ng ? chunk : ng - g1) * dn_linear_group_bytes(w->wtype, w->group, width);
-        return (const char *)dn_linear_group_at(w->wtype, w->group, panel, width, g1);
+        f.next = (const char *)dn_linear_group_at(w->wtype, w->group, panel, width, g1);
+        f.lines = (g1 + chunk < ng ? chunk : ng - g1) * dn_linear_group_bytes(w->wtype, w->group, width) / 64;
+    } else if (p + 1 < p1) {
+        f.next = (const char *)dn_linear_panel(w, p + 1);
+        f.lines = (dn_linear_group_at(w->wtype, w->group, panel, width, chunk < ng ? chunk : ng) - panel) / 64;
     }
-    *bytes = dn_linear_group_at(w->wtype, w->group, panel, width, chunk < ng ? chunk : ng) - panel;
-    return p + 1 < p1 ? (const char *)dn_linear_panel(w, p + 1) : NULL;
+    if (!on) f.lines = 0;
+    f.per_group = (int)((f.lines + calls * f.groups - 1) / (calls * f.groups));
+    return f;
+}
+
+/* Tile call `call`'s share of the plan. */
+static inline dn_q8_ahead dn_q8_ahead_of(const dn_q8_prefetch *f, int64_t call) {
+    const int64_t first = call * f->groups * f->per_group;
+    return (dn_q8_ahead){f->lines ? f->next + first * 64 : NULL, first < f->lines ? f->per_group : 0};
 }

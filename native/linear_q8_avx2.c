@@ -153,11 +153,9 @@ static int quantize_block(const float *x, int8_t *q, float *d) {
 
 /* One panel's columns for MR_ rows at row i, NV x 8 at a time, narrower at its end; each tile
  * call prefetches its share of the next chunk (call index ci). */
-#define TILE(MR_, NV, U4)                                                                                  \
-    tile(MR_, NV, U4, panel, width, c0, w->group, w->k, g0, g1, acc + (i - r0) * DN_LINEAR_NR, &a, i,      \
-         c->y + col0, w->n, bias, valid, w->unscale,                                                      \
-         (dn_q8_ahead){next + ci * per_call * 64, ci * per_call < lines ? per_group : 0}),                      \
-        ci++
+#define TILE(MR_, NV, U4)                                                                             \
+    tile(MR_, NV, U4, panel, width, c0, w->group, w->k, g0, g1, acc + (i - r0) * DN_LINEAR_NR, &a, i, \
+         c->y + col0, w->n, bias, valid, w->unscale, dn_q8_ahead_of(&plan, ci++))
 #define PANEL(MR_, NV, U4)                                                                  \
     for (int c0 = 0; c0 < width;) { /* a panel is 16 to 64 columns wide */                  \
         if (width - c0 >= 8 * (NV)) TILE(MR_, NV, U4), c0 += 8 * (NV);                      \
@@ -201,12 +199,9 @@ static void run(const dn_linear_call *c, int t, int nt) {
             for (int64_t g0 = 0, g1; g0 < ng; g0 = g1) {
                 g1 = g0 + chunk < ng ? g0 + chunk : ng;
                 /* none where more rows than a block make the call compute-bound */
-                int64_t next_bytes;
-                const char *next = dn_q8_next_chunk(w, p, p1, width, g1, chunk, &next_bytes);
-                const int64_t calls = tile_calls(r0, r1, width, u4);
-                const int64_t lines = several && m1 - m0 <= DN_Q8_ROW_BLOCK && next ? next_bytes / 64 : 0;
-                const int per_group = (int)((lines + calls * (g1 - g0) - 1) / (calls * (g1 - g0)));
-                const int64_t per_call = per_group * (g1 - g0);
+                const dn_q8_prefetch plan = dn_q8_prefetch_plan(w, p, p1, width, g0, g1, chunk,
+                                                                several && m1 - m0 <= DN_Q8_ROW_BLOCK,
+                                                                tile_calls(r0, r1, width, u4));
                 int64_t ci = 0;
                 for (int64_t i = r0; i < r1;) {
                     if (r1 - i >= 4) {

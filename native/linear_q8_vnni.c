@@ -239,13 +239,10 @@ static void run(const dn_linear_call *c, int t, int nt) {
             for (int64_t g0 = 0, g1; g0 < ng; g0 = g1) {
                 g1 = g0 + chunk < ng ? g0 + chunk : ng;
                 if (unpack && r0 == m0) unpack_groups(w, panel, width, g0, g1, &up);
-                int64_t next_bytes;
-                const char *next = dn_q8_next_chunk(w, p, p1, width, g1, chunk, &next_bytes);
-                int64_t lines = ahead_on && next ? next_bytes / 64 : 0, spots = (r1 - r0 + MR - 1) / MR * (g1 - g0);
-                int per_group = (int)((lines + spots - 1) / spots);
+                const dn_q8_prefetch plan =
+                    dn_q8_prefetch_plan(w, p, p1, width, g0, g1, chunk, ahead_on, (r1 - r0 + MR - 1) / MR);
                 for (int64_t i = r0; i < r1; i += MR) {
-                    int64_t first = (i - r0) / MR * (g1 - g0) * per_group;
-                    dn_q8_ahead pf = {next + first * 64, first < lines ? per_group : 0};
+                    const dn_q8_ahead pf = dn_q8_ahead_of(&plan, (i - r0) / MR);
                     if (r1 - i >= 2) {
                         if (unpack) NV_TILES(2, 0, &up) else if (u4) NV_TILES(2, 1, NULL) else NV_TILES(2, 0, NULL)
                     } else {
