@@ -10,6 +10,7 @@ from transformers.generation.logits_process import (
 from dashinfer_server.sampler import Sampler
 from tests.test_sampler import make_state, rand_logits
 
+
 def test_repetition_penalty_changes_greedy_choice_by_the_hf_formula():
     logits = np.array([[3.0, 2.5, -1.0, 0.5]], np.float32)
     plain = Sampler().sample(logits.copy(), [make_state([0, 2], do_sample=False)])
