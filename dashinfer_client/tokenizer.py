@@ -120,7 +120,9 @@ class Tokenizer:
     # ---- text <-> ids --------------------------------------------------------------------------
 
     def encode(self, text, add_special_tokens=True) -> list:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch lets go of the GIL while it runs and encode does not: a megabyte prompt
+        # tokenized in a server's worker thread must not stop its event loop for seconds
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def __call__(self, text, add_special_tokens=True, padding=False, truncation=False, return_tensors=None):
         """{"input_ids", "attention_mask"} of a text, or lists of them for a list of texts."""

@@ -145,8 +145,15 @@ def test_sse_bytes_follow_openai_format(server):
     ({"model": "tiny", "messages": "hi"}, 400, ["messages"]),
     ({"model": "tiny", "messages": QUESTION, "tools": [{"type": "function"}]}, 400, ["tools"]),
     ({"model": "tiny", "messages": QUESTION, "max_tokens": MAX_MODEL_LEN}, 400, [str(MAX_MODEL_LEN)]),
+    ({"model": "tiny", "messages": QUESTION, "max_tokens": 0}, 400, ["'max_tokens'", "at least 1"]),
+    ({"model": "tiny", "messages": QUESTION, "min_tokens": -3}, 400, ["'min_tokens'", "at least 0"]),
+    ({"model": "tiny", "messages": QUESTION, "presence_penalty": 3}, 400, ["presence_penalty", "[-2, 2]"]),
+    ({"model": "tiny", "messages": QUESTION, "ignore_eos": True}, 400, ["Unrecognized", "ignore_eos"]),
+    ({"model": "tiny", "messages": QUESTION, "modalities": ["text", "audio"]}, 400, ["'modalities'"]),
+    ({"model": "tiny", "messages": QUESTION, "stream_options": {"include_usage": True}}, 400, ["'stream'"]),
 ], ids=["unknown-model", "n", "temperature", "top_logprobs-alone", "top_logprobs-over", "frequency",
-        "messages", "tools", "max_tokens"])
+        "messages", "tools", "max_tokens", "max_tokens-0", "min_tokens", "presence", "unknown-key", "modalities",
+        "stream_options-alone"])
 def test_errors_have_openai_shape_and_status(server, body, status, words):
     r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
                    timeout=120)
@@ -154,6 +161,44 @@ def test_errors_have_openai_shape_and_status(server, body, status, words):
     assert r.status_code == status and set(error) == {"message", "type", "param", "code"}, r.text
     assert all(w in error["message"] for w in words), error
     assert not error["message"].startswith("start_request")  # the engine's reason, not a call the client made
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}'),
+    ("/v1/completions", '{"model": "tiny", "prompt": "\\udfff"}'),
+    ("/v1/messages", '{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800"}]}'),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    ("/tokenize", '{"prompt": "\\ud800"}'),
+], ids=["chat-surrogate", "completions-surrogate", "messages-surrogate", "deep-nesting", "tokenize-surrogate"])
+def test_json_that_is_no_text_is_a_400_in_the_routes_shape(server, client, route, body):
+    """A lone surrogate escape is valid JSON but no Unicode text (no tokenizer takes it), and a body
+    nested past Python's recursion limit cannot be read: both are the client's mistake."""
+    r = httpx.post(server.url + route, content=body.encode(), timeout=120,
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert ("surrogate" in error["message"] or "nested" in error["message"]), error
+    answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)  # still serving
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+def test_anthropic_stop_sequences_must_be_a_list(server):
+    r = httpx.post(server.url + "/v1/messages", timeout=120, headers={"x-api-key": API_KEY}, json={
+        "model": "tiny", "max_tokens": 2, "stop_sequences": "x", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["type"] == "error" and "stop_sequences" in r.json()["error"]["message"]
+
+
+def test_max_completion_tokens_null_leaves_max_tokens(client):
+    """Clients that send every field write unset ones as null: null is absent."""
+    answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=3, temperature=0,
+                                            extra_body={"max_completion_tokens": None, "min_tokens": 3})
+    assert answer.usage.completion_tokens == 3 and answer.choices[0].finish_reason == "length"
+
+
+def test_a_model_is_retrieved_by_its_id(client):
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
 
 
 def test_a_prompt_over_the_context_names_both_lengths(client):
@@ -169,6 +214,8 @@ def test_api_key_is_checked_on_every_v1_route(server):
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
     assert httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "a"}, timeout=120).status_code == 401
+    # the scheme is case-insensitive (RFC 9110 11.1)
+    assert http_status(server.url + "/v1/models", {"Authorization": f"bearer {API_KEY}"}) == 200
     assert http_status(server.url + "/health") == 200 and http_status(server.url + "/metrics") == 200
 
 

@@ -181,3 +181,53 @@ def test_a_deadline_ends_the_request_with_finish_reason_timeout(server):
     assert wait_for(lambda: metric(server, "dashinfer_requests_running") == 0, 30)
     bad = httpx.post(server.url + "/v1/completions", json=dict(body, timeout="soon"), timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "timeout"
+
+
+def test_more_choices_than_the_server_holds_is_a_400_not_a_429(server):
+    """A request of more choices than max batch + max waiting could never be admitted: retrying
+    (what a 429 asks) would not help."""
+    r = httpx.post(server.url + "/v1/completions", timeout=60,
+                   json=dict(BODY, stream=False, n=MAX_BATCH + MAX_WAITING + 1))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert "retry-after" not in r.headers
+
+
+def test_a_queued_stream_whose_client_leaves_is_released_at_once(server):
+    """A stream waiting for its first token behind a full batch is stopped and released when its
+    client leaves, not when the batch makes room for it."""
+    long_answer = 900
+
+    async def hold_and_leave():
+        body = dict(BODY, max_tokens=long_answer, min_tokens=long_answer)
+        held = asyncio.ensure_future(crowd(server.url + "/v1/completions", MAX_BATCH, body))
+        assert await asyncio.to_thread(
+            wait_for, lambda: metric(server, "dashinfer_http_requests_held") == MAX_BATCH, 60)
+        before = len(server.finished_lines())
+        async with httpx.AsyncClient(timeout=60) as client:
+            leaving = asyncio.ensure_future(client.post(server.url + "/v1/completions", json=body))
+            assert await asyncio.to_thread(
+                wait_for, lambda: metric(server, "dashinfer_http_requests_held") == MAX_BATCH + 1, 60)
+            leaving.cancel()  # the connection closes while the request waits for its first token
+            await asyncio.gather(leaving, return_exceptions=True)
+        assert await asyncio.to_thread(wait_for, lambda: len(server.finished_lines()) > before, 60)
+        first_done = server.finished_lines()[before]
+        results = await held
+        return first_done, results
+    (generated, reason), results = asyncio.run(hold_and_leave())
+    assert reason == "stopped" and generated < long_answer, (generated, reason)  # not a held one at its end
+    assert all(r[0] == "done" for r in results)
+    assert wait_for(lambda: metric(server, "dashinfer_http_requests_held") == 0, 60)
+
+
+def test_health_answers_while_a_huge_prompt_is_tokenized(server):
+    """The body's parse and tokenizing run off the event loop: a 3 MB prompt (refused as longer than
+    the context once counted) does not hold /health past its contract."""
+    probe = HealthProbe(server.url)
+    try:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=300, json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hello " * 500_000}]})
+    finally:
+        probe.stop()
+    assert r.status_code == 400 and "tokens" in r.json()["error"]["message"], r.text
+    assert probe.codes == {200} and len(probe.latencies) > 3
+    assert max(probe.latencies) < HEALTH_BOUND_S, f"/health took {max(probe.latencies):.2f} s at worst"

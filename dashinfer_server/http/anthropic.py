@@ -61,6 +61,8 @@ def _openai_body(body) -> dict:
         if body.get(key) is not None:
             out[key] = body[key]
     if body.get("stop_sequences") is not None:
+        if not isinstance(body["stop_sequences"], list):  # OpenAI's stop takes a lone string; this does not
+            raise bad_request("'stop_sequences' must be a list of strings", "stop_sequences")
         out["stop"] = body["stop_sequences"]
     if body.get("tools") is not None:
         out["tools"] = _tools(body["tools"])

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -68,8 +69,9 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
     def key_ok(headers) -> bool:
         if not api_key:
             return True
-        bearer, key = headers.get("authorization", ""), headers.get("x-api-key")
-        return hmac.compare_digest(bearer.encode(), f"Bearer {api_key}".encode()) or \
+        scheme, _, bearer = headers.get("authorization", "").partition(" ")  # the scheme is case-insensitive
+        key = headers.get("x-api-key")
+        return (scheme.lower() == "bearer" and hmac.compare_digest(bearer.strip().encode(), api_key.encode())) or \
             (key is not None and hmac.compare_digest(key.encode(), api_key.encode()))
 
     async def check_key(request: Request):
@@ -90,23 +92,40 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
         body = await asyncio.get_running_loop().run_in_executor(probes, metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card():
+        return {"id": served.name, "object": "model", "created": 0, "owned_by": "dashinfer",
+                "max_model_len": served.max_length, "sampling_defaults": served.sampling_defaults}
+
     @v1.get("/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0,
-                                            "owned_by": "dashinfer", "max_model_len": served.max_length,
-                                            "sampling_defaults": served.sampling_defaults}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @v1.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        check_model({"model": model_id}, served)
+        return model_card()
 
     async def parsed(request: Request, parse):
+        """The body and its parse, in a worker thread: a long prompt's tokenizing must not hold
+        the event loop, which streams every other answer and answers /health."""
         body = await _json(request)
         check_model(body, served)
-        return body, parse(body, served)
+        return body, await asyncio.to_thread(parse, body, served)
 
     async def complete(request: Request, parse, answer_of):
         body, jobs = await parsed(request, parse)
+        if len(jobs) > admission.limit:  # would be refused with 429 however long the client waited
+            raise bad_request(f"{len(jobs)} choices (n times the prompts) exceed the {admission.limit} requests "
+                              f"this server holds at once", "n")
         answer = answer_of(jobs[0], served)
         choices = Choices(served, jobs, metrics, answer.id, lambda deltas: admission.admit(body, deltas))
         if answer.job.stream:
-            firsts = await choices.first_pieces()  # a refusal is still an HTTP error, not a stream
+            # a refusal is still an HTTP error, not a stream; a client gone before the first
+            # pieces (queued behind a full batch) has its requests stopped and released
+            firsts = await _unless_disconnected(request, choices.first_pieces())
+            if firsts is None:
+                await choices.close()
+                return Response(status_code=499)
             return StreamingResponse(answer.events(choices, firsts), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         collected = await _unless_disconnected(request, choices.whole())
@@ -136,12 +155,30 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
 
 
 async def _json(request) -> dict:
+    return await asyncio.to_thread(_parse_json, await request.body())
+
+
+# A \u escape of a UTF-16 surrogate: the cheap test before the whole body is checked for lone ones
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _parse_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400: not JSON, nested past Python's recursion limit, or
+    holding a lone UTF-16 surrogate (valid JSON, not text: no tokenizer can take it)."""
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("the body is not valid JSON here: it is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError as e:
+            raise bad_request(f"the body holds a lone UTF-16 surrogate ({e.object[e.start]!r}), which is not "
+                              f"Unicode text") from None
     return body
 
 

@@ -24,7 +24,19 @@ _SAME_MEANING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k
                  "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
                  "logit_bias": "logit_bias", "response_format": "response_format"}
 # OpenAI options with no counterpart here: accepted only when absent or neutral.
-_UNSUPPORTED = {"functions": None, "function_call": "none", "suffix": None, "best_of": 1}
+_UNSUPPORTED = {"functions": None, "function_call": "none", "suffix": None, "best_of": 1,
+                "modalities": ["text"], "audio": None, "verbosity": None, "web_search_options": None}
+# OpenAI options that change nothing in an answer (bookkeeping, caching hints; a prediction only
+# speeds up generation): accepted and unused.
+_NO_EFFECT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prediction"}
+# Every key a body may have: the options of both routes, this server's extensions (vLLM's names:
+# top_k, min_p, repetition_penalty, min_tokens, chat_template_kwargs; DashInfer's deadline, timeout,
+# read by the admission gate). Anything else is refused as OpenAI does: never silently ignored.
+_COMMON = {"model", "n", "stream", "stream_options", "stop", "max_tokens", "min_tokens", "logprobs", "timeout",
+           *_SAME_MEANING, *_UNSUPPORTED, *_NO_EFFECT}
+_KEYS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                            "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "echo"},
+         "text": _COMMON | {"prompt", "echo"}}
 # What a request that leaves sampling out gets: OpenAI's neutral values (DashInfer's own top_k is
 # 50), under the model's generation_config.json where it names these keys, as vLLM does.
 _OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -89,7 +101,8 @@ def parse_chat(body: dict, served) -> Job:
     text, tools = chat_prompt(body, served)
     ids = served.prompts.text_ids(text, special=False)
     logprobs = _count(body, "top_logprobs", 0) if flag(body, "logprobs") else None
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")  # OpenAI's name now; max_tokens the deprecated one
+    max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
     job = _job("chat", body, served, ids, max_tokens, logprobs)
     if logprobs is None and body.get("top_logprobs") is not None:
         job.generation["top_logprobs"] = body["top_logprobs"]  # the engine refuses it without logprobs
@@ -166,9 +179,15 @@ def choice_seed(seed: int, i: int) -> int:
 
 
 def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
+    unknown = sorted(set(body) - _KEYS[kind])
+    if unknown:
+        raise bad_request(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
     model = body.get("model")
     if not isinstance(model, str):
         raise bad_request("'model' must be a string (GET /v1/models lists them)", "model")
+    presence = body.get("presence_penalty")
+    if isinstance(presence, (int, float)) and not isinstance(presence, bool) and not -2 <= presence <= 2:
+        raise bad_request("'presence_penalty' must be in [-2, 2]", "presence_penalty")  # OpenAI's range, not the engine's
     for key, neutral in _UNSUPPORTED.items():
         if body.get(key) not in (None, neutral, {}, []):
             raise bad_request(f"'{key}' is not supported by this server", key)
@@ -179,12 +198,12 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     if generation["temperature"] == 0:  # OpenAI's greedy
         generation["do_sample"] = False
     # Token counts after the prompt -> the engine's lengths, which count the prompt too.
-    if max_tokens is not None:
-        generation["max_length"] = len(ids) + _int(max_tokens, "max_tokens")  # the engine checks it
+    if max_tokens is not None:  # the engine checks the length against the model's
+        generation["max_length"] = len(ids) + _at_least(max_tokens, 1, "max_tokens")
     else:
         generation["max_length"] = served.max_length
     if body.get("min_tokens") is not None:
-        generation["min_length"] = len(ids) + _int(body["min_tokens"], "min_tokens")
+        generation["min_length"] = len(ids) + _at_least(body["min_tokens"], 0, "min_tokens")
     if logprobs is not None:
         generation.update(logprobs=True, top_logprobs=logprobs)
     stop = _stop(body.get("stop"))
@@ -193,6 +212,8 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
+    if body.get("stream_options") is not None and not flag(body, "stream"):
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     return Job(kind, model, list(ids), generation, max_tokens, stop, flag(body, "stream"),
                bool(options.get("include_usage")), logprobs)
 
@@ -223,6 +244,12 @@ def _count(body, key, default) -> int:
 def _int(value, key) -> int:
     if not _is_int(value):
         raise bad_request(f"'{key}' must be an integer", key)
+    return value
+
+
+def _at_least(value, low, key) -> int:
+    if _int(value, key) < low:
+        raise bad_request(f"'{key}' must be at least {low}, got {value}", key)
     return value
 
 
