@@ -174,6 +174,8 @@ def test_a_deadline_ends_the_request_with_finish_reason_timeout(server):
     assert kind == "done" and saw_done and reasons == ["timeout"]
     whole = httpx.post(server.url + "/v1/completions", json=dict(body, stream=False), timeout=60).json()
     assert whole["choices"][0]["finish_reason"] == "timeout" and whole["usage"]["completion_tokens"] < 900
+    unstarted = httpx.post(server.url + "/v1/completions", json=dict(body, stream=False, timeout=1e-9), timeout=60).json()
+    assert unstarted["usage"]["prompt_tokens"] == len(BODY["prompt"]), unstarted  # the prompt counts, run or not
     message = httpx.post(server.url + "/v1/messages", timeout=60, json={
         "model": "tiny", "max_tokens": 900, "timeout": 0.01, "messages": [{"role": "user", "content": "hi"}]}).json()
     assert message["type"] == "message" and message["usage"]["output_tokens"] < 900, message
