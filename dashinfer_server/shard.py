@@ -4,7 +4,9 @@ Attention is split by query heads, as evenly as they go, and a rank holds the KV
 heads read: where a GQA group straddles two ranks, both compute and cache that KV head (SmolLM2's
 9 heads / 3 KV heads on 2 ranks: heads 0-4 over KV heads 0-1, heads 5-8 over KV heads 1-2, not
 whole groups 6+3, which left rank 1 idle for a quarter of a prefill step at every attention
-allreduce). The MLP is split by the intermediate dimension, lm_head by vocabulary. A sparse layer's experts
+allreduce). With fewer KV heads than ranks the same rule puts a KV head on every rank whose query
+heads read it (Gemma 3 1B's one KV head on 2 ranks: each computes and caches it for its 2 of 4
+query heads), as vLLM replicates KV heads. The MLP is split by the intermediate dimension, lm_head by vocabulary. A sparse layer's experts
 are split one of two ways (EXPERT_SPLITS): each expert by its intermediate rows, as the dense MLP,
 or whole experts dealt out to the ranks (rank r of R holds experts r, r + R, ...); a shared expert
 is split by its intermediate rows either way.
@@ -45,9 +47,9 @@ class Shard:
     def __post_init__(self):
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank {self.rank} is not in a group of {self.world}")
-        if self.world > self.num_kv_heads:
-            raise ValueError(f"{self.world} tensor-parallel ranks need at least as many KV heads; "
-                             f"the model has {self.num_kv_heads}")
+        if self.world > self.num_heads:
+            raise ValueError(f"{self.world} tensor-parallel ranks need a query head each; "
+                             f"the model has {self.num_heads}")
         if self.expert_split not in EXPERT_SPLITS:
             raise ValueError(f"expert split {self.expert_split!r} is not one of {', '.join(EXPERT_SPLITS)}")
         if self.expert_split == "experts" and self.world > self.num_experts > 0:

@@ -63,15 +63,23 @@ def test_op_by_op_reference_equals_native(family_model):
     assert np.abs(native - python).max() < 1e-4, name
 
 
+# one KV head under 4 query heads (Gemma 3 1B's shape): on 2 ranks, both hold it
+ONE_KV_HEAD = dict(num_attention_heads=4, num_key_value_heads=1, hidden_size=64, head_dim=16)
+
+
 def test_two_ranks_generate_transformers_greedy(serialized_tiny):
     """One mpiexec'd group of 2 ranks serves every family in turn; each gives transformers' 16
     greedy tokens. The uneven 9-head / 3-KV-head shape makes a GQA group straddle the ranks (and
-    OLMo 2's whole-projection k norm then counts the shared head once)."""
+    OLMo 2's whole-projection k norm then counts the shared head once); Gemma 3 and OLMo 2 with
+    one KV head put it on both ranks."""
     specs, expected = [], []
-    for name in FAMILIES:
+    shapes = [(name, dict(uneven=True, hidden_size=144)) for name in FAMILIES] + \
+        [(name, ONE_KV_HEAD) for name in ("gemma3", "olmo2")]
+    for name, shape in shapes:
         # head_dim 16, the cache's smallest (Phi-3 takes it from hidden_size / heads)
         head_dim = {} if "head_dim" in FAMILY_CONFIGS[name][1] else {"head_dim": 16}
-        loader = serialized_tiny(name, name=f"tp-{name}", uneven=True, hidden_size=144, **head_dim)
+        loader = serialized_tiny(name, name=f"tp-{name}" + ("-1kv" if shape is ONE_KV_HEAD else ""),
+                                 **dict(head_dim, **shape))
         hf = load_hf_model(loader.model_path)
         prompt = prompt_of(DashInferModel(loader.model_output_dir, loader.serialize_model_name), 30, seed=5)
         specs.append({"dir": loader.model_output_dir, "prefix": loader.serialize_model_name,
@@ -82,8 +90,9 @@ def test_two_ranks_generate_transformers_greedy(serialized_tiny):
     assert run.returncode == 0, run.stderr[-3000:]
     result = result_of(run.stdout)
     assert (result["world"], result["allreduce"]) == (2, "shm")
-    for name, want, got in zip(FAMILIES, expected, result["models"]):
-        assert got[0]["ids"] == want, f"{name} on 2 ranks: {got[0]} != transformers {want}"
+    assert len(result["models"]) == len(shapes)
+    for (name, shape), want, got in zip(shapes, expected, result["models"]):
+        assert got[0]["ids"] == want, f"{name} {shape} on 2 ranks: {got[0]} != transformers {want}"
 
 
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):

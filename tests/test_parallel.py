@@ -71,9 +71,17 @@ def test_shard_uneven_heads_smollm2():
     assert Shard(1, 2, 4, 2, 100, 10).intermediate == (50, 100)
 
 
+def test_fewer_kv_heads_than_ranks_are_on_every_rank_that_reads_them():
+    """Gemma 3 1B: 4 query heads over 1 KV head on 2 ranks; 9 / 3 on 4 ranks."""
+    s0, s1 = (Shard(r, 2, 4, 1, 128, 10) for r in range(2))
+    assert (s0.heads, s1.heads) == ((0, 2), (2, 4)) and s0.kv_heads == s1.kv_heads == (0, 1)
+    assert (s0.q_head0, s1.q_head0) == (0, 2)
+    assert [Shard(r, 4, 9, 3, 64, 10).kv_heads for r in range(4)] == [(0, 1), (1, 2), (1, 3), (2, 3)]
+
+
 def test_shard_refuses_impossible_splits():
-    with pytest.raises(ValueError, match="KV heads"):
-        Shard(0, 4, 9, 3, 64, 10)
+    with pytest.raises(ValueError, match="query head each"):
+        Shard(0, 4, 3, 1, 64, 10)
     with pytest.raises(ValueError, match="groups"):
         Shard(0, 2, 10, 4, 64, 10)
     with pytest.raises(ValueError, match="not in a group"):
