@@ -19,7 +19,7 @@ import numpy as np
 from dashinfer_client.dtypes import from_bf16, to_bf16
 from dashinfer_client.model.families import family
 from dashinfer_client.model.families.fused_experts import MXFP4_PARTS
-from dashinfer_client.model.quant import PARTS, uniform_groups
+from dashinfer_client.model.quant import PARTS, PER_CHANNEL, uniform_groups
 from dashinfer_client.model.safetensors_io import drop_mapped_pages
 
 from . import kernels as K
@@ -153,14 +153,25 @@ class WeightLoader:
         q, s, z, *row_scales = (self.tensor(f"{base}.weight.{p}") for p, _ in PARTS["uint4" if u4 else "int8"])
         per_byte = 2 if u4 else 1
         k = q.shape[1] * per_byte
-        # a ragged last group (the group does not divide k) is served in equal groups that do
-        s, z, group = uniform_groups(s, z, k, self.model.quantization["group_size"])
         c0, c1 = cols or (0, k)
-        if c0 % group or c1 % group:
-            raise ValueError(f"{base}: shard columns {c0}:{c1} split a quantization group of {group}")
+        if c0 % per_byte or c1 % per_byte:
+            raise ValueError(f"{base}: shard columns {c0}:{c1} split a byte of two uint4 codes")
+        group_size = self.model.quantization["group_size"]
+        if group_size == PER_CHANNEL:
+            # w = (q - zero) * scale with one (scale, zero) a row: any columns of the row are a group
+            # of their own under it, and the ranks' partial sums (zero term included: zero * scale
+            # times the rank's own x) add up to the row's (no per-row constant to count once)
+            groups = slice(None)
+        else:
+            # a ragged last group (the group does not divide k) is served in equal groups that do
+            s, z, group = uniform_groups(s, z, k, group_size)
+            if c0 % group or c1 % group:
+                served = "" if group == group_size else f", served in groups of {group} on input size {k}"
+                raise ValueError(f"{base}: shard columns {c0}:{c1} split a quantization group (group_size "
+                                 f"{group_size}{served})")
+            groups = slice(c0 // group, c1 // group)
         return (np.ascontiguousarray(q[r, c0 // per_byte:c1 // per_byte]),
-                np.ascontiguousarray(s[r, c0 // group:c1 // group]),
-                np.ascontiguousarray(z[r, c0 // group:c1 // group]),
+                np.ascontiguousarray(s[r, groups]), np.ascontiguousarray(z[r, groups]),
                 np.ascontiguousarray(row_scales[0][r]) if u4 else None)
 
     def linear(self, *parts, **options) -> np.ndarray:
@@ -325,7 +336,8 @@ def quantized_wtype(wtype: str, group: int, activate_quant: bool = False) -> str
     faster kernel here and the group is whole blocks of 32; else exact. With VNNI both are
     (~2x/3x faster than bf16 at decode); on AVX2 alone u4q is (vpmaddubsw, 1.3-1.7x exact u4's
     GEMV) and exact i8 is not slower. activate_quant (DashInfer's A8W8, checked at serialization:
-    groups of whole blocks) asks for int8 activations on every CPU."""
+    groups of whole blocks) asks for int8 activations on every CPU; a rank's columns of a
+    per-channel weight that are not whole blocks (a small MLP's or head_dim's split) stay exact."""
     path = K.linear_q8_path()
     faster = path == "vnni" or (path == "avx2" and wtype == "u4")
     return wtype + "q" if (faster or activate_quant) and group % 32 == 0 else wtype

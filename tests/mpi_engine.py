@@ -4,10 +4,11 @@ driven by tests/test_parallel.py:
     [mpiexec -n 2] python tests/mpi_engine.py SPEC_JSON
 
 SPEC_JSON: {"models": [{"dir", "prefix", "prompts": [[ids]...] | "question": str, "max_new",
-            "max_batch", "max_length"}], "linger": print GENERATING once tokens flow,
-            "wait_sigterm": print WAITING at the end, then close the group on SIGTERM}
-Rank 0 prints "RESULT <json>" (per model, the greedy ids of each prompt, and the answer text
-for a question); every rank prints "PID <rank> <pid>" first. Workers run run_worker.
+            "max_batch", "max_length", "top_logprobs": n}], "linger": print GENERATING once
+            tokens flow, "wait_sigterm": print WAITING at the end, then close the group on SIGTERM}
+Rank 0 prints "RESULT <json>" (per model, the greedy ids of each prompt, with top_logprobs the n
+most likely (id, logprob) pairs of each step, and the answer text for a question); every rank
+prints "PID <rank> <pid>" first. Workers run run_worker.
 """
 import json
 import logging
@@ -48,8 +49,10 @@ def serve(engine, spec, index, linger):
         prompts = [tok(text, add_special_tokens=False)["input_ids"]]
     queues = []
     for ids in prompts:
-        gen = ASGenerationConfigBuilder().update({"top_k": 1, "early_stopping": False,
-                                                  "max_length": len(ids) + spec["max_new"]})
+        options = {"top_k": 1, "early_stopping": False, "max_length": len(ids) + spec["max_new"]}
+        if spec.get("top_logprobs"):
+            options.update(logprobs=True, top_logprobs=spec["top_logprobs"])
+        gen = ASGenerationConfigBuilder().update(options)
         status, handle, q = engine.start_request_ids(name, None, ids, gen)
         check(status, "start_request_ids", engine)
         queues.append((handle, q))
@@ -59,10 +62,11 @@ def serve(engine, spec, index, linger):
     outs = []
     for handle, q in queues:
         engine.sync_request(name, handle)
-        ids = []
+        ids, top = [], []
         while (el := q.GetNoWait()) is not None:
             ids += el.ids_from_generate
-        outs.append({"ids": ids, "status": q.GenerateStatus().name, "error": q.error})
+            top += el.log_probs_list
+        outs.append({"ids": ids, "top_logprobs": top, "status": q.GenerateStatus().name, "error": q.error})
     if "question" in spec:
         outs[0]["text"] = files.get_tokenizer().decode(outs[0]["ids"], skip_special_tokens=True)
     check(engine.stop_model(name), "stop_model", engine)
