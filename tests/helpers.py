@@ -19,7 +19,7 @@ from tests.chat_templates import CHATML, SPECIAL_TOKENS
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=272, max_position_embeddings=512, rms_norm_eps=1e-6)
 # 9 query heads over 3 KV heads (SmolLM2's ratio): the uneven tensor-parallel split.
-UNEVEN = dict(TINY, hidden_size=72, num_attention_heads=9, num_key_value_heads=3, head_dim=8)
+UNEVEN = dict(TINY, hidden_size=144, num_attention_heads=9, num_key_value_heads=3, head_dim=16)
 # Tiny models of each family: (transformers config class, what the family sets beyond TINY). Each
 # feature is switched on with a value far from neutral, so leaving it out shows in the logits.
 FAMILY_CONFIGS = {

@@ -119,6 +119,16 @@ def test_a_family_feature_this_runtime_lacks_is_refused(tmp_path, tiny_checkpoin
         HuggingFaceModel(str(src), "m").read_model_config()
 
 
+def test_a_head_dim_the_kv_cache_lacks_is_refused_at_conversion(tmp_path, tiny_checkpoint):
+    """hidden 96 over 4 heads: head_dim 24, which no KV cache format takes; refused before anything
+    is converted, not when the converted model first starts."""
+    src = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint("qwen2"), src)
+    write_config_variant(str(src), lambda c: dict(c, hidden_size=96))
+    with pytest.raises(ModelSerializerException, match="head_dim 24 is not served"):
+        HuggingFaceModel(str(src), "m").read_model_config()
+
+
 def test_serialize_from_torch_refuses_a_foreign_config_without_model_type(tmp_path, serialized_tiny):
     """DashInfer 1.3 scripts pass model.config.__dict__, which has no model_type: a Granite config
     given as LLaMA_v2 is still refused, by the Granite features LLaMA lacks."""

@@ -14,7 +14,7 @@ from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from dashinfer_client.model.quant import dequantize, group_params
 from dashinfer_client.model.safetensors_io import SafetensorsFile, save_file
 from dashinfer_server import kernels as K
-from tests.helpers import TINY, build_tiny_model, chat_prompt_ids, serialize, source_tensors, variant
+from tests.helpers import TINY, UNEVEN, build_tiny_model, chat_prompt_ids, serialize, source_tensors, variant
 from tests.quant_reference import numpy_quantize, stored_parts, u4_reference
 
 TO_CODE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -52,7 +52,7 @@ def test_serialize_roundtrip(tmp_path, arch, src_dtype, layout, dtype, extra):
     assert model.architecture == arch and model.dtype == dtype and model.quantization is None
     assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (
         hf_config["hidden_size"], hf_config["num_attention_heads"], hf_config["num_key_value_heads"])
-    assert c.head_dim == (8 if extra.get("uneven") else TINY["hidden_size"] // TINY["num_attention_heads"])
+    assert c.head_dim == (UNEVEN["head_dim"] if extra.get("uneven") else TINY["hidden_size"] // TINY["num_attention_heads"])
     assert c.attention_bias == (arch == "qwen2")
     assert c.tie_word_embeddings == bool(extra.get("tie_word_embeddings"))
     assert c.eos_token_id == [2] and model.generation_config["eos_token_id"] == [2]

@@ -42,7 +42,7 @@ def test_gguf_matches_source_and_transformers(tmp_path, arch, uneven, quant):
     model = serialize_gguf(gguf_path, tmp_path / "out")
     c = model.config
     assert model.architecture == arch and c.rope_theta == 100000.0 and c.attention_bias == (arch == "qwen2")
-    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == ((9, 3, 8) if uneven else (4, 2, 16))
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == ((9, 3, 16) if uneven else (4, 2, 16))
     assert c.eos_token_id == [2] and model.generation_config == {"bos_token_id": 1, "pad_token_id": 0, "eos_token_id": [2]}
     reference = transformers_gguf_tensors(gguf_path)
     source = source_tensors(hf)

@@ -86,6 +86,10 @@ class ModelConfig:
             raise ModelSerializerException(
                 f"{where}: num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}")
+        if self.head_dim % 16 or self.head_dim > 512:  # native/py_kv_cache.c: refused there at start, too late
+            raise ModelSerializerException(
+                f"{where}: head_dim {self.head_dim} is not served: the KV cache and attention kernels take "
+                f"multiples of 16 up to 512")
         rot = self.rotary_dim or self.head_dim
         if rot % 2 or not 0 < rot <= self.head_dim:
             raise ModelSerializerException(
