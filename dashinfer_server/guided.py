@@ -104,11 +104,16 @@ class Grammars:
             return None
         tokenizer = self._tokenizer()
         import llguidance
-        grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
-                   llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
+        what = "the grammar" if lark is not None else "the JSON schema"
+        try:
+            grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
+                       llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
+        except (ValueError, RecursionError) as e:
+            # llguidance's parser refuses some schemas before the matcher sees them (a nesting past its
+            # recursion limit: ValueError); json.dumps refuses a nesting past Python's: the client's schema
+            raise GrammarError(f"response_format: {what} cannot be compiled: {e}") from None
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            what = "the grammar" if lark is not None else "the JSON schema"
             raise GrammarError(f"response_format: {what} cannot be compiled: {matcher.get_error()}")
         return Guide(matcher, self.vocab_size, tokenizer.eos_token, eos_ids)
 

@@ -31,6 +31,14 @@ PERSON = {"type": "object",
           "required": ["name", "age", "city"]}
 QUESTION = "Give the name, age and city of a fictional person as JSON."
 
+
+def nested_schema(depth: int) -> dict:
+    """An object `depth` levels of `properties` deep: from 200, past llguidance's parser's recursion limit."""
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
 # Each form of response_format, and the schema it constrains to.
 FORMS = [({"type": "json_object"}, {"type": "object"}),
          ({"type": "json_object", "json_schema": json.dumps(PERSON)}, PERSON),  # DashInfer's
@@ -129,7 +137,8 @@ def test_sampling_and_min_length_still_parse(api_engine):
 
 
 @pytest.mark.parametrize("schema", ['{"type": "objectx"}',
-                                    {"type": "object", "properties": {"a": {"type": "string", "pattern": "[("}}}])
+                                    {"type": "object", "properties": {"a": {"type": "string", "pattern": "[("}}},
+                                    nested_schema(200)], ids=["unknown-type", "bad-pattern", "nested-200"])
 def test_bad_schema_refused(api_engine, schema):
     engine, name, loader = api_engine
     gen = greedy(40, response_format={"type": "json_object", "json_schema": schema})

@@ -3,21 +3,27 @@ completions answer JSON that follows the schema, equal to the in-process Engine'
 a schema the grammar compiler refuses is a 400 with the reason."""
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
 
 from tests.http_server import API_KEY, serving
-from tests.test_guided import TINY_SCHEMA
+from tests.test_guided import TINY_SCHEMA, nested_schema
 
 QUESTION = [{"role": "user", "content": "Answer in JSON."}]
 OPENAI_FORM = {"type": "json_schema", "json_schema": {"name": "tiny", "schema": TINY_SCHEMA, "strict": True}}
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model, tmp_path_factory):
-    with serving(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as server:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+def server(tiny_model, tmp_path_factory):
+    with serving(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
 
 
 def test_chat_answers_json_that_follows_the_schema(client, tiny_reference):
@@ -53,8 +59,24 @@ def test_text_completion_with_dashinfer_form(client, tiny_reference):
 @pytest.mark.parametrize("response_format", [
     {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "objectx"}}},
     {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "string", "pattern": "[("}}},
-    {"type": "xml"}])
-def test_bad_schema_is_a_400(client, response_format):
+    {"type": "json_schema", "json_schema": {"name": "deep", "schema": nested_schema(200)}},
+    {"type": "xml"}], ids=["unknown-type", "bad-pattern", "nested-200", "xml"])
+def test_bad_schema_is_a_400(server, client, response_format):
+    """The client's mistake: a 400 logged as a WARNING, never a server ERROR with a traceback."""
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8, response_format=response_format)
-    assert "response_format" in str(e.value)
+    assert "response_format" in str(e.value) and e.value.code == "ALLSPARK_PARAM_ERROR"
+    assert " ERROR " not in server.output() and "Traceback" not in server.output()
+    answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8, temperature=0)
+    assert answer.choices[0].finish_reason in ("stop", "length")  # the server still serves
+
+
+def test_a_body_nested_past_the_json_parser_is_a_400(server, client):
+    """A schema nested deeper than Python's json parser goes (its RecursionError): the client's body, a 400."""
+    deep = '{"type": "object", "properties": {"a": ' * 3000 + '{"type": "string"}' + "}}" * 3000
+    body = ('{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": '
+            '{"type": "json_schema", "json_schema": {"name": "deep", "schema": ' + deep + "}}}")
+    r = httpx.post(server.url + "/v1/chat/completions", content=body, timeout=120,
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
+    assert client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8).choices
