@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 
+import openai
 import pytest
 
 from tests.helpers import build_tiny_model, waiting_for_input
-from tests.http_server import TWO_NODES, Server, cli_env, free_port, wait_for
+from tests.http_server import MAX_MODEL_LEN, TWO_NODES, Server, cli_env, free_port, http_status, wait_for
 
 HELLO = "Hello there"
 
@@ -117,6 +118,36 @@ def test_ctrl_c_while_serving_is_one_line(tiny_model, tmp_path):
     server.stop()
     out = server.output()
     assert "Traceback" not in out and out.strip().splitlines()[-1] == "dashinfer serve: interrupted"
+
+
+def test_sigterm_drains_while_still_listening(tiny_model, tmp_path):
+    """During the drain the socket still answers, as docs/http.md's "Service life" says: /health and
+    a new request 503 (a load balancer reads that, not a refused connection) while a streaming
+    request runs to its end; then the process exits 0."""
+    context = 4 * MAX_MODEL_LEN  # tiny_model's whole context: the answer outlasts the probes by seconds
+    server = Server(tiny_model, str(tmp_path / "serve.log"), "--max-model-len", str(context), tp=1)
+    try:
+        server.wait_serving()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        prompt = [5, 17, 101]
+        length = context - len(prompt)  # the longest answer the server allows, eos banned
+        stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=length, temperature=0,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"min_tokens": length})
+        chunks = [next(stream)]  # the request runs
+        server.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "shutting down: draining" in server.output(), 60), server.output()
+        assert http_status(server.url + "/health") == 503
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+        assert refused.value.status_code == 503 and "shutting down" in refused.value.message
+        chunks += list(stream)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert chunks[-1].usage.completion_tokens == length
+        assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+    assert "Traceback" not in server.output()
 
 
 def test_convert_then_serve_the_output(tmp_path, tiny_reference):

@@ -2,7 +2,9 @@
 
 The socket is listening (and /health answers 503) while the model loads; READY=1 goes to systemd
 once the model serves. SIGTERM / Ctrl-C: STOPPING=1, new requests get 503, running ones get the
-grace period to finish, then the model and its ranks are stopped.
+grace period to finish, then the model and its ranks are stopped. The socket keeps listening
+through that drain, so a load balancer's health check reads the 503 instead of a refused
+connection.
 """
 import logging
 import os
@@ -10,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 from dashinfer_client import settings
 from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
@@ -85,7 +88,7 @@ def run(args) -> int:
     config = uvicorn.Config(app, log_level=args.log_level.lower(), access_log=args.log_level == "DEBUG",
                             timeout_graceful_shutdown=args.grace_period, log_config=None)
     host, port = sock.getsockname()[:2]
-    server = _server(config, served, f"listening on http://{host}:{port} (model {name!r} loading)")
+    server = _server(config, served, admission, f"listening on http://{host}:{port} (model {name!r} loading)")
     loader = threading.Thread(target=_load, args=(served, server), name="dashinfer-load", daemon=True)
     loader.start()
     try:
@@ -112,31 +115,46 @@ def _admission(args) -> Admission:
         raise CliError(f"--max-waiting / --request-timeout: {e}", CONFIG_ERROR) from None
 
 
-def _server(config, served, listening: str):
+def _server(config, served, admission, listening: str):
     """uvicorn's server, whose shutdown signals drain the model first and tell systemd; it logs
-    `listening` once it has them (a Ctrl-C before would interrupt its start with a traceback)."""
+    `listening` once it has them (a Ctrl-C before would interrupt its start with a traceback).
+
+    A signal only starts the drain (served.drain: /health and new requests 503; STOPPING=1):
+    uvicorn's own shutdown closes the listening socket first, so it starts once the requests the
+    admission gate holds have ended, or at the end of the grace period; its wait for the open
+    connections gets what is left of that period, then it cancels what still runs."""
     import uvicorn
 
     from dashinfer_server.systemd import notify
+    grace = config.timeout_graceful_shutdown
 
     class Server(uvicorn.Server):
         load_error = ""
         load_error_code = 0
         interrupted = False
+        drain_deadline = None  # monotonic time the grace period ends, once a signal came
 
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
             log.info("%s", listening)
 
         def handle_exit(self, sig, frame):  # uvicorn's, without raising the signal again at the end
-            if not self.should_exit:
-                log.info("shutting down: draining (grace period %.0f s)", config.timeout_graceful_shutdown)
+            if self.drain_deadline is None and not self.should_exit:
+                log.info("shutting down: draining (grace period %.0f s)", grace)
                 served.drain()
                 notify("STOPPING=1")
                 self.interrupted = sig == signal.SIGINT
-                self.should_exit = True
-            elif sig == signal.SIGINT:
-                self.force_exit = True
+                self.drain_deadline = time.monotonic() + grace
+            elif sig == signal.SIGINT:  # a second Ctrl-C: stop waiting
+                self.should_exit = self.force_exit = True
+
+        async def on_tick(self, counter) -> bool:  # every 0.1 s on the event loop
+            if self.drain_deadline is not None and not self.should_exit:
+                left = self.drain_deadline - time.monotonic()
+                if admission.held == 0 or left <= 0:
+                    self.config.timeout_graceful_shutdown = max(left, 0.0)
+                    self.should_exit = True
+            return await super().on_tick(counter)
     return Server(config)
 
 
