@@ -1,7 +1,9 @@
 """A GGUF's tokenizer rebuilt with `tokenizers` only (dashinfer_client/model/gguf_tokenizer.py)
 against transformers' own GGUF tokenizer (AutoTokenizer with gguf_file=) on the same file: ids with
-and without special tokens, text back, the chat template's output, the special tokens."""
+and without special tokens, text back, the chat template's output, the special tokens, each
+token's own bytes (dashinfer_client/token_bytes.py, logprobs' `bytes`)."""
 import os
+import re
 import sys
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from dashinfer_client import default_model
 from dashinfer_client.model import DashInferModel, GGUFModel
 from dashinfer_client.model.gguf_tokenizer import Unsupported, derived_merges, write_tokenizer_dir
+from dashinfer_client.token_bytes import TokenBytes, token_name
 from dashinfer_client.tokenizer import Tokenizer
 from tests.gguf_builders import build_sentencepiece_gguf, build_tiny_gguf
 from tests.helpers import build_tiny_model
@@ -69,6 +72,40 @@ def test_same_chat_template_and_special_tokens(pair):
         assert ours.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False)
     assert ours.special_tokens_map == {k: v for k, v in ref.special_tokens_map.items() if isinstance(v, str)}
     assert len(ours) == len(ref) and ours.get_vocab() == ref.get_vocab()
+
+
+def reference_bytes(ref, sentencepiece: bool, token_id: int) -> bytes:
+    """A token's bytes read from transformers' tokenizer of the file: an added token's text; a
+    SentencePiece byte piece <0xNN> its byte, another piece its text with the word-start marker a
+    space; a byte-level token each character mapped back through transformers' GPT-2 byte alphabet."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    if token_id in ref.added_tokens_decoder:
+        return ref.added_tokens_decoder[token_id].content.encode()
+    token = ref.convert_ids_to_tokens(token_id)
+    if sentencepiece:
+        piece = re.fullmatch(r"<0x([0-9A-F]{2})>", token)
+        return bytes([int(piece.group(1), 16)]) if piece else token.replace("\u2581", " ").encode()
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    return bytes(byte_of[c] for c in token)
+
+
+def test_token_bytes(pair, gguf_path):
+    """Every token's bytes are the reference's, and a text's tokens join into its UTF-8 bytes (for
+    SentencePiece, with the space its decoder strips at the start), characters split over several
+    tokens (日本語, 🙂 in byte-level BPE; in byte pieces without a merge) included."""
+    ours, ref = pair
+    sentencepiece = os.path.basename(gguf_path) == "spm.gguf"
+    token_bytes = TokenBytes(ours)
+    for token_id in range(len(ref)):
+        assert token_bytes(token_id) == reference_bytes(ref, sentencepiece, token_id), token_id
+    for text in CORPUS + EXTRA:
+        ids = ref.encode(text, add_special_tokens=False)
+        joined = b"".join(token_bytes(i) for i in ids)
+        text = ref.decode(ids)
+        assert joined == ((" " if sentencepiece and joined.startswith(b" ") else "") + text).encode(), text
+    split = [i for i in ref.encode("🙂", add_special_tokens=False) if token_name(token_bytes(i)).startswith("bytes:")]
+    assert split, "the emoji is one token: nothing to check"
+    assert token_name(b"\xf0\x9f") == "bytes:\\xf0\\x9f" and token_name(" é".encode()) == " é"
 
 
 def test_derived_merges_order():

@@ -1,11 +1,13 @@
 """OpenAI's response bodies: whole answers, stream chunks and their logprobs, for chat
 (chat.completion) and text (text_completion) requests, with one choice or several (n, a batch of
 prompts), each under its index."""
+import codecs
 import json
 import time
 import uuid
 
 from dashinfer_client.frontend import Delta
+from dashinfer_client.token_bytes import token_name
 
 
 class Answer:
@@ -14,12 +16,12 @@ class Answer:
 
     def __init__(self, job, served):
         self.job = job
-        self.token_text = lambda i: served.tokenizer.decode([i])
+        self.token_bytes = served.token_bytes
         chat = job.kind == "chat"
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
-        self.offsets = {}  # choice index -> characters of text so far (text completions' text_offset)
+        self.offsets = {}  # choice index -> its _TextOffsets (text completions' text_offset)
 
     def _head(self, obj) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
@@ -85,18 +87,36 @@ class Answer:
         if self.job.kind == "chat":
             return {"content": [dict(self._entry(i, lp), top_logprobs=[self._entry(j, q) for j, q in top])
                                 for i, lp, top in tokens]}
-        texts = [self.token_text(i) for i, _, _ in tokens]
-        offsets = []
-        for t in texts:
-            offsets.append(self.offsets.get(index, 0))
-            self.offsets[index] = offsets[-1] + len(t)
-        return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in tokens],
-                "top_logprobs": [{self.token_text(j): q for j, q in top} for _, _, top in tokens],
-                "text_offset": offsets}
+        offsets = self.offsets.setdefault(index, _TextOffsets(self.token_bytes))
+        return {"tokens": [self._name(i) for i, _, _ in tokens], "token_logprobs": [lp for _, lp, _ in tokens],
+                "top_logprobs": [{self._name(j): q for j, q in top} for _, _, top in tokens],
+                "text_offset": offsets.starts([i for i, _, _ in tokens])}
+
+    def _name(self, token_id) -> str:
+        return token_name(self.token_bytes(token_id))
 
     def _entry(self, token_id, logprob) -> dict:
-        text = self.token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        data = self.token_bytes(token_id)  # the token's own bytes: those of a partial character join up
+        return {"token": token_name(data), "logprob": logprob, "bytes": list(data)}
+
+
+class _TextOffsets:
+    """Where each token of one choice's text starts in it, in characters (OpenAI's text_offset),
+    counted from the tokens' own bytes: a token that continues a character starts where that
+    character does. Special tokens, which the text leaves out, take no room."""
+
+    def __init__(self, token_bytes):
+        self.token_bytes = token_bytes
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
+        self.chars = 0
+
+    def starts(self, ids) -> list:
+        out = []
+        for i in ids:
+            out.append(self.chars)
+            if i not in self.token_bytes.special:
+                self.chars += len(self.utf8.decode(self.token_bytes(i)))
+        return out
 
 
 def _call_chunk(part) -> dict:

@@ -10,6 +10,7 @@ import time
 from dashinfer_client import settings
 from dashinfer_client.frontend import Prompts, start_engine
 from dashinfer_client.refusals import Refused
+from dashinfer_client.token_bytes import TokenBytes
 
 from .errors import refused, unavailable
 from .protocol import sampling_defaults
@@ -28,6 +29,7 @@ class ServedModel:
         from dashinfer_client.model.serialized import DashInferModel
         self.loader = DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
+        self.token_bytes = TokenBytes(self.tokenizer)  # logprobs' bytes of each token
         self.prompts = Prompts(self.tokenizer, tool_parser, reasoning_parser)
         self.name, self.tp, self.threads, self.engine_env = name, tp, threads, engine_env
         # Longer than the context is refused by install_model, with its message.
