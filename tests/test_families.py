@@ -95,6 +95,37 @@ def test_two_ranks_generate_transformers_greedy(serialized_tiny):
         assert got[0]["ids"] == want, f"{name} {shape} on 2 ranks: {got[0]} != transformers {want}"
 
 
+def _gemma3_4x_spelling(scaling):
+    """config.json as Google's Gemma 3 checkpoints ship it (transformers 4.x's spelling): the global
+    layers' RoPE base (and from 4B up their scaling) at the top level, the sliding layers' base in
+    rope_local_base_freq, the layer pattern in sliding_window_pattern."""
+    def edit(config):
+        for key in ("rope_parameters", "layer_types"):
+            config.pop(key)
+        return dict(config, rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=scaling,
+                    sliding_window_pattern=6)
+    return edit
+
+
+# config.json edits of a 6-layer Gemma 3 (five sliding layers, then a global one) that transformers
+# reads its own way
+GEMMA3_CONFIGS = {
+    "4.x-rope": _gemma3_4x_spelling(None),
+    "4.x-rope-linear": _gemma3_4x_spelling({"rope_type": "linear", "factor": 8.0}),
+}
+
+
+@pytest.mark.parametrize("name", GEMMA3_CONFIGS)
+def test_gemma3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_checkpoint("gemma3", num_hidden_layers=6, layer_types=None), src)
+    write_config_variant(str(src), GEMMA3_CONFIGS[name])
+    serialize(str(src), tmp_path / "out").free_model()
+    hf = load_hf_model(str(src))
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    test_logits_match_transformers((f"gemma3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+
+
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):
     """A Granite config handed over as LLaMA_v2 must not be served as LLaMA (its multipliers would
     be dropped); as the class it is, it serializes."""

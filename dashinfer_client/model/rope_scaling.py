@@ -162,22 +162,23 @@ def _rope_params(hf, layer_type):
     return params
 
 
-def rope_of(hf, rotary: int, layer_type="full_attention", default_theta=10000.0):
+def rope_of(hf, rotary: int, layer_type="full_attention"):
     """(rope_theta, resolved scaling or None) of one layer type of a config.json dict; ValueError
     naming what is unsupported. transformers 5.x: rope_parameters = {"rope_type", "rope_theta",
     scaling keys...}, or one such dict per layer type; 4.x: rope_theta at top level, rope_scaling
-    = {"type" or "rope_type", ...}. A top-level original_max_position_embeddings (Phi-3) wins."""
+    = {"type" or "rope_type", ...}, alike for every layer (a family whose 4.x keys differ by layer
+    type converts them to 5.x's first: families/gemma3.py). A top-level
+    original_max_position_embeddings (Phi-3) wins."""
     params = _rope_params(hf, layer_type)
     if params:
         theta, scaling = params.get("rope_theta", hf.get("rope_theta")), dict(params)
     else:
-        theta = hf.get("rope_theta")
-        scaling = dict(hf.get("rope_scaling") or {}) if layer_type == "full_attention" else {}
+        theta, scaling = hf.get("rope_theta"), dict(hf.get("rope_scaling") or {})
     for key in ("rope_theta", "partial_rotary_factor"):
         scaling.pop(key, None)
     if rope_type(scaling) != "default" and hf.get("original_max_position_embeddings"):
         scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
-    theta = default_theta if theta is None else float(theta)
+    theta = 10000.0 if theta is None else float(theta)
     return theta, resolve_rope_scaling(scaling or None, rotary, hf.get("max_position_embeddings"))
 
 

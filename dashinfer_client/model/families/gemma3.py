@@ -1,8 +1,26 @@
 """Gemma 3 (text): Gemma 2's layer with RMSNorms over each head of q and k, five sliding-window
-layers to one global, and a RoPE base of their own for the sliding layers (rope_local_base_freq)."""
+layers to one global, and a RoPE base of their own for the sliding layers."""
 from ..rope_scaling import rope_of
 from .base import Family
 from .gemma2 import GEMMA_NORMS, gemma_common
+
+# Gemma3TextConfig.default_theta: the bases of a config.json that names none
+GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0
+
+
+def rope_parameters(hf):
+    """config.json's RoPE per layer type, as transformers 5's Gemma3TextConfig reads either spelling
+    (its convert_rope_params_to_dict): 5.x's rope_parameters per layer type, or 4.x's (every released
+    Google checkpoint's) rope_theta and rope_scaling for the full layers and rope_local_base_freq,
+    never scaled, for the sliding ones. A rope_scaling updates the full layers' dict even beside
+    rope_parameters; a flat rope_parameters names no layer type, so transformers ignores it."""
+    given = hf.get("rope_parameters") or {}
+    full = dict(given.get("full_attention") or {"rope_type": "default"})
+    full.update(hf.get("rope_scaling") or {})
+    full.setdefault("rope_theta", hf.get("rope_theta") or GLOBAL_THETA)
+    sliding = dict(given.get("sliding_attention") or {"rope_type": "default"})
+    sliding.setdefault("rope_theta", hf.get("rope_local_base_freq") or LOCAL_THETA)
+    return {"full_attention": full, "sliding_attention": sliding}
 
 
 def _gemma3(hf, r):
@@ -11,10 +29,11 @@ def _gemma3(hf, r):
     pattern = r.get("sliding_window_pattern", 6)
     fields = gemma_common(hf, r, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention")
     head_dim = r.get("head_dim") or r.need("hidden_size") // r.need("num_attention_heads")
-    theta, scaling = rope_of(hf, head_dim, "sliding_attention", float(r.get("rope_local_base_freq", 10000.0)))
+    rope = dict(hf, rope_parameters=rope_parameters(hf))
+    fields["rope_theta"], fields["rope_scaling"] = rope_of(rope, head_dim, "full_attention")
+    fields["rope_local_theta"], scaling = rope_of(rope, head_dim, "sliding_attention")
     if scaling is not None:
         r.refuse(f"RoPE scaling on the sliding layers ({scaling})")
-    fields["rope_local_theta"] = theta
     return fields
 
 
