@@ -112,6 +112,8 @@ def _gemma3_4x_spelling(scaling):
 GEMMA3_CONFIGS = {
     "4.x-rope": _gemma3_4x_spelling(None),
     "4.x-rope-linear": _gemma3_4x_spelling({"rope_type": "linear", "factor": 8.0}),
+    # a window wider than the context masks nothing, but the sliding layers keep their RoPE base
+    "window-wider-than-context": lambda config: dict(config, sliding_window=1024),
 }
 
 

@@ -153,14 +153,15 @@ class ConfigReader:
             self.refuse(f"layer_types {types!r} (one of full_attention / sliding_attention per layer)")
         return list(types)
 
-    def window(self, types):
+    def window(self, types, keep_wide=False):
         """(layer_types or None, sliding_window or None): windows wider than the context are dropped,
-        they change nothing."""
+        they change nothing, unless keep_wide (the sliding layers differ otherwise too: Gemma 3's
+        RoPE base)."""
         window = self.hf.get("sliding_window")
         if window is None or "sliding_attention" not in types:
             return None, None
         if not isinstance(window, int) or window <= 0:
             self.refuse(f"sliding_window={window!r}")
-        if window >= self.need("max_position_embeddings"):
+        if window >= self.need("max_position_embeddings") and not keep_wide:
             return None, None
         return types, window

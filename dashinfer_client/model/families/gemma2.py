@@ -8,10 +8,11 @@ GEMMA_NORMS = {"attn_in": "input_layernorm", "attn_out": "post_attention_layerno
 GELU_TANH = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
-def gemma_common(hf, r, pattern):
-    """What Gemma 2 and 3 read alike; pattern(i): layer i's type when config.json lists none."""
+def gemma_common(hf, r, pattern, keep_wide_window=False):
+    """What Gemma 2 and 3 read alike; pattern(i): layer i's type when config.json lists none;
+    keep_wide_window: see ConfigReader.window."""
     bias = bool(r.get("attention_bias", False))
-    types, window = r.window(r.layer_types(r.need("num_hidden_layers"), pattern))
+    types, window = r.window(r.layer_types(r.need("num_hidden_layers"), pattern), keep_wide_window)
     return dict(hidden_act=r.activation("hidden_activation", GELU_TANH), attention_bias=bias,
                 attention_out_bias=bias, layer_types=types, sliding_window=window,
                 embedding_multiplier=float(r.need("hidden_size")) ** 0.5,

@@ -27,7 +27,9 @@ def _gemma3(hf, r):
     if r.get("use_bidirectional_attention", False):
         r.refuse("use_bidirectional_attention=true (an encoder)")
     pattern = r.get("sliding_window_pattern", 6)
-    fields = gemma_common(hf, r, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention")
+    # a window wider than the context is kept: the sliding layers' RoPE base still differs
+    fields = gemma_common(hf, r, lambda i: "sliding_attention" if (i + 1) % pattern else "full_attention",
+                          keep_wide_window=True)
     head_dim = r.get("head_dim") or r.need("hidden_size") // r.need("num_attention_heads")
     rope = dict(hf, rope_parameters=rope_parameters(hf))
     fields["rope_theta"], fields["rope_scaling"] = rope_of(rope, head_dim, "full_attention")
