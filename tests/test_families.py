@@ -112,6 +112,8 @@ def _gemma3_4x_spelling(scaling):
 GEMMA3_CONFIGS = {
     "4.x-rope": _gemma3_4x_spelling(None),
     "4.x-rope-linear": _gemma3_4x_spelling({"rope_type": "linear", "factor": 8.0}),
+    # Gemma3Attention never passes it to its attention function: the scores stay uncapped
+    "attn_logit_softcapping": lambda config: dict(config, attn_logit_softcapping=2.0),
     # a window wider than the context masks nothing, but the sliding layers keep their RoPE base
     "window-wider-than-context": lambda config: dict(config, sliding_window=1024),
 }
@@ -174,11 +176,12 @@ def test_serialize_from_torch_refuses_a_foreign_config_without_model_type(tmp_pa
 
 
 # GGUF carries no query_pre_attn_scalar, local RoPE base or layer pattern: llama.cpp assumes
-# Gemma's own (head_dim, 10000, every 2nd / 6th layer global), so these checkpoints use them
+# Gemma's own (head_dim, 10000, every 2nd / 6th layer global), so these checkpoints use them. Gemma
+# 3's attention soft-cap, written to the file, is one transformers ignores
 GGUF_CASES = {"qwen3": {}, "phi3": {},
               "gemma2": dict(query_pre_attn_scalar=16),
               "gemma3": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
-                             num_hidden_layers=6)}
+                             num_hidden_layers=6, attn_logit_softcapping=2.0)}
 
 
 @pytest.mark.parametrize("name", GGUF_CASES)

@@ -280,12 +280,12 @@ def _gguf_fields(meta, a, names, path):
     if a in ("gemma2", "gemma3"):
         # llama.cpp: every other layer sliding (Gemma 2), five of six (Gemma 3); scores scaled by
         # head_dim ** -0.5 (query_pre_attn_scalar is head_dim but in the 27B models); the sliding
-        # layers' RoPE base is 10000
+        # layers' RoPE base is 10000; Gemma 3's scores are never soft-capped (families/gemma3.py)
         pattern = 2 if a == "gemma2" else 6
         big = layers == (46 if a == "gemma2" else 62)
         fields.update(hidden_act="gelu_tanh", embedding_multiplier=hidden ** 0.5,
                       attention_scale=(hidden / heads if big else head_dim) ** -0.5,
-                      attn_logit_softcap=_optional(meta, f"{a}.attn_logit_softcapping"),
+                      attn_logit_softcap=_optional(meta, f"{a}.attn_logit_softcapping") if a == "gemma2" else None,
                       final_logit_softcap=_optional(meta, f"{a}.final_logit_softcapping"),
                       rope_local_theta=10000.0 if a == "gemma3" else None)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]

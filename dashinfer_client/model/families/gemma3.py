@@ -36,6 +36,9 @@ def _gemma3(hf, r):
     fields["rope_local_theta"], scaling = rope_of(rope, head_dim, "sliding_attention")
     if scaling is not None:
         r.refuse(f"RoPE scaling on the sliding layers ({scaling})")
+    # transformers' Gemma3Attention never passes attn_logit_softcapping to its attention function,
+    # so the scores are not capped whatever config.json says (released configs set it null)
+    fields["attn_logit_softcap"] = None
     return fields
 
 
