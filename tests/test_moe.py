@@ -38,6 +38,17 @@ def test_logits_and_greedy_tokens_match_transformers(serialized_tiny, name):
     op_by_op_equals_native((name, model, hf))
 
 
+def test_qwen2_moe_without_a_shared_expert(serialized_tiny):
+    """shared_expert_intermediate_size=0: transformers still builds and saves a shared expert (of 0
+    rows) and its gate, which add zeros; the model is served without them, as transformers computes."""
+    loader = serialized_tiny("qwen2_moe", shared_expert_intermediate_size=0)
+    hf = load_hf_model(loader.model_path)
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    model = DashInferModel(loader.model_output_dir, loader.serialize_model_name)
+    assert model.config.shared_expert_intermediate_size == 0
+    logits_match_transformers(("qwen2_moe without a shared expert", model, hf))
+
+
 @pytest.fixture(scope="module")
 def two_rank_cases(serialized_tiny):
     """(mpi_engine.py's model specs, transformers' 16 greedy tokens of each) of every MoE family

@@ -13,6 +13,7 @@ The tensors of layer i's block, under `model.layers.{i}.{block}.`:
 and, with biases (gpt-oss), {router}.bias [num_experts] and each expert projection's .bias.
 """
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,34 @@ class ExpertLayout:
             for base, shape in out.items():
                 shapes[f"{base}.bias"] = shape[:1]
         return shapes
+
+
+class WithoutEmptySharedExperts:
+    """A checkpoint's tensors (keys(), in, shape(name), fetch(name)) less each layer's shared expert of
+    0 rows and its sigmoid gate: transformers builds and saves one when shared_expert_intermediate_size
+    is 0 (Qwen2-MoE), and its down projection, of 0 inputs, adds zeros to every token."""
+
+    def __init__(self, tensors, layout):
+        self.tensors = tensors
+        gate = f"{layout.shared_name('', 'gate')}.weight"
+        layers = [n.removesuffix(gate) for n in tensors.keys() if n.endswith("." + gate)]
+        self.hidden = set()
+        for p in layers:
+            names = [f"{layout.shared_name(p, role)}.weight" for role in ("gate", "up", "down")]
+            if all(n in tensors and math.prod(tensors.shape(n)) == 0 for n in names):
+                self.hidden.update(names + [f"{layout.shared_name(p, 'gate_weight')}.weight"])
+
+    def keys(self):
+        return [n for n in self.tensors.keys() if n not in self.hidden]
+
+    def __contains__(self, name):
+        return name not in self.hidden and name in self.tensors
+
+    def shape(self, name):
+        return self.tensors.shape(name)
+
+    def fetch(self, name, *codes):
+        return self.tensors.fetch(name, *codes)
 
 
 def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False):

@@ -1,8 +1,10 @@
 """Qwen1.5-MoE / Qwen2-MoE: Qwen2's attention (q/k/v biases under qkv_bias) over Qwen3-MoE's
 sparse MLP plus a shared expert every token runs, scaled by sigmoid(x . shared_expert_gate)."""
 from .base import Family
-from .experts import ExpertLayout, read_experts
-from .fused_experts import stacked_experts
+from .experts import ExpertLayout, WithoutEmptySharedExperts, read_experts
+from .fused_experts import FusedExperts
+
+_LAYOUT = ExpertLayout()
 
 
 def _qwen2_moe(hf, r):
@@ -13,5 +15,5 @@ def _qwen2_moe(hf, r):
                 **read_experts(r, shared=True, sparse_steps=True))
 
 
-QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=ExpertLayout(), gguf_arch="qwen2moe",
-                   checkpoint_view=stacked_experts(ExpertLayout()))
+QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=_LAYOUT, gguf_arch="qwen2moe",
+                   checkpoint_view=lambda tensors: FusedExperts(WithoutEmptySharedExperts(tensors, _LAYOUT), _LAYOUT))
