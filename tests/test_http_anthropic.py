@@ -103,6 +103,34 @@ def test_forced_tool_use_satisfies_the_schema_and_round_trips(client):
     assert answer.content[0].type == "text" and answer.usage.input_tokens > message.usage.input_tokens
 
 
+def test_a_tool_use_cut_by_max_tokens_streams_what_it_answers_whole(client):
+    """max_tokens cuts a forced tool_use before its name, inside its input and after it with the next
+    begun: the stream, as the anthropic client assembles it, is the unstreamed message; a cut input
+    holds what was written whole of the full one, and no text block repeats the calls."""
+    request = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+                   tool_choice={"type": "any"}, extra_body=GREEDY)
+    full = [b for b in client.messages.create(**request, max_tokens=96).content if b.type == "tool_use"]
+    seen = []
+    for max_tokens in range(8, 22, 3):
+        whole = client.messages.create(**request, max_tokens=max_tokens)
+        with client.messages.stream(**request, max_tokens=max_tokens) as stream:
+            joined = stream.get_final_message()
+        assert _blocks(joined) == _blocks(whole) and whole.stop_reason == joined.stop_reason == "max_tokens"
+        uses = [b for b in whole.content if b.type == "tool_use"]
+        assert all(u.name == f.name and u.input.items() <= f.input.items() for u, f in zip(uses, full))
+        assert not (uses and any(b.type == "text" for b in whole.content)), whole.content
+        seen.append([(u.name, u.input) for u in uses])
+    # the cuts fell before a name went out (text), inside the input and after the first call
+    first = (full[0].name, full[0].input)
+    assert [] in seen and [first] in seen and any(s and s[0] != first for s in seen), seen
+
+
+def _blocks(message) -> list:
+    """A message's content blocks without their ids (each request draws its own)."""
+    return [(b.type, getattr(b, "text", None), getattr(b, "name", None), getattr(b, "input", None))
+            for b in message.content]
+
+
 @pytest.mark.parametrize("body, words", [
     ({"messages": ASK}, ["max_tokens"]),
     ({"max_tokens": 8, "messages": []}, ["messages"]),

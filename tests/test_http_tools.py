@@ -29,6 +29,8 @@ WEATHER = {"type": "function", "function": {
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Get the current time in a time zone",
     "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
@@ -117,8 +119,10 @@ def test_the_round_trip_answers_as_the_engine_does(client):
         reference.close()
     assert answer.usage.prompt_tokens == len(ids)
     message = answer.choices[0].message
-    if message.tool_calls:  # the answer begins like a call: it came back as calls, which must parse
-        _check_calls(message.tool_calls)
+    if message.tool_calls:  # the answer begins like a call: it came back as calls, as the model wrote them
+        assert all(c.function.name in expected and c.function.arguments in expected for c in message.tool_calls)
+        if answer.choices[0].finish_reason == "tool_calls":  # whole, not cut by max_tokens: they parse
+            _check_calls(message.tool_calls)
     else:
         assert message.content == expected
 
@@ -127,6 +131,34 @@ def test_tool_choice_none_answers_in_text(client):
     answer = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none",
                                             max_tokens=8, temperature=0)
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_call_cut_by_max_tokens_streams_what_it_answers_whole(client):
+    """max_tokens cuts a forced list of calls before the first call's name, inside its arguments, and
+    after it with the next call begun: the stream, as the openai SDK joins its chunks, is the
+    unstreamed answer; a cut call is what the model wrote of it, and nothing of a list that made
+    calls is content."""
+    request = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], temperature=0,
+                   tools=[{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}],
+                   tool_choice="required")
+    full = [(c.function.name, c.function.arguments)
+            for c in client.chat.completions.create(**request, max_tokens=96).choices[0].message.tool_calls]
+    seen = []
+    for max_tokens in range(8, 22, 3):
+        whole = client.chat.completions.create(**request, max_tokens=max_tokens).choices[0]
+        with client.chat.completions.stream(**request, max_tokens=max_tokens) as stream:
+            for _ in stream:
+                pass
+            joined = stream.current_completion_snapshot.choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or ()]
+        assert [(c.function.name, c.function.arguments) for c in joined.message.tool_calls or ()] == calls
+        assert (joined.message.content or "") == (whole.message.content or "")
+        assert whole.finish_reason == joined.finish_reason == "length"
+        assert all(name == f[0] and f[1].startswith(arguments) for (name, arguments), f in zip(calls, full))
+        assert not (calls and whole.message.content), whole.message
+        seen.append(calls)
+    # the cuts fell before a name went out (content), inside the arguments and after the first call
+    assert [] in seen and [full[0]] in seen and any(c and c[0] != full[0] for c in seen), seen
 
 
 @pytest.mark.parametrize("patch, words", [

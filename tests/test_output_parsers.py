@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
-from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS, reasoning_parser_for, tool_parser_for
+from dashinfer_client.frontend.parsers import (REASONING_PARSERS, TOOL_PARSERS, ToolCall, reasoning_parser_for,
+                                               tool_parser_for)
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -235,3 +236,51 @@ def test_call_in_another_key_order_comes_whole_in_one_part(tokenizer, fmt, answe
     [call] = [c for d in deltas for c in d.tool_calls]
     assert [(p.index, p.name, p.arguments) for p in parts] == [(0, "get_time", call.arguments)]
     assert json.loads(call.arguments) == {"zone": "UTC"}
+
+
+# Answers with two calls, as each family writes them: cut at every token (max_tokens may fall
+# anywhere), the stream (parts joined by index) and the whole answer (tool_calls) must be the same calls.
+CUT = [
+    ("json", '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+             '{"name": "get_time", "arguments": {"zone": "CET"}}]'),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}; '
+                    '{"name": "get_time", "parameters": {"zone": "UTC"}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, '
+                '{"name": "f", "arguments": {"a": [1, 2]}}]'),
+    ("hermes", 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'),
+]
+
+
+@pytest.mark.parametrize("fmt, answer", CUT)
+def test_an_answer_cut_anywhere_streams_the_calls_it_answers(tokenizer, fmt, answer):
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
+    full = [c.arguments for d in [out.push(_elements([i])) for i in ids] + [out.finish("eos")] for c in d.tool_calls]
+    assert len(full) == 2
+    for cut in range(len(ids) + 1):
+        out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
+        deltas = [out.push(_elements([i])) for i in ids[:cut]] + [out.finish("length")]
+        streamed = {}
+        for part in (p for d in deltas for p in d.tool_call_parts):
+            call = streamed.setdefault(part.index, [part.id, part.name, ""])
+            call[2] += part.arguments
+        whole = [[c.id, c.name, c.arguments] for d in deltas for c in d.tool_calls]
+        assert [streamed[i] for i in sorted(streamed)] == whole, cut
+        # each call's arguments are what the model wrote of them, cut or not
+        assert all(full[k].startswith(arguments) for k, (_, _, arguments) in enumerate(whole)), cut
+        content = "".join(d.text for d in deltas)
+        if whole and fmt != "hermes":  # nothing of a JSON answer that made calls is content, cut or not
+            assert content == "", cut
+        assert deltas[-1].finish_reason == "length"
+
+
+def test_a_cut_calls_input_is_read_as_anthropics_sdk_reads_it():
+    """A cut call's arguments as an object (Anthropic's tool_use input) against the anthropic SDK's own
+    reading of a cut input_json_delta stream (jiter's partial mode), at every character."""
+    from jiter import from_json
+    texts = ['{"city": "Paris", "unit": "celsius"}', '{"a": [1, 22, {"b": "}]\\"{"}], "c": "Grüße", "d": -1.5e3, '
+             '"e": true, "f": null, "g": false}', '{ "x" : [ ] , "y" : { "z": 10.25 } }', '{"s": "\\u00e9t\\u00e9"}']
+    for text in texts:
+        for k in range(1, len(text) + 1):
+            assert ToolCall("f", text[:k]).arguments_dict() == from_json(text[:k].encode(), partial_mode=True), text[:k]

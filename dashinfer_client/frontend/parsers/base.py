@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 # A forced call's JSON is written with json.dumps' separators and no other whitespace: free
 # whitespace lets a small model wander (135M: newlines until max_tokens) before the arguments.
 CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_BARE = re.compile(r"[0-9A-Za-z.+-]")  # a character of a number or a literal (true, false, null)
 TOOL_PARSERS = {}       # name -> ToolParser subclass
 REASONING_PARSERS = {}  # name -> reasoning parser class
 
@@ -25,7 +26,9 @@ class ToolCall:
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
 
     def arguments_dict(self) -> dict:
-        return json.loads(self.arguments)
+        """The arguments as an object; those of a call cut short (max_tokens) hold what was written whole."""
+        value = json_prefix(self.arguments)
+        return value if isinstance(value, dict) else {}
 
     def openai(self) -> dict:
         """As an entry of OpenAI's message.tool_calls."""
@@ -100,17 +103,14 @@ class ArgumentsStream:
         return parts
 
     def result(self, body: str):
-        """At the call's end (body: all of it): the ToolCall, its arguments as streamed, when the body
-        is that call and the arguments a JSON object; else None."""
-        if self.end is None:
+        """At the call's end (body: all of it, as last fed): the ToolCall once its name went out, else
+        None. From then on it is a call, streamed or not, so that a stream and the whole answer agree:
+        its arguments are the text handed out, all of them once they closed, or what was written when
+        the answer was cut short (max_tokens); a malformed rest of the body never went out and is no
+        part of it."""
+        if self.call is None:
             return None
-        try:
-            whole, arguments = json.loads(body), json.loads(body[self.start:self.end])
-        except ValueError:
-            return None
-        if not isinstance(whole, dict) or whole.get("name") != self.call.name or not isinstance(arguments, dict):
-            return None
-        self.call.arguments = body[self.start:self.end]
+        self.call.arguments = body[self.start:self.sent]
         return self.call
 
 
@@ -144,14 +144,18 @@ class CallObjects:
             parts += stream.feed(body[start:end])
         return parts
 
-    def calls(self, body: str, parsed: list) -> list:
-        """The calls of a body whose whole parse gave `parsed` (ToolCalls, in order): each streamed
-        one as streamed (its id, its arguments as written), the others as parsed."""
-        if len(self.spans) != len(parsed):
+    def calls(self, body: str, parsed) -> list:
+        """The body's calls at the answer's end. parsed: the ToolCalls of its whole parse, in order, or
+        None when it did not parse as calls (cut short by max_tokens, or malformed). Each streamed call
+        is as streamed (its id, its arguments as written); with a whole parse the others are as
+        parsed; without one, the streamed calls alone: what a stream sent is the answer's, and an
+        object that had not begun to stream (the start of another call) is dropped."""
+        streamed = [stream.result(body[start:end]) for start, end, stream in self.spans]
+        if parsed is not None and len(parsed) == len(streamed):
+            return [s if s is not None else p for s, p in zip(streamed, parsed)]
+        if parsed is not None and not any(streamed):
             return parsed
-        streamed = [stream.result(body[start:end]) if end is not None else None
-                    for start, end, stream in self.spans]
-        return [s if s is not None else p for s, p in zip(streamed, parsed)]
+        return [s for s in streamed if s is not None]
 
 
 def register_tool_parser(cls):
@@ -181,6 +185,33 @@ def call_from(obj, argument_keys=("arguments", "parameters")):
             return ToolCall(obj["name"], json.dumps(obj[key], ensure_ascii=False))
     if not any(key in obj for key in argument_keys):
         return ToolCall(obj["name"], "{}")  # a function without parameters
+    return None
+
+
+def json_prefix(text: str):
+    """The JSON value of a text that may be cut short: what was written whole, open containers closed;
+    a string, number or literal the cut fell inside is left out, with its key (as the anthropic SDK
+    reads a cut stream of input_json_delta, jiter's partial mode). None when nothing of it is JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    cuts, open_, state = [], [], JsonDepth()  # cuts: (where no token is open, the closers there)
+    for at, c in enumerate(text + " "):
+        if not state.in_string and not (at and _BARE.match(text[at - 1]) and _BARE.match(c)):
+            cuts.append((at, "".join(reversed(open_))))
+        if at < len(text):
+            step = state.step(c)
+            if step == 1:
+                open_.append("}" if c == "{" else "]")
+            elif step == -1 and open_:
+                open_.pop()
+    for at, closers in reversed(cuts):
+        head = text[:at].rstrip()
+        try:
+            return json.loads(head.removesuffix(",") + closers)
+        except ValueError:
+            continue
     return None
 
 
@@ -258,7 +289,8 @@ class JsonToolParser(ToolParser):
     """Formats whose answer is either calls as JSON, from its first character (after `prefix`), or
     plain content: an answer that begins like one is held as calls, each call's arguments streamed
     as the model writes them (CallObjects), and parsed whole at its end; one that does not flows
-    through unchanged. An answer that began like calls but does not parse as calls is content."""
+    through unchanged. An answer that began like calls but does not parse as calls (cut short by
+    max_tokens, or malformed) is the calls that streamed, or content when none did."""
     prefix = ""              # a marker before the JSON ("" for none)
     openers = ("{", "[")     # the JSON's first character
     argument_keys = ("arguments", "parameters")
@@ -295,10 +327,9 @@ class JsonToolParser(ToolParser):
         values = json_values(body)
         if values and len(values) == 1 and isinstance(values[0], list):
             values = values[0]
-        calls = [call_from(v, self.argument_keys) for v in values or ()]
-        if not calls or None in calls:
-            return text, []  # not calls after all: the answer is content
-        return "", self.objects.calls(body, calls)
+        parsed = [call_from(v, self.argument_keys) for v in values or ()]
+        calls = self.objects.calls(body, parsed if parsed and None not in parsed else None)
+        return ("", calls) if calls else (text, [])  # no call, none streamed: the answer is content
 
     def take_parts(self):
         parts, self.parts = self.parts, []

@@ -1,6 +1,7 @@
 """Qwen2.5, Qwen3 and Hermes: each call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
 anywhere in the answer, content around it. A call's arguments stream as the model writes them
-(ArgumentsStream): the joined pieces are the call's arguments, as written."""
+(ArgumentsStream): the joined pieces are the call's arguments, as written, also where the answer
+ends inside the call (max_tokens) or the call turns out malformed."""
 import json
 
 from .base import (ArgumentsStream, ToolCallPart, ToolParser, call_from, calls_schema, lark_json, register_tool_parser,
@@ -46,7 +47,7 @@ class HermesToolParser(ToolParser):
         held, self.held = self.held, ""
         if not self.inside:
             return held, []
-        call = self._close(held)  # an answer that ended before </tool_call> (a stop word, eos)
+        call = self._close(held)  # an answer that ended before </tool_call> (a stop word, eos, max_tokens)
         return ("", [call]) if call is not None else (OPEN + held, [])
 
     def take_parts(self):
