@@ -125,6 +125,22 @@ def test_a_tool_use_cut_by_max_tokens_streams_what_it_answers_whole(client):
     assert [] in seen and [first] in seen and any(s and s[0] != first for s in seen), seen
 
 
+def test_an_empty_answer_has_no_content_block_streamed_or_not(client, reference):
+    """A stop sequence met at the answer's start: Anthropic's empty message, "content": [], whole and
+    streamed (no content block opened)."""
+    full = reference.text(reference.generate(_prompt_ids(reference, ASK), 24)[0])
+    stop = full.split()[0]
+    assert full.startswith(stop)
+    request = dict(model="tiny", messages=ASK, max_tokens=24, extra_body=GREEDY, stop_sequences=[stop])
+    whole = client.messages.create(**request)
+    with client.messages.stream(**request) as stream:
+        kinds = [event.type for event in stream]
+        joined = stream.get_final_message()
+    assert whole.content == joined.content == [] and "content_block_start" not in kinds
+    assert (whole.stop_reason, whole.stop_sequence) == (joined.stop_reason, joined.stop_sequence) == \
+        ("stop_sequence", stop)
+
+
 def _blocks(message) -> list:
     """A message's content blocks without their ids (each request draws its own)."""
     return [(b.type, getattr(b, "text", None), getattr(b, "name", None), getattr(b, "input", None))

@@ -184,7 +184,7 @@ class MessageAnswer:
         reasoning = "".join(d.reasoning for d in deltas)
         text = "".join(d.text for d in deltas)
         content = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
-        if text or not any(d.tool_calls for d in deltas):
+        if text:  # an empty answer has no block (Anthropic's "content": []), as its stream opens none
             content.append({"type": "text", "text": text})
         content += [_tool_use(c) for d in deltas for c in d.tool_calls]
         return self._message(content, *_stop(deltas[-1]), usage)
