@@ -155,17 +155,28 @@ class Tokenizer:
     # ---- chat ----------------------------------------------------------------------------------
 
     def apply_chat_template(self, conversation, add_generation_prompt=False, tokenize=True, return_dict=True,
-                            chat_template=None, tools=None, documents=None, **kwargs):
+                            chat_template=None, tools=None, documents=None, continue_final_message=False, **kwargs):
         """The model's chat template rendered over `conversation` (a list of {"role", "content"}
         messages); tokenize=True: its ids as {"input_ids", "attention_mask"} (a plain list with
-        return_dict=False), special tokens from the text only, as transformers does."""
+        return_dict=False), special tokens from the text only, as transformers does.
+        continue_final_message: the text ends right after the final message's content, left open for
+        the model to continue (a prefill), as transformers cuts it; not with add_generation_prompt."""
         if not conversation:
             raise ValueError("cannot apply the chat template to an empty conversation")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt are not compatible")
         template = self._compiled(chat_template)
         messages = [{k: v for k, v in m.items() if v is not None} for m in conversation]
+        if continue_final_message:
+            final = messages[-1].get("content")
+            if not isinstance(final, str):
+                raise ValueError("continue_final_message: the final message has no text content to continue")
+            messages[-1]["content"] = final + CONTINUE_TAG
         values = {**self.special_tokens_map, **kwargs}
         text = template.render(messages=messages, tools=tools, documents=documents,
                                add_generation_prompt=add_generation_prompt, **values)
+        if continue_final_message:
+            text = _cut_after_final(text, final)
         if not tokenize:
             return text
         out = self(text, add_special_tokens=False)
@@ -179,6 +190,19 @@ class Tokenizer:
         if self._template is None:
             self._template = _compile(self.chat_template)
         return self._template
+
+
+# transformers' mark after the final message's content: where the rendered chat is cut to leave it open
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _cut_after_final(text, final: str) -> str:
+    """The rendered chat cut right before CONTINUE_TAG; where the template trimmed the space after
+    it, the message's trailing spaces go too (transformers' render_jinja_template)."""
+    at = text.rfind(CONTINUE_TAG.strip())
+    if at < 0 or final.strip() not in text:
+        raise ValueError("continue_final_message: the chat template does not render the final message as it is")
+    return text[:at] if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
 
 
 def _compile(source):

@@ -97,6 +97,21 @@ def test_same_chat_template(pair):
     assert text.endswith("<|im_end|>\n") and "assistant\n" not in text[-12:]
 
 
+def test_same_continued_final_message(pair):
+    """continue_final_message (a prefill): the final message left open, cut as transformers cuts it,
+    its trailing spaces kept or dropped as the template renders them."""
+    ours, ref = pair
+    for prefill in ("The capital of France is", "", "Ends in a space "):
+        chat = CHATS[1][:3] + [{"role": "user", "content": "And?"}, {"role": "assistant", "content": prefill}]
+        text = ours.apply_chat_template(chat, continue_final_message=True, tokenize=False)
+        assert text == ref.apply_chat_template(chat, continue_final_message=True, tokenize=False), prefill
+        assert ours.apply_chat_template(chat, continue_final_message=True, return_dict=False) == \
+            ref.apply_chat_template(chat, continue_final_message=True, return_dict=False)
+    assert text.rstrip().endswith("<|im_start|>assistant\nEnds in a space")  # no end of turn after it
+    with pytest.raises(ValueError, match="not compatible"):
+        ours.apply_chat_template(chat, continue_final_message=True, add_generation_prompt=True)
+
+
 def test_same_special_tokens(pair):
     ours, ref = pair
     for name in ("bos", "eos", "unk", "pad"):

@@ -24,9 +24,14 @@ class Prompts:
         self.tool_format = tool_parser_for(self.template, tool_parser)
         self.reasoning_format = reasoning_parser_for(self.template, reasoning_parser)
 
-    def chat_text(self, messages, tools=None, template_kwargs=None) -> str:
-        """The conversation through the chat template, the assistant's turn opened. tools: OpenAI
-        function definitions ({"name", "description", "parameters"})."""
+    def chat_text(self, messages, tools=None, template_kwargs=None, continue_final=False, open_turn=True) -> str:
+        """The conversation through the chat template, the assistant's turn opened (open_turn: the
+        template's generation prompt). continue_final: the final message, the assistant's, is left
+        open instead, for the model to continue (a prefill); not with open_turn. tools: OpenAI function
+        definitions ({"name", "description", "parameters"})."""
+        if continue_final and messages[-1]["role"] != "assistant":
+            raise PromptError(f"the final message, to be continued, must be the assistant's, not the "
+                              f"{messages[-1]['role']}'s")
         fmt = self.tool_format
         if fmt.template_renders_tools:
             turns = [_hf_message(m) for m in messages]
@@ -42,7 +47,9 @@ class Prompts:
                     turns.insert(0, {"role": "system", "content": system})
         try:
             return self.tokenizer.apply_chat_template(turns, tools=rendered_tools, tokenize=False,
-                                                      add_generation_prompt=True, **(template_kwargs or {}))
+                                                      add_generation_prompt=open_turn and not continue_final,
+                                                      continue_final_message=continue_final,
+                                                      **(template_kwargs or {}))
         except Exception as e:  # a template that refuses the conversation (roles out of order...)
             raise PromptError(f"the model's chat template refused the messages: {e}") from None
 

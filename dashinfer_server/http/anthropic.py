@@ -4,6 +4,7 @@ Deltas generate() yields are shaped into a Message or its stream of events.
 
     system                    -> a system message
     content blocks            text; tool_use (assistant) -> tool_calls; tool_result (user) -> tool messages
+    a final assistant message -> continue_final_message (the answer continues it: a prefill)
     stop_sequences            -> stop (stop_reason "stop_sequence", stop_sequence the one met)
     tools[].input_schema      -> tools[].function.parameters
     tool_choice auto/any/tool/none (+ disable_parallel_tool_use) -> auto/required/named/none
@@ -57,6 +58,11 @@ def _openai_body(body) -> dict:
     out = {"model": body.get("model"), "max_tokens": body.get("max_tokens"),
            "messages": _system(body.get("system")) + [m for i, msg in enumerate(messages)
                                                       for m in _message(i, msg)]}
+    final = out["messages"][-1]
+    if final["role"] == "assistant":  # the answer continues it, as Anthropic's prefill
+        if final["content"] != final["content"].rstrip():
+            raise bad_request("messages: final assistant content cannot end with trailing whitespace")
+        out["continue_final_message"] = True
     for key in ("temperature", "top_p", "top_k", "stream"):
         if body.get(key) is not None:
             out[key] = body[key]

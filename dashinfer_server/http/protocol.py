@@ -30,12 +30,14 @@ _UNSUPPORTED = {"functions": None, "function_call": "none", "suffix": None, "bes
 # speeds up generation): accepted and unused.
 _NO_EFFECT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prediction"}
 # Every key a body may have: the options of both routes, this server's extensions (vLLM's names:
-# top_k, min_p, repetition_penalty, min_tokens, chat_template_kwargs; DashInfer's deadline, timeout,
-# read by the admission gate). Anything else is refused as OpenAI does: never silently ignored.
+# top_k, min_p, repetition_penalty, min_tokens, chat_template_kwargs, continue_final_message,
+# add_generation_prompt; DashInfer's deadline, timeout, read by the admission gate). Anything else
+# is refused as OpenAI does: never silently ignored.
 _COMMON = {"model", "n", "stream", "stream_options", "stop", "max_tokens", "min_tokens", "logprobs", "timeout",
            *_SAME_MEANING, *_UNSUPPORTED, *_NO_EFFECT}
 _KEYS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                            "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "echo"},
+                            "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "echo",
+                            "continue_final_message", "add_generation_prompt"},
          "text": _COMMON | {"prompt", "echo"}}
 # What a request that leaves sampling out gets: OpenAI's neutral values (DashInfer's own top_k is
 # 50), under the model's generation_config.json where it names these keys, as vLLM does.
@@ -86,12 +88,21 @@ def chat_choices(body: dict, served) -> list:
 
 def chat_prompt(body: dict, served):
     """The conversation of a chat body through the model's chat template, its tools described as
-    the template wants them -> (prompt text, ToolSettings). /tokenize reads it the same way."""
+    the template wants them -> (prompt text, ToolSettings). /tokenize reads it the same way.
+    vLLM's continue_final_message (false) leaves the final message, the assistant's, open for the
+    model to continue (a prefill) instead of opening a new turn (add_generation_prompt: true unless
+    continuing)."""
     messages = chat_messages(body.get("messages"))
     tools = tool_settings(body)
+    continue_final = flag(body, "continue_final_message")
+    open_turn = flag(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else \
+        not continue_final
+    if continue_final and open_turn:
+        raise bad_request("'continue_final_message' continues the final message: 'add_generation_prompt', which "
+                          "opens a new turn, cannot be true with it", "add_generation_prompt")
     try:
         options = template_kwargs(body.get("chat_template_kwargs"), reasoning_effort=body.get("reasoning_effort"))
-        return served.prompts.chat_text(messages, tools.functions, options), tools
+        return served.prompts.chat_text(messages, tools.functions, options, continue_final, open_turn), tools
     except PromptError as e:
         raise bad_request(str(e), e.param or "messages") from None
 

@@ -1,8 +1,8 @@
 """POST /tokenize and POST /detokenize in vLLM's shapes, with the served model's own tokenizer:
 
     /tokenize    {"prompt": str, "add_special_tokens": true}          the text as /v1/completions reads it
-                 {"messages": [...], "add_generation_prompt": true}    the conversation as /v1/chat/completions
-                                                                       reads it (the model's chat template)
+                 {"messages": [...], "add_generation_prompt": true,    the conversation as /v1/chat/completions
+                  "continue_final_message": false}                     reads it (the model's chat template)
               -> {"count": N, "max_model_len": L, "tokens": [ids], "token_strs": [str] or null}
                  (token_strs with "return_token_strs": true)
     /detokenize  {"tokens": [ids]} -> {"prompt": str}
@@ -47,9 +47,6 @@ def _tokens(served, body) -> list:
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("give either 'prompt' (a string) or 'messages' (a conversation)")
     if "messages" in body:
-        if body.get("add_generation_prompt", True) is not True:
-            raise bad_request("'add_generation_prompt': only true is supported (the assistant's turn "
-                              "opened, as /v1/chat/completions prompts)", "add_generation_prompt")
         return served.prompts.text_ids(chat_prompt(body, served)[0], special=False)
     prompt = body["prompt"]
     if not isinstance(prompt, str):
