@@ -8,22 +8,12 @@ import jsonschema
 import openai
 import pytest
 
-from tests.http_server import API_KEY, serving
+from tests.http_server import API_KEY
 from tests.test_guided import TINY_SCHEMA, nested_schema
+from tests.test_http import client, server  # noqa: F401 (tiny_model served with an API key, and its openai client)
 
 QUESTION = [{"role": "user", "content": "Answer in JSON."}]
 OPENAI_FORM = {"type": "json_schema", "json_schema": {"name": "tiny", "schema": TINY_SCHEMA, "strict": True}}
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    with serving(tiny_model, str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
 
 
 def test_chat_answers_json_that_follows_the_schema(client, tiny_reference):

@@ -5,32 +5,16 @@ text; trailing whitespace is a 400, as Anthropic answers), and the chat route ta
 apply_chat_template(..., continue_final_message=True) gives on the model's own tokenizer, and the
 answer the in-process Engine's greedy continuation of them.
 """
-import os
-
 import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.http_server import API_KEY, Reference, default_model_dir, serving
+from tests.http_server import API_KEY
+from tests.test_http_anthropic import ASK, reference, server  # noqa: F401 (the default model's server and Engine)
 
-ASK = [{"role": "user", "content": "What is the capital of France?"}]
 PREFILLED = ASK + [{"role": "assistant", "content": "The capital of France is the city of"}]
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
-                 tp=1) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def reference():
-    r = Reference(*os.path.split(default_model_dir()))
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")
