@@ -121,6 +121,7 @@ def check_options(generate_config: dict, limits: ModelLimits, prompt_len: int) -
                            f"{prompt_len}-token prompt")
     for key, ids in (("eos_token_id", eos_ids(params)),
                      ("stop_words_ids", [i for word in params["stop_words_ids"] for i in word]),
+                     ("bad_words_ids", [i for word in params["bad_words_ids"] for i in word]),
                      ("vocab", (params["vocab"] or {}).values()),
                      ("logit_bias", params["logit_bias"])):
         if any(i >= limits.vocab_size for i in ids):

@@ -10,6 +10,7 @@ from dashinfer_client.generation_config import check_generation
 from dashinfer_server.sampler import Sampler
 from dashinfer_server.sequence import Sequence
 from tests.engine_helpers import collect, greedy
+from tests.helpers import TINY
 
 
 def sample_masked(tokens, bad, logits):
@@ -49,3 +50,16 @@ def test_engines_never_generate_a_banned_token(api_engine):
     assert status == allspark.AsStatus.ALLSPARK_SUCCESS
     masked, _ = collect(queue)
     assert len(masked) == 12 and not set(masked) & set(banned)
+
+
+def test_a_banned_id_outside_the_vocabulary_is_refused_and_spares_the_others(api_engine):
+    """Refused at start on both engines, as stop words outside it are: it used to fail the step
+    that reached it, interrupting every request in the batch."""
+    engine, name, loader = api_engine
+    prompt = [5, 9, 17, 33, 2, 8]
+    _, _, running = engine.start_request_ids(name, loader, prompt, greedy(len(prompt) + 40))
+    status, _, _ = engine.start_request_ids(name, loader, prompt,
+                                            greedy(len(prompt) + 12, bad_words_ids=[[TINY["vocab_size"]]]))
+    assert status == allspark.AsStatus.ALLSPARK_PARAM_ERROR and "bad_words_ids" in engine.last_error
+    generated, _ = collect(running)
+    assert len(generated) == 40 and running.GenerateStatus() == allspark.GenerateRequestStatus.GenerateFinished

@@ -35,6 +35,7 @@ def test_options_are_a_snapshot_of_the_users_config():
 @pytest.mark.parametrize("options,status,words", [
     (dict(eos_token_id=[3, 100]), E.ALLSPARK_PARAM_ERROR, "eos_token_id .* outside the vocabulary 0..99"),
     (dict(stop_words_ids=[[1, 100]]), E.ALLSPARK_PARAM_ERROR, "stop_words_ids .* outside the vocabulary"),
+    (dict(bad_words_ids=[[3], [1, 100]]), E.ALLSPARK_PARAM_ERROR, "bad_words_ids .* outside the vocabulary"),
     (dict(length_penalty=1.2), E.ALLSPARK_PARAM_ERROR, "length_penalty is not supported"),
     (dict(lora_name="a"), E.ALLSPARK_LORA_NOT_LOADED, "LoRA"),
     (dict(mm_info={"images": []}), E.ALLSPARK_PARAM_ERROR, "mm_info"),
