@@ -72,12 +72,13 @@ class ResultQueue:
 
     def GetWithTimeout(self, timeout_ms):
         # `not 0 <= t <= MAX` also refuses nan; Condition.wait overflows on inf and 1e308.
-        if (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
+        # numbers.Real: numpy's integers and floats too (a count read from an array); not numpy's bool
+        if (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, numbers.Real)
                 or not 0 <= timeout_ms <= _MAX_TIMEOUT_MS):
             raise ValueError(f"GetWithTimeout: timeout_ms must be a number in [0, {_MAX_TIMEOUT_MS}], "
                              f"got {timeout_ms!r}")
         with self._cond:
-            self._cond.wait_for(self._has_news, timeout_ms / 1000.0)
+            self._cond.wait_for(self._has_news, float(timeout_ms) / 1000.0)
             return self._take()
 
     def GetNoWait(self):

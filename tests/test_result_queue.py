@@ -97,9 +97,16 @@ def test_interrupted_request_delivers_its_tokens_then_none():
 
 def test_get_with_timeout_refuses_bad_timeouts():
     q = ResultQueue()
-    for bad in (-1, "10", None, True, float("inf"), 1e308, -float("inf")):
+    for bad in (-1, "10", None, True, np.bool_(True), float("inf"), 1e308, -float("inf"), np.int64(-1)):
         with pytest.raises(ValueError, match="timeout_ms"):
             q.GetWithTimeout(bad)
+
+
+def test_get_with_timeout_takes_numpy_numbers():
+    """A count read from an array is a number of ms like any other (DashInfer's binding takes it)."""
+    q = ResultQueue()
+    for ms in (np.int64(1), np.int32(1), np.uint8(1), np.float32(1.5), np.float64(0)):
+        assert q.GetWithTimeout(ms) is None
 
 
 def test_get_with_timeout_refuses_nan_without_waiting():
