@@ -154,8 +154,9 @@ OPTIONS = {
     "temperature": (1.0, _number(lambda x: x >= 0, ">= 0 (0 = greedy)"),
                     "divides the logits before top-k / top-p; 0 = greedy"),
     "top_k": (50, _count(0), "keep the k most likely tokens; 0 = no cut"),
-    "top_p": (1.0, _number(lambda x: 0 < x <= 1, "in (0, 1]"),
-              "keep the most likely tokens whose probability exceeds top_p; 1 = no cut"),
+    # [0, 1] as DashInfer's engine, transformers' TopPLogitsWarper and OpenAI take it
+    "top_p": (1.0, _number(lambda x: 0 <= x <= 1, "in [0, 1]"),
+              "keep the most likely tokens whose probability exceeds top_p (0: only the most likely); 1 = no cut"),
     "max_length": (20, _count(1), "prompt + generated tokens, the hard stop"),
     "min_length": (0, _count(0), "no eos before prompt + generated tokens reach this length"),
     "early_stopping": (True, check_bool, "an eos_token_id ends the request; off = eos is an ordinary token"),

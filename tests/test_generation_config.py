@@ -117,7 +117,7 @@ class FailsToIterate:
 
 
 GEN_ERRORS = [
-    ("top_p", 0), ("top_p", 1.5), ("top_p", -0.1), ("top_p", math.nan), ("top_p", "0.9"),
+    ("top_p", 1.5), ("top_p", -0.1), ("top_p", math.nan), ("top_p", "0.9"),
     ("temperature", -0.1), ("temperature", math.inf), ("temperature", None), ("temperature", "hot"),
     ("temperature", math.nan), ("max_length", True), ("seed", 0.5), ("eos_token_id", [1, "x"]),
     ("top_k", -1), ("top_k", 2.5), ("top_k", "5"), ("top_k", True),
@@ -147,7 +147,7 @@ def test_generation_refusals_name_the_key(key, value):
 
 
 def test_generation_range_messages_say_what_is_allowed():
-    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"top_p must be in \[0, 1\], got 1.5"):
         ASGenerationConfigBuilder().top_p(1.5)
     with pytest.raises(ValueError, match=r"top_logprobs must be in \[0, 10\], got 11"):
         ASGenerationConfigBuilder().log_probs(True, 11)

@@ -64,7 +64,7 @@ def test_top_k_keeps_exactly_the_k_largest(vocab, k):
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [
     (0.7, 50, 0.8), (1.3, 0, 0.9), (1.0, 20, 1.0), (0.5, 0, 1.0), (1.0, 0, 0.3),
-    (2.0, 400, 0.95), (1.0, 1, 0.5)])
+    (2.0, 400, 0.95), (1.0, 1, 0.5), (1.0, 0, 0.0), (0.8, 50, 0.0)])  # top_p 0: the most likely token alone
 @pytest.mark.parametrize("vocab,scale", [(500, 3.0), (49152, 6.0), (151936, 2.5)])
 @pytest.mark.parametrize("min_p", [0.0, 0.02])
 def test_sampling_distribution_matches_transformers_warpers(temperature, top_k, top_p, vocab,
