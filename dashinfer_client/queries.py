@@ -16,8 +16,7 @@ class QueryAPI:
     def get_free_frame(self, model_name: str) -> int:
         """KV spans a new request can take: get_as_engine_stat's free_span (DashInfer's ClientEngine
         declares this method but its binding lacks the call, so there it raises AttributeError)."""
-        stat = self._query("get_free_frame", model_name, primitive="get_as_engine_stat")
-        return int(stat["free_span"]) if stat is not None else 0
+        return int(self._query("get_free_frame", model_name) or 0)
 
     def get_op_profiling_info(self, model_name: str) -> str:
         """The model's kernel timings (rank 0) as a table, when it was started with AS_PROFILE=ON in
@@ -66,12 +65,11 @@ class QueryAPI:
         return self._guarded("load_device_mem", lambda: self._introspect(
             "load_device_mem", checked_model_name(model_name)))[0]
 
-    def _query(self, what, *args, primitive=None):
-        """_introspect(primitive or what, *args) with the model name (if any) checked; None when
-        refused."""
+    def _query(self, what, *args):
+        """_introspect(what, *args) with the model name (if any) checked; None when refused."""
         def ask():
             checked = (checked_model_name(args[0]), *args[1:]) if args else ()
-            return self._introspect(primitive or what, *checked)
+            return self._introspect(what, *checked)
         return self._guarded(what, ask)[1]
 
     def _introspect(self, what: str, *args):

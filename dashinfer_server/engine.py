@@ -203,8 +203,9 @@ class Engine(EngineAPI):
             return _file_information(*args)
         with self._lock:
             m = self._model(args[0])
-        if what == "get_as_engine_stat":
-            return engine_stat(args[0], m.model.config.num_hidden_layers, m.loop).to_dict()
+        if what in ("get_as_engine_stat", "get_free_frame"):
+            stat = engine_stat(args[0], m.model.config.num_hidden_layers, m.loop)
+            return stat.to_dict() if what == "get_as_engine_stat" else stat.free_span
         if what == "get_model_info":
             return model_info(args[0], m.model, m.cfg)
         if what == "get_op_profiling_info":

@@ -34,8 +34,8 @@ log = logging.getLogger("dashinfer_server.service")
 SUCCESS = AsStatus.ALLSPARK_SUCCESS
 DENIED = AsStatus.ALLSPARK_REQUEST_DENIED
 # The Engine's introspection methods the Query RPC runs (EngineAPI's "introspection" block).
-QUERIES = frozenset({"get_as_engine_stat", "get_op_profiling_info", "get_model_info", "get_file_information",
-                     "get_version_full", "unload_device_mem", "load_device_mem"})
+QUERIES = frozenset({"get_as_engine_stat", "get_free_frame", "get_op_profiling_info", "get_model_info",
+                     "get_file_information", "get_version_full", "unload_device_mem", "load_device_mem"})
 
 
 def _reply(status, message=""):
