@@ -122,7 +122,11 @@ class Tokenizer:
     def encode(self, text, add_special_tokens=True) -> list:
         # encode_batch lets go of the GIL while it runs and encode does not: a megabyte prompt
         # tokenized in a server's worker thread must not stop its event loop for seconds
-        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        try:
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:
+            check_text(text)
+            raise
 
     def __call__(self, text, add_special_tokens=True, padding=False, truncation=False, return_tensors=None):
         """{"input_ids", "attention_mask"} of a text, or lists of them for a list of texts."""
@@ -235,3 +239,14 @@ def _compile(source):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+def check_text(text) -> None:
+    """ValueError when a str holds a lone UTF-16 surrogate: not Unicode text (Python decodes
+    undecodable bytes of argv or a terminal into them), which no tokenizer takes."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the text is not valid Unicode: a lone surrogate {text[e.start]!r} at character "
+                             f"{e.start} (bytes that were not UTF-8?)") from None

@@ -202,3 +202,13 @@ def test_serving_and_chatting_import_neither_torch_nor_transformers():
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     assert "dashinfer_client.tokenizer" in imported and "tokenizers" in imported  # the check sees imports
     assert not [m for m in imported if m.split(".")[0] in ("torch", "transformers")]
+
+
+def test_text_with_a_lone_surrogate_is_refused_by_name(pair):
+    """Python decodes bytes that are not UTF-8 (argv, a terminal) into lone surrogates: the error
+    says so instead of the tokenizers library's TypeError about its input types."""
+    ours, _ = pair
+    with pytest.raises(ValueError, match=r"lone surrogate '\\udce9' at character 3"):
+        ours.encode("caf\udce9")
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        ours("a\ud800b")
