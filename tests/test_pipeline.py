@@ -123,6 +123,26 @@ def test_sampling_with_a_seed_repeats_and_differs_from_greedy(pipe):
     assert first.token_ids == again.token_ids != greedy_ids
 
 
+def test_scripts_for_either_lmdeploy_sample_as_they_did_there(pipe, engine, tiny):
+    """LMDeploy >= 0.6 (do_sample, default False = greedy; top_k 50) and < 0.6 (no do_sample; top_k
+    1, its default, is greedy, so the doc's top_k=40 samples): each script decodes as it did there."""
+    seeds = range(5)
+    greedy_ids = pipe(QUESTION, GenerationConfig(max_new_tokens=16, ignore_eos=True)).token_ids
+
+    def answers(**fields):
+        return [pipe(QUESTION, GenerationConfig(max_new_tokens=16, ignore_eos=True, random_seed=s, **fields)).token_ids
+                for s in seeds]
+    new_style = answers(do_sample=True, temperature=1.0)
+    assert len({tuple(a) for a in new_style}) > 1 and greedy_ids not in new_style
+    ids = chat_ids(tiny[1].get_tokenizer(), QUESTION)  # top_k left unset is LMDeploy's 50
+    sampled, _ = engine_ids(engine, ids, 16, do_sample=True, top_k=50, top_p=1.0, temperature=1.0, seed=0)
+    assert new_style[0] == sampled
+    assert answers(do_sample=False, top_k=40, top_p=0.8, temperature=1.5) == [greedy_ids] * len(seeds)
+    old_style = answers(top_k=40, top_p=0.8, temperature=0.8)  # the seeds doc's GenerationConfig
+    assert len({tuple(a) for a in old_style}) > 1
+    assert answers(top_p=0.8, temperature=1.5) == [greedy_ids] * len(seeds)  # top_k unset: < 0.6's 1
+
+
 def test_deprecated_keywords_still_work(pipe):
     r = pipe(QUESTION, request_output_len=5, top_k=1, ignore_eos=True)
     assert r.generate_token_len == 5
@@ -208,6 +228,7 @@ def test_bad_call_arguments_are_named(pipe):
     (dict(n=2), "only n=1"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1.0), "temperature"),
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(stop_words="abc"), "stop_words"),
     (dict(bad_words=[""]), "bad_words"), (dict(logprobs=11), "logprobs"), (dict(min_p=1.5), "min_p"),
+    (dict(do_sample="yes"), "do_sample"),
 ])
 def test_bad_generation_configs_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

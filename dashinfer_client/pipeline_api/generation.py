@@ -1,8 +1,13 @@
 """GenerationConfig (LMDeploy's names and defaults) and its translation into DashInfer's
 generation options for one prompt.
 
-  top_k == 1 or temperature == 0     greedy (LMDeploy's default top_k=1 is greedy); else sampling
-                                     with temperature, top_k (0 = no cut), top_p and min_p
+  do_sample                          scripts for either LMDeploy run as written there:
+                                     True: sampling (top_k left unset: 50, LMDeploy >= 0.6's default);
+                                     False: greedy whatever else is set (LMDeploy >= 0.6);
+                                     None (unset): LMDeploy < 0.6's rule: greedy when top_k is 1 or
+                                     left unset (its default top_k=1), else sampling
+  top_k / top_p / temperature / min_p  sampling with these (top_k 0 = no cut); top_k 1 or
+                                     temperature 0 is greedy
   max_new_tokens                     max_length = prompt + max_new_tokens, at most session_len
   min_new_tokens                     min_length = prompt + min_new_tokens (no eos before)
   ignore_eos                         early_stopping off: eos is an ordinary token
@@ -22,6 +27,11 @@ from typing import List, Optional
 
 from ..generation_config import MAX_TOP_LOGPROBS, check_value
 
+# top_k left unset (None): LMDeploy >= 0.6's default when do_sample=True, else LMDeploy < 0.6's
+# (its GenerationConfig had no do_sample: top_k=1, greedy, was how it was asked for).
+SAMPLING_TOP_K = 50
+LEGACY_TOP_K = 1
+
 # pipe(...)'s deprecated per-call keywords -> GenerationConfig field.
 DEPRECATED = {"request_output_len": "max_new_tokens", "top_k": "top_k", "top_p": "top_p",
               "temperature": "temperature", "repetition_penalty": "repetition_penalty",
@@ -33,7 +43,7 @@ class GenerationConfig:
     n: int = 1
     max_new_tokens: int = 512
     top_p: float = 1.0
-    top_k: int = 1
+    top_k: Optional[int] = None  # None: SAMPLING_TOP_K with do_sample=True, else LEGACY_TOP_K
     temperature: float = 0.8
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
@@ -45,7 +55,7 @@ class GenerationConfig:
     logprobs: Optional[int] = None
     stop_token_ids: Optional[List[int]] = None
     bad_token_ids: Optional[List[int]] = None
-    do_sample: Optional[bool] = None  # newer LMDeploy: False = greedy whatever top_k says
+    do_sample: Optional[bool] = None  # None: a script for LMDeploy < 0.6, which had no do_sample
     min_p: float = 0.0
     response_format: Optional[dict] = None
 
@@ -60,7 +70,9 @@ class GenerationConfig:
                 raise ValueError(f"GenerationConfig.{e}") from None
         _positive("max_new_tokens", self.max_new_tokens, 1)
         _positive("min_new_tokens", self.min_new_tokens, 0, none_ok=True)
-        _positive("top_k", self.top_k, 0)
+        _positive("top_k", self.top_k, 0, none_ok=True)
+        if self.do_sample is not None and not isinstance(self.do_sample, bool):
+            raise ValueError(f"GenerationConfig.do_sample must be a bool or None, got {self.do_sample!r}")
         _positive("logprobs", self.logprobs, 0, none_ok=True, hi=MAX_TOP_LOGPROBS)
         _positive("random_seed", self.random_seed, 0, none_ok=True)
         for name in ("stop_words", "bad_words"):
@@ -79,8 +91,15 @@ class GenerationConfig:
                 raise ValueError(f"GenerationConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
     @property
-    def greedy(self):
-        return self.do_sample is False or self.top_k == 1 or self.temperature == 0
+    def sampling_top_k(self) -> int:
+        """top_k as the engine takes it (0 = no cut)."""
+        if self.top_k is not None:
+            return self.top_k
+        return SAMPLING_TOP_K if self.do_sample else LEGACY_TOP_K
+
+    @property
+    def greedy(self) -> bool:
+        return self.do_sample is False or self.sampling_top_k == 1 or self.temperature == 0
 
     def with_deprecated(self, kwargs) -> "GenerationConfig":
         """A copy with pipe()'s deprecated keywords applied; anything else raises TypeError."""
@@ -120,7 +139,7 @@ def request_options(gen: GenerationConfig, prompt_len: int, session_len: int, st
     if gen.greedy:
         options.update(do_sample=False, top_k=0, top_p=1.0)
     else:
-        options.update(do_sample=True, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
+        options.update(do_sample=True, temperature=gen.temperature, top_k=gen.sampling_top_k, top_p=gen.top_p,
                        min_p=gen.min_p)
     if gen.min_new_tokens:
         options["min_length"] = min(max_length, prompt_len + gen.min_new_tokens)
