@@ -279,3 +279,15 @@ def test_one_gen_config_per_prompt(pipe):
     assert [r.generate_token_len for r in pipe(["abc", "abd"], gen_config=gens)] == [3, 5]
     with pytest.raises(ValueError, match="gen_config is a list of 1"):
         pipe(["abc", "abd"], gen_config=gens[:1])
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p("caf\udce9"), lambda p: p([{"role": "user", "content": "caf\udce9"}]),
+    lambda p: p("caf\udce9", do_preprocess=False), lambda p: p("abc", GenerationConfig(stop_words=["\udce9"])),
+    lambda p: list(p.stream_infer("caf\udce9")),
+])
+def test_a_lone_surrogate_is_refused_by_name(pipe, call):
+    """Bytes that were not UTF-8 (Python decodes them to lone surrogates) are named, not a TypeError."""
+    with pytest.raises(ValueError, match="not valid Unicode: a lone surrogate"):
+        call(pipe)
+    assert pipe("abc", GenerationConfig(max_new_tokens=2, ignore_eos=True)).generate_token_len == 2
