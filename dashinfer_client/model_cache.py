@@ -115,6 +115,23 @@ def resolve_model(model_path=None, dtype=None, quant=None, cache_dir=None, progr
                         root, os.path.join(root, "models"), prefix, quant)
 
 
+def model_format(model_path):
+    """'gguf', 'hf' or 'dashinfer' (serialized): the kind of model model_path names, read without
+    converting it (None / the default model's name: its GGUF file); None when it names no model
+    (resolve_model says why)."""
+    from . import default_model
+    if model_path is None or model_path == default_model.MODEL_NAME:
+        return "gguf"
+    if not isinstance(model_path, (str, os.PathLike)):
+        return None
+    path = os.path.abspath(os.path.expanduser(os.fspath(model_path)))
+    if _serialized_location(path) is not None:
+        return "dashinfer"
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return "hf"
+    return "gguf" if os.path.isfile(path) and _is_gguf(path) else None
+
+
 def cached_prefix(path, dtype, quant):
     """{name}-{dtype}[-{quant}]-{digest of the source path and its files' sizes and mtimes}."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(path.rstrip(os.sep)))

@@ -1,5 +1,6 @@
 """pipeline() at tp=1 on a tiny random LLaMA: the same tokens and logprobs as the Engine API, the
 generation options each doing what they say, streaming, and bad input refused at the call."""
+import importlib
 import os
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 import dashinfer_client as allspark
 from dashinfer_client import (ChatTemplateConfig, GenerationConfig, PytorchEngineConfig, Response,
                               TurbomindEngineConfig, pipeline)
+from dashinfer_client import default_model
 from dashinfer_client.errors import ModelSerializerException
 from tests.engine_helpers import collect, greedy
 
@@ -291,3 +293,17 @@ def test_a_lone_surrogate_is_refused_by_name(pipe, call):
     with pytest.raises(ValueError, match="not valid Unicode: a lone surrogate"):
         call(pipe)
     assert pipe("abc", GenerationConfig(max_new_tokens=2, ignore_eos=True)).generate_token_len == 2
+
+
+def test_model_format_is_checked_before_any_conversion(tiny, tiny_checkpoint, tmp_path, monkeypatch):
+    def convert(*args, **kwargs):
+        raise AssertionError("the model was resolved (converted) before model_format was checked")
+    monkeypatch.setattr(importlib.import_module("dashinfer_client.pipeline_api.pipeline"), "resolve_model", convert)
+    gguf = tmp_path / "header-only.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(28))  # the magic is what makes a file a GGUF model
+    cases = [(None, "hf", "gguf"), (None, "dashinfer", "gguf"), (default_model.MODEL_NAME, "hf", "gguf"),
+             (tiny_checkpoint("llama", max_position_embeddings=CONTEXT), "gguf", "hf"), (str(gguf), "hf", "gguf"),
+             (tiny[0], "hf", "dashinfer")]
+    for path, wrong, kind in cases:
+        with pytest.raises(ValueError, match=f"model_format={wrong!r} but .* is a {kind} model"):
+            pipeline(path, backend_config=TurbomindEngineConfig(model_format=wrong))

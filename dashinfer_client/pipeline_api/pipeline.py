@@ -16,7 +16,7 @@ import threading
 from .. import memory
 from ..config import ASGenerationConfigBuilder
 from ..frontend import Prompts, start_engine
-from ..model_cache import resolve_model
+from ..model_cache import model_format, resolve_model
 from ..refusals import Refused
 from ..types import TargetDevice
 from ..frontend.messages import chat_messages
@@ -48,14 +48,12 @@ def _kv_budget_mb(settings, loader, session_len):
     return 0 if need_mb <= budget_mb else budget_mb
 
 
-def _check_format(model_path, model_format):
-    if model_format is None or model_path is None:
-        return
-    path = os.fspath(model_path)
-    kind = ("gguf" if os.path.isfile(path) and not path.endswith(".asgraph")
-            else "hf" if os.path.isfile(os.path.join(path, "config.json")) else "dashinfer")
-    if kind != model_format:
-        raise ValueError(f"model_format={model_format!r} but model_path {path} is a {kind} model")
+def _check_format(model_path, wanted):
+    """Refuse a model_format that model_path's model is not, before anything is converted."""
+    kind = model_format(model_path)
+    if wanted is not None and kind is not None and kind != wanted:
+        name = "the default model" if model_path is None else f"model_path {os.fspath(model_path)}"
+        raise ValueError(f"model_format={wanted!r} but {name} is a {kind} model")
 
 
 class Pipeline:
@@ -81,8 +79,8 @@ class Pipeline:
                             f"got {type(chat_template_config).__name__}")
         self.chat_template = chat_template_config
         self.settings = s = engine_settings(backend_config, kwargs)
-        model_dir, prefix = resolve_model(model_path, dtype=s.dtype, quant=s.weight_quant)
         _check_format(model_path, s.model_format)
+        model_dir, prefix = resolve_model(model_path, dtype=s.dtype, quant=s.weight_quant)
         self.model_name = model_name or prefix
         self.loader = DashInferModel(model_dir, prefix)
         self.tokenizer = self.loader.get_tokenizer()
