@@ -24,6 +24,7 @@ from .chat_template import BUILTIN, ChatOptions, ChatTemplateConfig, prompt_text
 from .engine_config import engine_settings
 from .generation import GenerationConfig, encode_words, request_options
 from .response import Answer, too_long
+from .running import CLOSED, RunningRequests
 
 MODEL_NAME = "pipeline"
 # session_len None: the model's context, at most this (the KV pool is reserved for max_batch_size
@@ -88,8 +89,7 @@ class Pipeline:
         self.prompts = Prompts(self.tokenizer)
         self.eos_ids = self.loader.eos_token_ids()
         self._template_stops = encode_words(self.prompts, self.chat_template.template_stop_words(), ())
-        self.engine = self._open_engine()
-        self._lock = threading.Lock()
+        self._requests = RunningRequests(self._open_engine(), MODEL_NAME)
 
     def _open_engine(self):
         s = self.settings
@@ -152,8 +152,8 @@ class Pipeline:
     def _plan(self, prompts, gen_config, do_preprocess, chat, deprecated):
         """Everything checked before anything is submitted -> (one prompt?, [(ids, options | None
         when the prompt fills the session, Answer)])."""
-        if self.engine is None:
-            raise RuntimeError("this pipeline is closed")
+        if self._requests.closed:
+            raise RuntimeError(CLOSED)
         prompt_list, one = self._prompt_list(prompts)
         plan = []
         for i, (prompt, gen) in enumerate(zip(prompt_list, self._gen_configs(gen_config, len(prompt_list),
@@ -185,7 +185,7 @@ class Pipeline:
                     continue
                 builder = ASGenerationConfigBuilder(eos_token_id=self.eos_ids).update(options)
                 try:
-                    handle, queue = self.engine.submit(MODEL_NAME, ids, builder)
+                    handle, queue = self._requests.submit(ids, builder)
                 except Refused as e:
                     raise RuntimeError(f"pipeline: prompts[{i}] was refused ({e.status.name}): {e}") from None
                 started.append((answer, handle, queue))
@@ -195,10 +195,7 @@ class Pipeline:
         return started
 
     def _end(self, started):
-        for item in started:
-            if isinstance(item, tuple):
-                self.engine.stop_request(MODEL_NAME, item[1])
-                self.engine.release_request(MODEL_NAME, item[1])
+        self._requests.end([item[1] for item in started if isinstance(item, tuple)])
 
     # ---- the API -------------------------------------------------------------------------------
 
@@ -225,7 +222,7 @@ class Pipeline:
                 answer, handle, queue = item
                 # Wait without waking up at every token (that would take the GIL from an in-process
                 # engine 32 times a step), then take everything at once.
-                self.engine.sync_request(MODEL_NAME, handle)
+                self._requests.wait(handle)
                 while (elements := queue.Get()) is not None:
                     answer.add(elements)
                 out.append(answer.response(queue.RequestStatInfo()["finish_reason"]))
@@ -270,10 +267,15 @@ class Pipeline:
             for reader in readers:
                 reader.join()
 
+    @property
+    def engine(self):
+        """The engine serving the model (DashInfer's API); None once closed."""
+        return self._requests.engine
+
     def close(self):
-        """Release the model; a ClientEngine's ranks are stopped (sockets and shared memory removed)."""
-        with self._lock:
-            engine, self.engine = self.engine, None
+        """Release the model; a ClientEngine's ranks are stopped (sockets and shared memory removed).
+        Requests still running, from any thread, are stopped (finish_reason 'abort')."""
+        engine = self._requests.close()
         if engine is None:
             return
         engine.release_model(MODEL_NAME)
