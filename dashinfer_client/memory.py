@@ -74,12 +74,15 @@ def _stat(path):
     return out
 
 
+LIMIT_SETTING = "DASHINFER_MEMORY_LIMIT_MB"  # a rank's budget, whatever the machine has
+
+
 def available(node=None):
     """(bytes, where the figure comes from): what the machine, or NUMA node `node` (a real one),
     can give now."""
-    limit = settings.get("DASHINFER_MEMORY_LIMIT_MB")
+    limit = settings.get(LIMIT_SETTING)
     if limit:
-        return limit * 2**20, "DASHINFER_MEMORY_LIMIT_MB"
+        return limit * 2**20, LIMIT_SETTING
     if node is None:
         have, where = _meminfo("/proc/meminfo").get("MemAvailable"), "MemAvailable"
     else:

@@ -39,7 +39,13 @@ def check_fits(cfg, model, world: int) -> None:
         budgets = [(memory.available(n.id), f"node {n.id}") for n in nodes]
     else:
         have, where = memory.available()
-        budgets = [((have // world, where), "this machine" if world == 1 else f"each of {world} ranks sharing this machine")]
+        if world == 1:
+            who = "this machine"
+        elif where == memory.LIMIT_SETTING:  # a rank's budget by definition: not divided
+            who = f"each of {world} ranks"
+        else:
+            have, who = have // world, f"each of {world} ranks sharing this machine"
+        budgets = [((have, where), who)]
     for (have, where), who in budgets:
         if need > have:
             raise Refused(AsStatus.ALLSPARK_MEMORY_ERROR,

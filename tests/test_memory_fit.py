@@ -75,6 +75,23 @@ def test_ranks_sharing_a_machine_split_it(moe_model, monkeypatch):
         check_fits(cfg, model, 2)
 
 
+def test_the_memory_limit_setting_is_each_ranks_own(moe_model, monkeypatch):
+    """DASHINFER_MEMORY_LIMIT_MB is a rank's budget (docs/deployment.md), on simulated nodes as on
+    real ones: 2 ranks are not given half of it each."""
+    from dashinfer_server.memory_fit import check_fits
+    from dashinfer_client.refusals import Refused
+    model_dir, prefix = moe_model
+    model = DashInferModel(model_dir, prefix)
+    cfg = model.create_reference_runtime_config_builder("m", TargetDevice.CPU, [0], max_batch=2) \
+        .max_length(256).kv_cache_span_size(16).build()
+    monkeypatch.setenv("DASHINFER_NUMA_NODES", "0:0;1:1")
+    monkeypatch.setenv("DASHINFER_MEMORY_LIMIT_MB", "1")
+    with pytest.raises(Refused, match=r"more than the 0.000977 GiB each of 2 ranks can give \(DASHINFER_MEMORY_LIMIT_MB\)"):
+        check_fits(cfg, model, 2)
+    monkeypatch.setenv("DASHINFER_MEMORY_LIMIT_MB", "4096")
+    check_fits(cfg, model, 2)  # a tiny model: fits in each rank's 4 GiB
+
+
 def test_probe_reads_this_machine():
     have, where = available()
     with open("/proc/meminfo") as f:
