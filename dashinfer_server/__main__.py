@@ -12,7 +12,6 @@ A configuration error (bad flags, a model path that holds no model, a placement 
 cannot give, a model the runtime refuses) exits 78 (EX_CONFIG): restarting cannot fix it, and
 the systemd units say RestartPreventExitStatus=78.
 """
-import argparse
 import logging
 import os
 import signal
@@ -34,6 +33,7 @@ from .grpc_server import remove_socket, serve
 from .group import init_group
 from .launch import mapped_mpich_segments
 from .startup_log import log_startup, startup_summary
+from .arguments import UsageParser, at_least, grpc_address
 from .systemd import EX_CONFIG
 from .topology import PlacementError
 from .worker import run_worker
@@ -48,15 +48,9 @@ class ConfigError(Exception):
     """A configuration a restart cannot fix: exit EX_CONFIG."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(EX_CONFIG, f"{self.prog}: error: {message}\n")
-
-
 def parse_args(argv=None):
-    p = _Parser(prog="python -m dashinfer_server", description=__doc__.split("\n")[0])
-    p.add_argument("--address", default=None,
+    p = UsageParser(prog="python -m dashinfer_server", description=__doc__.split("\n")[0])
+    p.add_argument("--address", type=grpc_address, default=None,
                    help="unix:///path.sock or HOST:PORT (default: a unix socket under $XDG_RUNTIME_DIR or /tmp)")
     p.add_argument("--threads", type=int, default=0, help="compute threads of this rank (default: all its cores)")
     p.add_argument("--model-dir", help="serialized model directory to install at start")
@@ -65,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--kv-cache-mode", default=None, help="AsCacheDefault, AsCacheQuantI8 or AsCacheQuantU4")
-    p.add_argument("--grace-period", type=float, default=30.0,
+    p.add_argument("--grace-period", type=at_least(0, float), default=30.0,
                    help="seconds running requests get to finish on SIGTERM before they are interrupted")
     p.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="shut down when stdin closes (set by a ClientEngine that spawned this server)")

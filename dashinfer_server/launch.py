@@ -15,7 +15,6 @@ ranks: rank 0 drains and shuts the workers down, and the group exits 0. Each ran
 in DASHINFER_NODE and its OpenMP placement in its environment (and runs under numactl when that
 is installed); the rank binds itself again at start (topology.place_rank).
 """
-import argparse
 import glob
 import logging
 import os
@@ -28,6 +27,7 @@ from dashinfer_client import settings
 from dashinfer_client.proto.wire import default_address
 
 from . import logs, topology
+from .arguments import UsageParser, grpc_address
 from .systemd import EX_CONFIG
 
 
@@ -40,7 +40,7 @@ def mpiexec_path() -> str:
 
 
 def parse_args(argv, env):
-    p = argparse.ArgumentParser(prog="dashinfer-launch", description=__doc__.split("\n\n")[0])
+    p = UsageParser(prog="dashinfer-launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=settings.get("DASHINFER_NODES", env),
                    help="ranks, one per NUMA node (default: every node)")
     p.add_argument("--first-node", type=int, default=0,
@@ -50,14 +50,15 @@ def parse_args(argv, env):
                         "be of the MPI mpi4py was built with")
     p.add_argument("--threads-per-rank", type=int, default=settings.get("DASHINFER_THREADS_PER_RANK", env),
                    help="OpenMP threads per rank (default: the cores of its node)")
-    p.add_argument("--address", default=settings.get("DASHINFER_ADDRESS", env),
+    p.add_argument("--address", type=grpc_address, default=settings.get("DASHINFER_ADDRESS", env),
                    help="gRPC address of rank 0: unix:///path.sock or 127.0.0.1:PORT "
                         "(default: a unix socket under $XDG_RUNTIME_DIR or /tmp)")
     p.add_argument("--model-dir", default=settings.get("DASHINFER_MODEL_DIR", env))
     p.add_argument("--model-prefix", default=settings.get("DASHINFER_MODEL_PREFIX", env))
     p.add_argument("--model-name", default=settings.get("DASHINFER_MODEL_NAME", env))
-    p.add_argument("--log-level", default=settings.get("DASHINFER_LOG_LEVEL", env))
-    p.add_argument("--log-format", default=settings.get("DASHINFER_LOG_FORMAT", env), help="text or json")
+    p.add_argument("--log-level", type=str.upper, choices=logs.LEVELS, default=settings.get("DASHINFER_LOG_LEVEL", env))
+    p.add_argument("--log-format", choices=logs.FORMATS, default=settings.get("DASHINFER_LOG_FORMAT", env),
+                   help="text or json")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     return p.parse_known_args(argv)
 

@@ -1,7 +1,8 @@
 """The `dashinfer` command: serve, chat, convert, launch (one module per subcommand).
 
 Expected failures (a model that is not there, more ranks than NUMA nodes, a server that does not
-answer, Ctrl-C) print one line and exit non-zero; a traceback means a bug.
+answer, Ctrl-C) print one line and exit non-zero; a traceback means a bug. Bad flags, as every
+configuration error, exit 78 (dashinfer_server.arguments).
 """
 import argparse
 import sys
@@ -9,13 +10,14 @@ import sys
 from dashinfer_client import settings
 
 from . import chat, convert, launch, serve
+from ..arguments import UsageParser
 from .common import CONFIG_ERROR, CliError
 
 SUBCOMMANDS = (serve, chat, convert, launch)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dashinfer", description="CPU LLM inference with the DashInfer API: "
+    parser = UsageParser(prog="dashinfer", description="CPU LLM inference with the DashInfer API: "
                                      "an OpenAI-compatible server, chat, model conversion, rank groups.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,chat,convert,launch}")
     for module in SUBCOMMANDS:

@@ -1,5 +1,7 @@
 """What the subcommands share: the one-line error, the model argument, the rank count check."""
-CONFIG_ERROR = 78  # EX_CONFIG: a supervisor must not restart a service that cannot start
+from dashinfer_server.arguments import at_least
+# EX_CONFIG: a supervisor must not restart a service that cannot start
+from dashinfer_server.systemd import EX_CONFIG as CONFIG_ERROR
 
 
 DEFAULT_NAMES = ("default", "SmolLM2-135M-Instruct")  # MODEL left out means the default model too
@@ -29,6 +31,8 @@ def add_engine_options(p) -> None:
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel ranks, one per NUMA node (1: in this process; default 1)")
     p.add_argument("--threads", type=int, default=0, help="compute threads per rank (default: its node's cores)")
+    p.add_argument("--max-model-len", type=at_least(1), default=None,
+                   help="longest request, prompt + answer, in tokens (default: min(context, 2048))")
 
 
 def resolve(model, dtype, quant):
@@ -41,8 +45,10 @@ def resolve(model, dtype, quant):
         raise CliError(str(e), CONFIG_ERROR) from None
 
 
-def check_ranks(tp) -> None:
-    """--tp within what this machine's NUMA nodes (or the DASHINFER_NUMA_NODES override) offer."""
+def check_ranks(tp, threads=0) -> None:
+    """--tp within what this machine's NUMA nodes (or the DASHINFER_NUMA_NODES override) offer, and
+    --threads within each rank's node (said here: the spawned launcher's refusal would come back
+    as its exit code only)."""
     from dashinfer_server import topology
     if tp < 1:
         raise CliError(f"--tp {tp}: needs at least 1 rank", CONFIG_ERROR)
@@ -55,4 +61,9 @@ def check_ranks(tp) -> None:
     if tp > len(nodes):
         raise CliError(f"--tp {tp}: this machine has {len(nodes)} NUMA node(s), one rank each "
                        f"(DASHINFER_NUMA_NODES simulates more)", CONFIG_ERROR)
+    try:
+        for rank in range(tp):
+            topology.plan_placement(rank, tp, threads or None)
+    except topology.PlacementError as e:
+        raise CliError(f"--threads {threads}: {e}" if threads else str(e), CONFIG_ERROR) from None
 

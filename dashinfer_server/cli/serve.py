@@ -16,6 +16,7 @@ import time
 
 from dashinfer_client import settings
 from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
+from dashinfer_server.arguments import at_least, port
 from dashinfer_server.http.admission import MAX_WAITING, Admission
 
 from .common import (CONFIG_ERROR, CliError, add_engine_options, add_model_options, check_ranks, first_paragraph,
@@ -34,11 +35,9 @@ def add_parser(sub) -> None:
     add_engine_options(p)
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--kv-cache", default="default", choices=tuple(KV_CACHE_MODES), help="KV cache storage")
     p.add_argument("--max-batch", type=int, default=32, help="requests running at once")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest request, prompt + answer, in tokens (default: min(context, 2048))")
     p.add_argument("--api-key", default=settings.get("DASHINFER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default $DASHINFER_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API")
@@ -53,7 +52,7 @@ def add_parser(sub) -> None:
                         "else 'json' with the tools described in the prompt)")
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS) + ["none"],
                    help="split reasoning out of the answers (default: when the chat template uses <think>)")
-    p.add_argument("--grace-period", type=float, default=30.0,
+    p.add_argument("--grace-period", type=at_least(0, float), default=30.0,
                    help="seconds running requests get to finish at shutdown")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.set_defaults(run=run)
@@ -67,7 +66,7 @@ def run(args) -> int:
     if args.log_level != "DEBUG":  # ServedModel.finish logs each request once, with its HTTP id
         for name in (REQUEST_LOGGER, server_request_log.name):
             logging.getLogger(name).setLevel(logging.WARNING)
-    check_ranks(args.tp)
+    check_ranks(args.tp, args.threads)
     admission = _admission(args)
     model_dir, prefix = resolve(args.model, args.dtype, args.quant)
     name = args.served_model_name or _default_name(args.model, prefix)
