@@ -7,14 +7,16 @@ With a single word, it is MODEL when it names one (an existing path or the defau
 else PROMPT.
 """
 import json
+import logging
 import os
 import sys
 import urllib.error
 import urllib.request
 
 from dashinfer_client import settings
+from dashinfer_server.arguments import at_least, grpc_address, http_url
 
-from .chat_terminal import converse, load_in_background, take_ctrl_c
+from .chat_terminal import QuestionRefused, converse, load_in_background, take_ctrl_c
 from .common import (CONFIG_ERROR, DEFAULT_NAMES, CliError, add_engine_options, add_model_options, check_ranks,
                      first_paragraph, resolve)
 
@@ -24,20 +26,23 @@ def add_parser(sub) -> None:
                        description=first_paragraph(__doc__))
     p.add_argument("words", nargs="*", metavar="[MODEL] [PROMPT]")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--address", help="a running gRPC rank group (unix:///path.sock or HOST:PORT)")
-    where.add_argument("--url", help="a running dashinfer serve (http://HOST:PORT)")
+    where.add_argument("--address", type=grpc_address, help="a running gRPC rank group (unix:///path.sock or HOST:PORT)")
+    where.add_argument("--url", type=http_url, help="a running dashinfer serve (http://HOST:PORT)")
     add_engine_options(p)
     add_model_options(p)
     p.add_argument("--model-name", default=None, help="with --address / --url: which served model")
     p.add_argument("--api-key", default=settings.get("DASHINFER_API_KEY"), help="with --url")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=256)
+    p.add_argument("--temperature", type=at_least(0, float), default=0.0, help="0: greedy (default)")
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     take_ctrl_c()
+    # the chat says why it refuses a question in one line; the engines' warnings would say it again
+    for name in ("dashinfer_client", "dashinfer_server"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     model, prompt = _split(args.words, remote=bool(args.address or args.url))
     options = {"max_tokens": args.max_new_tokens, "temperature": args.temperature}
     if args.seed is not None:
@@ -68,7 +73,7 @@ def _label(model) -> str:
 
 def _split(words, remote):
     if len(words) > 2:
-        raise CliError("expected at most MODEL and PROMPT (quote the prompt)", 2)
+        raise CliError("expected at most MODEL and PROMPT (quote the prompt)", CONFIG_ERROR)
     if len(words) == 2:
         return words
     if len(words) == 1 and not remote and (os.path.exists(words[0]) or words[0] in DEFAULT_NAMES):
@@ -88,11 +93,12 @@ def _open(model, args):
                                                                  args.model_name), args.address)
         except (Unavailable, RuntimeError) as e:
             raise CliError(str(e).splitlines()[0]) from None
-    check_ranks(args.tp)
+    check_ranks(args.tp, args.threads)
     model_dir, prefix = resolve(model, args.dtype, args.quant)
     served = None
     try:
-        served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1)
+        served = ServedModel(model_dir, prefix, "default", tp=args.tp, threads=args.threads, max_batch=1,
+                             max_length=args.max_model_len)
         load_in_background(served.load, _label(model))
     except (RuntimeError, ValueError) as e:  # ValueError: an option or a limit the engine refuses
         if served is not None:
@@ -116,8 +122,10 @@ class _EngineChat:
         try:
             job = parse_chat(dict(self.options, model=served.name, messages=messages), served)
             handle, queue = served.start(job)
-        except ApiError as e:
-            raise CliError(e.message) from None
+        except ApiError as e:  # 400: this question (its length); else the model (stopped, draining)
+            raise (QuestionRefused if e.http_status == 400 else CliError)(e.message) from None
+        except ValueError as e:  # the tokenizer's: text that is not valid Unicode (bytes that were not UTF-8)
+            raise QuestionRefused(str(e)) from None
         output, text = output_processor(served, job), []
 
         def show(delta):  # the reasoning is shown, but only the answer goes back in the history
@@ -166,7 +174,8 @@ class _HttpChat:
                 message = json.loads(e.read())["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 message = e.reason
-            raise CliError(f"{self.url}{path}: {e.code} {message}") from None
+            refusal = QuestionRefused if e.code == 400 else CliError  # 400: this question; else the server
+            raise refusal(f"{self.url}{path}: {e.code} {message}") from None
         except (urllib.error.URLError, OSError) as e:
             raise CliError(f"no server at {self.url}: {getattr(e, 'reason', e)}") from None
 

@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 
+from .common import CliError
+
 HELP = """/help    this list
 /clear   forget the conversation so far (the next question starts a new one)
 /exit    leave (also Ctrl-D, or Ctrl-C twice at the prompt)
@@ -91,10 +93,20 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+class QuestionRefused(CliError):
+    """The model or the server refused this question before answering (over the length limit, not
+    valid text): a chat drops it and goes on, a one-shot question exits with it."""
+
+
 def converse(ask, label, history_path=None) -> None:
     """Turns until /exit, Ctrl-D or two Ctrl-C at the prompt (KeyboardInterrupt); the
-    conversation so far goes with each question. ask(messages) streams an answer and returns it."""
+    conversation so far goes with each question. ask(messages) streams an answer and returns it,
+    or raises QuestionRefused."""
     print(f"dashinfer chat: {label}. /help for commands, /exit or Ctrl-D to leave.", file=sys.stderr, flush=True)
+    if hasattr(sys.stdin, "reconfigure"):
+        # a line that is not UTF-8 reaches the tokenizer, which refuses it by name, where input()
+        # would raise UnicodeDecodeError (stdin decodes strictly outside the C locales)
+        sys.stdin.reconfigure(errors="surrogateescape")
     history = _History(history_path) if _is_terminal(sys.stdin) else None
     messages, interrupted = [], False
     try:
@@ -125,6 +137,11 @@ def converse(ask, label, history_path=None) -> None:
             except KeyboardInterrupt:  # the answer stops (ask's cleanup stops the request); the chat goes on
                 messages.pop()
                 print("\n(answer stopped; the question is not kept)", file=sys.stderr, flush=True)
+            except QuestionRefused as e:
+                messages.pop()
+                # a conversation grown past the limit refuses every question until /clear
+                hint = "; /clear forgets the conversation so far" if messages else ""
+                print(f"(refused: {e}; the question is not kept{hint})", file=sys.stderr, flush=True)
     finally:
         if history is not None:
             history.save()
