@@ -84,3 +84,17 @@ def test_gguf_bad_inputs(tmp_path):
     writer.close()
     with pytest.raises(ModelSerializerException, match="GGUF architecture 'gpt2' .* is not supported"):
         GGUFModel(str(tmp_path / "gpt2.gguf"), "x").read_model_config()
+
+
+def test_big_endian_gguf_is_refused_by_name(tmp_path):
+    import gguf
+    path = str(tmp_path / "be.gguf")
+    writer = gguf.GGUFWriter(path, "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(8, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf.GGUFReader(path).endianess == gguf.GGUFEndian.BIG  # the gguf package's own reading
+    with pytest.raises(ModelSerializerException, match=r"cannot read GGUF file .*be\.gguf: it is big-endian"):
+        GGUFModel(path, "x").read_model_config()

@@ -5,7 +5,8 @@ back empty instead of failing, so an array that claims 2^63 items loops for ever
 whose data runs past the end becomes a shorter view. This walks the same header (magic, version,
 counts, metadata, tensor infos) with every count, length, type and offset checked against the
 bytes that are really there, in time and memory proportional to the file, and raises
-ModelSerializerException naming the first thing that does not fit.
+ModelSerializerException naming the first thing that does not fit. A big-endian file is refused:
+the reader would hand its tensors over in the wrong byte order.
 """
 import os
 import struct
@@ -30,7 +31,7 @@ def check_gguf(path) -> None:
 
 class _Walk:
     def __init__(self, f, size, path):
-        self.f, self.size, self.path, self.pos, self.order = f, size, path, 0, "<"
+        self.f, self.size, self.path, self.pos = f, size, path, 0
 
     def fail(self, what):
         raise ModelSerializerException(f"cannot read GGUF file {self.path}: {what} (at byte {self.pos} of {self.size})")
@@ -44,7 +45,7 @@ class _Walk:
 
     def number(self, fmt):
         data = self.take(struct.calcsize(fmt))
-        return struct.unpack(self.order + fmt, data)[0]
+        return struct.unpack("<" + fmt, data)[0]
 
     def string(self, what):
         length = self.number("Q")
@@ -59,8 +60,11 @@ class _Walk:
         if self.size < 24 or self.take(4) != b"GGUF":
             self.fail("no GGUF magic")
         version = self.number("I")
-        if version & 0xFFFF == 0:  # written on a big-endian machine
-            self.order, version = ">", struct.unpack(">I", struct.pack("<I", version))[0]
+        if version & 0xFFFF == 0:  # a small version read in the wrong byte order
+            # the gguf package would read its tensors in the host's order: every weight and
+            # block scale byte-swapped, converted into garbage without an error
+            self.fail("it is big-endian (written for a big-endian machine); convert it again on a "
+                      "little-endian one (llama.cpp's converter without --bigendian)")
         if version not in (2, 3):
             self.fail(f"version {version} (readable: 2, 3)")
         tensor_count, kv_count = self.number("Q"), self.number("Q")
