@@ -47,8 +47,9 @@ def cache_lock(root):
 
 
 def is_converted(model_dir, prefix):
-    """Cheap check for a cached conversion: the .asgraph is renamed into place last."""
-    return all(os.path.exists(os.path.join(model_dir, prefix + ext)) for ext in (".asgraph", ".asparam", ".tokenizer"))
+    """Cheap check for a cached conversion: the .asgraph is renamed into place last (after the
+    .tokenizer, which a source without a tokenizer does not have)."""
+    return all(os.path.exists(os.path.join(model_dir, prefix + ext)) for ext in (".asgraph", ".asparam"))
 
 
 def check_dtype_quant(dtype, quant):

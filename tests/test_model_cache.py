@@ -49,6 +49,18 @@ def test_a_changed_source_is_converted_again(tmp_path):
     assert after != before
 
 
+def test_a_source_without_a_tokenizer_is_converted_once(tmp_path):
+    src = build_tiny_model(str(tmp_path / "hf"))
+    for name in os.listdir(src):
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            os.remove(os.path.join(src, name))
+    model_dir, prefix = resolve_model(src, cache_dir=str(tmp_path / "cache"))
+    assert DashInferModel(model_dir, prefix).graph["tokenizer"] is None
+    first = _graph_mtime(model_dir, prefix)
+    assert resolve_model(src, cache_dir=str(tmp_path / "cache")) == (model_dir, prefix)
+    assert _graph_mtime(model_dir, prefix) == first  # reused, not converted again
+
+
 def test_gguf_file_is_converted(hf_dir, tmp_path):
     gguf = build_tiny_gguf(str(tmp_path / "tiny.gguf"), hf_dir)
     model_dir, prefix = resolve_model(gguf, dtype="float32", cache_dir=str(tmp_path / "cache"))
