@@ -88,7 +88,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
 
     quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
     the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata,
-    the tokenizer under the kind `tokenizer_model` says.
+    the tokenizer under the kind `tokenizer_model` says (None: no vocabulary keys at all).
     """
     import gguf
     from safetensors.numpy import load_file
@@ -125,12 +125,13 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
         vocab = json.load(f)["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv_: kv_[1])]
     tokens += [f"<|unused{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
-    writer.add_tokenizer_model(tokenizer_model)
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS or t.startswith("<|unused")
-                            else gguf.TokenType.NORMAL for t in tokens])
-    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives (none) from scores
+    if tokenizer_model is not None:
+        writer.add_tokenizer_model(tokenizer_model)
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS or t.startswith("<|unused")
+                                else gguf.TokenType.NORMAL for t in tokens])
+        writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives (none) from scores
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)

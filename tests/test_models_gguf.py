@@ -98,3 +98,31 @@ def test_big_endian_gguf_is_refused_by_name(tmp_path):
     assert gguf.GGUFReader(path).endianess == gguf.GGUFEndian.BIG  # the gguf package's own reading
     with pytest.raises(ModelSerializerException, match=r"cannot read GGUF file .*be\.gguf: it is big-endian"):
         GGUFModel(path, "x").read_model_config()
+
+
+@pytest.mark.parametrize("kind", ["bert", "rwkv", "zzz"])
+def test_a_tokenizer_kind_no_one_builds_is_refused_naming_the_file(tmp_path, kind):
+    from dashinfer_client.model_cache import resolve_model
+    hf = build_tiny_model(tmp_path / "hf")
+    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf, tokenizer_model=kind)
+    with pytest.raises(ModelSerializerException, match=r"cannot read the tokenizer of GGUF file .*tiny\.gguf"):
+        serialize_gguf(gguf_path, tmp_path / "out")
+    assert not os.listdir(tmp_path / "out")  # the temporary files are gone
+    with pytest.raises(ModelSerializerException, match=r"tiny\.gguf"):
+        resolve_model(gguf_path, cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("kind", [None, "none"])
+def test_a_gguf_without_a_tokenizer_converts_without_one(tmp_path, kind):
+    """As a Hugging Face directory without tokenizer files: the weights, no tokenizer (the Engine
+    takes and gives token ids); asking for its tokenizer is refused by name."""
+    hf = build_tiny_model(tmp_path / "hf")
+    gguf_path = build_tiny_gguf(tmp_path / "tiny.gguf", hf, tokenizer_model=kind)
+    model = serialize_gguf(gguf_path, tmp_path / "out")
+    assert model.graph["tokenizer"] is None and sorted(os.listdir(tmp_path / "out")) == ["tg.asgraph", "tg.asparam"]
+    for name, expected in transformers_gguf_tensors(gguf_path).items():
+        np.testing.assert_array_equal(model.tensor(name), expected, err_msg=name)
+    with pytest.raises(ModelSerializerException, match="has no tokenizer"):
+        model.get_tokenizer()
+    with pytest.raises(ModelSerializerException, match=r"GGUF file .*tiny\.gguf has no tokenizer"):
+        GGUFModel(gguf_path, "x").get_tokenizer()

@@ -3,6 +3,8 @@
 Subclasses (HuggingFaceModel, GGUFModel, DashInferModel) set self.config (ModelConfig) and
 self.generation_config (dict), and say where the serialized model is and how to build the tokenizer.
 """
+import contextlib
+
 from .. import tokenizer as light_tokenizer
 from ..errors import ModelSerializerException
 
@@ -17,6 +19,18 @@ def auto_tokenizer(path, **kwargs):
             f"the tokenizer in {path} needs transformers, which is not installed: "
             "pip install 'dashinfer-py[convert]'") from None
     return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+@contextlib.contextmanager
+def reading_tokenizer(what):
+    """Whatever building a tokenizer raises (files that are not JSON, not a tokenizer, a kind
+    transformers cannot build) becomes the one documented error, naming `what` it read."""
+    try:
+        yield
+    except (ModelSerializerException, MemoryError):
+        raise
+    except Exception as e:
+        raise ModelSerializerException(f"cannot read {what}: {type(e).__name__}: {str(e)[:300]}") from None
 
 
 class ModelHandle:
@@ -45,16 +59,11 @@ class ModelHandle:
         if self.tokenizer is None:
             path = self._tokenizer_path()
             kwargs = self._tokenizer_kwargs()
-            try:
+            with reading_tokenizer(f"the tokenizer in {path}"):
                 if light_tokenizer.supports(path) and not kwargs.get("trust_remote_code"):
                     self.tokenizer = light_tokenizer.Tokenizer(path, padding_side=padding_side)
                 else:
                     self.tokenizer = auto_tokenizer(path, padding_side=padding_side, **kwargs)
-            except (ModelSerializerException, MemoryError):
-                raise
-            except Exception as e:  # files that are not JSON, or not a tokenizer: one documented error
-                raise ModelSerializerException(f"cannot read the tokenizer in {path}: "
-                                               f"{type(e).__name__}: {str(e)[:300]}") from None
         return self
 
     def get_tokenizer(self):

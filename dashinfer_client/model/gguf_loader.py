@@ -20,11 +20,11 @@ import numpy as np
 from ..errors import ModelSerializerException
 from ..tokenizer import Tokenizer
 from .arch import ModelConfig, eos_list
-from .base import auto_tokenizer
+from .base import auto_tokenizer, reading_tokenizer
 from .families import BY_GGUF
 from .gguf_check import check_gguf
 from .gguf_experts import expert_entries, expert_fields, gguf_family
-from .gguf_tokenizer import Unsupported, write_tokenizer_dir
+from .gguf_tokenizer import Unsupported, has_tokenizer, write_tokenizer_dir
 from .safetensors_io import drop_mapped_pages
 from .source import SourceModel
 
@@ -124,6 +124,8 @@ class GGUFModel(SourceModel):
         return super().free_model()
 
     def _save_tokenizer(self, out_dir):
+        if not has_tokenizer(self._open_reader()):
+            return False  # converted without one, as a Hugging Face directory without tokenizer files
         try:  # tokenizers alone (gguf_tokenizer.py): serving and chatting need no transformers
             write_tokenizer_dir(self._open_reader(), out_dir)
         except Unsupported:
@@ -132,7 +134,10 @@ class GGUFModel(SourceModel):
 
     def _gguf_tokenizer(self):
         if self.tokenizer is None:
-            with tempfile.TemporaryDirectory(prefix="gguf-tokenizer-") as out:
+            if not has_tokenizer(self._open_reader()):
+                raise ModelSerializerException(f"GGUF file {self.model_path} has no tokenizer")
+            with tempfile.TemporaryDirectory(prefix="gguf-tokenizer-") as out, \
+                    reading_tokenizer(f"the tokenizer of GGUF file {self.model_path}"):
                 try:
                     write_tokenizer_dir(self._open_reader(), out)
                     self.tokenizer = Tokenizer(out, padding_side="left")  # reads everything now

@@ -8,7 +8,8 @@ The result encodes and decodes as transformers' own GGUF tokenizer does (tests/t
 
 Two vocabulary kinds are built: "gpt2" (byte-level BPE: SmolLM2, Qwen2, Llama 3) and "llama"
 (SentencePiece-style BPE with byte fallback: Llama 2, Mistral, TinyLlama). Any other kind raises
-`Unsupported`, and the loader falls back to transformers (the [convert] extra).
+`Unsupported`, and the loader falls back to transformers (the [convert] extra). A file without a
+tokenizer (has_tokenizer) converts without one.
 """
 import json
 import os
@@ -176,6 +177,15 @@ def _set_post_processor(backend, config, add_bos, add_eos):
     pair = single + " " + " ".join(([f"{bos}:1"] if bos else []) + ["$B:1"] + ([f"{eos}:1"] if eos else []))
     specials = [(t, backend.token_to_id(t)) for t in dict.fromkeys(x for x in (bos, eos) if x)]
     backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
+def has_tokenizer(reader) -> bool:
+    """Whether a gguf.GGUFReader's file carries a tokenizer: llama.cpp's "none" kind, or no kind
+    and no vocabulary at all, is a model without one (it takes and gives token ids)."""
+    kind = reader.fields.get("tokenizer.ggml.model")
+    if kind is None or not kind.types:
+        return "tokenizer.ggml.tokens" in reader.fields
+    return bytes(kind.parts[kind.data[0]]) != b"none"
 
 
 def write_tokenizer_dir(reader, out_dir) -> None:
