@@ -1,12 +1,13 @@
 """Whether a conversion fits before it starts: the memory it holds at once (one tensor at a time,
-bounded by the largest) against what the machine can give, and the bytes it writes against the
-free disk. serialized.write_serialized refuses with both figures before writing anything."""
+bounded by the largest) against what the machine can give, and the files it writes (their exact
+sizes, in whole blocks of the disk) against the free disk. serialized.write_serialized refuses
+with both figures before it writes anything, or creates the output directory."""
 import math
+import os
 import shutil
 
 from .. import memory
 from ..errors import ModelSerializerException
-from .safetensors_io import itemsize
 
 # Bytes a conversion holds at once for a tensor of n elements (_write_params): its source (fp32
 # at most, mapped or dequantized) and an fp32 working copy, plus what it becomes: codes and group
@@ -25,17 +26,35 @@ def conversion_memory_bound(shapes, quantized):
     return need(largest), largest
 
 
-def refuse_what_will_not_fit(model_dir, model_name, shapes, quantized, manifest):
-    """A conversion that would run out of memory or disk is refused before it writes anything."""
+def refuse_what_will_not_fit(model_dir, model_name, shapes, quantized, file_sizes):
+    """A conversion that would run out of memory, or of disk for files of file_sizes bytes, is
+    refused before it writes anything (model_dir need not exist yet)."""
     need, largest = conversion_memory_bound(shapes, set(quantized))
     have, where = memory.available()
     if need > have:
         raise ModelSerializerException(
             f"converting {model_name} takes up to {memory.gib(need)} of memory at once (tensor {largest}, "
             f"{list(shapes[largest])}), more than the {memory.gib(have)} this machine can give ({where})")
-    size = sum(math.prod(shape) * itemsize(code) for code, shape in manifest.values())
-    free = shutil.disk_usage(model_dir).free
-    if size > free:
+    refuse_what_will_not_fit_on_disk(model_dir, model_name, file_sizes)
+
+
+def refuse_what_will_not_fit_on_disk(model_dir, model_name, file_sizes):
+    disk = _existing_folder(model_dir)
+    need = disk_bytes(file_sizes, os.statvfs(disk).f_frsize)
+    free = shutil.disk_usage(disk).free
+    if need > free:
         raise ModelSerializerException(
-            f"converting {model_name} writes {memory.gib(size)} of weights, more than the {memory.gib(free)} "
-            f"free on the disk of {model_dir}")
+            f"converting {model_name} writes {memory.gib(need)} ({need} bytes: the .asparam with its header "
+            f"and the .asgraph), more than the {memory.gib(free)} ({free} bytes) free on the disk of {model_dir}")
+
+
+def disk_bytes(file_sizes, block):
+    """What files of these sizes take on a disk of this block size: each a whole number of blocks."""
+    return sum(-(-size // block) * block for size in file_sizes)
+
+
+def _existing_folder(path):
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return path

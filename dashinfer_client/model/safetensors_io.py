@@ -162,24 +162,9 @@ class SafetensorsWriter:
     def __init__(self, path, layout, metadata=None):
         """layout: iterable of (name, dtype code, shape); metadata: {str: str} or None."""
         self.path = str(path)
-        layout = list(layout)
-        names = [name for name, _, _ in layout]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate tensor names in the layout of {self.path}")
-        order = sorted(range(len(layout)), key=lambda i: -itemsize(layout[i][1]))  # stable sort
-        header, self._slots, offset = {}, {}, 0
-        for i in order:
-            name, dtype, shape = layout[i]
-            nbytes = math.prod(shape) * itemsize(dtype)
-            header[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + nbytes]}
-            self._slots[name] = (dtype, tuple(int(d) for d in shape), offset)
-            offset += nbytes
-        if metadata:
-            header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}, **header}
-        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        blob += b" " * (-(8 + len(blob)) % 8)  # data starts 8-aligned, as the library writes it
+        blob, self._slots, data_bytes = _plan(list(layout), metadata, self.path)
         self._data_start = 8 + len(blob)
-        self.size = self._data_start + offset
+        self.size = self._data_start + data_bytes
         self._pending = set(self._slots)
         self._file = open(self.path, "wb")
         self._file.write(struct.pack("<Q", len(blob)) + blob)
@@ -203,7 +188,36 @@ class SafetensorsWriter:
 
     def abort(self):
         """Close the file after a failure (the caller removes it)."""
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # flushing what the failure left buffered fails the same way
+            pass
+
+
+def planned_size(layout, metadata=None):
+    """The exact size of the file SafetensorsWriter(path, layout, metadata) writes, header included."""
+    blob, _, data_bytes = _plan(list(layout), metadata, "the planned file")
+    return 8 + len(blob) + data_bytes
+
+
+def _plan(layout, metadata, where):
+    """(header bytes, {name: (dtype, shape, offset)}, data bytes) of a layout."""
+    names = [name for name, _, _ in layout]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate tensor names in the layout of {where}")
+    order = sorted(range(len(layout)), key=lambda i: -itemsize(layout[i][1]))  # stable sort
+    header, slots, offset = {}, {}, 0
+    for i in order:
+        name, dtype, shape = layout[i]
+        nbytes = math.prod(shape) * itemsize(dtype)
+        header[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + nbytes]}
+        slots[name] = (dtype, tuple(int(d) for d in shape), offset)
+        offset += nbytes
+    if metadata:
+        header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}, **header}
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-(8 + len(blob)) % 8)  # data starts 8-aligned, as the library writes it
+    return blob, slots, offset
 
 
 def save_file(tensors, path, dtypes=None, metadata=None):

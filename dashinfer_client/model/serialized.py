@@ -9,7 +9,6 @@ serialize_model_from_torch wrote (dashinfer_client/model/torch_model.py writes t
 """
 import json
 import os
-import shutil
 
 import numpy as np
 
@@ -19,9 +18,10 @@ from .arch import ModelConfig
 from .families import family
 from .families.fused_experts import MXFP4_PARTS
 from .base import ModelHandle
-from .conversion_fit import refuse_what_will_not_fit
+from .conversion_files import remove, remove_stale_temporaries, temporary, writing
+from .conversion_fit import refuse_what_will_not_fit, refuse_what_will_not_fit_on_disk
 from .quant import PARTS, InstantQuantSettings, QuantErrorStats, quantize
-from .safetensors_io import SafetensorsFile, SafetensorsWriter, drop_mapped_pages
+from .safetensors_io import SafetensorsFile, SafetensorsWriter, drop_mapped_pages, planned_size
 
 FORMAT = "dashinfer-py"
 VERSION = 2  # 2: uint4 group parameters as codes (quant.PARTS); 1 kept them as float32 pairs
@@ -126,7 +126,6 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     begin = time.time()
     if dtype not in DTYPES:
         raise ModelSerializerException(f"unsupported data type {dtype!r}: use one of {', '.join(DTYPES)}")
-    os.makedirs(model_dir, exist_ok=True)
     quantization = None
     shapes = weight_shapes(config, architecture)
     mxfp4 = mxfp4_tensors(config, shapes)
@@ -136,37 +135,44 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
                         "compute_method": quant_settings.compute_method,
                         "quantized": [n for n in quant_settings.quantized_names(shapes) if n not in mxfp4]}
     manifest = expected_tensors(config, architecture, dtype, quantization)
-    refuse_what_will_not_fit(model_dir, model_name, shapes,
-                              quantization["quantized"] if quantization else (), manifest)
+    layout = [(n, c, s) for n, (c, s) in manifest.items()]
+    metadata = {"format": FORMAT, "model_name": model_name}
     tok_name = tokenizer_dir_name(prefix)
+    graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
+             "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
+             "tensors": {n: {"dtype": c, "shape": list(s)} for n, (c, s) in manifest.items()},
+             "generation_config": generation_config, "tokenizer": tok_name}
+    sizes = [planned_size(layout, metadata), len(_graph_text(graph))]  # the tokenizer's name: the longer graph
+    refuse_what_will_not_fit(model_dir, model_name, shapes, quantization["quantized"] if quantization else (), sizes)
+    os.makedirs(model_dir, exist_ok=True)
+    remove_stale_temporaries(model_dir)
     final = {"tok": os.path.join(model_dir, tok_name), "param": os.path.join(model_dir, prefix + suffixes[1]),
              "graph": os.path.join(model_dir, prefix + suffixes[0])}
-    temp = {key: path + f".tmp-{os.getpid()}" for key, path in final.items()}
+    temp = {key: temporary(path) for key, path in final.items()}
     try:
-        _remove(temp["tok"])
-        os.makedirs(temp["tok"])
-        has_tokenizer = save_tokenizer(temp["tok"])
-        stats = _write_params(temp["param"], manifest, shapes, mxfp4, dtype,
+        with writing(final["tok"]):
+            remove(temp["tok"])
+            os.makedirs(temp["tok"])
+            has_tokenizer = save_tokenizer(temp["tok"])
+        refuse_what_will_not_fit_on_disk(model_dir, model_name, sizes)  # the tokenizer's blocks are taken now
+        stats = _write_params((temp["param"], final["param"]), layout, metadata, shapes, mxfp4, dtype,
                               quant_settings, quantization, fetch, model_name, progress)
-        graph = {"format": FORMAT, "version": VERSION, "model_name": model_name, "architecture": architecture,
-                 "config": config.to_dict(), "dtype": dtype, "quantization": quantization,
-                 "tensors": {n: {"dtype": c, "shape": list(s)} for n, (c, s) in manifest.items()},
-                 "generation_config": generation_config, "tokenizer": tok_name if has_tokenizer else None}
-        with open(temp["graph"], "w") as f:
-            json.dump(graph, f, indent=1)
-    except BaseException:
+        graph["tokenizer"] = tok_name if has_tokenizer else None
+        with writing(final["graph"]), open(temp["graph"], "w") as f:
+            f.write(_graph_text(graph))
+    except BaseException:  # an error, Ctrl-C, or SIGTERM as the command line raises it
         for path in temp.values():
-            _remove(path)
+            remove(path)
         raise
     for other in (SUFFIXES, V13_SUFFIXES):  # a stale graph must never describe the new params
         for suffix in other:
-            _remove(os.path.join(model_dir, prefix + suffix))
+            remove(os.path.join(model_dir, prefix + suffix))
     os.replace(temp["param"], final["param"])
-    _remove(final["tok"])
+    remove(final["tok"])
     if has_tokenizer:
         os.replace(temp["tok"], final["tok"])
     else:
-        _remove(temp["tok"])
+        remove(temp["tok"])
     os.replace(temp["graph"], final["graph"])
     report = {"model_dir": model_dir, "prefix": prefix, "dtype": dtype,
               "asparam_bytes": os.path.getsize(final["param"]), "asgraph_bytes": os.path.getsize(final["graph"]),
@@ -177,12 +183,22 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     return report
 
 
-def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantization, fetch, model_name, progress):
-    """The .asparam, one source tensor in memory at a time (conversion_fit.conversion_memory_bound); returns the
-    quantization error stats."""
+def _graph_text(graph):
+    return json.dumps(graph, indent=1)
+
+
+def _write_params(paths, layout, metadata, shapes, mxfp4, dtype, quant_settings, quantization, fetch, model_name, progress):
+    """The .asparam at paths (temporary, final), one source tensor in memory at a time
+    (conversion_fit.conversion_memory_bound); returns the quantization error stats. A failed write
+    names the final file; a failed read (fetch) stays the source's error."""
     quantized = set(quantization["quantized"]) if quantization else set()
-    writer = SafetensorsWriter(path, [(n, c, s) for n, (c, s) in manifest.items()],
-                               metadata={"format": FORMAT, "model_name": model_name})
+    manifest = {name: (code, shape) for name, code, shape in layout}
+    with writing(paths[1]):
+        writer = SafetensorsWriter(paths[0], layout, metadata=metadata)
+
+    def put(name, array):
+        with writing(paths[1]):
+            writer.write(name, array)
     stats = QuantErrorStats()
     try:
         for name in _progress(shapes, progress, f"serializing {model_name}"):
@@ -194,7 +210,7 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
                     if code != "U8" or tuple(array.shape) != want:
                         raise ModelSerializerException(
                             f"tensor '{stored}' is {code}{list(array.shape)}, the config implies U8{list(want)}")
-                    writer.write(stored, array)
+                    put(stored, array)
                     drop_mapped_pages(array)
                 continue
             array, code = fetch(name)
@@ -208,14 +224,15 @@ def _write_params(path, manifest, shapes, mxfp4, dtype, quant_settings, quantiza
                 except ModelSerializerException as e:
                     raise ModelSerializerException(f"tensor '{name}': {e}") from None
                 for (part, _), value in zip(PARTS[quant_settings.weight_format], parts):
-                    writer.write(f"{name}.{part}", value)
+                    put(f"{name}.{part}", value)
             else:
-                writer.write(name, convert_dtype(array, code, dtype))
+                put(name, convert_dtype(array, code, dtype))
             drop_mapped_pages(array)  # the source's pages leave this process: one tensor resident at a time
     except BaseException:
         writer.abort()
         raise
-    writer.close()
+    with writing(paths[1]):
+        writer.close()
     return stats
 
 
@@ -237,13 +254,6 @@ def _progress(items, enabled, desc):
         return items
     from tqdm import tqdm
     return tqdm(items, desc=desc, unit="tensor", leave=False)
-
-
-def _remove(path):
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.remove(path)
 
 
 # DashInfer's own .dimodel/.asgraph files are protobuf: the same names, another format.
