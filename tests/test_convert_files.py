@@ -102,3 +102,36 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(converted, tmp_p
     # the disk fills while writing (the check sees a huge disk): the file is named, nothing is left
     result, left = convert_on_tmpfs(src, mount, files // 2, check="no-check")
     assert result == f"refused: cannot write {mount}/out/m.asparam: No space left on device" and left == []
+
+
+def test_sigterm_while_dashinfer_convert_writes_leaves_nothing(tmp_path):
+    """As systemd stops a service: the temporaries are removed, then the process ends by the signal."""
+    import signal
+    import time
+    from tests.http_server import cli_env
+    src = build_tiny_model(str(tmp_path / "big"), hidden_size=1024, intermediate_size=4096, vocab_size=32000,
+                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "dashinfer", "convert", src, str(out), "--quant", "uint4"],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not list(out.glob("*.asparam.tmp-*")) and proc.poll() is None:  # writing the weights now
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM and err.strip().splitlines()[-1] == "dashinfer convert: terminated"
+    assert os.listdir(out) == []
+
+
+def test_temporaries_of_a_killed_conversion_are_removed_by_the_next(converted, tmp_path):
+    src, _ = converted
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process that is gone, as one killed by SIGKILL
+    stale = [f"m.asparam.tmp-{dead.pid}", f"other.asgraph.tmp-{dead.pid}", f"m.tokenizer.tmp-{dead.pid}"]
+    live = f"m.asparam.tmp-{os.getppid()}"  # a conversion still running beside this one
+    for name in stale[:2] + [live, "m.asparam.tmp-notapid"]:
+        (tmp_path / name).write_bytes(b"partial")
+    os.makedirs(tmp_path / stale[2])
+    HuggingFaceModel(src, "m", user_set_data_type="float32", progress=False).load_model() \
+        .serialize_to_path(None, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted(["m.asgraph", "m.asparam", "m.tokenizer", live,
+                                                   "m.asparam.tmp-notapid"])

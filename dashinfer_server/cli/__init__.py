@@ -2,16 +2,19 @@
 
 Expected failures (a model that is not there, more ranks than NUMA nodes, a server that does not
 answer, Ctrl-C) print one line and exit non-zero; a traceback means a bug. Bad flags, as every
-configuration error, exit 78 (dashinfer_server.arguments).
+configuration error, exit 78 (dashinfer_server.arguments). SIGTERM while a model converts removes
+the conversion's temporary files, then ends the process by the signal.
 """
 import argparse
+import os
+import signal
 import sys
 
 from dashinfer_client import settings
 
 from . import chat, convert, launch, serve
 from ..arguments import UsageParser
-from .common import CONFIG_ERROR, CliError
+from .common import CONFIG_ERROR, CliError, Terminated
 
 SUBCOMMANDS = (serve, chat, convert, launch)
 
@@ -43,3 +46,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"dashinfer {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:  # the conversion's temporaries are removed: now end as SIGTERM ends a process
+        print(f"dashinfer {args.command}: terminated", file=sys.stderr)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 128 + signal.SIGTERM

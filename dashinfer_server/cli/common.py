@@ -1,4 +1,9 @@
-"""What the subcommands share: the one-line error, the model argument, the rank count check."""
+"""What the subcommands share: the one-line error, the model argument, the rank count check, and
+SIGTERM during a conversion."""
+import contextlib
+import signal
+import threading
+
 from dashinfer_server.arguments import at_least
 # EX_CONFIG: a supervisor must not restart a service that cannot start
 from dashinfer_server.systemd import EX_CONFIG as CONFIG_ERROR
@@ -18,6 +23,28 @@ class CliError(Exception):
     def __init__(self, message, code=1):
         super().__init__(message)
         self.code = code
+
+
+class Terminated(BaseException):
+    """SIGTERM while a conversion runs (systemd stopping a first start's conversion, a killed
+    `dashinfer convert`), raised so that the conversion removes its temporary files on the way
+    out; main() then ends the process by the signal, as it would have ended."""
+
+
+@contextlib.contextmanager
+def terminated_cleanly():
+    """Within: SIGTERM raises Terminated in the main thread instead of ending the process at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def add_model_options(p) -> None:
@@ -40,7 +67,8 @@ def resolve(model, dtype, quant):
     from dashinfer_client.errors import ModelSerializerException
     from dashinfer_client.model_cache import resolve_model
     try:
-        return resolve_model(model if model not in DEFAULT_NAMES else None, dtype, quant, progress=True)
+        with terminated_cleanly():  # a first use converts
+            return resolve_model(model if model not in DEFAULT_NAMES else None, dtype, quant, progress=True)
     except (ModelSerializerException, ValueError, OSError) as e:
         raise CliError(str(e), CONFIG_ERROR) from None
 

@@ -4,7 +4,7 @@ into the serialized format ({OUT}/{name}.asgraph, .asparam, .tokenizer), to serv
 uses (int8: 64, uint4: 32) unless --group-size says otherwise."""
 import os
 
-from .common import CONFIG_ERROR, DEFAULT_NAMES, CliError, add_model_options, first_paragraph
+from .common import CONFIG_ERROR, DEFAULT_NAMES, CliError, add_model_options, first_paragraph, terminated_cleanly
 
 
 def add_parser(sub) -> None:
@@ -35,9 +35,10 @@ def run(args) -> int:
     try:
         loader = (allspark.GGUFModel if os.path.isfile(src) else allspark.HuggingFaceModel)(
             src, name, user_set_data_type=args.dtype or "bfloat16")
-        loader.load_model().read_model_config().serialize_to_path(
-            None, args.out, enable_quant=quant is not None, weight_only_quant=True,
-            customized_quant_config=quant)
+        with terminated_cleanly():
+            loader.load_model().read_model_config().serialize_to_path(
+                None, args.out, enable_quant=quant is not None, weight_only_quant=True,
+                customized_quant_config=quant)
         loader.free_model()
         model = allspark.DashInferModel(args.out, loader.safe_model_name)
     except (ModelSerializerException, OSError, ValueError) as e:
