@@ -6,6 +6,7 @@ The answer streams to stdout; a one-line summary (time to first token, speeds) g
 With a single word, it is MODEL when it names one (an existing path or the default model's name),
 else PROMPT.
 """
+import contextlib
 import json
 import logging
 import os
@@ -40,9 +41,26 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     take_ctrl_c()
-    # the chat says why it refuses a question in one line; the engines' warnings would say it again
-    for name in ("dashinfer_client", "dashinfer_server"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    with _engine_logs_quiet():
+        return _chat(args)
+
+
+@contextlib.contextmanager
+def _engine_logs_quiet():
+    """The chat says why it refuses a question in one line; the engines' warnings would say it
+    again. Their levels come back after (a caller of cli.main in its own process keeps its logs)."""
+    loggers = [logging.getLogger(name) for name in ("dashinfer_client", "dashinfer_server")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _chat(args) -> int:
     model, prompt = _split(args.words, remote=bool(args.address or args.url))
     options = {"max_tokens": args.max_new_tokens, "temperature": args.temperature}
     if args.seed is not None:
