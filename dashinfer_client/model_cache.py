@@ -99,14 +99,15 @@ def resolve_model(model_path=None, dtype=None, quant=None, cache_dir=None, progr
     if not os.path.exists(path):
         raise ModelSerializerException(_missing_message(os.fspath(model_path)))
     check_dtype_quant(dtype or DEFAULT_DTYPE, quant)
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ModelSerializerException(
-                f"model_path {path} is neither a Hugging Face checkpoint (no config.json) nor a directory "
-                "of a serialized model (no .asgraph)")
+    kind = _source_kind(path)
+    if kind == "hf":
         from .model.hf import HuggingFaceModel as loader_class
-    elif _is_gguf(path):
+    elif kind == "gguf":
         from .model.gguf_loader import GGUFModel as loader_class
+    elif os.path.isdir(path):
+        raise ModelSerializerException(
+            f"model_path {path} is neither a Hugging Face checkpoint (no config.json) nor a directory "
+            "of a serialized model (no .asgraph)")
     else:
         raise ModelSerializerException(f"model_path {path} is a file but not a GGUF model (no GGUF header)")
     dtype = dtype or DEFAULT_DTYPE
@@ -126,10 +127,13 @@ def model_format(model_path):
     if not isinstance(model_path, (str, os.PathLike)):
         return None
     path = os.path.abspath(os.path.expanduser(os.fspath(model_path)))
-    if _serialized_location(path) is not None:
-        return "dashinfer"
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return "hf"
+    return "dashinfer" if _serialized_location(path) is not None else _source_kind(path)
+
+
+def _source_kind(path):
+    """'hf' (a directory with config.json), 'gguf' (a file with GGUF's header) or None."""
+    if os.path.isdir(path):
+        return "hf" if os.path.isfile(os.path.join(path, "config.json")) else None
     return "gguf" if os.path.isfile(path) and _is_gguf(path) else None
 
 
