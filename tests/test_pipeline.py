@@ -126,8 +126,9 @@ def test_sampling_with_a_seed_repeats_and_differs_from_greedy(pipe):
 
 
 def test_scripts_for_either_lmdeploy_sample_as_they_did_there(pipe, engine, tiny):
-    """LMDeploy >= 0.6 (do_sample, default False = greedy; top_k 50) and < 0.6 (no do_sample; top_k
-    1, its default, is greedy, so the doc's top_k=40 samples): each script decodes as it did there."""
+    """LMDeploy >= 0.6 (do_sample, default False = greedy without repetition penalty; top_k 50) and
+    < 0.6 (no do_sample; top_k 1, its default, is greedy, so the doc's top_k=40 samples): each script
+    decodes as it did there."""
     seeds = range(5)
     greedy_ids = pipe(QUESTION, GenerationConfig(max_new_tokens=16, ignore_eos=True)).token_ids
 
@@ -140,6 +141,9 @@ def test_scripts_for_either_lmdeploy_sample_as_they_did_there(pipe, engine, tiny
     sampled, _ = engine_ids(engine, ids, 16, do_sample=True, top_k=50, top_p=1.0, temperature=1.0, seed=0)
     assert new_style[0] == sampled
     assert answers(do_sample=False, top_k=40, top_p=0.8, temperature=1.5) == [greedy_ids] * len(seeds)
+    # >= 0.6 also drops the repetition penalty of a greedy config; < 0.6 applied it
+    assert answers(do_sample=False, repetition_penalty=3.0)[0] == greedy_ids
+    assert answers(top_k=1, repetition_penalty=3.0)[0] != greedy_ids
     old_style = answers(top_k=40, top_p=0.8, temperature=0.8)  # the seeds doc's GenerationConfig
     assert len({tuple(a) for a in old_style}) > 1
     assert answers(top_p=0.8, temperature=1.5) == [greedy_ids] * len(seeds)  # top_k unset: < 0.6's 1

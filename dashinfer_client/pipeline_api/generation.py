@@ -3,7 +3,8 @@ generation options for one prompt.
 
   do_sample                          scripts for either LMDeploy run as written there:
                                      True: sampling (top_k left unset: 50, LMDeploy >= 0.6's default);
-                                     False: greedy whatever else is set (LMDeploy >= 0.6);
+                                     False: greedy whatever else is set, no repetition penalty
+                                     (LMDeploy >= 0.6);
                                      None (unset): LMDeploy < 0.6's rule: greedy when top_k is 1 or
                                      left unset (its default top_k=1), else sampling
   top_k / top_p / temperature / min_p  sampling with these (top_k 0 = no cut); top_k 1 or
@@ -132,7 +133,8 @@ def request_options(gen: GenerationConfig, prompt_len: int, session_len: int, st
     options = {
         "max_length": max_length,
         "early_stopping": not gen.ignore_eos,
-        "repetition_penalty": gen.repetition_penalty,
+        # LMDeploy >= 0.6 drops the penalty of a do_sample=False config along with its sampling
+        "repetition_penalty": 1.0 if gen.do_sample is False else gen.repetition_penalty,
         "stop_words_ids": stop_words_ids,
         "bad_words_ids": bad_words_ids,
     }
