@@ -221,9 +221,9 @@ class ModelLoop:
                 queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
             if result.top_logprobs[row] is not None:
                 queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
-                           prefix_cache_len=seq.table.cached_len)
+                           prefix_cache_len=seq.prompt_cached)
             else:
-                queue.push(token, prefix_cache_len=seq.table.cached_len)
+                queue.push(token, prefix_cache_len=seq.prompt_cached)
             reason = check_stop(seq)
             if reason is not None:
                 self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=reason)

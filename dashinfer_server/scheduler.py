@@ -234,6 +234,8 @@ class Scheduler:
             return False
         self.waiting.remove(seq)
         seq.table, seq.num_computed, seq.phase = table, table.cached_len, Phase.PREFILL
+        if seq.prompt_cached is None:  # a preempted one finds its own blocks again: not its prompt's hit
+            seq.prompt_cached = table.cached_len
         if seq.num_computed >= seq.prompt_len:  # preempted, and the cache kept its whole prompt
             seq.phase = Phase.DECODE
             self._decoded[seq] = self.work

@@ -30,6 +30,7 @@ class Sequence:
     phase: Phase = Phase.WAITING
     table: BlockTable | None = None
     num_computed: int = 0           # tokens whose K/V are in the cache
+    prompt_cached: int | None = None  # prompt tokens the prefix cache held at its first admission
     arrival: float = field(default_factory=time.perf_counter)
     admitted: float = 0.0           # when the scheduler gave it KV blocks (perf_counter)
     queue: object = None            # the ResultQueue its tokens go to

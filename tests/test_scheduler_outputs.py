@@ -5,6 +5,7 @@ import pytest
 
 from dashinfer_client import AsModelRuntimeConfigBuilder
 from dashinfer_client.model import DashInferModel
+from dashinfer_server.block_pool import BlockPool
 from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.request import ModelLimits, new_request
 from dashinfer_server.scheduler import Scheduler
@@ -96,3 +97,27 @@ def test_prompts_first_gives_the_solo_tokens(loop):
         assert any(decoding and not ran for decoding, ran, _ in steps)  # decodes were held back
     finally:
         loop.scheduler = default
+
+
+def test_a_preempted_request_reports_the_prefix_its_prompt_found(loop):
+    """Recomputed after a preemption, a request finds its own blocks in the prefix cache (prompt
+    and generated tokens); its prefix_cache_len and context_cached_length stay what its prompt
+    found when it came (none here): never more than its prompt, never a negative context_tps."""
+    default_pool, default_scheduler = loop.pool, loop.scheduler
+    loop.pool = BlockPool(7, loop.pool.block_size)  # 112 tokens for 3 requests of 80
+    loop.scheduler = Scheduler(loop.pool, 3, loop.max_step_tokens)
+    try:
+        rng = np.random.default_rng(3)
+        seqs, _ = drain(loop, [(0, rng.integers(3, loop.model.cfg.vocab_size, 20).tolist(), 60)
+                               for _ in range(3)])
+        assert loop.scheduler.preemptions > 0
+        for seq in seqs:
+            elements = []
+            while (element := seq.queue.GetNoWait()) is not None:
+                elements.append(element)
+            info = seq.queue.RequestStatInfo()
+            assert {e.prefix_cache_len for e in elements} == {0}
+            assert info["context_cached_length"] == 0 and info["context_tps"] > 0
+        assert loop.pool.num_available == 7
+    finally:
+        loop.pool, loop.scheduler = default_pool, default_scheduler
