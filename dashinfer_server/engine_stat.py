@@ -18,7 +18,8 @@ class StatCounters:
     """What a model's steps computed since it was installed, as DashInfer counts it:
     total_prefill_token: prompt tokens (cached ones included) of requests that got a first token;
     total_generated_token: tokens sampled; prefix cache hits and misses: prompt tokens found in /
-    computed past the prefix cache, counted at admission when the cache is on."""
+    computed past the prefix cache at the request's first admission, counted with its first token
+    when the cache is on."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
@@ -41,11 +42,11 @@ class StatCounters:
             if seq.num_generated > 0:
                 continue  # a decode: its chunk is its newest token
             computed += c.count
-            if c.sample:
+            if c.sample:  # its first token: counted once, however often it was preempted
                 self.prefill_tokens += seq.prompt_len
-            if prefix_cache and c.start == seq.table.cached_len:  # the request's first chunk
-                self.prefix_hit_tokens += seq.table.cached_len
-                self.prefix_miss_tokens += seq.prompt_len - seq.table.cached_len
+                if prefix_cache:
+                    self.prefix_hit_tokens += seq.prompt_cached
+                    self.prefix_miss_tokens += seq.prompt_len - seq.prompt_cached
         self.generated_tokens += generated
         index = int(self.clock() / _BUCKET_S)
         with self._lock:

@@ -11,7 +11,11 @@ import dashinfer_client as allspark
 from dashinfer_client import AsEngineStat, AsFileInfo, AsStatus
 from dashinfer_client.client_engine import ClientEngine
 from dashinfer_client.model.serialized import DashInferModel
+from dashinfer_server.block_pool import BlockPool
 from dashinfer_server.engine import Engine
+from dashinfer_server.engine_stat import StatCounters
+from dashinfer_server.scheduler import Scheduler
+from dashinfer_server.sequence import Sequence
 from tests.engine_helpers import API_CONTEXT, collect, greedy
 
 SUCCESS, PARAM = AsStatus.ALLSPARK_SUCCESS, AsStatus.ALLSPARK_PARAM_ERROR
@@ -95,6 +99,29 @@ def test_engine_stat_counts_what_the_requests_did(api_engine):
         assert stat.ToString().startswith("Members of AsEngineStat\n") and "free_token = " in stat.ToString()
     finally:
         assert engine.release_model(name) == SUCCESS
+
+
+def test_a_request_preempted_in_its_prompt_counts_its_prefix_once():
+    """Preempted after its first prompt chunk, a request finds that chunk's block in the prefix
+    cache when admitted again: the statistics still count its 10 prompt tokens once, as the
+    miss they were when it came."""
+    sched, counters = Scheduler(BlockPool(16, 4), max_batch=8, max_step_tokens=4), StatCounters()
+    seq = Sequence(list(range(10)), 64)
+    sched.add(seq)
+
+    def step():
+        chunks, _ = sched.schedule()
+        counters.count(chunks, prefix_cache=True)
+        sched.advance(chunks)
+        for c in chunks:
+            if c.sample:
+                c.seq.tokens.append(7)
+    step()  # its first 4 prompt tokens: one full block, registered
+    sched._preempt(seq, seq)
+    while seq.num_generated == 0:
+        step()
+    assert seq.table.cached_len == 4  # the recompute did find its own block
+    assert (counters.prefix_hit_tokens, counters.prefix_miss_tokens, counters.prefill_tokens) == (0, 10, 10)
 
 
 def test_engine_stat_sees_running_and_pending_requests(api_engine):
