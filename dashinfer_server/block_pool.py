@@ -28,6 +28,9 @@ class BlockTable:
     blocks: list = field(default_factory=list)
     cached_len: int = 0
     hashed: int = 0  # how many leading blocks are registered in the prefix cache
+    # the chain hash of those blocks: kept here, not read from the last block, whose own hash is
+    # None when another sequence registered the same tokens first
+    chain: int | None = None
 
 
 def chain_hash(parent: int | None, tokens: tuple) -> int:
@@ -61,19 +64,19 @@ class BlockPool:
     def match_prefix(self, tokens) -> int:
         """How many leading tokens of `tokens` the cache holds (whole blocks only).
         The last token is never matched: its logits must be computed."""
-        return len(self._matching_blocks(tokens)) * self.block_size
+        return len(self._match(tokens)[0]) * self.block_size
 
     def allocate(self, tokens) -> BlockTable | None:
         """A block table for a new sequence whose prompt is `tokens`: cached prefix blocks are
         shared, fresh blocks cover the rest. None when the pool cannot hold it."""
-        shared = self._matching_blocks(tokens)
+        shared, chain = self._match(tokens)
         fresh = self.blocks_needed(len(tokens)) - len(shared)
         reclaimable = sum(1 for b in shared if b.ref_count == 0)
         if fresh > self.num_available - reclaimable:
             return None
         for b in shared:
             self._ref(b)
-        table = BlockTable([b.id for b in shared], len(shared) * self.block_size, len(shared))
+        table = BlockTable([b.id for b in shared], len(shared) * self.block_size, len(shared), chain)
         table.blocks += [self._take().id for _ in range(fresh)]
         return table
 
@@ -91,15 +94,14 @@ class BlockPool:
         if not self.prefix_cache:
             return
         bs = self.block_size
-        parent = self.blocks[table.blocks[table.hashed - 1]].hash if table.hashed else None
         while (table.hashed + 1) * bs <= num_computed:
             block = self.blocks[table.blocks[table.hashed]]
             chunk = tuple(tokens[table.hashed * bs:(table.hashed + 1) * bs])
-            h = chain_hash(parent, chunk)
+            h = chain_hash(table.chain, chunk)
             if block.hash is None and h not in self.by_hash:
                 block.hash, block.tokens = h, chunk
                 self.by_hash[h] = block.id
-            parent = h
+            table.chain = h
             table.hashed += 1
 
     def free(self, table: BlockTable) -> None:
@@ -154,11 +156,10 @@ class BlockPool:
             parent = chain_hash(parent, tuple(tokens[start:start + bs]))
         return parent
 
-    def _matching_blocks(self, tokens) -> list:
-        return self._match(tokens)[0] if self.prefix_cache else []
-
     def _match(self, tokens):
         """(the cached blocks that hold the leading tokens, the chain hash of the last of them)."""
+        if not self.prefix_cache:
+            return [], None
         self.expire()
         bs, found, parent = self.block_size, [], None
         for start in range(0, len(tokens) - 1 - bs + 1, bs):

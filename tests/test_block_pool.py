@@ -49,6 +49,22 @@ def test_different_history_does_not_match():
     assert pool.match_prefix([7, 7, 7, 7, 4, 5, 6, 7, 8]) == 0
 
 
+def test_blocks_after_a_duplicate_keep_their_history():
+    """Two sequences that compute the same blocks side by side (identical greedy requests): the
+    second's copy of a block is not registered, and its next block must still be found only
+    behind the same history, never as the first block of a prompt that starts with its tokens."""
+    pool = BlockPool(16, 4)
+    tokens = list(range(100, 112))
+    a, b = pool.allocate(tokens[:5]), pool.allocate(tokens[:5])
+    for table in (a, b):
+        assert pool.grow(table, 12)
+    for computed in (4, 8, 12):
+        pool.register_full_blocks(a, tokens, computed)
+        pool.register_full_blocks(b, tokens, computed)
+    assert pool.match_prefix(tokens[4:12] + [1, 2]) == 0
+    assert pool.match_prefix(tokens + [1]) == 12
+
+
 def test_freed_prefix_stays_cached_until_evicted_deepest_first():
     pool = BlockPool(4, 4)
     prompt = list(range(13))

@@ -10,6 +10,8 @@ from dashinfer_server.model_loop import ModelLoop
 from dashinfer_server.request import ModelLimits, new_request
 from dashinfer_server.scheduler import Scheduler
 from dashinfer_server.sequence import Phase
+from tests.engine_helpers import hf_greedy
+from tests.helpers import load_hf_model
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +123,19 @@ def test_a_preempted_request_reports_the_prefix_its_prompt_found(loop):
         assert loop.pool.num_available == 7
     finally:
         loop.pool, loop.scheduler = default_pool, default_scheduler
+
+
+def test_a_prompt_that_starts_like_generated_text_gets_transformers_tokens(loop, serialized_tiny):
+    """Two identical greedy requests compute the same blocks side by side; a later prompt that
+    starts with 16 of their generated tokens (a block of them, deep in their context) shares no
+    KV with them: it gets transformers' greedy tokens."""
+    rng = np.random.default_rng(8)
+    vocab = loop.model.cfg.vocab_size
+    prompt = rng.integers(3, vocab, 20).tolist()
+    first, second = drain(loop, [(0, prompt, 44), (0, prompt, 44)])[0]
+    assert first.tokens == second.tokens
+    follow_up = first.tokens[32:48] + rng.integers(3, vocab, 5).tolist()
+    (seq,), _ = drain(loop, [(0, follow_up, 12)])
+    assert seq.prompt_cached == 0
+    hf = load_hf_model(serialized_tiny("llama").model_path)
+    assert seq.tokens[len(follow_up):] == hf_greedy(hf, follow_up, 12)
