@@ -168,9 +168,10 @@ def test_prompts_sent_together_share_the_blocks_one_of_them_computes():
 def test_random_traffic_under_kv_pressure_recomputes_exactly():
     """A fake model over a simulated KV cache: each step writes its chunks' tokens into their
     blocks and reads back every earlier position a chunk attends to; a sampled token is a function
-    of the tokens so far. Under random arrivals and a pool far too small, every chunk must attend
-    to exactly its sequence's tokens (prefix-cache blocks included), every sequence must finish with
-    the tokens it gets alone, and preemptions must have happened."""
+    of the tokens so far. Under random arrivals (some prompts copies of another's tokens from a
+    block's start) and a pool far too small, every chunk must attend to exactly its sequence's
+    tokens, each K/V computed behind the same history (prefix-cache blocks included), every
+    sequence must finish with the tokens it gets alone, and preemptions must have happened."""
     import random
     preempted = 0
     for trial in range(60):
@@ -178,13 +179,18 @@ def test_random_traffic_under_kv_pressure_recomputes_exactly():
         pool = BlockPool(rng.randint(10, 24), 4)  # 40 tokens, the longest sequence, fit alone
         sched = Scheduler(pool, max_batch=rng.randint(2, 8), max_step_tokens=rng.randint(8, 40),
                           prompt_step_tokens=rng.choice([0, 6]))
-        kv = {}  # (block id, offset) -> token whose K/V sits there
+        kv = {}  # (block id, offset) -> the tokens up to the one whose K/V sits there (its history)
         alone = lambda tokens: hash(tuple(tokens)) % 5  # noqa: E731 (the fake model's next token)
         seqs = []
         for step in range(600):
             if rng.random() < 0.2 and len(seqs) < 24:
                 n = rng.randint(1, 10)
-                seqs.append(Sequence([rng.randrange(5) for _ in range(n)], n + rng.randint(1, 30)))
+                prompt = [rng.randrange(5) for _ in range(n)]
+                if seqs and rng.random() < 0.5:  # a copy of some tokens of another, from a block's start
+                    other = rng.choice(seqs).tokens
+                    start = 4 * rng.randrange(len(other) // 4 + 1)
+                    prompt = other[start:start + n] or prompt
+                seqs.append(Sequence(prompt, len(prompt) + rng.randint(1, 30)))
                 sched.add(seqs[-1])
             chunks, interrupted = sched.schedule()
             assert not interrupted  # every sequence fits the pool alone
@@ -192,9 +198,9 @@ def test_random_traffic_under_kv_pressure_recomputes_exactly():
                 seq, bs = c.seq, pool.block_size
                 assert c.count > 0 and c.start == seq.num_computed
                 for pos in range(c.start, c.start + c.count):
-                    kv[(seq.table.blocks[pos // bs], pos % bs)] = seq.tokens[pos]
+                    kv[(seq.table.blocks[pos // bs], pos % bs)] = tuple(seq.tokens[:pos + 1])
                 assert [kv[(seq.table.blocks[p // bs], p % bs)] for p in range(c.start + c.count)] == \
-                    seq.tokens[:c.start + c.count]
+                    [tuple(seq.tokens[:p + 1]) for p in range(c.start + c.count)]
             sched.advance(chunks)
             for c in chunks:
                 if c.sample:
