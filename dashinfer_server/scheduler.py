@@ -29,7 +29,8 @@ of every new prompt, and once admitted again it recomputes what the prefix cache
 goes on where it stopped, so its client never sees it: its prompt as prompt chunks, then the
 tokens it had generated one a step beside the decodes, as they were first computed (the prefill
 and decode kernels round differently, so this is what gives it the same K/V and the same greedy
-tokens). No sequence is admitted in a step that preempted one. A sequence interrupted here is one
+tokens, as far as the decode batches it meets take the same kernels: bf16 weights round the
+activations to bf16 from 5 rows, below that they stay fp32). No sequence is admitted in a step that preempted one. A sequence interrupted here is one
 that cannot grow with nothing else admitted: the whole pool is too small for it (DashInfer's
 GenerateInterrupted, "no resource to finish this request's generation"). Pure policy: no tensors,
 no threads. Its decisions are logged at DEBUG.
