@@ -116,6 +116,8 @@ GEMMA3_CONFIGS = {
     "attn_logit_softcapping": lambda config: dict(config, attn_logit_softcapping=2.0),
     # a window wider than the context masks nothing, but the sliding layers keep their RoPE base
     "window-wider-than-context": lambda config: dict(config, sliding_window=1024),
+    # Gemma3TextConfig's window (4096, wider than the context): the sliding layers keep their base
+    "sliding_window left out": lambda config: {k: v for k, v in config.items() if k != "sliding_window"},
 }
 
 

@@ -278,6 +278,25 @@ def test_sparse_layers_are_transformers_own():
     assert [cfg.is_moe_layer(i) for i in range(6)] == sparse == [False, True, False, False, False, True]
 
 
+# config.json without the RoPE keys (a hand-written or trimmed config): transformers takes the
+# config class's own defaults, Mixtral's base 1e6 and gpt-oss's base 150000 with YaRN (factor 32 over
+# 4096 positions), not LLaMA's 10000
+WITHOUT_ROPE = ("rope_parameters", "rope_scaling", "rope_theta")
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+def test_a_config_without_rope_keys_reads_as_transformers_reads_it(tmp_path, tiny_checkpoint, name):
+    import shutil
+    from tests.helpers import serialize
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_checkpoint(name), src)
+    write_config_variant(str(src), lambda c: {k: v for k, v in c.items() if k not in WITHOUT_ROPE})
+    serialize(str(src), tmp_path / "out").free_model()
+    hf = load_hf_model(str(src))
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    logits_match_transformers((f"{name} without RoPE keys", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+
+
 @pytest.mark.parametrize("name,edit,feature", [
     ("qwen2_moe", dict(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
     ("olmoe", dict(clip_qkv=8.0), "clip_qkv"),

@@ -158,6 +158,7 @@ def architecture_of(hf):
 def normalize_hf_config(hf, generation_config=None):
     """config.json dict (+ generation_config.json dict) -> (architecture, ModelConfig)."""
     family, hf_class = family_for_hf(hf)
+    hf = {**family.config_defaults, **hf}
     r = ConfigReader(hf, hf_class)
     if hf.get("pretraining_tp", 1) not in (1, None):
         r.refuse(f"pretraining_tp={hf['pretraining_tp']}")

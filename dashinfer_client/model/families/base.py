@@ -43,6 +43,9 @@ class Family:
     # (tensors -> the same interface: keys, in, shape, fetch; gpt-oss's fused experts)
     checkpoint_view: Optional[Callable] = None
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
+    # transformers' config class defaults that differ from what a missing key means here (LLaMA's:
+    # rope_theta 10000, no scaling, no window): read in place of a key config.json leaves out
+    config_defaults: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         assert set(self.norms) <= set(NORM_ROLES) and self.qk_norm in QK_NORMS, self.name

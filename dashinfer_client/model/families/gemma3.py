@@ -43,4 +43,5 @@ def _gemma3(hf, r):
 
 
 GEMMA3 = Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",), _gemma3, gguf_arch="gemma3",
-                norms=GEMMA_NORMS, norm_offset=1.0, qk_norm="head")
+                norms=GEMMA_NORMS, norm_offset=1.0, qk_norm="head",
+                config_defaults={"sliding_window": 4096})  # Gemma3TextConfig's

@@ -40,6 +40,10 @@ def _gpt_oss(hf, r):
 
 
 _LAYOUT = ExpertLayout(router="router", biases=True)
+# GptOssConfig's defaults: the released checkpoints' RoPE and window
+_DEFAULTS = {"rope_theta": 150000.0, "sliding_window": 128,
+             "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                              "truncate": False, "original_max_position_embeddings": 4096}}
 GPT_OSS = Family("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",), _gpt_oss, sinks=True, experts=_LAYOUT,
                  checkpoint_view=lambda tensors: FusedExperts(tensors, _LAYOUT, interleaved=True, transposed=True),
-                 stored_quant="mxfp4")
+                 stored_quant="mxfp4", config_defaults=_DEFAULTS)
