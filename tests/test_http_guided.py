@@ -70,3 +70,20 @@ def test_a_body_nested_past_the_json_parser_is_a_400(server, client):
                    headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
     assert client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8).choices
+
+
+def test_logprobs_of_tokens_the_grammar_forbids_are_vllms_floor(client):
+    """The grammar sets a forbidden token's logit to -inf, which JSON cannot hold: a top_logprobs
+    alternative the grammar forbids is -9999.0, as vLLM's OpenAI server writes it, in whole answers,
+    streams and text completions alike."""
+    request = dict(model="tiny", messages=QUESTION, max_tokens=40, temperature=0, response_format=OPENAI_FORM,
+                   logprobs=True, top_logprobs=5)
+    whole = client.chat.completions.create(**request).choices[0].logprobs.content
+    tops = [t.logprob for entry in whole for t in entry.top_logprobs]
+    assert -9999.0 in tops and min(tops) == -9999.0 and all(entry.logprob > -9999.0 for entry in whole)
+    streamed = [e for c in client.chat.completions.create(**request, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole]
+    text = client.completions.create(model="tiny", prompt=[5, 17, 101, 33, 7], max_tokens=40, temperature=0, logprobs=5,
+                                     extra_body={"response_format": OPENAI_FORM}).choices[0].logprobs
+    assert min(v for top in text.top_logprobs for v in top.values()) == -9999.0

@@ -9,6 +9,9 @@ import uuid
 from dashinfer_client.frontend import Delta
 from dashinfer_client.token_bytes import token_name
 
+# a token the grammar or a ban forbids has logprob -inf, which JSON cannot hold: vLLM's floor
+LOGPROB_FLOOR = -9999.0
+
 
 class Answer:
     """The bodies of one request's answer, sharing its id and creation time (job: any of its
@@ -88,8 +91,8 @@ class Answer:
             return {"content": [dict(self._entry(i, lp), top_logprobs=[self._entry(j, q) for j, q in top])
                                 for i, lp, top in tokens]}
         offsets = self.offsets.setdefault(index, _TextOffsets(self.token_bytes))
-        return {"tokens": [self._name(i) for i, _, _ in tokens], "token_logprobs": [lp for _, lp, _ in tokens],
-                "top_logprobs": [{self._name(j): q for j, q in top} for _, _, top in tokens],
+        return {"tokens": [self._name(i) for i, _, _ in tokens], "token_logprobs": [_floored(lp) for _, lp, _ in tokens],
+                "top_logprobs": [{self._name(j): _floored(q) for j, q in top} for _, _, top in tokens],
                 "text_offset": offsets.starts([i for i, _, _ in tokens])}
 
     def _name(self, token_id) -> str:
@@ -97,7 +100,11 @@ class Answer:
 
     def _entry(self, token_id, logprob) -> dict:
         data = self.token_bytes(token_id)  # the token's own bytes: those of a partial character join up
-        return {"token": token_name(data), "logprob": logprob, "bytes": list(data)}
+        return {"token": token_name(data), "logprob": _floored(logprob), "bytes": list(data)}
+
+
+def _floored(logprob) -> float:
+    return max(logprob, LOGPROB_FLOOR)
 
 
 class _TextOffsets:
