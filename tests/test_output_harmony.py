@@ -28,6 +28,12 @@ CASES = [
     # the recipient after the role, and the answer cut before <|call|> (an eos the engine took off)
     ('<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"zone": "CET"}',
      "", "", [("get_time", '{"zone": "CET"}')]),
+    # the recipient in the role section of the answer's first header, which the prompt's
+    # <|start|>assistant opened (the form gpt-oss's chat template writes past calls in)
+    (' to=functions.get_time<|channel|>commentary json<|message|>{"zone": "CET"}<|call|>',
+     "", "", [("get_time", '{"zone": "CET"}')]),
+    ("today<|channel|>final<|message|>x", "", "todayx", []),
+    ("to", "", "to", []),
     # a preamble (commentary without a recipient) is for the user: content
     ("<|channel|>commentary<|message|>Checking the weather now.<|end|><|start|>assistant<|channel|>commentary "
      'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>',

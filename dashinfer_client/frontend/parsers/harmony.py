@@ -6,6 +6,9 @@
                                                                    a call of NAME (the recipient may
                                                                    also stand after the role)
 
+The prompt ends at `<|start|>assistant`, so the first header begins at the role's end: with the
+recipient there, the answer begins ` to=functions.NAME<|channel|>commentary ...`.
+
 The markers are special tokens, so these parsers read the text with them kept (`special_tokens`;
 the tokenizer's other special tokens stay skipped). The reasoning parser takes the analysis messages out and passes every other
 message on as written; the tool parser, which runs on every answer of a harmony template (`always`:
@@ -27,6 +30,7 @@ STRAY = (MESSAGE, CONSTRAIN)
 MARKERS = CLOSERS + OPENERS + STRAY  # the special tokens these parsers read
 FUNCTIONS = "functions."
 RECIPIENT = re.compile(r"to=([^\s<]+)")
+ROLE_RECIPIENT = "to="  # how the first header goes on after the prompt's role, when it names a recipient
 CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
 
 
@@ -38,12 +42,17 @@ class Messages:
         "rest"    a header the answer ended inside of (finish only)"""
 
     def __init__(self):
-        self.held, self.state = "", "between"  # -> "header" -> "body" -> "between"
+        self.held, self.state = "", "start"  # -> "between" -> "header" -> "body" -> "between"
 
     def feed(self, text: str) -> list:
         self.held += text
         events = []
         while True:
+            if self.state == "start":  # the prompt's <|start|>assistant opened the first header
+                head = self.held.lstrip()
+                if not head or ROLE_RECIPIENT.startswith(head):
+                    return events  # maybe a recipient in its role section: not told apart yet
+                self.state = "header" if head.startswith(ROLE_RECIPIENT) else "between"
             if self.state == "between":
                 head = self.held.lstrip()
                 if not head or any(m.startswith(head) for m in OPENERS):
@@ -79,6 +88,8 @@ class Messages:
 
     def finish(self) -> list:
         held, self.held = self.held, ""
+        if self.state == "start" and held.strip():  # text that might have begun a recipient, and ended
+            return [("open", "", None, None), ("text", held, None, None), ("close", "", None, None)]
         if self.state == "body":
             return ([("text", held, None, None)] if held else []) + [("close", "", None, None)]
         return [("rest", held, None, None)] if held else []
