@@ -234,3 +234,25 @@ def test_a_bare_request_samples_as_the_model_card_says(client):
     card = [client.chat.completions.create(**ask, seed=s, temperature=0.2, top_p=0.9, extra_body={"top_k": 0})
             .choices[0].message.content for s in (1, 2, 3)]
     assert bare == card
+
+
+def test_a_forced_call_first_closes_the_reasoning_the_prompt_opened(think_server):
+    """A template that opens <think> in the prompt (QwQ's, DeepSeek-R1's, Qwen3-Thinking's) has the
+    answer start inside the reasoning: a forced call closes it first, else the call is read as
+    reasoning and never comes back as a call (whole, streamed, and through Anthropic's API)."""
+    client = openai.OpenAI(base_url=think_server.url + "/v1", api_key="none", max_retries=0)
+    short_city = {"type": "function", "function": {"name": "get_weather", "parameters": dict(
+        CITY, properties={"city": {"type": "string", "maxLength": 12}})}}
+    request = dict(model="tiny", messages=ASK, tools=[short_city], tool_choice="required", parallel_tool_calls=False,
+                   max_tokens=128, temperature=0)
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.finish_reason == "tool_calls" and not getattr(choice.message, "reasoning_content", None)
+    [call] = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), short_city["function"]["parameters"])
+    chunks = [c.choices[0] for c in client.chat.completions.create(**request, stream=True) if c.choices]
+    streamed = "".join(part.function.arguments or "" for c in chunks for part in c.delta.tool_calls or ())
+    assert streamed == call.function.arguments and chunks[-1].finish_reason == "tool_calls"
+    anthropic = httpx.post(think_server.url + "/v1/messages", json={
+        "model": "tiny", "max_tokens": 128, "messages": ASK, "temperature": 0, "tool_choice": {"type": "any"},
+        "tools": [{"name": "get_weather", "input_schema": short_city["function"]["parameters"]}]}).json()
+    assert [b["type"] for b in anthropic["content"]] == ["tool_use"] and anthropic["stop_reason"] == "tool_use"

@@ -9,6 +9,8 @@ A template that renders tools itself gets them, and the history's calls in Huggi
 for one that knows no tools the tool-call format (parsers/) describes them in a system message
 and writes the history's calls and results as ordinary turns.
 """
+import json
+
 from .messages import PromptError
 from .parsers import reasoning_parser_for, tool_parser_for
 
@@ -74,10 +76,21 @@ class Prompts:
         """A fresh reasoning parser, or None when the model has none; it starts inside the reasoning
         when the prompt already opened it."""
         fmt = self.reasoning_format
-        if fmt is None:
-            return None
-        opened = prompt_text.rstrip().endswith(fmt.markers[0])
-        return fmt(inside=opened)
+        return None if fmt is None else fmt(inside=self._opens_reasoning(prompt_text))
+
+    def forced_calls_grammar(self, functions, parallel, prompt_text) -> str:
+        """The lark grammar of an answer that is only calls (tool_choice required or a named
+        function). Where the prompt opened the reasoning (templates that start the answer inside
+        <think>), the answer closes it first: calls inside it would be read as reasoning."""
+        grammar = self.tool_format.grammar(functions, parallel)
+        if not self._opens_reasoning(prompt_text):
+            return grammar
+        close = json.dumps(self.reasoning_format.closer + "\n\n")
+        return f"start: {close} forced_calls\n" + grammar.replace("start:", "forced_calls:", 1)
+
+    def _opens_reasoning(self, prompt_text) -> bool:
+        fmt = self.reasoning_format
+        return fmt is not None and prompt_text.rstrip().endswith(fmt.markers[0])
 
 
 def _hf_message(m) -> dict:

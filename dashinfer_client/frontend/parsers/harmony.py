@@ -106,6 +106,7 @@ class HarmonyReasoningParser:
     name = "harmony"
     markers = (CHANNEL,)
     special_tokens = MARKERS
+    closer = None  # a prompt never opens a message
 
     def __init__(self, inside=False):  # inside: harmony's prompt ends at the role, never in a message
         self.messages, self.analysis = Messages(), False

@@ -10,6 +10,7 @@ OPEN, CLOSE = "<think>", "</think>"
 class ThinkReasoningParser:
     name = "think"
     markers = (OPEN,)
+    closer = CLOSE  # what ends a reasoning the prompt opened
     special_tokens = ()
 
     def __init__(self, inside=False):
