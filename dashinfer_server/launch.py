@@ -27,7 +27,7 @@ from dashinfer_client import settings
 from dashinfer_client.proto.wire import default_address
 
 from . import logs, topology
-from .arguments import UsageParser, grpc_address
+from .arguments import UsageParser, at_least, grpc_address
 from .systemd import EX_CONFIG
 
 
@@ -41,14 +41,14 @@ def mpiexec_path() -> str:
 
 def parse_args(argv, env):
     p = UsageParser(prog="dashinfer-launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=settings.get("DASHINFER_NODES", env),
+    p.add_argument("--nodes", type=at_least(0), default=settings.get("DASHINFER_NODES", env),
                    help="ranks, one per NUMA node (default: every node)")
-    p.add_argument("--first-node", type=int, default=0,
+    p.add_argument("--first-node", type=at_least(0), default=0,
                    help="the ranks take the nodes from this node id on (DashInfer's AS_NUMA_OFFSET)")
     p.add_argument("--mpiexec", default=None,
                    help="the mpiexec that starts the ranks (default: the one beside this Python); it must "
                         "be of the MPI mpi4py was built with")
-    p.add_argument("--threads-per-rank", type=int, default=settings.get("DASHINFER_THREADS_PER_RANK", env),
+    p.add_argument("--threads-per-rank", type=at_least(0), default=settings.get("DASHINFER_THREADS_PER_RANK", env),
                    help="OpenMP threads per rank (default: the cores of its node)")
     p.add_argument("--address", type=grpc_address, default=settings.get("DASHINFER_ADDRESS", env),
                    help="gRPC address of rank 0: unix:///path.sock or 127.0.0.1:PORT "

@@ -92,6 +92,16 @@ def test_impossible_launches_fail_before_starting(capsys):
     assert "this machine has" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--nodes", "--threads-per-rank", "--first-node"])
+def test_a_negative_count_is_a_usage_error_as_in_the_environment(flag, capsys, monkeypatch):
+    """--nodes -1 planned no rank at all and ran `mpiexec` alone; DASHINFER_NODES=-1 was refused."""
+    monkeypatch.setenv("DASHINFER_NUMA_NODES", SIM["DASHINFER_NUMA_NODES"])
+    with pytest.raises(SystemExit) as e:
+        L.main([flag, "-1", "--dry-run"])
+    assert e.value.code == 78
+    assert f"argument {flag}: '-1': expected an integer >= 0" in capsys.readouterr().err
+
+
 def test_shell_wrapper_runs_the_launcher():
     env = dict(os.environ, **SIM, DASHINFER_PYTHON=sys.executable,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
