@@ -7,6 +7,8 @@ its misspelt `pendding_request` included, so code that reads them runs unchanged
 """
 import importlib.metadata
 import json
+import os
+import stat
 
 PACKAGE = "dashinfer-py"
 
@@ -100,10 +102,21 @@ class AsFileInfo:
         return info
 
 
+# A graph lists its tensors in a few hundred bytes each: a Qwen3-235B-A22B quantized to u4 is about
+# 16 MB. Anything larger is refused unread (a server's caller may name any file).
+MAX_GRAPH_BYTES = 256 * 2**20
+
+
 def file_information(as_graph_path: str, as_param_path: str) -> AsFileInfo:
     """The AsFileInfo of a serialized model's two files; raises OSError (unreadable) or ValueError
-    (not files of this format)."""
+    (not files of this format). Only regular files are opened: a caller of a server names any
+    path, and a FIFO would block its thread forever, /dev/zero fill its memory."""
     from .model.serialized import FORMAT
+    for path in (as_graph_path, as_param_path):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+    if os.path.getsize(as_graph_path) > MAX_GRAPH_BYTES:
+        raise ValueError(f"{as_graph_path} is larger than any model graph ({MAX_GRAPH_BYTES} bytes)")
     with open(as_graph_path) as f:
         try:
             graph = json.load(f)

@@ -2,13 +2,15 @@
 in-process Engine and on a ClientEngine): AsEngineStat's figures against what the requests did,
 op profiling against the model's structure, and upstream's documented answers (version layout,
 rank 0, is_allspark_work_as_service, empty values and error statuses for bad input)."""
+import os
 import re
+import threading
 import time
 
 import pytest
 
 import dashinfer_client as allspark
-from dashinfer_client import AsEngineStat, AsFileInfo, AsStatus
+from dashinfer_client import AsEngineStat, AsFileInfo, AsStatus, introspection
 from dashinfer_client.client_engine import ClientEngine
 from dashinfer_client.model.serialized import DashInferModel
 from dashinfer_server.block_pool import BlockPool
@@ -160,6 +162,29 @@ def test_model_info_and_file_information(api_engine):
     missing, status, why = engine.call_with_status("get_file_information", graph + ".gone", param)
     assert status == AsStatus.ALLSPARK_IO_ERROR and ".gone" in why and missing.create_version_graph == ""
     assert engine.call_with_status("get_file_information", param, param)[1] == PARAM  # not a graph
+
+
+def test_file_information_reads_only_regular_files_of_a_graph_s_size(api_engine, tmp_path, monkeypatch):
+    """Any caller of a server may name any path: a FIFO blocked a server thread forever and
+    /dev/zero read until rank 0 ran out of memory. They are refused unopened, as is a graph file
+    larger than any graph (the size is checked before it is read)."""
+    engine, _, loader = api_engine
+    graph = f"{loader.model_output_dir}/{loader.serialize_model_name}.asgraph"
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    done = []
+    for args in ((fifo, graph), (graph, fifo)):
+        caller = threading.Thread(target=lambda a=args: done.append(engine.call_with_status("get_file_information", *a)))
+        caller.start()
+        caller.join(10)
+        if caller.is_alive():  # blocked opening the FIFO: a writer lets it go
+            with open(fifo, "w"):
+                pass
+            caller.join(10)
+    assert [r[1] for r in done] == [PARAM, PARAM] and all("not a regular file" in r[2] for r in done), done
+    monkeypatch.setattr(introspection, "MAX_GRAPH_BYTES", 10)
+    with pytest.raises(ValueError, match="larger than any model graph"):
+        introspection.file_information(graph, graph)
 
 
 def test_version_rank_and_service(api_engine):
