@@ -110,6 +110,10 @@ class Connection:
             left = deadline - time.monotonic()
             if left <= 0:
                 why = f"no dashinfer server answered at {self.address} within {timeout:g} s"
+                try:  # without wait_for_ready a call fails at once with what connecting met (refused, TLS...)
+                    return self.stub.Health(pb.Empty(), timeout=1.0).world_size
+                except grpc.RpcError as e:
+                    why += f" ({e.details()})"
                 if self.server is not None:
                     why += "; its output so far:\n    " + "\n    ".join(self.server.tail)
                 raise Unavailable(why)
