@@ -83,6 +83,17 @@ def open_or_abort(context, take, what) -> None:
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{what}: {e}")
 
 
+def wait_while_called(context, queues) -> bool:
+    """Wait until every queue's request has ended -> True, or until the caller has gone (a
+    deadline, a cancel, a lost connection) -> False: a sync must not hold its thread and its
+    stream's place for a caller that gave up."""
+    for queue in queues:
+        while not queue.wait_finished(0.2):
+            if not context.is_active():
+                return False
+    return context.is_active()
+
+
 class WorkerPool(futures.Executor):
     """A thread pool whose threads exit after idle_s seconds without work (the standard one keeps
     every thread it ever made). At most max_workers threads; work beyond them waits its turn."""

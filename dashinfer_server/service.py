@@ -26,7 +26,7 @@ from dashinfer_client.proto.wire import pb, pb_grpc
 from dashinfer_client.types import AsStatus
 
 from .access import caller_session, new_handle
-from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, open_or_abort
+from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, open_or_abort, wait_while_called
 from .sessions import ClientSession, HeldRequest, stream_interval_s
 
 log = logging.getLogger("dashinfer_server.service")
@@ -40,6 +40,10 @@ QUERIES = frozenset({"get_as_engine_stat", "get_free_frame", "get_op_profiling_i
 
 def _reply(status, message=""):
     return pb.Reply(status=int(status), message=message)
+
+
+# The answer to a call whose caller has gone (a deadline, a cancel, a lost connection): nobody reads it.
+_GONE = _reply(AsStatus.ALLSPARK_RUNTIME_ERROR, "the caller has gone")
 
 
 def _refusal(what, e) -> pb.Reply:
@@ -176,15 +180,19 @@ class DashInferService(pb_grpc.DashInferServicer):
         try:
             if wire.decode_handle(request) is not None:
                 held, refused = self._own(request, context, "sync_request")
-                return refused or self._call_held("sync_request", request, held)
+                if refused or not wait_while_called(context, [held.queue]):
+                    return refused or _GONE
+                return self._call_held("sync_request", request, held)
             with self._lock:
                 session = self._sessions.get(caller)
-                mine = [self._held[k].engine_handle for k in (session.requests if session else ())
+                mine = [self._held[k] for k in (session.requests if session else self._held)
                         if k[0] == request.model_name and k in self._held]
+            if not wait_while_called(context, [h.queue for h in mine]):
+                return _GONE
             if session is None:
                 return self._call("sync_request", request.model_name, None)
-            for engine_handle in mine:  # ended and released meanwhile: refused, nothing to wait for
-                self.engine.call_with_reason("sync_request", request.model_name, engine_handle)
+            for held in mine:  # ended and released meanwhile: refused, nothing to wait for
+                self.engine.call_with_reason("sync_request", request.model_name, held.engine_handle)
             if self._installed(request.model_name):
                 return _reply(SUCCESS)
             return _refusal("sync_request", unknown_model(request.model_name))

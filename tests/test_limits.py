@@ -153,6 +153,29 @@ def test_a_finished_raw_stream_request_nobody_released_expires(engine, tmp_path)
         srv.stop()
 
 
+def test_a_sync_whose_caller_gave_up_frees_its_place(engine, tmp_path):
+    """A sync past its client's deadline (or cancelled, or disconnected) held its stream's place
+    and thread until the request ended: a client polling sync with a deadline ran out of places."""
+    srv = serve(engine, f"unix://{tmp_path}/d.sock")
+    try:
+        with grpc.insecure_channel(srv.address) as channel:
+            stub = pb_grpc.DashInferStub(channel)
+            session = stub.Session(pb.SessionRequest())
+            mine = [("dashinfer-session", next(session).session_id)]
+            handle = next(_start(stub, 4000, session_id=mine[0][1], events_on_session=True)).handle
+            running = lambda: stub.GetStats(pb.Empty()).models[0].running  # noqa: E731
+            for ref in (pb.RequestRef(model_name="tiny", id=handle), pb.RequestRef(model_name="tiny")):
+                with pytest.raises(grpc.RpcError) as gave_up:
+                    stub.SyncRequest(ref, metadata=mine, timeout=0.3)
+                assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert eventually(lambda: not srv.service.limits.streams, 5) and running() == 1
+            assert stub.StopRequest(pb.RequestRef(model_name="tiny", id=handle), metadata=mine).status == 0
+            assert stub.SyncRequest(pb.RequestRef(model_name="tiny", id=handle), metadata=mine, timeout=10).status == 0
+            session.cancel()
+    finally:
+        srv.stop()
+
+
 def test_worker_pool_runs_everything_and_shrinks_when_idle():
     pool = WorkerPool(max_workers=4, idle_s=0.2)
     results = [pool.submit(pow, 2, i) for i in range(100)]
