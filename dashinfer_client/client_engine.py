@@ -53,7 +53,7 @@ class ClientEngine(EngineAPI):
     connection broke (a supervisor restarting it). shutdown_timeout: seconds the spawned server
     gets to stop after SIGTERM before it is killed. env: extra environment variables for it.
     token: sent with every call, for a server that requires one (default $DASHINFER_TOKEN; a
-    spawned server is started with it). tls_ca: connect with TLS, trusting this CA certificate
+    spawned server is started with it); ValueError when it is not printable ASCII without spaces. tls_ca: connect with TLS, trusting this CA certificate
     file (PEM; True: the system's roots; default for a TCP address: $DASHINFER_TLS_CA). See
     docs/security.md.
     """
@@ -63,6 +63,8 @@ class ClientEngine(EngineAPI):
                  reconnect_timeout=10.0, shutdown_timeout=15.0, env=None, token=None, tls_ca=None):
         super().__init__()
         self._token = token or settings.get("DASHINFER_TOKEN")
+        if self._token is not None:
+            wire.check_token(self._token)
         self._spawn = address is None
         self.address = wire.default_address(unique=True) if self._spawn else address
         tcp = wire.unix_socket_path(self.address) is None  # the environment's CA is for TCP servers

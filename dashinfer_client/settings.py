@@ -13,11 +13,17 @@ native.set_isa / set_amx by dashinfer_server/kernels.py.
 """
 import os
 import re
+import string
 import sys
 from dataclasses import dataclass
 
 _FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True,
                "0": False, "false": False, "no": False, "off": False}
+
+
+# What a token may hold: it travels as call metadata, "Bearer <token>", where gRPC refuses to send a
+# newline or non-ASCII (saying only "Invalid metadata").
+TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
 
 
 class SettingError(ValueError):
@@ -27,7 +33,7 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str            # int, float, flag, choice, text, nodes
+    kind: str            # int, float, flag, choice, text, nodes, token
     default: object      # the value when unset (None: none)
     read_by: str
     doc: str
@@ -42,7 +48,8 @@ class Setting:
         return {"int": f"an integer {bound}", "float": f"a number {bound}",
                 "flag": "1/true/yes/on or 0/false/no/off",
                 "choice": "one of " + ", ".join(self.choices),
-                "nodes": "node:cpulist;... (e.g. 0:0-3;1:4-7)", "text": "any text"}[self.kind]
+                "nodes": "node:cpulist;... (e.g. 0:0-3;1:4-7)", "text": "any text",
+                "token": "printable ASCII without spaces"}[self.kind]
 
     def parse(self, text: str):
         """The value of `text` (not empty); SettingError when this setting does not accept it."""
@@ -61,6 +68,10 @@ class Setting:
             elif self.kind == "nodes":
                 # the form only: what the nodes hold is checked by dashinfer_server.topology
                 if not all(re.fullmatch(r"\s*\d+\s*:[\d,\-\s]*", item) for item in value.split(";") if item.strip()):
+                    raise ValueError
+                parsed = value
+            elif self.kind == "token":
+                if not set(value) <= TOKEN_CHARS:
                     raise ValueError
                 parsed = value
             else:
@@ -87,10 +98,10 @@ REGISTRY = {s.name: s for s in (
     Setting("DASHINFER_ADDRESS", "text", None, "launcher",
        "gRPC address of rank 0: `unix:///path.sock` or `HOST:PORT`",
        "a unix socket in `$XDG_RUNTIME_DIR` or `/tmp/dashinfer-<uid>/` (0700)"),
-    Setting("DASHINFER_TOKEN", "text", None, "rank 0, `ClientEngine`, `dashinfer serve --tp N`",
+    Setting("DASHINFER_TOKEN", "token", None, "rank 0, `ClientEngine`, `dashinfer serve --tp N`",
        "the token every gRPC call must carry ([security.md](security.md)); required beyond loopback"),
     Setting("DASHINFER_TOKEN_FILE", "text", None, "rank 0", "a file holding `DASHINFER_TOKEN`"),
-    Setting("DASHINFER_ADMIN_TOKEN", "text", None, "rank 0",
+    Setting("DASHINFER_ADMIN_TOKEN", "token", None, "rank 0",
        "the token of model calls (install, start, stop, release); without one they are allowed on "
        "a unix socket only"),
     Setting("DASHINFER_ADMIN_TOKEN_FILE", "text", None, "rank 0", "a file holding `DASHINFER_ADMIN_TOKEN`"),

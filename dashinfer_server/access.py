@@ -11,12 +11,12 @@ import logging
 import os
 import secrets
 import stat
-import string
 
 import grpc
 
 from dashinfer_client import settings
-from dashinfer_client.proto.wire import SESSION_METADATA, TOKEN_METADATA, is_local_address, unix_socket_path
+from dashinfer_client.proto.wire import (SESSION_METADATA, TOKEN_METADATA, check_token, is_local_address,
+                                        unix_socket_path)
 
 log = logging.getLogger("dashinfer_server.service")
 
@@ -24,7 +24,6 @@ SERVICE = "/dashinfer.DashInfer/"
 HEALTH = "/grpc.health.v1.Health/"
 # Calls that change a model for every client: an admin's.
 ADMIN_METHODS = frozenset(SERVICE + m for m in ("InstallModel", "StartModel", "StopModel", "ReleaseModel"))
-_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
 
 
 def read_token(value=None, path=None, what="token") -> str:
@@ -40,11 +39,7 @@ def read_token(value=None, path=None, what="token") -> str:
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             log.warning("the %s file %s is readable by others (mode %04o); chmod 600 it", what, path,
                         stat.S_IMODE(mode))
-    if value is None:
-        return None
-    if not value or not set(value) <= _TOKEN_CHARS:
-        raise ValueError(f"the {what} must be printable ASCII without spaces, and not empty")
-    return value
+    return None if value is None else check_token(value, what)
 
 
 class Access:

@@ -137,6 +137,11 @@ def test_token_is_required_on_every_call_but_health_probes(engine):
             assert probe.status == health_pb2.HealthCheckResponse.SERVING  # probes carry no token
         with pytest.raises(Unavailable, match="requires a token"):
             allspark.ClientEngine(srv.address, startup_timeout=10)
+        # a token read from a file with its newline: the client's mistake, said as such (grpc refuses
+        # to send it, which read as "does not answer as a dashinfer server")
+        for bad in (TOKEN + "\n", "caf\u00e9"):
+            with pytest.raises(ValueError, match="token must be printable ASCII"):
+                allspark.ClientEngine(srv.address, startup_timeout=10, token=bad)
         with allspark.ClientEngine(srv.address, startup_timeout=10, token=TOKEN) as client:
             status, _, queue = client.start_request_ids("tiny", None, PROMPT, allspark.ASGenerationConfigBuilder()
                                                          .update({"top_k": 1, "max_length": 20}))

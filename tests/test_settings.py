@@ -21,7 +21,8 @@ BAD = {"DASHINFER_MAX_WAIT_STEPS": ("soon", "an integer >= 0"),
        "DASHINFER_ADAPTIVE_THREADS": ("maybe", "1/true/yes/on or 0/false/no/off"),
        "DASHINFER_ALLREDUCE": ("nccl", "one of auto, shm, mpi"),
        "DASHINFER_NUMA_NODES": ("zero:0", "node:cpulist;... (e.g. 0:0-3;1:4-7)"),
-       "DASHINFER_PORT": ("70000", "an integer >= 1 and <= 65535")}
+       "DASHINFER_PORT": ("70000", "an integer >= 1 and <= 65535"),
+       "DASHINFER_TOKEN": ("caf\u00e9", "printable ASCII without spaces")}
 
 
 def sources():

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..api import ModelState
 from ..config import ASGenerationConfig, AsModelRuntimeConfig
+from ..settings import TOKEN_CHARS
 from ..types import FINAL_STATUSES, GenerateRequestStatus, RequestStatInfo
 from . import load
 
@@ -111,6 +112,14 @@ def is_local_address(address: str) -> bool:
 # for (its requests are the session's own; Session's first event names it).
 TOKEN_METADATA = "authorization"
 SESSION_METADATA = "dashinfer-session"
+
+
+def check_token(value, what="token") -> str:
+    """`value` when it can travel as call metadata (settings.TOKEN_CHARS); ValueError otherwise."""
+    if not isinstance(value, str) or not value or not set(value) <= TOKEN_CHARS:
+        raise ValueError(f"the {what} must be printable ASCII without spaces, and not empty (one read "
+                         f"from a file loses its newline first)")
+    return value
 
 
 # ---- the server's log lines ------------------------------------------------------------------------
