@@ -151,6 +151,7 @@ BAD_CALLS = {
     "2-d prompt": lambda e, s: e.start_request_ids("tiny", None, [[1, 2], [3, 4]], _gen())[0],
     "float prompt": lambda e, s: e.start_request_ids("tiny", None, [1.5, 2.0], _gen())[0],
     "ragged prompt": lambda e, s: e.start_request_ids("tiny", None, [[1, 2], [3]], _gen())[0],
+    "numpy scalar prompt": lambda e, s: e.start_request_ids("tiny", None, np.int64(5), _gen())[0],
     "prompt too long": lambda e, s: e.start_request_ids("tiny", None, [1] * MAX_LENGTH, _gen())[0],
     "gen over limit": lambda e, s: e.start_request_ids("tiny", None, [1, 2], _gen(MAX_LENGTH + 1))[0],
     "lora": lambda e, s: e.start_request_ids("tiny", None, [1, 2], _gen(lora_name="x"))[0],

@@ -182,7 +182,8 @@ def encode_ids(input_ids) -> dict:
         arr = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)
     except Exception:
         arr = None
-    if arr is not None and (arr.dtype.kind in "iu" or arr.size == 0) and arr.ndim > 0:
+    # a 0-d array too, which the Engine refuses by its shape
+    if arr is not None and (arr.dtype.kind in "iu" or arr.size == 0):
         if arr.size == 0 or (arr.min() >= -2**63 and arr.max() < 2**63):
             return {"input_ids": arr.astype(np.int64).ravel().tolist(), "input_shape": list(arr.shape)}
     try:
