@@ -53,9 +53,9 @@ class ClientEngine(EngineAPI):
     connection broke (a supervisor restarting it). shutdown_timeout: seconds the spawned server
     gets to stop after SIGTERM before it is killed. env: extra environment variables for it.
     token: sent with every call, for a server that requires one (default $DASHINFER_TOKEN; a
-    spawned server is started with it); ValueError when it is not printable ASCII without spaces. tls_ca: connect with TLS, trusting this CA certificate
-    file (PEM; True: the system's roots; default for a TCP address: $DASHINFER_TLS_CA). See
-    docs/security.md.
+    spawned server is started with it; ValueError when it is not printable ASCII without spaces).
+    tls_ca: connect with TLS, trusting this CA certificate file (PEM; True: the system's roots;
+    default for a TCP address: $DASHINFER_TLS_CA). See docs/security.md.
     """
     log = log
 
