@@ -18,6 +18,9 @@ Forms of response_format (dashinfer_client.generation_config checks their shape)
   {"type": "grammar", "grammar": LARK}                DashInfer's: a lark grammar (llguidance's
                                                       dialect, %json {schema} inside it); forced
                                                       tool calls use it
+  "reasoning_end": TEXT in a json or grammar form     the output is free up to TEXT's first
+                                                      occurrence, constrained after it (a reasoning
+                                                      model's </think>; vLLM lets it reason too)
 The request ends where the grammar ends (the closing brace of the object), with finish reason
 eos; an eos id is allowed wherever the grammar may end, and ends the request too.
 """
@@ -27,7 +30,8 @@ import threading
 
 import numpy as np
 
-from dashinfer_client.generation_config import response_format_grammar, response_format_schema
+from dashinfer_client.generation_config import (response_format_grammar, response_format_reasoning_end,
+                                                response_format_schema)
 
 log = logging.getLogger("dashinfer_server")
 # Whitespace between JSON tokens: any, as JSON allows, but at most 20 characters in a row (enough
@@ -108,6 +112,10 @@ class Grammars:
         try:
             grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
                        llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
+            end = response_format_reasoning_end(response_format)
+            if end is not None:
+                grammar = after_free_text(end, {"lark_grammar": lark} if lark is not None else
+                                          json.loads(grammar)["grammars"][0])
         except (ValueError, RecursionError) as e:
             # llguidance's parser refuses some schemas before the matcher sees them (a nesting past its
             # recursion limit: ValueError); json.dumps refuses a nesting past Python's: the client's schema
@@ -116,6 +124,14 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(f"response_format: {what} cannot be compiled: {matcher.get_error()}")
         return Guide(matcher, self.vocab_size, tokenizer.eos_token, eos_ids)
+
+
+def after_free_text(end: str, constrained: dict) -> str:
+    """llguidance's grammar of free text up to the first `end` (included), optional whitespace,
+    then `constrained` (one of its grammars: {"lark_grammar": ...} or {"json_schema": ...})."""
+    literal = "".join(f"\\x{{{ord(c):x}}}" for c in end)  # any character, escaped for its regex
+    free = f"start: free /[ \\t\\r\\n]*/ @constrained\nfree[lazy]: /(?s:.*){literal}/\n"
+    return json.dumps({"grammars": [{"lark_grammar": free}, dict(constrained, name="constrained")]})
 
 
 class Guide:

@@ -58,7 +58,9 @@ def test_forms(response_format, schema):
                                  {"type": "json_object", "json_schema": "{not json"},
                                  {"type": "json_object", "json_schema": [1]},
                                  {"type": "json_schema"}, {"type": "text", "json_schema": PERSON},
-                                 {"type": "json_object", "schema": PERSON}])
+                                 {"type": "json_object", "schema": PERSON},
+                                 {"type": "text", "reasoning_end": "</think>"},
+                                 {"type": "json_object", "reasoning_end": ""}])
 def test_malformed_refused_by_the_builder(bad):
     with pytest.raises(ValueError, match="response_format"):
         allspark.ASGenerationConfigBuilder().response_format(bad)
@@ -136,6 +138,31 @@ def test_sampling_and_min_length_still_parse(api_engine):
         jsonschema.validate(json.loads(tok.decode(ids)), TINY_SCHEMA)
 
 
+def test_reasoning_end_masks_nothing_before_it(serialized_tiny):
+    """Before the end text every token llguidance's free text takes stays allowed; after it only
+    the schema's; a whole object after it ends the request."""
+    loader = serialized_tiny("llama")
+    tok, vocab = loader.get_tokenizer(), loader.config.vocab_size
+    rf = {"type": "json_object", "json_schema": TINY_SCHEMA, "reasoning_end": "</think>"}
+    guide = Grammars(lambda: tok, vocab).guide(rf, [5])
+    letter, brace = tok.convert_tokens_to_ids("x"), tok.convert_tokens_to_ids("{")
+
+    def allowed():
+        row = np.zeros(vocab, np.float32)
+        guide.apply(row)
+        return row == 0
+    for token in tok.encode("Calls for {x}: </thin>k", add_special_tokens=False):
+        assert allowed()[[letter, brace]].all()
+        guide.advance(token)
+    for token in tok.encode("</think>\n\n", add_special_tokens=False):
+        guide.advance(token)
+    mask = allowed()
+    assert mask[brace] and not mask[letter]
+    for token in tok.encode('{"n": 7, "ok": true, "tag": "b", "s": "xy"}', add_special_tokens=False):
+        guide.advance(token)
+    assert guide.ended and guide.error is None
+
+
 @pytest.mark.parametrize("schema", ['{"type": "objectx"}',
                                     {"type": "object", "properties": {"a": {"type": "string", "pattern": "[("}}},
                                     nested_schema(200)], ids=["unknown-type", "bad-pattern", "nested-200"])
@@ -200,3 +227,26 @@ def test_default_model_answers_valid_json(smollm2):
         jsonschema.validate(json.loads(tok.decode(ids, skip_special_tokens=True)), schema)
         assert queue.RequestStatInfo()["finish_reason"] == "eos"
         engine.release_request("smol", handle)
+
+
+def test_reasoning_end_frees_the_answer_up_to_it(smollm2):
+    """With reasoning_end the model writes what it writes unguided up to that text's first
+    occurrence (here a word of its own answer), then follows the schema after it."""
+    engine, model = smollm2
+    tok = model.get_tokenizer()
+    prompt = chat_prompt_ids(tok, QUESTION)
+
+    def answer(**options):
+        gen = model.create_reference_generation_config_builder().update(
+            {"do_sample": False, "max_length": len(prompt) + 200, **options})
+        status, handle, queue = engine.start_request_ids("smol", None, prompt, gen)
+        assert status == OK, engine_error(engine)
+        ids, _ = collect(queue)
+        engine.release_request("smol", handle)
+        return tok.decode(ids, skip_special_tokens=True), queue.RequestStatInfo()["finish_reason"]
+    free, _ = answer(max_length=len(prompt) + 24)
+    end = free.split()[5]  # a word some tokens in
+    text, reason = answer(response_format={"type": "json_object", "json_schema": PERSON, "reasoning_end": end})
+    cut = free.index(end) + len(end)
+    assert text[:cut] == free[:cut] and reason == "eos"
+    jsonschema.validate(json.loads(text[cut:]), PERSON)

@@ -236,23 +236,31 @@ def test_a_bare_request_samples_as_the_model_card_says(client):
     assert bare == card
 
 
-def test_a_forced_call_first_closes_the_reasoning_the_prompt_opened(think_server):
+def test_a_constrained_answer_reasons_first_where_the_prompt_opened_it(think_model, think_server):
     """A template that opens <think> in the prompt (QwQ's, DeepSeek-R1's, Qwen3-Thinking's) has the
-    answer start inside the reasoning: a forced call closes it first, else the call is read as
-    reasoning and never comes back as a call (whole, streamed, and through Anthropic's API)."""
+    answer start inside the reasoning: a forced call or a response_format constrains the answer only
+    after </think> (as vLLM does), so the reasoning is the model's own. This random model never
+    closes it: the reasoning is what it writes unconstrained (the in-process engine's, from the
+    prompt /tokenize reads), whole and streamed. Its bytes past ASCII and its special tokens are
+    banned, as a grammar's free text is UTF-8 text (a real model's is; this one's bytes are not)."""
     client = openai.OpenAI(base_url=think_server.url + "/v1", api_key="none", max_retries=0)
-    short_city = {"type": "function", "function": {"name": "get_weather", "parameters": dict(
-        CITY, properties={"city": {"type": "string", "maxLength": 12}})}}
-    request = dict(model="tiny", messages=ASK, tools=[short_city], tool_choice="required", parallel_tool_calls=False,
-                   max_tokens=128, temperature=0)
-    choice = client.chat.completions.create(**request).choices[0]
-    assert choice.finish_reason == "tool_calls" and not getattr(choice.message, "reasoning_content", None)
-    [call] = choice.message.tool_calls
-    jsonschema.validate(json.loads(call.function.arguments), short_city["function"]["parameters"])
-    chunks = [c.choices[0] for c in client.chat.completions.create(**request, stream=True) if c.choices]
-    streamed = "".join(part.function.arguments or "" for c in chunks for part in c.delta.tool_calls or ())
-    assert streamed == call.function.arguments and chunks[-1].finish_reason == "tool_calls"
-    anthropic = httpx.post(think_server.url + "/v1/messages", json={
-        "model": "tiny", "max_tokens": 128, "messages": ASK, "temperature": 0, "tool_choice": {"type": "any"},
-        "tools": [{"name": "get_weather", "input_schema": short_city["function"]["parameters"]}]}).json()
-    assert [b["type"] for b in anthropic["content"]] == ["tool_use"] and anthropic["stop_reason"] == "tool_use"
+    city = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+    reference = Reference(think_model)
+    try:
+        tokenizer = reference.hf_tokenizer()
+        ascii_only = {i: -100 for i in range(reference.loader.config.vocab_size)  # padding ids included
+                      if tokenizer.decode([i]) in ("", "\ufffd") or i in tokenizer.all_special_ids}
+        for constraint in (dict(tools=[city], tool_choice="required"),
+                           dict(response_format={"type": "json_object"})):
+            ids = httpx.post(think_server.url + "/tokenize", json=dict(messages=ASK, **constraint)).json()["tokens"]
+            expected = reference.text(reference.generate(ids, 16, logit_bias=ascii_only)[0])
+            assert "</think>" not in expected and len(expected) == 16
+            request = dict(model="tiny", messages=ASK, max_tokens=16, temperature=0, logit_bias=ascii_only,
+                           **constraint)
+            choice = client.chat.completions.create(**request).choices[0]
+            assert (choice.message.reasoning_content, choice.message.tool_calls) == (expected, None)
+            assert choice.finish_reason == "length"
+            chunks = [c.choices[0] for c in client.chat.completions.create(**request, stream=True) if c.choices]
+            assert "".join(getattr(c.delta, "reasoning_content", None) or "" for c in chunks) == expected
+    finally:
+        reference.close()

@@ -9,8 +9,6 @@ A template that renders tools itself gets them, and the history's calls in Huggi
 for one that knows no tools the tool-call format (parsers/) describes them in a system message
 and writes the history's calls and results as ordinary turns.
 """
-import json
-
 from .messages import PromptError
 from .parsers import reasoning_parser_for, tool_parser_for
 
@@ -78,15 +76,11 @@ class Prompts:
         fmt = self.reasoning_format
         return None if fmt is None else fmt(inside=self._opens_reasoning(prompt_text))
 
-    def forced_calls_grammar(self, functions, parallel, prompt_text) -> str:
-        """The lark grammar of an answer that is only calls (tool_choice required or a named
-        function). Where the prompt opened the reasoning (templates that start the answer inside
-        <think>), the answer closes it first: calls inside it would be read as reasoning."""
-        grammar = self.tool_format.grammar(functions, parallel)
-        if not self._opens_reasoning(prompt_text):
-            return grammar
-        close = json.dumps(self.reasoning_format.closer + "\n\n")
-        return f"start: {close} forced_calls\n" + grammar.replace("start:", "forced_calls:", 1)
+    def reasoning_end(self, prompt_text):
+        """What ends the reasoning that `prompt_text` opened (templates that start the answer inside
+        <think>), or None: a constrained answer (response_format, forced tool calls) is constrained
+        only after it, else it would be written, and read, as reasoning."""
+        return self.reasoning_format.closer if self._opens_reasoning(prompt_text) else None
 
     def _opens_reasoning(self, prompt_text) -> bool:
         fmt = self.reasoning_format
