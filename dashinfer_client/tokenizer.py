@@ -1,15 +1,16 @@
 """A tokenizer read from a Hugging Face tokenizer directory with `tokenizers` and jinja2 only.
 
 Serving and chatting must not import transformers (and through it torch) just to turn text into
-ids: this class reads tokenizer.json, tokenizer_config.json and the chat template
-(chat_template.jinja, chat_template.json or the config's "chat_template") and offers the part of
-transformers' tokenizer API the runtime and its users call: __call__, encode, decode,
-batch_decode, apply_chat_template, the special tokens and their ids. It behaves as transformers 5's
-generic fast tokenizer (TokenizersBackend / PreTrainedTokenizerFast) does on the same files;
-directories whose tokenizer class rebuilds the pipeline in Python (e.g. LlamaTokenizer) are not
-its to read: `supports(path)` says which are, and the model handles fall back to transformers.
-What encode adds around a text (bos/eos) is tokenizer.json's post-processor, as in transformers 5,
-which ignores the config's add_bos_token/add_eos_token when tokenizer.json exists.
+ids: this class reads tokenizer.json, tokenizer_config.json and the chat template(s)
+(chat_template.jinja and additional_chat_templates/, the config's "chat_template", or
+chat_template.json) and offers the part of transformers' tokenizer API the runtime and its users
+call: __call__, encode, decode, batch_decode, apply_chat_template, the special tokens and their ids.
+It behaves as transformers 5's generic fast tokenizer (TokenizersBackend / PreTrainedTokenizerFast)
+does on the same files; directories whose tokenizer class rebuilds the pipeline in Python (e.g.
+LlamaTokenizer) are not its to read: `supports(path)` says which are, and the model handles fall
+back to transformers. What encode adds around a text (bos/eos) is tokenizer.json's post-processor,
+as in transformers 5, which ignores the config's add_bos_token/add_eos_token when tokenizer.json
+exists.
 """
 import json
 import os
@@ -17,6 +18,7 @@ from datetime import datetime
 
 # tokenizer_class values whose behaviour is exactly tokenizer.json plus tokenizer_config.json.
 GENERIC_CLASSES = {None, "TokenizersBackend", "PreTrainedTokenizerFast"}
+CHAT_TEMPLATE_DIR = "additional_chat_templates"  # transformers' named templates beside chat_template.jinja
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -39,14 +41,29 @@ def _token_text(value):
     return value.get("content") if isinstance(value, dict) else value
 
 
+def _read_text(path) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def _find_chat_template(path, config):
-    jinja_file = os.path.join(path, "chat_template.jinja")
-    if os.path.isfile(jinja_file):
-        with open(jinja_file, encoding="utf-8") as f:
-            return f.read()
-    template = _read_json(os.path.join(path, "chat_template.json")).get("chat_template") or config.get("chat_template")
-    if isinstance(template, list):  # named templates: the one called "default"
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    """The chat template as transformers reads it: chat_template.jinja (named "default") and the named
+    ones in additional_chat_templates/, else tokenizer_config.json's (maybe a list of named ones),
+    else a processor's chat_template.json (transformers' tokenizer never reads it; vLLM falls back
+    to it). Several templates: a dict by name, as transformers holds them."""
+    named = {}
+    if os.path.isfile(os.path.join(path, "chat_template.jinja")):
+        named["default"] = _read_text(os.path.join(path, "chat_template.jinja"))
+    extra_dir = os.path.join(path, CHAT_TEMPLATE_DIR)
+    if os.path.isdir(extra_dir):
+        for name in sorted(os.listdir(extra_dir)):
+            if name.endswith(".jinja"):
+                named[name[:-len(".jinja")]] = _read_text(os.path.join(extra_dir, name))
+    if named:
+        return named["default"] if list(named) == ["default"] else named
+    template = config.get("chat_template") or _read_json(os.path.join(path, "chat_template.json")).get("chat_template")
+    if isinstance(template, list):
+        template = {t["name"]: t["template"] for t in template}
     return template
 
 
@@ -73,7 +90,7 @@ class Tokenizer:
             setattr(self, key, self.special_tokens_map.get(key))
         self.chat_template = _find_chat_template(path, config)
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
-        self._template = None
+        self._templates = {}  # the model's own templates, compiled once each
 
     # ---- ids and tokens ------------------------------------------------------------------------
 
@@ -169,7 +186,7 @@ class Tokenizer:
             raise ValueError("cannot apply the chat template to an empty conversation")
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt are not compatible")
-        template = self._compiled(chat_template)
+        template = self._compiled(chat_template, tools)
         messages = [{k: v for k, v in m.items() if v is not None} for m in conversation]
         if continue_final_message:
             final = messages[-1].get("content")
@@ -186,14 +203,24 @@ class Tokenizer:
         out = self(text, add_special_tokens=False)
         return out if return_dict else out["input_ids"]
 
-    def _compiled(self, chat_template=None):
-        if chat_template is not None:
+    def _compiled(self, chat_template=None, tools=None):
+        """The template to render, chosen as transformers chooses: among named templates the one
+        `chat_template` names, else "tool_use" when tools are given, else "default"."""
+        own = self.chat_template
+        if isinstance(own, dict) and (chat_template is None or chat_template in own):
+            if chat_template is None:
+                chat_template = "tool_use" if tools is not None and "tool_use" in own else "default"
+            if chat_template not in own:
+                raise ValueError(f"the tokenizer in {self.name_or_path} has several chat templates and no "
+                                 f"default: name one of {', '.join(sorted(own))}")
+            own = own[chat_template]
+        elif chat_template is not None:
             return _compile(chat_template)
-        if self.chat_template is None:
+        if own is None:
             raise ValueError(f"the tokenizer in {self.name_or_path} has no chat template")
-        if self._template is None:
-            self._template = _compile(self.chat_template)
-        return self._template
+        if own not in self._templates:
+            self._templates[own] = _compile(own)
+        return self._templates[own]
 
 
 # transformers' mark after the final message's content: where the rendered chat is cut to leave it open

@@ -152,6 +152,25 @@ def test_templates_without_tools_get_them_in_a_system_message(tokenizer):
     assert json.dumps(WEATHER["parameters"]) in system
 
 
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_tool_use_template_renders_the_tools_and_names_the_format(tmp_path, ours):
+    """Named templates (Hermes-3's "default" and "tool_use"): a request with tools is rendered by
+    "tool_use", as transformers renders it, and its calls are parsed in that template's format;
+    without tools, "default" (which here opens a reasoning) renders it."""
+    from transformers import AutoTokenizer
+    from dashinfer_client.tokenizer import Tokenizer
+    from tests.chat_templates import HERMES_CHATML, THINK_CHATML
+    from tests.helpers import build_tiny_tokenizer
+    path = build_tiny_tokenizer(str(tmp_path), {"default": THINK_CHATML, "tool_use": HERMES_CHATML})
+    ref = AutoTokenizer.from_pretrained(path)
+    prompts = Prompts(Tokenizer(path) if ours else ref)
+    assert prompts.tool_format.name == "hermes" and prompts.reasoning_format.name == "think"
+    chat = [{"role": "user", "content": "Weather in Paris?"}]
+    assert prompts.chat_text(chat, [WEATHER]) == ref.apply_chat_template(
+        chat, tools=[{"type": "function", "function": WEATHER}], tokenize=False, add_generation_prompt=True)
+    assert prompts.chat_text(chat) == ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
 def _elements(ids):
     return SimpleNamespace(ids_from_generate=ids, token_logprobs_list=[0.0] * len(ids),
                            log_probs_list=[[]] * len(ids))

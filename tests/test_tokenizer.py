@@ -2,6 +2,7 @@
 files: ids, text, chat template, special tokens; and serving without torch or transformers."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, GGUFModel, HuggingFaceModel
 from dashinfer_client.tokenizer import Tokenizer, supports
 from tests.gguf_builders import build_tiny_gguf
-from tests.helpers import build_tiny_model, build_tiny_tokenizer
+from tests.chat_templates import CHATML, HERMES_CHATML
+from tests.helpers import build_tiny_model, build_tiny_tokenizer, serialize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["Hello, world!", "", "  leading spaces, tabs\tand\nnew lines\n\n", "é, 日本語, emoji 🙂 and ß",
@@ -140,6 +142,70 @@ def test_template_errors_and_refusals(tmp_path):
     escape = "{{ messages.__class__.__mro__ }}"  # the sandbox: templates come from model hubs
     with pytest.raises(jinja2.exceptions.SecurityError):
         tok.apply_chat_template(CHATS[0], chat_template=escape, tokenize=False)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+NAMED = {"default": CHATML, "tool_use": HERMES_CHATML}  # Hermes-2-Pro's and Hermes-3's pair
+
+
+def _named_templates(path, layout):
+    """NAMED in `path`, as transformers 5 saves them (chat_template.jinja +
+    additional_chat_templates/tool_use.jinja) or as a list in tokenizer_config.json (Hermes-3's)."""
+    build_tiny_tokenizer(path, NAMED)
+    assert os.path.isfile(os.path.join(path, "additional_chat_templates", "tool_use.jinja"))
+    if layout == "files":
+        return
+    shutil.rmtree(os.path.join(path, "additional_chat_templates"))
+    os.remove(os.path.join(path, "chat_template.jinja"))
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["chat_template"] = [{"name": name, "template": template} for name, template in NAMED.items()]
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+
+
+@pytest.mark.parametrize("layout", ["files", "config-list"])
+def test_named_chat_templates_are_chosen_as_transformers_chooses(tmp_path, layout):
+    """With tools the "tool_use" template, else "default"; a template can be named."""
+    from transformers import AutoTokenizer
+    path = _tiny_dir(tmp_path)
+    _named_templates(path, layout)
+    ours, ref = Tokenizer(path), AutoTokenizer.from_pretrained(path)
+    for kwargs in ({}, {"tools": TOOLS}, {"chat_template": "tool_use"}, {"chat_template": "default", "tools": TOOLS}):
+        text = ours.apply_chat_template(CHATS[1], add_generation_prompt=True, tokenize=False, **kwargs)
+        assert text == ref.apply_chat_template(CHATS[1], add_generation_prompt=True, tokenize=False, **kwargs), kwargs
+    assert "get_weather" in ours.apply_chat_template(CHATS[0], tools=TOOLS, tokenize=False)
+
+
+def test_a_conversion_keeps_the_named_chat_templates(tmp_path):
+    from transformers import AutoTokenizer
+    hf = build_tiny_model(str(tmp_path / "hf"))
+    _named_templates(hf, "files")
+    serialize(hf, tmp_path / "out").free_model()
+    served = DashInferModel(str(tmp_path / "out"), "tiny").get_tokenizer()
+    want = AutoTokenizer.from_pretrained(hf).apply_chat_template(CHATS[0], tools=TOOLS, tokenize=False)
+    assert served.apply_chat_template(CHATS[0], tools=TOOLS, tokenize=False) == want
+
+
+def test_the_tokenizer_config_template_comes_before_a_processor_chat_template_json(tmp_path):
+    """transformers' tokenizer reads tokenizer_config.json's template and never chat_template.json (a
+    processor's file); alone, chat_template.json still serves, as vLLM falls back to the processor's."""
+    from transformers import AutoTokenizer
+    path = _tiny_dir(tmp_path, chat_template=CHATML)
+    os.remove(os.path.join(path, "chat_template.jinja"))
+    with open(os.path.join(path, "chat_template.json"), "w") as f:
+        json.dump({"chat_template": "processor: {{ messages[0].content }}"}, f)
+    text = Tokenizer(path).apply_chat_template(CHATS[0], tokenize=False)
+    assert text == AutoTokenizer.from_pretrained(path).apply_chat_template(CHATS[0], tokenize=False)
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    with open(cfg_path, "w") as f:
+        json.dump({k: v for k, v in cfg.items() if k != "chat_template"}, f)
+    assert Tokenizer(path).apply_chat_template(CHATS[0], tokenize=False) == "processor: " + CHATS[0][0]["content"]
 
 
 def test_model_handles_choose_the_light_tokenizer(tmp_path, monkeypatch):

@@ -20,9 +20,11 @@ class Prompts:
     def __init__(self, tokenizer, tool_parser=None, reasoning_parser=None):
         self.tokenizer = tokenizer
         template = getattr(tokenizer, "chat_template", None)
-        self.template = template if isinstance(template, str) else ""
-        self.tool_format = tool_parser_for(self.template, tool_parser)
-        self.reasoning_format = reasoning_parser_for(self.template, reasoning_parser)
+        named = template if isinstance(template, dict) else {"default": template if isinstance(template, str) else None}
+        # named templates (Hermes-3's): a request with tools is rendered by "tool_use", as
+        # transformers chooses, so its calls come in that template's format
+        self.tool_format = tool_parser_for(named.get("tool_use") or named.get("default") or "", tool_parser)
+        self.reasoning_format = reasoning_parser_for(named.get("default") or "", reasoning_parser)
 
     def chat_text(self, messages, tools=None, template_kwargs=None, continue_final=False, open_turn=True) -> str:
         """The conversation through the chat template, the assistant's turn opened (open_turn: the

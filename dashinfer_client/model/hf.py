@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 
 from ..errors import ModelSerializerException
+from ..tokenizer import CHAT_TEMPLATE_DIR
 from .arch import normalize_hf_config
 from .families import family, family_for_hf
 from .safetensors_io import SafetensorsFile, ShardedSafetensors
@@ -96,6 +97,12 @@ def copy_tokenizer_files(model_dir, out_dir):
         src = os.path.join(model_dir, name)
         if os.path.isfile(src):
             shutil.copy2(src, os.path.join(out_dir, name))
+    named = os.path.join(model_dir, CHAT_TEMPLATE_DIR)  # transformers' named chat templates ("tool_use")
+    if os.path.isdir(named):
+        os.makedirs(os.path.join(out_dir, CHAT_TEMPLATE_DIR))
+        for name in os.listdir(named):
+            if name.endswith(".jinja") and os.path.isfile(os.path.join(named, name)):
+                shutil.copy2(os.path.join(named, name), os.path.join(out_dir, CHAT_TEMPLATE_DIR, name))
     return True
 
 
