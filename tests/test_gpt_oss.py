@@ -147,6 +147,25 @@ def test_serialize_from_torch_by_class_name_splits_the_fused_experts(tmp_path, s
         np.testing.assert_array_equal(got.tensor(name), want.tensor(name), err_msg=name)
 
 
+def test_the_checkpoint_says_whether_its_experts_are_mxfp4(tmp_path, mxfp4_checkpoint, served, serialized_tiny):
+    """What the experts are is what the tensors are: float experts under a config.json that still says
+    mxfp4 (a dequantized fine-tune saved beside the release's config) convert as the float checkpoint
+    does, and MXFP4 blocks under a config without quantization_config are kept as stored."""
+    floats = shutil.copytree(serialized_tiny("gpt_oss").model_path, tmp_path / "floats")
+    write_config_variant(str(floats), lambda c: dict(c, quantization_config={"quant_method": "mxfp4"}))
+    blocks = shutil.copytree(mxfp4_checkpoint[0], tmp_path / "blocks")
+    write_config_variant(str(blocks), lambda c: {k: v for k, v in c.items() if k != "quantization_config"})
+    loader = serialized_tiny("gpt_oss")
+    for src, want in ((floats, DashInferModel(loader.model_output_dir, loader.serialize_model_name)),
+                      (blocks, served)):
+        serialize(str(src), tmp_path / f"{src.name}-out").free_model()
+        got = DashInferModel(str(tmp_path / f"{src.name}-out"), "tiny")
+        assert got.config.mxfp4_experts == want.config.mxfp4_experts
+        assert sorted(got.tensor_names()) == sorted(want.tensor_names())
+        for name in want.tensor_names():
+            np.testing.assert_array_equal(got.tensor(name), want.tensor(name), err_msg=name)
+
+
 @pytest.mark.parametrize("edit,feature", [
     (dict(swiglu_limit=10.0), "swiglu_limit"),
     (dict(swiglu_alpha=1.0), "swiglu_alpha"),

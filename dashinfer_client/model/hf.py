@@ -15,6 +15,7 @@ from ..errors import ModelSerializerException
 from ..tokenizer import CHAT_TEMPLATE_DIR
 from .arch import normalize_hf_config
 from .families import family, family_for_hf
+from .families.fused_experts import holds_mxfp4
 from .safetensors_io import SafetensorsFile, ShardedSafetensors
 from .serialized import DTYPES, weight_shapes
 from .source import SourceModel
@@ -62,8 +63,10 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
-        view = family(self.architecture).checkpoint_view
-        weights = view(weights) if view else weights
+        fam = family(self.architecture)
+        if fam.stored_quant == "mxfp4":
+            self.config.mxfp4_experts = holds_mxfp4(weights.keys())
+        weights = fam.checkpoint_view(weights) if fam.checkpoint_view else weights
         unexpected = unexpected_tensors(weights.keys(), self.config, self.architecture)
         if unexpected:
             raise ModelSerializerException(

@@ -14,6 +14,7 @@ from ..errors import ModelSerializerException
 from .hf import copy_tokenizer_files, torch_tensor_to_numpy, unexpected_tensors
 from .arch import normalize_hf_config
 from .families import FAMILIES, family
+from .families.fused_experts import holds_mxfp4
 from .serialized import DTYPES, V13_SUFFIXES, weight_shapes, write_serialized
 
 # DashInfer 1.3's model_type -> the Hugging Face class its checkpoints are. Its other types
@@ -65,11 +66,11 @@ def serialize_model_from_torch(model_name, model_type, torch_model, model_config
         raise ModelSerializerException(
             f"torch_model must be a state_dict (name -> tensor) or a torch module, got {type(torch_model).__name__}")
     tensors = StateTensors(state)
-    view = family(architecture).checkpoint_view
-    if view:
-        tensors = view(tensors)
-        # a module loaded from an MXFP4 checkpoint holds its experts dequantized
-        config.mxfp4_experts = config.mxfp4_experts and any(n.endswith("_blocks") for n in state.keys())
+    fam = family(architecture)
+    if fam.stored_quant == "mxfp4":  # a module loaded from an MXFP4 checkpoint holds its experts dequantized
+        config.mxfp4_experts = holds_mxfp4(state.keys())
+    if fam.checkpoint_view:
+        tensors = fam.checkpoint_view(tensors)
     _check_tensors(tensors, config, architecture)
     source_dir = hf.get("_name_or_path") or ""
     report = write_serialized(

@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from ...errors import ModelSerializerException
 from ..safetensors_io import drop_mapped_pages
 
 MXFP4_PARTS = ("mxfp4_blocks", "mxfp4_scales")  # the stored parts of an MXFP4 weight
@@ -20,6 +21,16 @@ _FUSED = re.compile(r"^(?P<layer>model\.layers\.\d+\.)mlp\.experts\.(?P<proj>gat
                     r"(?P<part>|_bias|_blocks|_scales)$")
 _PART = {"": ".weight", "_bias": ".bias", "_blocks": ".weight." + MXFP4_PARTS[0],
          "_scales": ".weight." + MXFP4_PARTS[1]}
+
+
+def holds_mxfp4(names) -> bool:
+    """Whether a checkpoint's fused experts are MXFP4 blocks rather than floats: the tensors say it,
+    not quantization_config (a dequantized save may keep the release's config.json); a checkpoint
+    holding both is refused."""
+    parts = {m["part"] for m in map(_FUSED.match, names) if m and m["part"] in ("", "_blocks")}
+    if len(parts) > 1:
+        raise ModelSerializerException("the checkpoint holds both float and MXFP4 (*_blocks) experts")
+    return parts == {"_blocks"}
 
 
 def split_interleaved_gate_up(t: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
