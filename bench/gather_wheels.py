@@ -17,6 +17,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# what the benches import beyond install_requires, torch and transformers: bench/server_table.py
+# installs these beside the package (engine.py --ranks reads the ranks' RSS with psutil)
+BENCH_PACKAGES = ["psutil"]
 
 
 def requirements() -> list:
@@ -26,7 +29,7 @@ def requirements() -> list:
                if line.strip() and not line.strip().startswith("#")]
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         build = re.findall(r'"([^"]+)"', re.search(r"requires\s*=\s*\[([^\]]*)\]", f.read()).group(1))
-    return runtime + build + ["psutil"]
+    return runtime + build + BENCH_PACKAGES
 
 
 def main():

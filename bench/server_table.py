@@ -25,6 +25,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench.gather_wheels import BENCH_PACKAGES  # noqa: E402
+
 TABLE = ["prefill512", "decode1", "batch8", "serve32"]
 FIGURE = {"prefill512": "prefill_tok_s", "decode1": "decode_tok_s", "batch8": "decode_tok_s",
           "serve32": "total_tok_s"}
@@ -43,7 +46,8 @@ def install(args) -> str:
         see_parent_packages(python)
     env = dict(os.environ, DASHINFER_BUILD_JOBS=str(len(os.sched_getaffinity(0))))
     t = time.perf_counter()
-    run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", args.wheels, "-e", ROOT], env=env)
+    run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", args.wheels, "-e", ROOT,
+         *BENCH_PACKAGES], env=env)
     print(f"installed in {time.perf_counter() - t:.0f} s", flush=True)
     return python
 
