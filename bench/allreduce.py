@@ -7,6 +7,7 @@ Started outside MPI, it runs itself under the mpiexec beside this Python with --
 itself to its node's cpus, as a server rank does. Prints, on rank 0, the best of RUNS runs of
 `reps` calls per size (the machine may be busy).
 """
+import argparse
 import os
 import subprocess
 import sys
@@ -44,8 +45,9 @@ def relaunch_under_mpi(ranks: int) -> int:
 
 def main():
     if "PMI_RANK" not in os.environ:  # not started by mpiexec (MPICH's Hydra sets it)
-        ranks = int(sys.argv[sys.argv.index("--ranks") + 1]) if "--ranks" in sys.argv else 2
-        sys.exit(relaunch_under_mpi(ranks))
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("--ranks", type=int, default=2)
+        sys.exit(relaunch_under_mpi(parser.parse_args().ranks))
     g = init_group()
     from mpi4py import MPI
     mpi = lambda x: g.comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)  # noqa: E731

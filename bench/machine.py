@@ -6,10 +6,10 @@
     python bench/machine.py --series 20   now() every 0.2 s for 20 s in one process
     python bench/machine.py --siblings    which cpus share cpu 0's core (hyperthreads a VM hides)
 """
+import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 from bench.timing import best_seconds
@@ -159,20 +159,27 @@ def series(threads: int, seconds: float) -> list:
     return out
 
 
-if __name__ == "__main__":
-    if "--series" in sys.argv:  # python bench/machine.py --series [SECONDS]: one JSON line per sample
-        args = sys.argv[sys.argv.index("--series") + 1:]
-        samples = series(2, float(args[0]) if args else 20)
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=0, help="threads of the limits (0: every cpu)")
+    parser.add_argument("--series", type=float, nargs="?", const=20.0, metavar="SECONDS",
+                        help="instead: now() every 0.2 s for SECONDS (20), one JSON line each")
+    parser.add_argument("--siblings", action="store_true", help="instead: which cpus share cpu 0's core")
+    args = parser.parse_args()
+    if args.series is not None:
+        samples = series(2, args.series)
         for sample in samples:
             print(json.dumps(sample))
         for key in ("bw_gbs", "bf16_gflops"):
             values = sorted(s[key] for s in samples)
             print(json.dumps({key: {"min": values[0], "median": statistics.median(values), "max": values[-1],
                                     "max_over_min": round(values[-1] / values[0], 2)}}))
-        sys.exit()
-    if "--siblings" in sys.argv:  # python bench/machine.py --siblings: cpus sharing cpu 0's core
+    elif args.siblings:
         print(json.dumps(core_siblings()))
-        sys.exit()
-    count = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 0
-    for key, value in limits(count).items():
-        print(f"{key:>17}: {value:.1f}" if isinstance(value, float) else f"{key:>17}: {value}")
+    else:
+        for key, value in limits(args.threads).items():
+            print(f"{key:>17}: {value:.1f}" if isinstance(value, float) else f"{key:>17}: {value}")
+
+
+if __name__ == "__main__":
+    main()

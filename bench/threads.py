@@ -8,6 +8,7 @@ microseconds of Python (as a decode step's kernels are), then single regions aft
 0.5 and 2 ms of Python (as the first kernel of the next step comes after sampling), then sits
 idle for a second. Prints microseconds per region in each case and CPU% while idle.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -53,6 +54,7 @@ POLICIES = {
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for name, extra in POLICIES.items():
         env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
