@@ -41,6 +41,8 @@ def step_us(config, batch, vocab, steps, repeats):
     rng = np.random.default_rng(0)
     source = (rng.standard_normal((batch, vocab)) * 2.5).astype(np.float32)
     logits = np.empty_like(source)
+    if "logit_bias" in config:  # its ids within a --vocab smaller than theirs
+        config = dict(config, logit_bias={i % vocab: bias for i, bias in config["logit_bias"].items()})
     params = check_generation({"max_length": 4096, "seed": 1, **config})
     sampler = Sampler()
     seqs = [Sequence.start(rng.integers(0, vocab, 512).tolist(), params) for _ in range(batch)]
