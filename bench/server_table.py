@@ -122,10 +122,12 @@ def markdown(results) -> str:
         best = by.get((threads[-1], "in-process", name, "bfloat16"))
         cells.append(f"**{best[FIGURE[name]] / h['tok_s']:.2f}x**" if best and h and best[FIGURE[name]] else "-")
         lines.append(f"| {name} tok/s | " + " | ".join(cells) + " |")
+    lines.append("\n(n): the figure over bench/engine.py's bound: prefill at the bf16 peak (quantized prefill "
+                 "too), decode at the read bandwidth or that peak, whichever binds (decode_bound in the JSON)")
     for r in results["ours"]:
         if r.get("weights") != "bfloat16":
             lines.append(f"\n{r['weights']} {r['workload']} on {r['threads']} threads: "
-                         f"{r[FIGURE[r['workload']]]} tok/s")
+                         f"{cell(r, r['workload'])} tok/s")
     m = results["machine"]
     amx, matmul = m["amx_bf16_gflops"], m["amx_matmul_gflops"]
     lines.append(f"\nmachine: {m['cpu']}, {m['cpus']} cpus, {m['numa_nodes']} NUMA node(s), {m['mem_gib']} GiB; "

@@ -66,3 +66,22 @@ def test_the_install_covers_what_the_benches_import(tmp_path, monkeypatch):
     assert "psutil" in third_party  # engine.py --ranks: the ranks' peak RSS
     missing = {m for m in third_party if not {normalized(d) for d in dists.get(m, [m])} & installed}
     assert not missing, f"imported by the benches server_table runs, installed by nothing: {missing}"
+
+
+def test_every_figure_of_ours_in_the_markdown_has_its_fraction():
+    machine = {"cpu": "cpu", "cpus": 2, "numa_nodes": 1, "mem_gib": 23.5, "bw_gbs": 30.0, "fp32_gflops": 100.0,
+               "bf16_gflops": 200.0, "amx_bf16_gflops": "no AMX", "amx_matmul_gflops": "no AMX tiles",
+               "bf16_gemm_path": "vdpbf16ps"}
+
+    def row(workload, weights, ranks="in-process", **figures):
+        return {"workload": workload, "weights": weights, "threads": 2, "ranks": ranks, **figures}
+    results = {"threads": [2], "rank_threads": 1, "workloads": ["prefill512", "decode1"], "machine": machine,
+               "ours": [row("prefill512", "bfloat16", prefill_tok_s=46.7, prefill_fraction=0.27),
+                        row("decode1", "bfloat16", decode_tok_s=8.7, decode_fraction=0.62),
+                        row("decode1", "bfloat16-uint4", decode_tok_s=12.5, decode_fraction=0.32),
+                        row("prefill512", "bfloat16-int8", prefill_tok_s=23.6, prefill_fraction=0.14)],
+               "transformers": [{"workload": "decode1", "tok_s": 0.5}]}
+    table = server_table.markdown(results)
+    assert "| decode1 tok/s | 8.7 (0.62) | - | 0.5 | **17.40x** |" in table
+    assert "bfloat16-uint4 decode1 on 2 threads: 12.5 (0.32) tok/s" in table
+    assert "bfloat16-int8 prefill512 on 2 threads: 23.6 (0.14) tok/s" in table
