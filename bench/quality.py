@@ -1,6 +1,6 @@
 """What quantized weights cost in quality: next-token negative log-likelihood of the default model
 (SmolLM2-135M-Instruct) on the text in bench/data/project_docs.txt (this project's README and
-design notes, ~3,900 tokens), bf16 weights against int8 and uint4, per group and per channel. The
+design notes, ~4,300 tokens), bf16 weights against int8 and uint4, per group and per channel. The
 output head is quantized whenever the layers are, in the model's group, to
 dashinfer_server/weights.py HEAD_BITS (int8); the "4-bit head" rows force a uint4 head under uint4
 layers, so the head's share of the loss shows.
