@@ -3,7 +3,8 @@
     python bench/all_kernels.py [--threads 2] [--only linear,attention,elementwise]
 
 Each family module (bench/<family>.py) has rows(limits) -> list of dicts and prints its
-own table; this script measures the limits once, runs them all, and prints a JSON summary.
+own table; this script measures the limits once (printed as JSON), runs them all, and with
+--json writes the limits and every row to that file.
 """
 import argparse
 import importlib

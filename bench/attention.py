@@ -265,7 +265,8 @@ def _main():
         return tuple(int(x) for x in s.split(","))
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="decode at batch 1 and context 4096 only (other --batch/--ctx rows are skipped), prefill in bf16")
     p.add_argument("--block", type=ints, default=(BLOCK,))
     p.add_argument("--shape", default=",".join(SHAPES))
     p.add_argument("--batch", type=ints, default=(1, 16))
