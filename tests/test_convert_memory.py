@@ -105,6 +105,47 @@ def test_fused_mxfp4_experts_convert_one_expert_at_a_time(gpt_oss_checkpoint, tm
     assert grown < bound + SLACK, f"conversion grew {grown >> 20} MiB, bound {bound >> 20} MiB (+ slack)"
 
 
+# CONFIG as a block-wise FP8 checkpoint (Qwen3-30B-A3B-FP8's layout: every layer's projections and
+# experts F8_E4M3 with float32 scales a 128 x 128 block, the rest bf16), 12 layers (~150 MB)
+FP8_CONFIG = dict(CONFIG, num_hidden_layers=12, quantization_config={
+    "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory):
+    """A random FP8 checkpoint of FP8_CONFIG (numpy and our safetensors writer: no torch) -> dir."""
+    out = tmp_path_factory.mktemp("moe-fp8-150mb")
+    with open(out / "config.json", "w") as f:
+        json.dump(FP8_CONFIG, f)
+    shapes = weight_shapes(*reversed(normalize_hf_config(FP8_CONFIG)))
+    fp8 = {n for n in shapes if n.endswith("_proj.weight")}
+    layout = [(n, "F8_E4M3" if n in fp8 else "BF16", s) for n, s in shapes.items()]
+    layout += [(n + "_scale_inv", "F32", (-(-s[0] // 128), -(-s[1] // 128))) for n, s in shapes.items() if n in fp8]
+    writer = SafetensorsWriter(out / "model.safetensors", layout)
+    rng = np.random.default_rng(0)
+    for name, code, shape in layout:
+        if code == "F8_E4M3":  # any finite e4m3 (S.1111.111 is NaN)
+            writer.write(name, rng.integers(0, 0x7F, shape, np.uint8) | (rng.integers(0, 2, shape, np.uint8) << 7))
+        elif code == "F32":
+            writer.write(name, np.full(shape, 1 / 448, np.float32))
+        else:
+            writer.write(name, to_bf16(np.ones(shape, np.float32) if len(shape) == 1 else
+                                       rng.standard_normal(shape, np.float32) * 0.05))
+    writer.close()
+    return str(out)
+
+
+@pytest.mark.parametrize("quant", [None, {"format": "uint4", "group": 32}])
+def test_fp8_weights_dequantize_one_tensor_at_a_time(fp8_checkpoint, quant, tmp_path):
+    shapes = weight_shapes(*reversed(normalize_hf_config(FP8_CONFIG)))
+    quantized = InstantQuantSettings("uint4", 32).quantized_names(shapes) if quant else []
+    bound, largest = conversion_memory_bound(shapes, set(quantized))
+    assert files_bytes(os.path.join(fp8_checkpoint, "*.safetensors")) > 4 * (bound + SLACK)
+    convert = measure("convert", fp8_checkpoint, str(tmp_path), "m", quant)
+    grown = convert["peak"] - convert["before"]
+    assert grown < bound + SLACK, f"conversion grew {grown >> 20} MiB, bound {bound >> 20} MiB (+ slack)"
+
+
 def test_conversion_that_will_not_fit_is_refused_before_writing(moe_checkpoint, tmp_path, monkeypatch):
     from dashinfer_client.model import HuggingFaceModel
     src, shapes = moe_checkpoint

@@ -170,7 +170,7 @@ def test_the_checkpoint_says_whether_its_experts_are_mxfp4(tmp_path, mxfp4_check
     (dict(swiglu_limit=10.0), "swiglu_limit"),
     (dict(swiglu_alpha=1.0), "swiglu_alpha"),
     (dict(swiglu_limit="7"), "swiglu_limit='7'"),
-    (dict(quantization_config={"quant_method": "fp8"}), "fp8"),
+    (dict(quantization_config={"quant_method": "gptq"}), "gptq"),
 ])
 def test_an_unsupported_gpt_oss_config_is_refused_by_name(tmp_path, tiny_checkpoint, edit, feature):
     src = tmp_path / "m"

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ModelSerializerException
 from ..tokenizer import CHAT_TEMPLATE_DIR
+from . import block_fp8
 from .arch import normalize_hf_config
 from .families import family, family_for_hf
 from .families.fused_experts import holds_mxfp4
@@ -41,14 +42,16 @@ class HuggingFaceModel(SourceModel):
         if not os.path.isdir(self.model_path):
             raise ModelSerializerException(f"model directory {self.model_path} does not exist")
         hf = _read_json(path, what="config.json")
+        self._fp8_block = None
         if hf.get("quantization_config"):
-            method = hf["quantization_config"].get("quant_method", "?")
-            if method == family_for_hf(hf)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
-                method = None
-        if hf.get("quantization_config") and method:
-            raise ModelSerializerException(
-                f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
-                "and enable_quant=True (InstantQuant)")
+            quant = hf["quantization_config"]
+            method = quant.get("quant_method", "?")
+            if method == "fp8":  # block-wise FP8: dequantized at conversion
+                self._fp8_block = block_fp8.block_size(quant, path)
+            elif method != family_for_hf(hf)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
+                raise ModelSerializerException(
+                    f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
+                    "(or a block-wise fp8 one) and enable_quant=True (InstantQuant)")
         gen_path = os.path.join(self.model_path, "generation_config.json")
         gen = _read_json(gen_path, what="generation_config.json") if os.path.exists(gen_path) else {}
         arch, config = normalize_hf_config(hf, gen)
@@ -63,6 +66,8 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
+        if self._fp8_block:
+            weights = block_fp8.BlockFP8Weights(weights, self._fp8_block, self.model_path)
         fam = family(self.architecture)
         if fam.stored_quant == "mxfp4":
             self.config.mxfp4_experts = holds_mxfp4(weights.keys())
@@ -158,6 +163,12 @@ class HFWeights:
     def shape(self, name):
         return self._st.info(name)[1] if self._st is not None else tuple(self._bin[name].shape)
 
+    def code(self, name):
+        """The tensor's safetensors dtype code (a .bin tensor's: the one fetch would give, else its torch dtype)."""
+        if self._st is not None:
+            return self._st.info(name)[0]
+        return _TORCH_CODES.get(str(self._bin[name].dtype), str(self._bin[name].dtype))
+
     def fetch(self, name, codes=FLOAT_CODES):
         """(numpy array, dtype code), the code one of `codes`; bf16 as uint16 bits."""
         if self._st is not None:
@@ -192,15 +203,21 @@ def _load_bin(index_path, single_path):
     return tensors
 
 
+_TORCH_CODES = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16", "torch.uint8": "U8",
+                "torch.float8_e4m3fn": "F8_E4M3"}
+
+
 def torch_tensor_to_numpy(name, tensor, where, codes=FLOAT_CODES):
     """(numpy array sharing the tensor's memory when it can, dtype code), the code one of `codes`;
     bf16 as uint16 bits."""
     import torch
-    code = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}.get(tensor.dtype)
+    code = _TORCH_CODES.get(str(tensor.dtype))
     if code not in codes:
         raise ModelSerializerException(f"tensor '{name}' in {where} has dtype {tensor.dtype}; expected one of "
                                        f"{', '.join(codes)}")
     tensor = tensor.detach().contiguous()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(np.uint16), "BF16"
+    if code == "F8_E4M3":
+        return tensor.view(torch.uint8).numpy(), code
     return tensor.numpy(), code

@@ -3,7 +3,8 @@
 Layout of a file: 8-byte little-endian header length, a JSON header
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the raw
 data; offsets are relative to the end of the header. bf16 has no numpy dtype: it is read and written
-as uint16 bit patterns (dashinfer_client.dtypes converts).
+as uint16 bit patterns (dashinfer_client.dtypes converts); fp8 e4m3 as uint8 bit patterns
+(block_fp8.py dequantizes them).
 """
 import json
 import math
@@ -20,7 +21,12 @@ NUMPY_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+    "F8_E4M3": np.uint8,
 }
+# dtype codes whose numpy storage dtype another code shares: never guessed from an array
+_BITS_ONLY = ("BF16", "F8_E4M3")
+# dtypes the format has that this reader refuses, with why
+_REFUSED = {"F8_E5M2": "fp8 e5m2 is not supported (block-wise FP8 checkpoints store F8_E4M3)"}
 _MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
 
 
@@ -68,6 +74,8 @@ class SafetensorsFile:
             dtype, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
         except (TypeError, KeyError, ValueError):
             raise ModelSerializerException(f"bad safetensors header: {where} lacks dtype/shape/data_offsets") from None
+        if dtype in _REFUSED:
+            raise ModelSerializerException(f"{where} has dtype {dtype}: {_REFUSED[dtype]}")
         if dtype not in NUMPY_DTYPES:
             raise ModelSerializerException(f"bad safetensors header: {where} has unknown dtype {dtype!r}")
         if not all(isinstance(d, int) and d >= 0 for d in shape) or not (isinstance(begin, int) and isinstance(end, int)):
@@ -93,7 +101,7 @@ class SafetensorsFile:
         return dtype, shape
 
     def get(self, name):
-        """Read-only numpy view of the tensor (BF16 -> uint16 bits)."""
+        """Read-only numpy view of the tensor (BF16 -> uint16 bits, F8_E4M3 -> uint8 bits)."""
         dtype, shape, begin = self._entry(name)
         np_dtype = NUMPY_DTYPES[dtype]
         count = math.prod(shape)
@@ -221,8 +229,8 @@ def _plan(layout, metadata, where):
 
 
 def save_file(tensors, path, dtypes=None, metadata=None):
-    """Write {name: array} in one go. dtypes: {name: code} where the numpy dtype is ambiguous (BF16)."""
-    codes = {v: k for k, v in NUMPY_DTYPES.items() if k not in ("BF16",)}
+    """Write {name: array} in one go. dtypes: {name: code} where the numpy dtype is ambiguous (BF16, F8_E4M3)."""
+    codes = {v: k for k, v in NUMPY_DTYPES.items() if k not in _BITS_ONLY}
     dtypes = dtypes or {}
     layout = [(name, dtypes.get(name) or codes[np.dtype(a.dtype).type], a.shape) for name, a in tensors.items()]
     writer = SafetensorsWriter(path, layout, metadata)
