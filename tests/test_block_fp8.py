@@ -200,6 +200,12 @@ def _without_scales(t):
     del t["model.layers.1.mlp.up_proj.weight_scale_inv"]
 
 
+def _per_tensor_scale(t):  # AutoFP8's layout
+    import torch
+    t["model.layers.1.mlp.up_proj.weight_scale"] = torch.tensor(0.01)
+    _without_scales(t)
+
+
 def _byte_scales(t):  # ue8m0 exponents stored as bytes
     import torch
     name = "model.layers.0.self_attn.o_proj.weight_scale_inv"
@@ -213,6 +219,8 @@ def _stacked_expert_scales(t):  # transformers 5's FP8Experts names its scales s
 @pytest.mark.parametrize("edit,refused", [
     (_without_scales, "FP8 tensor 'model.layers.1.mlp.up_proj.weight' has no "
                       "'model.layers.1.mlp.up_proj.weight_scale_inv' scales"),
+    (_per_tensor_scale, "'model.layers.1.mlp.up_proj.weight' has one scale, 'model.layers.1.mlp.up_proj.weight_scale' "
+                        "(per-tensor FP8, AutoFP8's layout), which is not supported"),
     (_byte_scales, "scales 'model.layers.0.self_attn.o_proj.weight_scale_inv' are U8; supported are F32, BF16, F16"),
     (_stacked_expert_scales, "'model.layers.0.mlp.experts.gate_up_proj_scale_inv' scales no '.weight' tensor"),
 ])

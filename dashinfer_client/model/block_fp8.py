@@ -86,6 +86,10 @@ class BlockFP8Weights:
                     raise ModelSerializerException(
                         f"{where}: scales '{name}' are {tensors.code(name)}; supported are {', '.join(_SCALE_CODES)}")
             elif tensors.code(name) == FP8_CODE and name + SCALE_SUFFIX not in names:
+                if name + "_scale" in names:
+                    raise ModelSerializerException(
+                        f"{where}: FP8 tensor '{name}' has one scale, '{name}_scale' (per-tensor FP8, AutoFP8's "
+                        f"layout), which is not supported: only block-wise FP8 ({name}{SCALE_SUFFIX}) is")
                 raise ModelSerializerException(f"{where}: FP8 tensor '{name}' has no '{name}{SCALE_SUFFIX}' scales")
 
     def _check_grid(self, weight, scale):
