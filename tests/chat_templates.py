@@ -1,6 +1,6 @@
 """Chat templates of the tiny test tokenizers: plain ChatML, ChatML with <think>, Qwen2.5/Hermes
-style tool calls (with and without a tool round trip) and gpt-oss's harmony, with the special
-tokens each needs."""
+style tool calls (with and without a tool round trip), Qwen3's reasoning history and gpt-oss's
+harmony, with the special tokens each needs."""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -36,9 +36,44 @@ HERMES_ROUND_TRIP = (
     "{% else %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
+# Qwen3's template as it treats reasoning: an assistant turn's `reasoning_content` (else what its
+# content holds before </think>) is written in <think> only after the last user query (a tool-call
+# loop), earlier reasoning is dropped; the answer's turn opens at <|im_start|>assistant (the model
+# writes <think>), enable_thinking=False writes an empty one. Calls and results as HERMES_ROUND_TRIP.
+QWEN3 = (
+    "{% if tools %}{{ '<|im_start|>system\\nCall a function as <tool_call>{\"name\": ..., \"arguments\": ...}"
+    "</tool_call>. Functions:\\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+    "{% for message in messages[::-1] %}{% set index = (messages|length - 1) - loop.index0 %}"
+    "{% if ns.multi_step_tool and message.role == 'user' and message.content is string and "
+    "not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}"
+    "{% set ns.multi_step_tool = false %}{% set ns.last_query_index = index %}{% endif %}{% endfor %}"
+    "{% for message in messages %}{% set content = message.content if message.content is string else '' %}"
+    "{% if message.role == 'assistant' %}{% set reasoning_content = '' %}"
+    "{% if message.reasoning_content is string %}{% set reasoning_content = message.reasoning_content %}"
+    "{% elif '</think>' in content %}"
+    "{% set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "{% if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}"
+    "{{ '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + "
+    "content.lstrip('\\n') }}{% else %}{{ '<|im_start|>assistant\\n' + content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}{% if content or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
+    "{{ call.function.arguments | tojson }}{% endif %}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% elif message.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + content + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% endif %}{% endif %}")
+
 # gpt-oss's harmony format, written small: a system turn with the reasoning effort, the tools as a
 # developer turn's TypeScript-like namespace, past calls on the commentary channel to
-# functions.NAME, results from functions.NAME; the answer opens at <|start|>assistant. Its markers
+# functions.NAME (after their reasoning on the analysis channel: the message's `thinking`, or its
+# content, never both, as gpt-oss's template takes them; earlier answers' reasoning is dropped),
+# results from functions.NAME; the answer opens at <|start|>assistant. Its markers
 # are special tokens of the tokenizer (HARMONY_TOKENS; tiny_with_template(..., HARMONY_TOKENS)).
 HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 HARMONY = (
@@ -48,7 +83,11 @@ HARMONY = (
     "{{ '// ' + (tool.function.description or '') + '\\ntype ' + tool.function.name + ' = (_: ' }}"
     "{{ tool.function.parameters | tojson }}{{ ') => any;\\n' }}{% endfor %}{{ '} // namespace functions<|end|>' }}"
     "{% endif %}{% for message in messages %}"
-    "{% if message.role == 'assistant' and message.tool_calls %}{% for call in message.tool_calls %}"
+    "{% if message.role == 'assistant' and message.tool_calls %}"
+    "{% if message.content and message.thinking %}{{ raise_exception('Cannot pass both content and thinking in an "
+    "assistant message with tool calls!') }}{% elif message.content or message.thinking %}"
+    "{{ '<|start|>assistant<|channel|>analysis<|message|>' + (message.content or message.thinking) + '<|end|>' }}"
+    "{% endif %}{% for call in message.tool_calls %}"
     "{{ '<|start|>assistant<|channel|>commentary to=functions.' + call.function.name + ' <|constrain|>json<|message|>' }}"
     "{% if call.function.arguments is string %}{{ call.function.arguments }}{% else %}"
     "{{ call.function.arguments | tojson }}{% endif %}{{ '<|call|>' }}{% endfor %}"

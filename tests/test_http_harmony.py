@@ -4,7 +4,7 @@ whose tokenizer has harmony's special tokens and whose chat template is harmony-
 channel as content, streamed too (the answer is pinned by a grammar, so the split is the one written
 here by hand); tool_choice required makes a call on the commentary channel that the grammar
 constrains, arguments that satisfy the schema, finish_reason tool_calls; reasoning_effort and a
-tool round trip reach the template as transformers renders them."""
+tool round trip reach the template as transformers renders them, the reasoning of the call included."""
 import json
 
 import httpx
@@ -104,3 +104,33 @@ def test_reasoning_effort_and_a_tool_round_trip_reach_the_template(harmony):
     bad = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": ASK,
                                                                  "reasoning_effort": "max"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+
+
+def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):
+    """The harmony guide: a call's reasoning (analysis) goes back in the next request until the final
+    answer; gpt-oss's template writes an assistant turn's `thinking` before its call. The reasoning
+    and call the server answered, sent back with the result, make the prompt transformers renders
+    with `thinking` set; with content too, the template refuses the turn as transformers does."""
+    from transformers import AutoTokenizer
+    hf_dir, server, client = harmony
+    pinned = ('start: <|channel|> "analysis" <|message|> "The user asks about Paris." <|end|> <|start|> "assistant" '
+              '<|channel|> "commentary to=functions.get_weather " <|constrain|> "json" <|message|> '
+              '"{\\"city\\": \\"Paris, France\\", \\"unit\\": \\"C\\"}" <|call|>')
+    message = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=128,
+                                             response_format={"type": "grammar", "grammar": pinned}).choices[0].message
+    [call] = message.tool_calls
+    assert (message.reasoning_content, call.function.name) == ("The user asks about Paris.", "get_weather")
+    result = {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}
+    answer = client.chat.completions.create(model="tiny", messages=ASK + [message, result], tools=[WEATHER],
+                                            max_tokens=1)
+    reference = AutoTokenizer.from_pretrained(hf_dir)
+    turn = {"role": "assistant", "content": None, "thinking": message.reasoning_content,
+            "tool_calls": [call.model_dump()]}
+    text = reference.apply_chat_template(ASK + [turn, dict(result, name="get_weather")], tools=[WEATHER],
+                                         tokenize=False, add_generation_prompt=True)
+    assert "<|channel|>analysis<|message|>The user asks about Paris.<|end|>" in text
+    assert answer.usage.prompt_tokens == len(reference(text, add_special_tokens=False)["input_ids"])
+    both = dict(message.model_dump(exclude_none=True), content="Let me look it up.")
+    refused = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "tools": [WEATHER],
+                                                                     "messages": ASK + [both, result]})
+    assert refused.status_code == 400 and "both content and thinking" in refused.json()["error"]["message"]

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from dashinfer_client import GenerationConfig, TurbomindEngineConfig, pipeline
-from tests.chat_templates import HERMES_CHATML, HERMES_ROUND_TRIP, THINK_CHATML
+from tests.chat_templates import HERMES_CHATML, HERMES_ROUND_TRIP, QWEN3, THINK_CHATML
 from tests.helpers import tiny_with_template
 
 NOTE = {"type": "function", "function": {"name": "write_note", "description": "Write a note down",
@@ -117,3 +117,24 @@ def test_a_tool_round_trip_renders_as_transformers_renders_it(tmp_path_factory):
         with pytest.raises(ValueError, match=r"prompts\[0\]\[1\]\.tool_calls\[0\]: arguments are not valid JSON"):
             pipe(ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
                 "name": "write_note", "arguments": "{oops"}}]}], tools=[NOTE])
+
+
+def test_the_reasoning_of_a_call_reaches_the_template(tmp_path_factory):
+    """LMDeploy hands its messages to transformers' template as they are, so an assistant turn's
+    reasoning (Response.reasoning_content; `thinking`, as gpt-oss's template names it, or vLLM's
+    `reasoning`) reaches a template that writes it back: Qwen3's, in a tool-call loop."""
+    from transformers import AutoTokenizer
+    hf_dir, model = _model(tmp_path_factory, "qwen3", QWEN3)
+    reference = AutoTokenizer.from_pretrained(hf_dir)
+    call = {"id": "call_1", "type": "function", "function": {"name": "write_note", "arguments": '{"title": "friday"}'}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "Saved as note 7."}
+    reasoning = "A note titled friday says it."
+    turn = {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [call]}
+    expected = reference.apply_chat_template(ASK + [turn, result], tools=[NOTE], tokenize=False,
+                                             add_generation_prompt=True)
+    assert reasoning in expected
+    with pipeline(model, backend_config=TurbomindEngineConfig(session_len=1024, max_batch_size=4)) as pipe:
+        for key in ("reasoning_content", "thinking", "reasoning"):
+            sent = {"role": "assistant", "content": "", key: reasoning, "tool_calls": [call]}
+            answer = pipe(ASK + [sent, result], gen_config=GenerationConfig(max_new_tokens=1), tools=[NOTE])
+            assert answer.input_token_len == len(reference(expected, add_special_tokens=False)["input_ids"]), key

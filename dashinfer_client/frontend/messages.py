@@ -3,15 +3,21 @@ tools and template options, checked, into the front end's normalized forms (prom
 them). The HTTP server (which answers a PromptError as a 400) and the pipeline (where it is the
 ValueError raised) read conversations here, so a tool round trip has one shape everywhere:
 
-    {"role": "assistant", "content": str | None,
+    {"role": "assistant", "content": str | None, "reasoning_content": str,
      "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": JSON text | dict}}]}
     {"role": "tool", "tool_call_id": str, "content": str}
+
+An assistant turn's reasoning, which a template may write back (Qwen3's during a tool-call loop,
+gpt-oss's before a call), is taken under any of REASONING_KEYS.
 """
 import json
 import uuid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 REASONING_EFFORTS = ("low", "medium", "high")
+# An assistant turn's reasoning: vLLM's name, its earlier one (this server's answers, DeepSeek's
+# API), transformers' (gpt-oss's template); the first one given counts.
+REASONING_KEYS = ("reasoning", "reasoning_content", "thinking")
 
 
 class PromptError(ValueError):
@@ -43,6 +49,11 @@ def _message(where, m) -> dict:
     if m.get("content") is None and role != "assistant":  # an assistant's turn may be only calls
         raise PromptError(f"{where}: a {m['role']} message needs its 'content'")
     out = {"role": role, "content": _content(m.get("content"), where)}
+    reasoning = next((k for k in REASONING_KEYS if m.get(k) is not None), None) if role == "assistant" else None
+    if reasoning is not None:
+        if not isinstance(m[reasoning], str):
+            raise PromptError(f"{where}.{reasoning} must be a string")
+        out["reasoning"] = m[reasoning]
     if role == "assistant" and m.get("tool_calls") is not None:
         calls = m["tool_calls"]
         if not isinstance(calls, list):

@@ -3,13 +3,16 @@
 
 Messages come in one normalized form, whatever API they arrived by:
     {"role": "system" | "user" | "assistant" | "tool", "content": str,
-     "tool_calls": [{"id", "name", "arguments": dict}]   (assistant, optional)
+     "tool_calls": [{"id", "name", "arguments": dict}],  (assistant, optional)
+     "reasoning": str                                    (assistant, optional)
      "tool_call_id": str, "name": str}                    (tool)
 A template that renders tools itself gets them, and the history's calls in Hugging Face's shape;
 for one that knows no tools the tool-call format (parsers/) describes them in a system message
-and writes the history's calls and results as ordinary turns.
+and writes the history's calls and results as ordinary turns. An assistant turn's reasoning goes to
+the template under each name templates read it by (vLLM gives `reasoning` and `reasoning_content`,
+which Qwen3's reads; gpt-oss's reads `thinking`); the template decides what it keeps.
 """
-from .messages import PromptError
+from .messages import REASONING_KEYS, PromptError
 from .parsers import reasoning_parser_for, tool_parser_for
 
 
@@ -99,7 +102,12 @@ def _hf_message(m) -> dict:
     for key in ("tool_call_id", "name"):
         if m.get(key) is not None:
             out[key] = m[key]
-    return out
+    return dict(out, **_reasoning(m))
+
+
+def _reasoning(m) -> dict:
+    """An assistant turn's reasoning under every name a template reads it by (none: no key)."""
+    return {} if m.get("reasoning") is None else dict.fromkeys(REASONING_KEYS, m["reasoning"])
 
 
 def _plain_turns(messages, fmt) -> list:
@@ -112,7 +120,7 @@ def _plain_turns(messages, fmt) -> list:
             turns.append({"role": "user", "content": f"Result of {m.get('name') or 'the function'}: {content}"})
         elif m.get("tool_calls"):
             calls = fmt.text_of([{"name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]])
-            turns.append({"role": "assistant", "content": (content + "\n" if content else "") + calls})
+            turns.append({"role": "assistant", "content": (content + "\n" if content else "") + calls, **_reasoning(m)})
         else:
-            turns.append({"role": m["role"], "content": content})
+            turns.append({"role": m["role"], "content": content, **_reasoning(m)})
     return turns

@@ -3,7 +3,9 @@ OpenAI chat body protocol.parse_chat takes (messages, tools, tool_choice, stop, 
 Deltas generate() yields are shaped into a Message or its stream of events.
 
     system                    -> a system message
-    content blocks            text; tool_use (assistant) -> tool_calls; tool_result (user) -> tool messages
+    content blocks            text; tool_use (assistant) -> tool_calls; tool_result (user) -> tool messages;
+                              thinking (assistant) -> reasoning, as vLLM's (the template decides what it
+                              keeps: Anthropic's own keeps a tool-use loop's); redacted_thinking dropped
     a final assistant message -> continue_final_message (the answer continues it: a prefill)
     stop_sequences            -> stop (stop_reason "stop_sequence", stop_sequence the one met)
     tools[].input_schema      -> tools[].function.parameters
@@ -109,14 +111,18 @@ def _message(i, m) -> list:
         return [{"role": m["role"], "content": content}]
     if not isinstance(content, list):
         raise bad_request(f"{where}.content must be a string or a list of content blocks")
-    texts, calls, results = [], [], []
+    texts, thoughts, calls, results = [], [], [], []
     for k, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         at = f"{where}.content.{k}"
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
-        elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
-            continue  # earlier reasoning does not go back into the prompt
+        elif kind == "thinking" and m["role"] == "assistant":
+            if not isinstance(block.get("thinking"), str):
+                raise bad_request(f"{at}: a thinking block needs its 'thinking' text")
+            thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking" and m["role"] == "assistant":
+            continue  # encrypted by Anthropic: nothing a template could write
         elif kind == "tool_use" and m["role"] == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) or \
                     not isinstance(block.get("input"), dict):
@@ -132,11 +138,13 @@ def _message(i, m) -> list:
                             "content": ("Error: " + text) if block.get("is_error") else text})
         else:
             raise bad_request(f"{at}: a {m['role']} message takes text"
-                              f"{', tool_use' if m['role'] == 'assistant' else ', tool_result'} blocks, "
+                              f"{', thinking, tool_use' if m['role'] == 'assistant' else ', tool_result'} blocks, "
                               f"got {kind!r}")
     out = results
-    if texts or calls or not results:
+    if texts or thoughts or calls or not results:
         message = {"role": m["role"], "content": "".join(texts)}
+        if thoughts:
+            message["reasoning"] = "".join(thoughts)
         if calls:
             message["tool_calls"] = calls
         out = out + [message]
