@@ -72,7 +72,7 @@ QWEN3 = (
 # gpt-oss's harmony format, written small: a system turn with the reasoning effort, the tools as a
 # developer turn's TypeScript-like namespace, past calls on the commentary channel to
 # functions.NAME (after their reasoning on the analysis channel: the message's `thinking`, or its
-# content, never both, as gpt-oss's template takes them; earlier answers' reasoning is dropped),
+# content, never both, as gpt-oss's template takes them, until a final answer follows),
 # results from functions.NAME; the answer opens at <|start|>assistant. Its markers
 # are special tokens of the tokenizer (HARMONY_TOKENS; tiny_with_template(..., HARMONY_TOKENS)).
 HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
@@ -83,9 +83,11 @@ HARMONY = (
     "{{ '// ' + (tool.function.description or '') + '\\ntype ' + tool.function.name + ' = (_: ' }}"
     "{{ tool.function.parameters | tojson }}{{ ') => any;\\n' }}{% endfor %}{{ '} // namespace functions<|end|>' }}"
     "{% endif %}{% for message in messages %}"
-    "{% if message.role == 'assistant' and message.tool_calls %}"
+    "{% if message.role == 'assistant' and message.tool_calls %}{% set answered = namespace(found=false) %}"
+    "{% for later in messages[loop.index:] %}{% if later.role == 'assistant' and 'tool_calls' not in later %}"
+    "{% set answered.found = true %}{% endif %}{% endfor %}"
     "{% if message.content and message.thinking %}{{ raise_exception('Cannot pass both content and thinking in an "
-    "assistant message with tool calls!') }}{% elif message.content or message.thinking %}"
+    "assistant message with tool calls!') }}{% elif (message.content or message.thinking) and not answered.found %}"
     "{{ '<|start|>assistant<|channel|>analysis<|message|>' + (message.content or message.thinking) + '<|end|>' }}"
     "{% endif %}{% for call in message.tool_calls %}"
     "{{ '<|start|>assistant<|channel|>commentary to=functions.' + call.function.name + ' <|constrain|>json<|message|>' }}"

@@ -130,6 +130,14 @@ def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):
                                          tokenize=False, add_generation_prompt=True)
     assert "<|channel|>analysis<|message|>The user asks about Paris.<|end|>" in text
     assert answer.usage.prompt_tokens == len(reference(text, add_special_tokens=False)["input_ids"])
+    # once a final answer follows, the template drops the call's analysis
+    later = [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks!"}]
+    text = reference.apply_chat_template(ASK + [turn, dict(result, name="get_weather")] + later, tools=[WEATHER],
+                                         tokenize=False, add_generation_prompt=True)
+    assert "The user asks about Paris." not in text
+    sent = ASK + [message.model_dump(exclude_none=True), result] + later
+    got = httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": sent, "tools": [WEATHER]}).json()
+    assert got["tokens"] == reference(text, add_special_tokens=False)["input_ids"]
     both = dict(message.model_dump(exclude_none=True), content="Let me look it up.")
     refused = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "tools": [WEATHER],
                                                                      "messages": ASK + [both, result]})

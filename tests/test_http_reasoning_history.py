@@ -103,11 +103,13 @@ def test_thinking_blocks_reach_the_template(qwen3):
     tool = {"name": "get_weather", "description": "The weather in a city",
             "input_schema": WEATHER["function"]["parameters"]}
     use = {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}
-    for thinking in ([{"type": "thinking", "thinking": REASONING, "signature": ""}],
-                     [{"type": "redacted_thinking", "data": "opaque"},
-                      {"type": "thinking", "thinking": REASONING[:20], "signature": "s"},
-                      {"type": "thinking", "thinking": REASONING[20:], "signature": "s"}]):
-        messages = ASK + [{"role": "assistant", "content": thinking + [use]},
+    # the blocks as the client returned them (what agents send back), or as dicts
+    returned = [anthropic.types.ThinkingBlock(type="thinking", thinking=REASONING, signature=""),
+                anthropic.types.ToolUseBlock(**use)]
+    for content in (returned, [{"type": "redacted_thinking", "data": "opaque"},
+                               {"type": "thinking", "thinking": REASONING[:20], "signature": "s"},
+                               {"type": "thinking", "thinking": REASONING[20:], "signature": "s"}, use]):
+        messages = ASK + [{"role": "assistant", "content": content},
                           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
                                                         "content": "18 C, sunny"}]}]
         counted = client.messages.count_tokens(model="tiny", messages=messages, tools=[tool])
