@@ -110,7 +110,7 @@ def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):
     """The harmony guide: a call's reasoning (analysis) goes back in the next request until the final
     answer; gpt-oss's template writes an assistant turn's `thinking` before its call. The reasoning
     and call the server answered, sent back with the result, make the prompt transformers renders
-    with `thinking` set; with content too, the template refuses the turn as transformers does."""
+    with `thinking` set."""
     from transformers import AutoTokenizer
     hf_dir, server, client = harmony
     pinned = ('start: <|channel|> "analysis" <|message|> "The user asks about Paris." <|end|> <|start|> "assistant" '
@@ -138,7 +138,14 @@ def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):
     sent = ASK + [message.model_dump(exclude_none=True), result] + later
     got = httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": sent, "tools": [WEATHER]}).json()
     assert got["tokens"] == reference(text, add_special_tokens=False)["input_ids"]
+    # a commentary preamble that came back as content beside the reasoning: the template refuses both
+    # (transformers raises), so the turn goes back with its reasoning alone, as llama.cpp sends it
     both = dict(message.model_dump(exclude_none=True), content="Let me look it up.")
-    refused = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "tools": [WEATHER],
-                                                                     "messages": ASK + [both, result]})
-    assert refused.status_code == 400 and "both content and thinking" in refused.json()["error"]["message"]
+    with pytest.raises(Exception, match="both content and thinking"):
+        reference.apply_chat_template(ASK + [dict(turn, content=both["content"]), dict(result, name="get_weather")],
+                                      tools=[WEATHER], tokenize=False)
+    got = httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": ASK + [both, result],
+                                                     "tools": [WEATHER]}).json()
+    text = reference.apply_chat_template(ASK + [turn, dict(result, name="get_weather")], tools=[WEATHER],
+                                         tokenize=False, add_generation_prompt=True)
+    assert got["tokens"] == reference(text, add_special_tokens=False)["input_ids"]

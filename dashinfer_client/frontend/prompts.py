@@ -39,7 +39,7 @@ class Prompts:
                               f"{messages[-1]['role']}'s")
         fmt = self.tool_format
         if fmt.template_renders_tools:
-            turns = [_hf_message(m) for m in messages]
+            turns = [_hf_message(m, fmt.reasoning_or_content) for m in messages]
             rendered_tools = [{"type": "function", "function": f} for f in tools] if tools else None
         else:
             turns = _plain_turns(messages, fmt)
@@ -92,9 +92,11 @@ class Prompts:
         return fmt is not None and prompt_text.rstrip().endswith(fmt.markers[0])
 
 
-def _hf_message(m) -> dict:
-    """A normalized message in the shape Hugging Face chat templates read."""
-    out = {"role": m["role"], "content": m.get("content", "")}
+def _hf_message(m, reasoning_or_content=False) -> dict:
+    """A normalized message in the shape Hugging Face chat templates read (reasoning_or_content: a
+    call turn with both goes without its content, which the template would refuse)."""
+    both = reasoning_or_content and m.get("tool_calls") and m.get("reasoning") and m.get("content")
+    out = {"role": m["role"], "content": "" if both else m.get("content", "")}
     if m.get("tool_calls"):
         out["tool_calls"] = [{"id": c["id"], "type": "function",
                               "function": {"name": c["name"], "arguments": c["arguments"]}}

@@ -260,6 +260,9 @@ class ToolParser:
     template_renders_tools = True  # False: the prompt describes the tools (the template cannot)
     special_tokens = ()  # the special tokens the format's markers are: the decoder keeps these for it
     always = False  # True: parses every chat answer, tools offered or not (the format marks up content too)
+    # True: the template writes a call turn's reasoning or its content as the call's analysis and refuses
+    # both (gpt-oss's); where both come back (a commentary preamble as content), the reasoning is kept
+    reasoning_or_content = False
 
     def feed(self, text: str):
         """-> (content, [ToolCall]) of this piece."""

@@ -136,6 +136,7 @@ class HarmonyToolParser(ToolParser):
     markers = (CHANNEL,)
     special_tokens = MARKERS
     always = True
+    reasoning_or_content = True  # as llama.cpp's gpt-oss prompt drops such a turn's content
 
     def __init__(self):
         self.messages, self.call, self.parts = Messages(), None, []
