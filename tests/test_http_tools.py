@@ -219,6 +219,14 @@ def test_reasoning_comes_back_apart_and_follows_enable_thinking(think_model, thi
             got = getattr(whole, "reasoning_content", None) or "", whole.content or ""
             want = (expected, "") if thinking else ("", expected)
             assert got == want and (streamed["reasoning_content"], streamed["content"]) == want
+            # Anthropic's thinking config: enabled / disabled, and adaptive, the model's choice: the
+            # template's default (this one's thinks)
+            for config in ([{"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}] if thinking else
+                           [{"type": "disabled"}]):
+                message = httpx.post(think_server.url + "/v1/messages", json={
+                    "model": "tiny", "max_tokens": 16, "messages": ASK, "temperature": 0, "thinking": config}).json()
+                block = "thinking" if thinking else "text"
+                assert [(b["type"], b.get(block)) for b in message["content"]] == [(block, expected)], config
     finally:
         reference.close()
 

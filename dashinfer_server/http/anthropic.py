@@ -79,9 +79,10 @@ def _openai_body(body) -> dict:
         raise bad_request("'tool_choice' needs 'tools'")
     thinking = body.get("thinking")
     if thinking is not None:
-        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
-            raise bad_request("'thinking' must be {'type': 'enabled' | 'disabled', ...}")
-        out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] == "enabled"}
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
+            raise bad_request("'thinking' must be {'type': 'enabled' | 'disabled' | 'adaptive', ...}")
+        if thinking["type"] != "adaptive":  # adaptive: the model decides, so the template's default
+            out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] == "enabled"}
     return out
 
 
