@@ -215,10 +215,12 @@ def test_reasoning_comes_back_apart_and_follows_enable_thinking(think_model, thi
             whole = client.chat.completions.create(**kwargs).choices[0].message
             chunks = list(client.chat.completions.create(stream=True, **kwargs))
             streamed = {key: "".join(getattr(c.choices[0].delta, key, None) or "" for c in chunks)
-                        for key in ("content", "reasoning_content")}
+                        for key in ("content", "reasoning_content", "reasoning")}
             got = getattr(whole, "reasoning_content", None) or "", whole.content or ""
             want = (expected, "") if thinking else ("", expected)
             assert got == want and (streamed["reasoning_content"], streamed["content"]) == want
+            # vLLM's newer name beside it, whole and streamed
+            assert (getattr(whole, "reasoning", None) or "", streamed["reasoning"]) == (want[0], want[0])
             # Anthropic's thinking config: enabled / disabled, and adaptive, the model's choice: the
             # template's default (this one's thinks)
             for config in ([{"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}] if thinking else

@@ -43,8 +43,8 @@ class Answer:
             calls = [c for d in deltas for c in d.tool_calls]
             reasoning = "".join(d.reasoning for d in deltas)
             message = {"role": "assistant", "content": text if text or not calls else None}
-            if reasoning:
-                message["reasoning_content"] = reasoning
+            if reasoning:  # vLLM's name since 0.11 (OpenAI's guidance for gpt-oss) and its earlier one
+                message["reasoning"] = message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = [c.openai() for c in calls]
             choice["message"] = message
@@ -79,7 +79,7 @@ class Answer:
         if delta.text or not (delta.finish_reason or delta.reasoning or delta.tool_calls or delta.tool_call_parts):
             out["content"] = delta.text
         if delta.reasoning:
-            out["reasoning_content"] = delta.reasoning
+            out["reasoning"] = out["reasoning_content"] = delta.reasoning
         if delta.tool_call_parts:  # a call's id and name first, then pieces of its arguments
             out["tool_calls"] = [_call_chunk(p) for p in delta.tool_call_parts]
         return out
