@@ -210,6 +210,10 @@ class EngineAPI(RawRequestAPI, QueryAPI, UnservedAPI):
         """The loader whose tokenizer start_request_text uses when it is given none."""
         raise NotImplementedError
 
+    def _check_installed(self, name: str) -> None:
+        """Refuse (Refused) a model the serving engine does not hold, or an engine it cannot ask."""
+        raise NotImplementedError
+
     # ---- internals ---------------------------------------------------------------------------------
 
     def _start(self, model_name, model, input_ids, gen):

@@ -224,6 +224,9 @@ class ClientEngine(EngineAPI):
 
     # ---- internals ------------------------------------------------------------------------------
 
+    def _check_installed(self, name) -> None:
+        self._server_model(name)
+
     def _server_model(self, name) -> dict:
         """The server's get_stats() entry of model `name`."""
         try:

@@ -2,9 +2,9 @@
 results read through the engine (get_wait, get_no_wait, get_request_status, v1's get_output_*),
 and LoRA, refused with DashInfer's statuses. A mixin of EngineAPI, over its _start and _guarded."""
 from .raw_inputs import InputError, input_ids_of
-from .refusals import PARAM_ERROR, Refused, checked_model_name, unknown_model
+from .refusals import PARAM_ERROR, Refused, checked_model_name
 from .result_queue import ResultQueue
-from .types import AsStatus, ModelState
+from .types import AsStatus
 
 
 class RawRequestAPI:
@@ -52,9 +52,7 @@ class RawRequestAPI:
         return self._guarded("unload_lora", lambda: self._no_lora(model_name, lora_name, "unload"))[0]
 
     def _no_lora(self, model_name, lora_name, verb):
-        name = checked_model_name(model_name)
-        if self.get_model_state(name) == ModelState.Released:
-            raise unknown_model(name)
+        self._check_installed(checked_model_name(model_name))
         if not isinstance(lora_name, str) or not lora_name:
             raise Refused(PARAM_ERROR, f"lora_name must be a non-empty str, got {lora_name!r}")
         raise Refused(AsStatus.ALLSPARK_LORA_NOT_FOUND,

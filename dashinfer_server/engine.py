@@ -231,6 +231,9 @@ class Engine(EngineAPI):
                           + " or ".join(s.value for s in states))
         return m
 
+    def _check_installed(self, name) -> None:
+        self._model(name)
+
     def _request(self, model_name, handle):
         m = self._model(model_name)
         seq = m.requests.get(handle)

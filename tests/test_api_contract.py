@@ -96,3 +96,25 @@ def test_model_state_and_stats(api_engine):
     assert model["running"] == model["waiting"] == model["requests"] == 0
     assert 0 < model["kv_blocks_free"] <= model["kv_blocks_total"]
     assert engine.world_size == 1
+
+
+def test_a_closed_client_engine_refuses_every_call_alike(tmp_path, caplog):
+    """Every status-returning call of a closed ClientEngine is ALLSPARK_RUNTIME_ERROR saying so,
+    without a traceback: load_lora and unload_lora had let get_stats' Unavailable through, logged
+    as a bug with its traceback and worded "Unavailable: ..." unlike every other call."""
+    from dashinfer_server.grpc_server import serve
+    srv = serve(Engine(), f"unix://{tmp_path}/c.sock")
+    try:
+        client = ClientEngine(srv.address, startup_timeout=10)
+        client.close()
+        calls = {"stop_model": lambda e: e.stop_model("tiny"), "sync_request": lambda e: e.sync_request("tiny"),
+                 "load_lora": lambda e: e.load_lora("tiny", "adapter"),
+                 "unload_lora": lambda e: e.unload_lora("tiny", "adapter"),
+                 "load_device_mem": lambda e: e.load_device_mem("tiny")}
+        for what, call in calls.items():
+            caplog.clear()
+            assert call(client) == AsStatus.ALLSPARK_RUNTIME_ERROR, what
+            assert client.last_error == f"{what}: this ClientEngine is closed"
+            assert not [r for r in caplog.records if r.exc_info], f"{what} logged a traceback"
+    finally:
+        srv.stop()
