@@ -114,23 +114,12 @@ class DashInferService(pb_grpc.DashInferServicer):
 
     def _start(self, request, context, ids, gen, session):
         """StartRequest's events, once its arguments are read and its stream allowed."""
-        model = request.model_name
-        with self._lock:  # a request admitted here is one the drain waits for
-            # The refusal's reason goes without the call's name: ClientEngine.submit hands it to
-            # its caller as it is, and its start_request_ids names the call itself.
-            if self._draining:
-                yield pb.RequestEvent(started=_reply(DENIED, self._draining))
-                return
-            try:
-                engine_handle, queue = self.engine.submit(model, ids, gen)
-            except Refused as e:
-                yield pb.RequestEvent(started=_reply(e.status, str(e)))
-                return
-            handle = new_handle(lambda h: (model, h) in self._held)
-            key = (model, handle)
-            self._held[key] = held = HeldRequest(engine_handle, queue, request.session_id if session else None)
-            if session:
-                session.requests.add(key)
+        admitted = self._admit(request.model_name, ids, gen, session, request.session_id if session else None)
+        if isinstance(admitted, pb.Reply):  # sent outside the lock: a client slow to read must not hold it
+            yield pb.RequestEvent(started=admitted)
+            return
+        key, held = admitted
+        model, handle, queue = *key, held.queue
         routed = session is not None and request.events_on_session
         if request.events_on_session and not routed:
             log.warning("request %s of %r: events_on_session without an open session: streamed on "
@@ -156,6 +145,23 @@ class DashInferService(pb_grpc.DashInferServicer):
                 yield wire.encode_event(queue, elements, sent)
                 return
             yield wire.encode_event(queue, elements, sent)
+
+    def _admit(self, model, ids, gen, session, owner):
+        """(key, HeldRequest) of the request started and held for `owner`, or the Reply refusing it."""
+        with self._lock:  # a request admitted here is one the drain waits for
+            if self._draining:  # reasons go without the call's name: ClientEngine.submit hands them on
+                return _reply(DENIED, self._draining)
+            if session is not None and session.left:  # it ended since StartRequest found it: nobody would release
+                return _reply(AsStatus.ALLSPARK_RUNTIME_ERROR, "the client's session has ended")
+            try:
+                engine_handle, queue = self.engine.submit(model, ids, gen)
+            except Refused as e:
+                return _reply(e.status, str(e))
+            key = (model, new_handle(lambda h: (model, h) in self._held))
+            self._held[key] = held = HeldRequest(engine_handle, queue, owner)
+            if session:
+                session.requests.add(key)
+            return key, held
 
     def StopRequest(self, request, context):
         held, refused = self._own(request, context, "stop_request")

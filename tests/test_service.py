@@ -283,3 +283,26 @@ def test_events_on_session_without_a_session_stream_on_their_own_call(stub):
     assert sum(len(e.ids) for e in events) == 30 - len(PROMPT)
     assert events[-1].status == S.GenerateFinished
     assert stub.ReleaseRequest(pb.RequestRef(model_name="tiny", id=events[0].handle)).status == 0
+
+
+@pytest.mark.parametrize("on_session", [True, False], ids=["routed", "own-stream"])
+def test_a_session_ending_while_its_request_starts_leaves_nothing_held(server, stub, monkeypatch, on_session):
+    """The session ends after StartRequest looked it up and before the request is registered (a
+    deterministic interleaving: the hook ends it there). The request had been started and added
+    to the ended session, which nobody would release: it ran to max_length and stayed held."""
+    session = stub.Session(pb.SessionRequest())
+    sid = next(session).session_id
+    service = server.service
+    start = service._start
+
+    def session_ends_first(*args):
+        service._session_ended(sid)
+        yield from start(*args)
+
+    monkeypatch.setattr(service, "_start", session_ends_first)
+    events = list(_start(stub, 4000, session_id=sid, events_on_session=on_session))
+    assert events[0].started.status == AsStatus.ALLSPARK_RUNTIME_ERROR
+    assert "session" in events[0].started.message
+    tiny = stub.GetStats(pb.Empty()).models[0]
+    assert tiny.requests == 0 and tiny.running == 0 and not service._held
+    session.cancel()
