@@ -11,16 +11,15 @@ import time
 
 import grpc
 
-from .proto.wire import (KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, SESSION_METADATA, TOKEN_METADATA, apply_event, pb,
-                         pb_grpc)
+from .proto.wire import (MESSAGE_SIZE_OPTIONS, SESSION_METADATA, TOKEN_METADATA, apply_event, keepalive_options,
+                         pb, pb_grpc)
 from .types import AsStatus, GenerateRequestStatus
 
 log = logging.getLogger("dashinfer_client")
 
 # Local sockets answer within milliseconds: retry connecting often (gRPC's default waits 1-120 s).
 _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-                    ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-                    *MESSAGE_SIZE_OPTIONS]
+                    ("grpc.max_reconnect_backoff_ms", 1000), *MESSAGE_SIZE_OPTIONS]
 
 
 # A call the server refused for a reason of its own, and the AsStatus it is to the caller.
@@ -60,14 +59,15 @@ def open_channel(address, token=None, tls_ca=None):
     """A channel to `address` whose calls carry `token` ("Bearer" metadata): TLS when tls_ca is
     given (a CA certificate file, PEM; True: the system's roots), plain otherwise -> (channel, the
     metadata list its calls carry)."""
+    options = _CHANNEL_OPTIONS + keepalive_options(server=False)
     if tls_ca:
         roots = None
         if tls_ca is not True:
             with open(tls_ca, "rb") as f:
                 roots = f.read()
-        raw = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=_CHANNEL_OPTIONS)
+        raw = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options=options)
     else:
-        raw = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        raw = grpc.insecure_channel(address, options=options)
     pairs = [(TOKEN_METADATA, f"Bearer {token}")] if token else []
     return grpc.intercept_channel(raw, _Metadata(pairs)), pairs
 

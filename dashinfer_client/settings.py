@@ -127,6 +127,14 @@ REGISTRY = {s.name: s for s in (
        "least milliseconds between two events of a client session's stream (first tokens and ends "
        "go at once); fewer wake-ups on the cores the kernels use; `0`: every event as soon as the "
        "writer wakes", "`20`"),
+    Setting("DASHINFER_KEEPALIVE_MS", "int", 30000, "rank 0 (gRPC server), `ClientEngine`",
+       "each end of a gRPC connection pings it after this long without hearing from the other; the server "
+       "accepts a client's pings as often as every quarter of this (of the default, if this is larger)",
+       "`30000`", minimum=1),
+    Setting("DASHINFER_KEEPALIVE_TIMEOUT_MS", "int", 20000, "rank 0 (gRPC server), `ClientEngine`",
+       "a ping unanswered this long ends the connection: a client that vanished without closing it "
+       "(power loss, a partition, a NAT that dropped it) loses its session and its requests, a "
+       "`ClientEngine` whose server vanished ends its requests as interrupted", "`20000`", minimum=1),
     Setting("DASHINFER_ADAPTIVE_THREADS", "flag", True, "every rank",
        "off keeps the configured kernel thread count; on, the count follows the cores other "
        "processes leave free (checked every 0.25 s)", "`1`"),

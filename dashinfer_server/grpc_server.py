@@ -17,8 +17,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dashinfer_client.api import ModelState
-from dashinfer_client.proto.wire import (KEEPALIVE_MS, MESSAGE_SIZE_OPTIONS, default_address, is_local_address, pb,
-                                        pb_grpc, unix_socket_path)
+from dashinfer_client.proto.wire import (MESSAGE_SIZE_OPTIONS, default_address, is_local_address,
+                                        keepalive_options, pb, pb_grpc, unix_socket_path)
 from dashinfer_client.types import GenerateRequestStatus
 
 from .access import Access, AccessGate
@@ -81,9 +81,8 @@ class Server:
         self.socket_path = unix_socket_path(self.address)
         self.pool = WorkerPool(limits.threads_needed)
         self._server = grpc.server(self.pool, interceptors=[AccessGate(self.access, self.address)],
-                                   options=[("grpc.so_reuseport", 0),  # a client's keepalive pings:
-                                            ("grpc.http2.min_ping_interval_without_data_ms",
-                                             KEEPALIVE_MS // 2), *MESSAGE_SIZE_OPTIONS])
+                                   options=[("grpc.so_reuseport", 0), *keepalive_options(server=True),
+                                            *MESSAGE_SIZE_OPTIONS])
         pb_grpc.add_DashInferServicer_to_server(self.service, self._server)
         # grpc.health.v1 for probes and load balancers: SERVING once started, NOT_SERVING from the drain on
         self.health = health.HealthServicer()

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..api import ModelState
 from ..config import ASGenerationConfig, AsModelRuntimeConfig
+from .. import settings
 from ..settings import TOKEN_CHARS
 from ..types import FINAL_STATUSES, GenerateRequestStatus, RequestStatInfo
 from . import load
@@ -27,9 +28,26 @@ pb, pb_grpc = load()
 
 _COUNT_KEYS = frozenset(RequestStatInfo.COUNT_KEYS)
 
-# A client pings an idle connection this often (its session stream stays open for hours); the
-# server must accept pings that often, or it ends the connection ("too many pings").
-KEEPALIVE_MS = 30000
+
+def keepalive_options(server: bool) -> list:
+    """gRPC's keepalive options of either end (DASHINFER_KEEPALIVE_MS, _TIMEOUT_MS). Each end pings
+    a quiet connection and drops it when a ping goes unanswered: a peer gone without closing its
+    TCP connection is let go within their sum, not TCP's hours. Pings go on without data between
+    them (gRPC stops after 2 by default; a ClientEngine's session may idle for hours). The server
+    ends a connection pinged more often than it accepts (GOAWAY "too_many_pings"): it takes a
+    quarter of its period (of the default, if that is shorter), so a client may ping twice as
+    often as it does, and one with the default settings always passes."""
+    every, timeout = settings.get("DASHINFER_KEEPALIVE_MS"), settings.get("DASHINFER_KEEPALIVE_TIMEOUT_MS")
+    # gRPC core ends a connection on an unanswered ping after ping_timeout_ms (default 60 s), not
+    # keepalive_timeout_ms, unless an experiment is on (grpc/grpc#39239): both are set.
+    options = [("grpc.keepalive_time_ms", every), ("grpc.keepalive_timeout_ms", timeout),
+               ("grpc.http2.ping_timeout_ms", timeout), ("grpc.http2.max_pings_without_data", 0)]
+    if server:
+        default = settings.REGISTRY["DASHINFER_KEEPALIVE_MS"].default
+        options += [("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.min_ping_interval_without_data_ms", min(every, default) // 4)]
+    return options
+
 
 # The largest message either end sends or accepts (gRPC's own receive limit is 4 MiB): a prompt of
 # millions of ids fits; a client refuses a larger request before sending it.
