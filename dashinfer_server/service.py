@@ -23,7 +23,7 @@ import uuid
 from dashinfer_client.refusals import Refused, unknown_handle, unknown_model
 from dashinfer_client.proto import wire
 from dashinfer_client.proto.wire import pb, pb_grpc
-from dashinfer_client.types import AsStatus
+from dashinfer_client.types import FINAL_STATUSES, AsStatus
 
 from .access import caller_session, new_handle
 from .limits import DEFAULT_FINISHED_REQUEST_TTL, StreamLimits, open_or_abort, wait_while_called
@@ -128,7 +128,7 @@ class DashInferService(pb_grpc.DashInferServicer):
             self._stream_ended(key, held)  # the client is gone already
             return
         sent = {}
-        first = wire.encode_event(queue, None, sent)
+        first = wire.encode_event(queue, queue.GenerateStatus(), None, sent)
         first.status, first.error, first.finish_reason = 0, "", ""  # the end comes after the tokens, later
         first.started.CopyFrom(_reply(SUCCESS))
         first.handle = handle
@@ -138,13 +138,13 @@ class DashInferService(pb_grpc.DashInferServicer):
         if routed:
             return
         while True:
-            elements = queue.Get()
-            if queue.finished:
+            elements, status = queue.Get(), queue.GenerateStatus()
+            if status in FINAL_STATUSES:
                 elements = wire.merge_elements(elements, queue.GetNoWait())  # pushed before the final status
                 held.streaming, held.ended_at = False, time.monotonic()
-                yield wire.encode_event(queue, elements, sent)
+                yield wire.encode_event(queue, status, elements, sent)
                 return
-            yield wire.encode_event(queue, elements, sent)
+            yield wire.encode_event(queue, status, elements, sent)
 
     def _admit(self, model, ids, gen, session, owner):
         """(key, HeldRequest) of the request started and held for `owner`, or the Reply refusing it."""
@@ -329,9 +329,9 @@ class DashInferService(pb_grpc.DashInferServicer):
         leaves the session's routing (its handle stays held until released)."""
         events = []
         for key, queue, sent in session.take_dirty():
-            final = queue.finished  # before taking: every token pushed before the final status
-            elements = queue.GetNoWait()
-            event = wire.encode_event(queue, elements, sent)
+            status = queue.GenerateStatus()  # before taking: every token pushed before a final one
+            event = wire.encode_event(queue, status, queue.GetNoWait(), sent)
+            final = status in FINAL_STATUSES
             event.handle = key[1]
             events.append(event)
             if event.ids or final:

@@ -16,8 +16,11 @@ import dashinfer_client as allspark
 from dashinfer_client import AsStatus, GenerateRequestStatus as S
 from dashinfer_client.proto import load
 from dashinfer_server.engine import Engine
-from dashinfer_client.proto.wire import default_address, unix_socket_path
+from dashinfer_client.proto.wire import apply_event, default_address, unix_socket_path
+from dashinfer_client.result_queue import ResultQueue
 from dashinfer_server.grpc_server import Server, serve
+from dashinfer_server.service import DashInferService
+from dashinfer_server.sessions import ClientSession
 
 pb, pb_grpc = load()
 PROMPT = [5, 17, 101, 33, 7, 250, 64, 12]
@@ -306,3 +309,44 @@ def test_a_session_ending_while_its_request_starts_leaves_nothing_held(server, s
     tiny = stub.GetStats(pb.Empty()).models[0]
     assert tiny.requests == 0 and tiny.running == 0 and not service._held
     session.cancel()
+
+
+@pytest.mark.parametrize("ends_in", ["GetNoWait", "RequestStatInfo"])
+def test_a_request_ending_while_its_session_event_is_made_loses_no_token_nor_statistic(ends_in):
+    """The model loop pushes the last token and ends the request while the session's writer makes
+    the request's event (a deterministic interleaving: the queue does it once its tokens, or its
+    statistics, are read). The event had read the status last: it went out final without that
+    token, which the client's queue, ended, then dropped; or without the final statistics
+    (finished_time 0 for good, seen in test_session_carries_the_events_of_many_requests_batched)."""
+    class EndsMeanwhile(ResultQueue):
+        ending = False
+
+        def read(self, what):
+            result = getattr(super(), what)()
+            if self.ending and what == ends_in:
+                self.ending = False
+                self.push([9])
+                self.set_status(S.GenerateFinished)
+            return result
+
+        def GetNoWait(self):
+            return self.read("GetNoWait")
+
+        def RequestStatInfo(self):
+            return self.read("RequestStatInfo")
+
+    service = DashInferService(engine=None)
+    try:
+        session, queue, mirror = ClientSession(), EndsMeanwhile("1"), ResultQueue("1")
+        session.route(("tiny", 1), queue, {})
+        queue.push([5])
+        queue.ending = True
+        for _ in range(3):
+            for event in service._routed_events(session):
+                apply_event(event, mirror)
+        assert mirror.GenerateStatus() == S.GenerateFinished
+        assert mirror.GetNoWait().ids_from_generate == [5, 9]
+        assert mirror.RequestStatInfo()["finished_time"] > 0
+        assert not session.routed  # its last event went out: it left the session's routing
+    finally:
+        service.close_sessions()

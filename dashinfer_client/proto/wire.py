@@ -236,16 +236,18 @@ def decode_handle(request):
 # ---- request events --------------------------------------------------------------------------------
 
 
-def encode_event(queue, elements, sent) -> pb.RequestEvent:
+def encode_event(queue, status, elements, sent) -> pb.RequestEvent:
     """What a client's queue needs to mirror `queue` after `elements` (GeneratedElements or None)
-    were taken from it. sent: the statistics the stream has carried so far (updated): only
-    changed entries go, and never generated_token_length, which the client's queue counts itself."""
+    were taken from it. status: the queue's, read before they were taken (a final one then comes
+    after every token it carries); the statistics are read here, after it (a final status carries
+    the final ones). sent: the statistics the stream has carried so far (updated): only changed
+    entries go, and never generated_token_length, which the client's queue counts itself."""
     stats = queue.RequestStatInfo()
     reason = stats.pop("finish_reason")  # the strings have their own fields
     changed = {k: v for k, v in stats.items() if sent.get(k) != v and k != "generated_token_length"}
     sent.update(changed)
     uuid_ = changed.pop("uuid", "")  # sent once
-    event = pb.RequestEvent(status=int(queue.GenerateStatus()), error=queue.error or "", stats=changed,
+    event = pb.RequestEvent(status=int(status), error=queue.error or "", stats=changed,
                             finish_reason=reason, uuid=uuid_)
     if elements is not None:
         event.ids.extend(elements.ids_from_generate)
