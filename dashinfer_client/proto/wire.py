@@ -3,8 +3,8 @@
 Used by both ends (ClientEngine and the gRPC service of rank 0), so each encoding sits beside its
 decoding: request events (a ResultQueue's news), input ids, configs, handles, statistics. Also
 what else the two ends must agree on outside the messages: addresses (the default unix socket in
-a private directory, unix: parsing, which addresses are local), call metadata (token, session)
-and the server's log-line format, which a ClientEngine reads back from the
+a private directory, unix: parsing, which addresses are local), call metadata (token, session),
+keepalive pings and the server's log-line format, which a ClientEngine reads back from the
 output of a group it spawned.
 """
 import ipaddress
