@@ -1,6 +1,6 @@
 """Chat templates of the tiny test tokenizers: plain ChatML, ChatML with <think>, Qwen2.5/Hermes
-style tool calls (with and without a tool round trip), Qwen3's reasoning history and gpt-oss's
-harmony, with the special tokens each needs."""
+style tool calls (with and without a tool round trip), Qwen3's reasoning history, gpt-oss's
+harmony, Qwen3-Coder's XML calls and Granite 3.3's tools, with the special tokens each needs."""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -99,3 +99,75 @@ HARMONY = (
     "'<|end|>' }}"
     "{% else %}{{ '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}")
+
+# Qwen3-Coder's template as it treats tools, written small: the tools as <tools> XML in the system turn
+# (each parameter's name, type, description, then its other keys through a render_extra_keys macro:
+# mappings and lists as JSON, anything else as text), past calls as <tool_call><function=NAME>
+# <parameter=ARG> blocks (a mapping or list value as JSON, anything else as text: True, 3), their
+# arguments read with |items (a mapping, not JSON text), a run of results in one user turn. Its
+# <function= and <parameter= markers select the qwen3_coder parser.
+QWEN3_CODER = (
+    "{% macro render_extra_keys(json_dict, handled_keys) %}{%- if json_dict is mapping %}"
+    "{%- for json_key in json_dict if json_key not in handled_keys %}"
+    "{%- if json_dict[json_key] is mapping or (json_dict[json_key] is sequence and json_dict[json_key] is not string) %}"
+    "{{- '\\n<' ~ json_key ~ '>' ~ (json_dict[json_key] | tojson | safe) ~ '</' ~ json_key ~ '>' }}"
+    "{%- else %}{{- '\\n<' ~ json_key ~ '>' ~ (json_dict[json_key] | string) ~ '</' ~ json_key ~ '>' }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{% endmacro %}"
+    "{%- if messages[0].role == 'system' %}{%- set system_message = messages[0].content %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- if not tools is defined %}{%- set tools = [] %}{%- endif %}"
+    "{%- if system_message is defined %}{{- '<|im_start|>system\\n' + system_message }}"
+    "{%- elif tools | length > 0 %}{{- '<|im_start|>system\\nYou are Qwen, a coding agent.' }}{%- endif %}"
+    "{%- if tools | length > 0 %}{{- '\\n\\n# Tools\\n\\n<tools>' }}{%- for tool in tools %}"
+    "{%- if tool.function is defined %}{%- set tool = tool.function %}{%- endif %}"
+    "{{- '\\n<function>\\n<name>' ~ tool.name ~ '</name>' }}"
+    "{%- if tool.description is defined %}{{- '\\n<description>' ~ (tool.description | trim) ~ '</description>' }}{%- endif %}"
+    "{{- '\\n<parameters>' }}{%- for param_name, param_fields in tool.parameters.properties|items %}"
+    "{{- '\\n<parameter>\\n<name>' ~ param_name ~ '</name>' }}"
+    "{%- if param_fields.type is defined %}{{- '\\n<type>' ~ (param_fields.type | string) ~ '</type>' }}{%- endif %}"
+    "{%- if param_fields.description is defined %}{{- '\\n<description>' ~ (param_fields.description | trim) ~ "
+    "'</description>' }}{%- endif %}{{- render_extra_keys(param_fields, ['name', 'type', 'description']) }}"
+    "{{- '\\n</parameter>' }}{%- endfor %}{{- render_extra_keys(tool.parameters, ['type', 'properties']) }}"
+    "{{- '\\n</parameters>\\n</function>' }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format with NO suffix:\\n\\n"
+    "<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n"
+    "</function>\\n</tool_call>' }}{%- endif %}"
+    "{%- if system_message is defined or tools | length > 0 %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls is defined and message.tool_calls | length > 0 %}"
+    "{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content is string and message.content | trim | length > 0 %}"
+    "{{- '\\n' + message.content | trim + '\\n' }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}{{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
+    "{%- for args_name, args_value in tool_call.arguments|items %}{{- '<parameter=' + args_name + '>\\n' }}"
+    "{%- set args_value = args_value | tojson | safe if args_value is mapping or (args_value is sequence and "
+    "args_value is not string) else args_value | string %}{{- args_value }}{{- '\\n</parameter>\\n' }}{%- endfor %}"
+    "{{- '</function>\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}{%- if loop.previtem and loop.previtem.role != 'tool' %}"
+    "{{- '<|im_start|>user\\n' }}{%- endif %}{{- '<tool_response>\\n' + message.content + '\\n</tool_response>\\n' }}"
+    "{%- if not loop.last and loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}"
+    "{%- elif loop.last %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+# Granite 3.3's template as it treats tools, written small: `tools` aliased to available_tools and
+# written as JSON (indent 4) in an available_tools turn after the system turn (a default one naming the
+# <|tool_call|> format when the conversation brings none); every message, a call's turn and a tool
+# result included, as its role and its content only (the template writes no calls). Its markers are
+# special tokens of the tokenizer (GRANITE_TOKENS).
+GRANITE_TOKENS = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>")
+GRANITE = (
+    "{%- if tools and not available_tools -%}{%- set available_tools = tools -%}{%- endif -%}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set system_message = 'You are Granite, developed by IBM.' %}"
+    "{%- if available_tools %}{%- set system_message = system_message + ' You are a helpful assistant with access to "
+    "the following tools. When a tool is required to answer the user\\'s query, respond only with <|tool_call|> "
+    "followed by a JSON list of tools used.' %}{%- endif %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{- '<|start_of_role|>system<|end_of_role|>' + system_message + '<|end_of_text|>\\n' }}"
+    "{%- if available_tools %}{{- '<|start_of_role|>available_tools<|end_of_role|>' }}"
+    "{{- available_tools | tojson(indent=4) }}{{- '<|end_of_text|>\\n' }}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\\n' }}"
+    "{%- if loop.last and add_generation_prompt %}{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif %}"
+    "{%- endfor %}")

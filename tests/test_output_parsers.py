@@ -34,6 +34,10 @@ CASES = [
     ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]', "", [("get_time", {"zone": "UTC"})]),
     ("mistral", '[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_weather", "arguments": '
                 '{"city": "Lima"}}]', "", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Lima"})]),
+    ("granite", '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]', "", [("get_time", {"zone": "UTC"})]),
+    ("granite", 'It is noon.', 'It is noon.', []),
+    ("qwen3_coder", "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "</function>\n</tool_call>", "Let me look.\n", [("get_weather", {"city": "Paris"})]),
     ("json", '{"name": "get_weather", "arguments": {"city": "Kyiv"}}', "", [("get_weather", {"city": "Kyiv"})]),
     ("json", '[{"name": "get_time", "arguments": {"zone": "EST"}}]', "", [("get_time", {"zone": "EST"})]),
     ("json", '{"answer": 42}', '{"answer": 42}', []),  # JSON, but no call: content
@@ -88,6 +92,8 @@ def test_think_split_everywhere(answer, inside, reasoning, content):
     ("{{- '<|python_tag|>' + tool_call.name }}", "llama3_json", None),
     ("{{ '[TOOL_CALLS]' }}{{ messages }}", "mistral", None),
     ("{% if enable_thinking %}<think>{% endif %}<tool_call>", "hermes", "think"),
+    ("<tool_call>\n<function={{ name }}>\n<parameter={{ arg }}>\n{{ value }}\n</parameter>", "qwen3_coder", None),
+    ("{{- '<|start_of_role|>available_tools<|end_of_role|>' }}<|tool_call|>", "granite", None),
     ("{{ messages[0]['content'] }}", "json", None),
     (None, "json", None),
 ])
@@ -121,6 +127,11 @@ def _accepts(tokenizer, grammar, text) -> bool:
     ("llama3_json", False, '{"name": "get_time", "parameters": {"zone": "UTC"}}', 'It is noon.'),
     ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
      '[TOOL_CALLS][{"name": "get_date", "arguments": {}}]'),
+    ("granite", False, '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {}}]'),
+    ("qwen3_coder", False, "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+     "<parameter=unit>\nF\n</parameter>\n</function>\n</tool_call>", "<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nRome\n</parameter>\n<parameter=unit>\nK\n</parameter>\n</function>\n</tool_call>"),
     ("json", True, '[{"name": "get_weather", "arguments": {"city": "Rome", "unit": "F"}}]',
      '[{"name": "get_weather", "arguments": {"city": "Rome", "unit": "K"}}]'),
     ("json", False, '{"name": "get_time", "arguments": {"zone": "UTC"}}', '{"name": "get_time"}'),

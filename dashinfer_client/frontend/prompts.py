@@ -73,7 +73,7 @@ class Prompts:
     def tool_parser(self, tools):
         """A fresh parser of the answer's tool calls when the request offers tools or the format
         parses every answer (harmony), else None."""
-        return self.tool_format() if tools or self.tool_format.always else None
+        return self.tool_format.for_functions(tools or ()) if tools or self.tool_format.always else None
 
     def reasoning_parser(self, prompt_text=""):
         """A fresh reasoning parser, or None when the model has none; it starts inside the reasoning

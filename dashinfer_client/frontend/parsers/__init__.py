@@ -1,9 +1,12 @@
 """Tool-call and reasoning parsers, one small registered class per model format, and the choice
 of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --reasoning-parser`).
 
+    qwen3_coder   <tool_call><function=NAME>                Qwen3-Coder, Qwen3.5-style templates
+                  <parameter=ARG>VALUE</parameter>...
     hermes        <tool_call>{...}</tool_call>              Qwen2.5, Qwen3, Hermes
     llama3_json   {"name", "parameters"}                    Llama 3.1+
     mistral       [TOOL_CALLS][{...}]                       Mistral
+    granite       <|tool_call|>[{...}]                      Granite 3.x
     json          {"name", "arguments"} (tools in the prompt)  templates that know no tools
     harmony       <|channel|>commentary to=functions.NAME ... gpt-oss (its reasoning parser too:
                   <|message|>{...}<|call|>                  the analysis channel)
@@ -12,7 +15,9 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
 Every format but harmony reads the text as the user sees it (special tokens skipped); harmony's
 markers are special tokens, so its parsers ask for them (`special_tokens`).
 """
-from . import generic_json, harmony, hermes, llama3, mistral, think  # noqa: F401  (they register themselves)
+# They register themselves, in the order the template test tries them (the first whose markers the
+# template holds): qwen3_coder before hermes, whose <tool_call> its template holds too.
+from . import generic_json, granite, harmony, qwen3_coder, hermes, llama3, mistral, think  # noqa: F401,I001
 from .base import REASONING_PARSERS, TOOL_PARSERS, ToolCall, ToolParser
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "ToolParser", "tool_parser_for",

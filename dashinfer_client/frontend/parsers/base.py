@@ -264,6 +264,12 @@ class ToolParser:
     # both (gpt-oss's); where both come back (a commentary preamble as content), the reasoning is kept
     reasoning_or_content = False
 
+    @classmethod
+    def for_functions(cls, functions):
+        """A fresh parser of an answer to a request offering `functions` ({"name", "parameters"}); a
+        format that reads values by their schema (qwen3_coder's) keeps them."""
+        return cls()
+
     def feed(self, text: str):
         """-> (content, [ToolCall]) of this piece."""
         raise NotImplementedError

@@ -19,8 +19,8 @@ class MistralToolParser(JsonToolParser):
         schema = calls_schema(functions, parallel=True)
         if not parallel:
             schema["maxItems"] = 1
-        return f'start: "{MARKER}" {lark_json(schema)}\n'
+        return f'start: "{cls.prefix}" {lark_json(schema)}\n'
 
     @classmethod
     def text_of(cls, calls):
-        return MARKER + json.dumps(calls, ensure_ascii=False)
+        return cls.prefix + json.dumps(calls, ensure_ascii=False)

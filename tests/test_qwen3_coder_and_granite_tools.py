@@ -1,0 +1,215 @@
+"""Qwen3-Coder's XML tool calls and Granite 3.x's `<|tool_call|>[...]` (parsers/qwen3_coder.py,
+granite.py). The answers below are written by hand in each family's format (as their templates show
+the model its calls); the references are the values written there, read by the rules of vLLM's
+qwen3_coder parser (a string stays text, other types parsed), json.dumps of them for the arguments'
+text, transformers' apply_chat_template for the prompts, llguidance and jsonschema for the grammars
+of forced calls."""
+import json
+import random
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from dashinfer_client.frontend import OutputProcessor, Prompts
+from dashinfer_client.frontend.parsers import TOOL_PARSERS
+from tests.chat_templates import GRANITE, GRANITE_TOKENS, QWEN3_CODER
+from tests.helpers import build_tiny_tokenizer
+
+WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
+                                     "content": {"type": "string", "maxLength": 40},
+                                     "mode": {"type": "integer", "minimum": 0, "maximum": 999},
+                                     "force": {"type": "boolean"},
+                                     "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                              "maxItems": 2},
+                                     "level": {"enum": ["low", "high"]},
+                                     "ratio": {"type": ["number", "null"]}},
+    "required": ["path", "content"], "additionalProperties": False}}
+RUN = {"name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1,
+                                                                              "maxLength": 8}},
+                                     "required": ["cmd"], "additionalProperties": False}}
+FUNCTIONS = [WRITE, RUN]
+CODE = 'def f(x):\n    return x < 3 and "q" \\ {}\n\n'  # a value that ends in newlines of its own
+
+# (answer, expected content, expected calls as (name, arguments))
+ANSWERS = [
+    ("I will write it.\n<tool_call>\n<function=write_file>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+     f"<parameter=content>\n{CODE}\n</parameter>\n<parameter=mode>\n644\n</parameter>\n<parameter=force>\nTrue\n"
+     "</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n<parameter=level>\nhigh\n</parameter>\n"
+     "<parameter=ratio>\nnull\n</parameter>\n</function>\n</tool_call>",
+     "I will write it.\n", [("write_file", {"path": "src/a.py", "content": CODE, "mode": 644, "force": True,
+                                             "tags": ["a", "b"], "level": "high", "ratio": None})]),
+    # two calls; values that do not read as their type stay text; a parameter the schema does not name is
+    # text; `false` and a number as JSON; a value ended by the next tag, without its </parameter>
+    ("<tool_call>\n<function=run>\n<parameter=cmd>\nls -l\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+     "<function=write_file>\n<parameter=path>\n007\n</parameter>\n<parameter=mode>\nrw\n</parameter>\n"
+     "<parameter=force>\nfalse\n</parameter>\n<parameter=ratio>\n0.5\n<parameter=extra>\n42\n</function>\n</tool_call>",
+     "\n", [("run", {"cmd": "ls -l"}),
+            ("write_file", {"path": "007", "mode": "rw", "force": False, "ratio": 0.5, "extra": "42"})]),
+    # a call without its <tool_call> wrapper; text that only mentions the tags is content
+    ("Use <tool_call> tags.\n<function=run>\n<parameter=cmd>\nprintf 'Grüße'\n</parameter>\n</function>",
+     "Use <tool_call> tags.\n", [("run", {"cmd": "printf 'Grüße'"})]),
+    ("No call: 2 < 3, <b>bold</b> and <function no.", "No call: 2 < 3, <b>bold</b> and <function no.", []),
+]
+
+
+def _run(parser, chunks):
+    content, calls, parts = [], [], []
+    for chunk in chunks:
+        text, got = parser.feed(chunk)
+        content.append(text)
+        calls += got
+        parts += parser.take_parts()
+    text, got = parser.finish()
+    return "".join(content) + text, calls + got, parts + parser.take_parts()
+
+
+@pytest.mark.parametrize("answer, content, calls", ANSWERS)
+def test_qwen3_coder_calls_read_whole_and_split_everywhere(answer, content, calls):
+    splits = [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]
+    for chunks in splits:
+        got_content, got_calls, parts = _run(TOOL_PARSERS["qwen3_coder"].for_functions(FUNCTIONS), chunks)
+        assert got_content == content, chunks
+        # the values as the schema reads them, in the order written, spaced as json.dumps spaces them
+        assert [(c.name, c.arguments) for c in got_calls] == [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+        for call in got_calls:  # the streamed pieces join into the call's arguments
+            mine = [p for p in parts if p.id == call.id]
+            assert mine[0].name == call.name and all(p.name is None for p in mine[1:])
+            assert "".join(p.arguments for p in mine) == call.arguments
+
+
+def _elements(ids):
+    return SimpleNamespace(ids_from_generate=ids, token_logprobs_list=[0.0] * len(ids), log_probs_list=[[]] * len(ids))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from dashinfer_client.tokenizer import Tokenizer
+    return Tokenizer(build_tiny_tokenizer(str(tmp_path_factory.mktemp("tok"))))
+
+
+def test_a_text_value_streams_as_it_is_written(tokenizer):
+    answer = ANSWERS[0][0]
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["qwen3_coder"].for_functions(FUNCTIONS))
+    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    [call] = [c for d in deltas for c in d.tool_calls]
+    # one token a character: the code's characters stream one by one, as decoded (its last newline held
+    # back until the next one shows it is not the closing tag's)
+    pieces = [p.arguments for d in deltas[:answer.index(CODE) + len(CODE)] for p in d.tool_call_parts]
+    assert "".join(pieces).endswith(json.dumps(CODE[:-1])[1:-1]) and len(pieces) > len(CODE)
+    assert deltas[-1].finish_reason == "tool_calls" and "".join(d.text for d in deltas) == "I will write it.\n"
+    assert json.loads(call.arguments)["content"] == CODE
+
+
+@pytest.mark.parametrize("fmt, answer", [
+    ("qwen3_coder", ANSWERS[1][0]),
+    ("granite", '<|tool_call|>[{"name": "run", "arguments": {"cmd": "ls"}}, {"name": "write_file", "arguments": '
+                '{"path": "a", "content": "b"}}]'),
+])
+def test_an_answer_cut_anywhere_streams_the_calls_it_answers(tokenizer, fmt, answer):
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    for cut in range(len(ids) + 1):
+        out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt].for_functions(FUNCTIONS))
+        deltas = [out.push(_elements([i])) for i in ids[:cut]] + [out.finish("length")]
+        streamed = {}
+        for part in (p for d in deltas for p in d.tool_call_parts):
+            call = streamed.setdefault(part.index, [part.id, part.name, ""])
+            call[2] += part.arguments
+        whole = [[c.id, c.name, c.arguments] for d in deltas for c in d.tool_calls]
+        assert [streamed[i] for i in sorted(streamed)] == whole, cut
+        assert deltas[-1].finish_reason == "length"
+
+
+def _template_tokenizers(tmp_path, template, special=()):
+    from transformers import AutoTokenizer
+
+    from dashinfer_client.tokenizer import Tokenizer
+    path = build_tiny_tokenizer(str(tmp_path), template, special)
+    return Tokenizer(path), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize("template, special, fmt", [(QWEN3_CODER, (), "qwen3_coder"),
+                                                    (GRANITE, GRANITE_TOKENS, "granite")])
+def test_prompts_with_tools_and_a_round_trip_are_transformers_ids(tmp_path, template, special, fmt):
+    ours, reference = _template_tokenizers(tmp_path, template, special)
+    prompts = Prompts(ours)
+    assert prompts.tool_format.name == fmt and prompts.tool_format.template_renders_tools
+    arguments = {"path": "a.py", "content": "x = 1\n", "mode": 420, "force": True, "tags": ["a"]}
+    ask = [{"role": "user", "content": "Write a.py"}]
+    turn = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "write_file", "arguments": arguments}]}
+    result = {"role": "tool", "tool_call_id": "c1", "name": "write_file", "content": "written"}
+    hf_turn = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": arguments}}]}
+    tools = [{"type": "function", "function": f} for f in FUNCTIONS]
+    for mine, theirs in [(ask, ask), (ask + [turn, result], ask + [hf_turn, result])]:
+        expected = reference.apply_chat_template(theirs, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert prompts.chat_ids(mine, FUNCTIONS) == reference(expected, add_special_tokens=False)["input_ids"]
+    text = prompts.chat_text(ask + [turn, result], FUNCTIONS)
+    if fmt == "qwen3_coder":  # the call as the model writes it: a string as text, others as the template writes them
+        assert ("<function=write_file>\n<parameter=path>\na.py\n</parameter>\n<parameter=content>\nx = 1\n\n"
+                "</parameter>\n<parameter=mode>\n420\n</parameter>\n<parameter=force>\nTrue\n</parameter>\n"
+                '<parameter=tags>\n["a"]\n</parameter>\n</function>') in text
+        written = text[text.rindex("<tool_call>"):text.rindex("</tool_call>") + len("</tool_call>")]
+        _, [call], _ = _run(TOOL_PARSERS[fmt].for_functions(FUNCTIONS), [written])
+        assert json.loads(call.arguments) == arguments  # what the template wrote reads back as the call
+    else:  # Granite's template writes no calls (IBM's granite-io neither): the turn's content only
+        assert "<|start_of_role|>assistant<|end_of_role|><|end_of_text|>" in text and "write_file" in text
+
+
+def _random_answer(tokenizer, grammar, seed):
+    """What a model that picks any token the grammar allows writes (llguidance's mask)."""
+    import llguidance
+    import numpy as np
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+    ll = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str())
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    rng, ids, bits = random.Random(seed), [], allocate_token_bitmask(1, ll.vocab_size)
+    while not matcher.is_stopped() and not (matcher.is_accepting() and rng.random() < 0.6) and len(ids) < 3000:
+        fill_next_token_bitmask(matcher, bits, 0)
+        allowed = np.flatnonzero(np.unpackbits(bits[0].view(np.uint8), bitorder="little")[:ll.vocab_size])
+        allowed = [int(i) for i in allowed if i != ll.eos_token]
+        if not allowed:
+            break
+        ids.append(rng.choice(allowed))
+        assert matcher.consume_token(ids[-1])
+    assert matcher.is_accepting()
+    return tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "granite"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, fmt, parallel):
+    cls, schemas = TOOL_PARSERS[fmt], {f["name"]: f["parameters"] for f in FUNCTIONS}
+    for functions in (FUNCTIONS, [RUN]):  # tool_choice required, then a named function
+        for seed in range(6):
+            answer = _random_answer(tokenizer, cls.grammar(functions, parallel), seed)
+            content, calls, _ = _run(cls.for_functions(functions), [answer])
+            assert content.strip() == "" and calls and (parallel or len(calls) == 1), answer
+            for call in calls:
+                assert call.name in {f["name"] for f in functions}
+                jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+@pytest.mark.parametrize("bad", [
+    "<tool_call>\n<function=run>\n</function>\n</tool_call>",  # a required parameter left out
+    "<tool_call>\n<function=run>\n<parameter=cmd>\nmuch too long\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n<parameter=content>\nb\n</parameter>\n"
+    "<parameter=mode>\nrw\n</parameter>\n</function>\n</tool_call>",  # not an integer
+    "<tool_call>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n<parameter=content>\nb\n</parameter>\n"
+    "<parameter=level>\nmid\n</parameter>\n</function>\n</tool_call>",  # not in the enum
+    "<tool_call>\n<function=run>\n<parameter=cmd>\na</parameter>b\n</parameter>\n</function>\n</tool_call>",
+])
+def test_the_forced_grammar_refuses_what_breaks_the_schema(tokenizer, bad):
+    import llguidance
+    grammar = TOOL_PARSERS["qwen3_coder"].grammar(FUNCTIONS, False)
+    good = ("<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n<parameter=content>\n"
+            "x <b> y\n\n</parameter>\n<parameter=mode>\n7\n</parameter>\n<parameter=level>\nlow\n</parameter>\n"
+            "</function>\n</tool_call>")
+    ll = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str())
+    for text, accepted in ((good, True), (bad, False)):
+        matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert (all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()) == accepted, text
