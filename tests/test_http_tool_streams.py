@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_templates import HERMES_CHATML
+from tests.chat_templates import GRANITE, GRANITE_TOKENS, HERMES_CHATML, QWEN3_CODER
 from tests.helpers import tiny_with_template
 from tests.http_server import serving
 
@@ -70,3 +70,48 @@ def test_anthropic_stream_joins_into_the_unstreamed_input(hermes_server):
         assert partial  # the input streamed as input_json_delta events (how many: see the docstring)
         assert json.loads("".join(partial)) == use.input
     assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == [whole.stop_reason] == ["tool_use"]
+
+
+# A file write as Qwen3-Coder's and Granite's templates offer it: a text value and an integer one (the
+# XML format writes the integer as text and reads it back by the schema's type).
+WRITE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string", "minLength": 4, "maxLength": 16},
+                                                 "mode": {"type": "integer", "minimum": 0, "maximum": 777}},
+                "required": ["path", "mode"], "additionalProperties": False}
+WRITE = {"type": "function", "function": {"name": "write_file", "description": "Write a file",
+                                          "parameters": WRITE_SCHEMA}}
+UNDO_SCHEMA = {"type": "object", "properties": {"steps": {"enum": [1, 2]}}, "required": ["steps"],
+               "additionalProperties": False}
+UNDO = {"type": "function", "function": {"name": "undo", "parameters": UNDO_SCHEMA}}
+
+
+@pytest.fixture(scope="module", params=[("qwen3-coder", QWEN3_CODER, ()), ("granite", GRANITE, GRANITE_TOKENS)],
+                ids=lambda p: p[0])
+def format_server(tmp_path_factory, request):
+    name, template, special = request.param
+    _, out = tiny_with_template(tmp_path_factory, name, template, extra_special=special)
+    # the byte-level test tokenizer spends a token a byte on the templates' tool listings
+    with serving(out, str(tmp_path_factory.mktemp(name + "-serve") / "serve.log"), "--max-model-len", "2048",
+                 tp=1) as s:
+        yield s
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "write_file"}}])
+def test_a_forced_call_in_the_family_format_streams_what_it_answers_whole(format_server, tool_choice):
+    """Even a random model writes a call in the template's own format when the grammar forces one:
+    its arguments meet the schema (the XML values read back by type), and the stream joins into them."""
+    client = openai.OpenAI(base_url=format_server.url + "/v1", api_key="none", max_retries=0)
+    request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], tool_choice=tool_choice,
+                   parallel_tool_calls=False, max_tokens=200, temperature=0)
+    whole = client.chat.completions.create(**request)
+    [call] = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and not whole.choices[0].message.content
+    schema = UNDO_SCHEMA if call.function.name == "undo" else WRITE_SCHEMA
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    assert isinstance(tool_choice, str) or call.function.name == "write_file"
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert pieces[0].function.name == call.function.name and pieces[0].id
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -127,8 +127,8 @@ def _accepts(tokenizer, grammar, text) -> bool:
     ("llama3_json", False, '{"name": "get_time", "parameters": {"zone": "UTC"}}', 'It is noon.'),
     ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
      '[TOOL_CALLS][{"name": "get_date", "arguments": {}}]'),
-    ("granite", False, '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
-     '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {}}]'),
+    ("granite", False, '[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     '[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {}}]'),
     ("qwen3_coder", False, "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
      "<parameter=unit>\nF\n</parameter>\n</function>\n</tool_call>", "<tool_call>\n<function=get_weather>\n"
      "<parameter=city>\nRome\n</parameter>\n<parameter=unit>\nK\n</parameter>\n</function>\n</tool_call>"),
