@@ -125,8 +125,7 @@ def _accepts(tokenizer, grammar, text) -> bool:
     ("hermes", False, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
      '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'),
     ("llama3_json", False, '{"name": "get_time", "parameters": {"zone": "UTC"}}', 'It is noon.'),
-    ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
-     '[TOOL_CALLS][{"name": "get_date", "arguments": {}}]'),
+    ("mistral", True, '[{"name": "get_time", "arguments": {"zone": "UTC"}}]', '[{"name": "get_date", "arguments": {}}]'),
     ("granite", False, '[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
      '[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {}}]'),
     ("qwen3_coder", False, "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
@@ -144,6 +143,28 @@ def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, f
     schemas = {f["name"]: f["parameters"] for f in (WEATHER, TIME)}
     for call in calls:  # what the grammar lets through parses, and its arguments meet the schema
         jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+@pytest.mark.parametrize("fmt, marker", [("mistral", "[TOOL_CALLS]"), ("granite", "<|tool_call|>")])
+def test_a_forced_call_can_begin_where_the_marker_is_a_special_token(tmp_path, fmt, marker):
+    """Mistral's [TOOL_CALLS] and Granite's <|tool_call|> are special tokens of their tokenizers: the
+    grammar's first step must offer a token llguidance then takes (a literal marker offered only the
+    special token, and refused it: the request ended empty)."""
+    import llguidance
+    import numpy as np
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+    from dashinfer_client.tokenizer import Tokenizer
+    from tests.helpers import build_tiny_tokenizer
+    special = Tokenizer(build_tiny_tokenizer(str(tmp_path), extra_special=(marker,)))
+    ll = llguidance.LLTokenizer(special.backend_tokenizer.to_str(), eos_token=special.eos_token_id)
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(TOOL_PARSERS[fmt].grammar([TIME], False)),
+                                   log_level=0)
+    bits = allocate_token_bitmask(1, ll.vocab_size)
+    fill_next_token_bitmask(matcher, bits, 0)
+    offered = np.flatnonzero(np.unpackbits(bits[0].view(np.uint8), bitorder="little")[:ll.vocab_size])
+    assert len(offered) and all(matcher.validate_tokens([int(i)]) == 1 for i in offered)
+    assert _accepts(special, TOOL_PARSERS[fmt].grammar([TIME], False), '[{"name": "get_time", "arguments": {"zone": "UTC"}}]')
 
 
 def test_templates_without_tools_get_them_in_a_system_message(tokenizer):

@@ -2,7 +2,7 @@
 another marker. <|tool_call|> is a special token of Granite's tokenizer, which the decoder skips: a
 list alone is read as calls too. Granite's template renders the tools (an `available_tools` turn)
 but not past calls: it writes a turn's content only, as IBM's granite-io does."""
-from .base import calls_schema, lark_json, register_tool_parser
+from .base import register_tool_parser
 from .mistral import MistralToolParser
 
 
@@ -12,12 +12,3 @@ class GraniteToolParser(MistralToolParser):
     markers = ("<|tool_call|>",)
     prefix = "<|tool_call|>"
 
-    @classmethod
-    def grammar(cls, functions, parallel):
-        """The list alone: the marker, a special token, cannot stand in the grammar as text (llguidance's
-        mask offers the special token for the literal, then refuses it: its bytes are not the text's),
-        and the decoder would skip it anyway."""
-        schema = calls_schema(functions, parallel=True)
-        if not parallel:
-            schema["maxItems"] = 1
-        return f"start: {lark_json(schema)}\n"

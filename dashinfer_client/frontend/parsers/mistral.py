@@ -16,10 +16,13 @@ class MistralToolParser(JsonToolParser):
 
     @classmethod
     def grammar(cls, functions, parallel):
+        """The list alone: the marker, a special token, cannot stand in the grammar as text (llguidance's
+        mask offers the special token for the literal, then refuses it: its bytes are not the text's),
+        and the decoder would skip it anyway."""
         schema = calls_schema(functions, parallel=True)
         if not parallel:
             schema["maxItems"] = 1
-        return f'start: "{cls.prefix}" {lark_json(schema)}\n'
+        return f"start: {lark_json(schema)}\n"
 
     @classmethod
     def text_of(cls, calls):
