@@ -3,17 +3,18 @@ see serve.py).
 
     POST /v1/chat/completions, POST /v1/completions   OpenAI's (stream: Server-Sent Events)
     POST /v1/messages, POST /v1/messages/count_tokens Anthropic's Messages API (anthropic.py)
+    POST /v1/responses                                 OpenAI's Responses API, stateless (responses_api.py)
     GET  /v1/models, /health (200 serving, 503 not), /metrics (Prometheus text)
     POST /tokenize, /detokenize                        (vLLM's shapes: tokenize.py)
 
 With an API key every /v1 route and /tokenize, /detokenize want `Authorization: Bearer <key>` or
 `x-api-key: <key>`. Errors are in the shape of the route's API (OpenAI's {"error": {message, type,
 param, code}}, Anthropic's {"type": "error", "error": {type, message}}) with the HTTP status of
-errors.STATUS_TO_HTTP. Both APIs run on the same front end: parsed Jobs, one per choice, each
+errors.STATUS_TO_HTTP. Every API runs on the same front end: parsed Jobs, one per choice, each
 through generate() and the admission gate (admission.py: 429 beyond the queue's bound, deadlines)
 in a Choices, and an answer object that shapes the Deltas (responses.Answer,
-anthropic.MessageAnswer). /health and /metrics run on threads of their own, so a queue of engine
-calls never delays them.
+anthropic.MessageAnswer, responses_api.ResponseAnswer). /health and /metrics run on threads of their
+own, so a queue of engine calls never delays them.
 """
 import asyncio
 import contextlib
@@ -27,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from . import anthropic
+from . import anthropic, responses_api
 from .admission import Admission
 from .choices import Choices
 from .errors import ApiError, bad_request
@@ -36,7 +37,8 @@ from .protocol import chat_choices, check_model, completion_choices
 from .responses import Answer
 from .tokenize import tokenize_routes
 
-GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")  # what the admission gate bounds
+# what the admission gate bounds
+GENERATING_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 
 
 def create_app(served, api_key=None, admission=None) -> FastAPI:
@@ -142,6 +144,10 @@ def create_app(served, api_key=None, admission=None) -> FastAPI:
     @v1.post("/messages")
     async def messages(request: Request):
         return await complete(request, anthropic.parse_messages, anthropic.MessageAnswer)
+
+    @v1.post("/responses")
+    async def responses(request: Request):
+        return await complete(request, responses_api.parse_responses, responses_api.ResponseAnswer)
 
     @v1.post("/messages/count_tokens")
     async def count_tokens(request: Request):

@@ -69,6 +69,7 @@ class Job:
     echo: str = ""            # text put before the answer (/v1/completions' echo)
     tools: ToolSettings = field(default_factory=ToolSettings)
     prompt_text: str = ""     # a chat prompt's text (its end may open the reasoning)
+    settings: dict = None     # what the answer repeats of its request (a Responses API Response does)
 
 
 def check_model(body: dict, served) -> None:
