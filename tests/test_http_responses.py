@@ -223,6 +223,17 @@ def test_store_is_taken_and_nothing_is_kept(client):
     assert kept.usage.output_tokens > 0 and kept.store is False and kept.metadata == {"k": "v"} and kept.user == "u-1"
 
 
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_gave(client):
+    """The same long input again: its whole blocks come from the prefix cache (the server's log line
+    counts them too), whole or streamed."""
+    request = dict(model="tiny", input="What is the capital of France? " * 30, max_output_tokens=2, temperature=0)
+    client.responses.create(**request)
+    again = client.responses.create(**request).usage
+    streamed = _streamed(client, **request)[0].usage
+    assert 0 < again.input_tokens_details.cached_tokens < again.input_tokens
+    assert streamed.input_tokens_details.cached_tokens == again.input_tokens_details.cached_tokens
+
+
 def test_the_key_and_the_model_are_checked(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).responses.create(

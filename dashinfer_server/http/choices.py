@@ -26,8 +26,9 @@ class Choices:
 
     def usage(self) -> Usage:
         """OpenAI's: each prompt counted once, however many choices it had; every choice's completion."""
-        prompts = {job.prompt_index: u.prompt_tokens for job, u in zip(self.jobs, self.usages)}
-        return Usage(sum(prompts.values()), sum(u.completion_tokens for u in self.usages))
+        prompts = {job.prompt_index: u for job, u in zip(self.jobs, self.usages)}
+        return Usage(sum(u.prompt_tokens for u in prompts.values()), sum(u.completion_tokens for u in self.usages),
+                     sum(u.cached_tokens for u in prompts.values()))
 
     async def whole(self) -> list:
         """(Job, its Deltas) of every choice; ApiError when the engine refuses one or one is

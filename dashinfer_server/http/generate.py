@@ -23,6 +23,7 @@ _OPENAI_FINISH = {"abort": "stop"}
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, taken from the prefix cache
 
     def to_dict(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -73,7 +74,9 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
                 break
         if not output.stopped and queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
             raise unavailable(f"the request was interrupted: {queue.error or 'the engine stopped it'}")
-        delta = output.finish(queue.RequestStatInfo()["finish_reason"])
+        info = queue.RequestStatInfo()
+        usage.cached_tokens = info["context_cached_length"]
+        delta = output.finish(info["finish_reason"])
         delta.finish_reason = _OPENAI_FINISH.get(delta.finish_reason, delta.finish_reason)
         yield delta
         metrics.finished(usage, time.monotonic() - started, delta.finish_reason)
