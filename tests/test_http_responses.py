@@ -150,6 +150,8 @@ def test_max_output_tokens_makes_it_incomplete(client):
     response = client.responses.create(model="tiny", input=ASK, max_output_tokens=3, temperature=0)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 3 and response.output[0].status == "incomplete"
+    late = client.responses.create(model="tiny", input=ASK, temperature=0, extra_body={"timeout": 0.001})
+    assert late.status == "incomplete" and late.incomplete_details.reason == "timeout"
     # a call cut inside its arguments is an incomplete function_call item holding what was written
     request = dict(model="tiny", input=ASK, tools=[WEATHER], tool_choice="required", temperature=0)
     full = client.responses.create(**request, max_output_tokens=96).output[0]
