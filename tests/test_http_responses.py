@@ -14,6 +14,9 @@ import jsonschema
 import openai
 import pytest
 
+from dashinfer_client.frontend import Delta
+from dashinfer_client.frontend.parsers.base import ToolCallPart
+from dashinfer_server.http.responses_api import _Items
 from tests.chat_templates import THINK_CHATML
 from tests.helpers import tiny_with_template
 from tests.http_server import API_KEY, default_model_dir, serving
@@ -199,11 +202,14 @@ def test_the_stream_ends_in_the_whole_response(client, request_):
     ({"max_output_tokens": 0}, ["max_output_tokens"], "max_output_tokens"),
     ({"truncation": "auto"}, ["truncation"], "truncation"),
     ({"include": ["message.output_text.logprobs"]}, ["include"], "include"),
+    ({"include": [{"not": "a string"}]}, ["include"], "include"),
+    ({"tools": [{"type": "function", "parameters": CITY}]}, ["tools[0]", "name"], "tools"),
     ({"reasoning": {"effort": "extreme"}}, ["reasoning.effort"], "reasoning"),
     ({"temperature": -1}, ["temperature"], None),
 ], ids=["unknown", "previous-response", "conversation", "background", "hosted-tool", "choice-no-name",
         "choice-unknown-name", "image", "item-reference", "bad-arguments", "empty-input", "schema-missing",
-        "no-tokens", "truncation", "include-logprobs", "effort", "temperature"])
+        "no-tokens", "truncation", "include-logprobs", "include-object", "tool-without-name", "effort",
+        "temperature"])
 def test_malformed_or_stateful_bodies_are_400s(server, client, patch, words, param):
     body = dict({"model": "tiny", "input": ASK, "max_output_tokens": 4}, **patch)
     r = httpx.post(server.url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
@@ -243,6 +249,19 @@ def test_the_key_and_the_model_are_checked(server):
     with pytest.raises(openai.NotFoundError):
         openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0).responses.create(
             model="gpt-nope", input="hi", max_output_tokens=2)
+
+
+def test_the_rest_of_an_open_call_goes_to_it_before_the_text_of_the_same_step():
+    """A step that ends a call and writes text after it (a hermes answer's trailing text): the
+    call's last arguments join the call, the text a message after it (no process: the items alone)."""
+    items = _Items()
+    list(items.add(Delta(tool_call_parts=[ToolCallPart("call_1", "get_weather", '{"city": ', 0)])))
+    events = list(items.add(Delta(text="Done.", tool_call_parts=[ToolCallPart("call_1", None, '"Paris"}', 0)])))
+    list(items.finish(Delta(finish_reason="tool_calls")))
+    assert [(o["type"], o["status"], o.get("arguments") or o["content"][0]["text"]) for o in items.output] == \
+        [("function_call", "completed", '{"city": "Paris"}'), ("message", "completed", "Done.")]
+    assert [kind for kind, _ in events][:2] == ["response.function_call_arguments.delta",
+                                                 "response.function_call_arguments.done"]
 
 
 # ---- reasoning, on a tiny model whose template opens <think> ----------------------------------

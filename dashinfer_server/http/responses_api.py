@@ -60,7 +60,7 @@ def parse_responses(body, served) -> list:
             raise bad_request(f"'{key}' is not supported by this server" +
                               (f" (only {neutral!r})" if neutral is not None else ""), key)
     include = body.get("include") or []
-    if not isinstance(include, list) or set(include) - _INCLUDABLE:
+    if not isinstance(include, list) or not all(isinstance(v, str) and v in _INCLUDABLE for v in include):
         raise bad_request(f"'include' may only hold {', '.join(sorted(_INCLUDABLE))} here, got {include!r}", "include")
     chat = {k: body[k] for k in _PASSED if body.get(k) is not None}
     chat["messages"] = _instructions(body.get("instructions")) + _messages(body.get("input"))
@@ -161,6 +161,9 @@ def _tools(tools):
     others = sorted({str(t.get("type")) if isinstance(t, dict) else repr(t) for t in tools} - {"function"})
     if others:
         raise bad_request(f"tools of type {', '.join(others)} are not supported here: only 'function' tools", "tools")
+    for k, tool in enumerate(tools):
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad_request(f"tools[{k}]: a function tool needs its 'name'", "tools")
     return [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
                                               if t.get(k) is not None}} for t in tools]
 
@@ -276,19 +279,22 @@ class _Items:
         self.status, self.reason = "completed", None
 
     def add(self, delta):
-        """(event type, body) of each event the Delta makes."""
+        """(event type, body) of each event the Delta makes: its reasoning, the rest of the call
+        already open (written before any text of this step), its text, then the calls it begins."""
         if delta.reasoning:
             yield from self._write("reasoning", delta.reasoning)
+        parts = delta.tool_call_parts
+        begun = next((k for k, p in enumerate(parts) if p.name is not None), len(parts))
+        for part in parts[:begun]:
+            yield from self._arguments(part.arguments)
         if delta.text:
             yield from self._write("message", delta.text)
-        for part in delta.tool_call_parts:  # an item per call, its arguments' JSON in pieces
+        for part in parts[begun:]:  # an item per call, its arguments' JSON in pieces
             if part.name is not None:
                 yield from self._close("completed")
                 yield from self._start({"type": "function_call", "id": "fc_" + uuid.uuid4().hex,
                                         "call_id": part.id, "name": part.name, "arguments": ""})
-            if part.arguments:
-                self.open["arguments"] += part.arguments
-                yield "response.function_call_arguments.delta", dict(self._where(), delta=part.arguments)
+            yield from self._arguments(part.arguments)
 
     def finish(self, last):
         """The events that close the answer, whose last Delta is `last` (None: it had none). An
@@ -298,6 +304,11 @@ class _Items:
         if not self.output:
             yield from self._start(_EMPTY["message"]())
         yield from self._close(self.status)
+
+    def _arguments(self, text):
+        if text:
+            self.open["arguments"] += text
+            yield "response.function_call_arguments.delta", dict(self._where(), delta=text)
 
     def _write(self, kind, text):
         if self.open is None or self.open["type"] != kind:
