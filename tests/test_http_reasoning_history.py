@@ -4,8 +4,8 @@ QWEN3: an assistant turn's `reasoning_content` is written in <think> after the l
 tool-call loop, and dropped before it). OpenAI's `reasoning_content` and vLLM's `reasoning` on an
 assistant message, and Anthropic's `thinking` blocks (redacted_thinking's opaque data is dropped),
 give the prompt transformers' apply_chat_template renders with `reasoning_content` set; the round
-trip too: the reasoning and call the server answered in turn 1, sent back with the call's result.
-gpt-oss's `thinking` is tests/test_http_harmony.py's."""
+trip too: the reasoning and call the server answered in turn 1, sent back with the call's result;
+and the Responses API's reasoning items. gpt-oss's `thinking` is tests/test_http_harmony.py's."""
 import anthropic
 import httpx
 import openai
@@ -115,3 +115,21 @@ def test_thinking_blocks_reach_the_template(qwen3):
         counted = client.messages.count_tokens(model="tiny", messages=messages, tools=[tool])
         expected = _reference_ids(tokenizer, ASK + [_turn("reasoning_content"), RESULT])
         assert counted.input_tokens == len(expected)
+
+
+def test_the_responses_round_trip_sends_its_reasoning_item_back(qwen3):
+    """Responses API: a reasoning item and the function_call after it, sent back with the call's
+    output (as agents send the output items they got), give the prompt transformers renders with
+    reasoning_content."""
+    tokenizer, server = qwen3
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    tool = dict(WEATHER["function"], type="function")
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": REASONING}]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}
+    second = client.responses.create(model="tiny", input=ASK + [reasoning, call, output], tools=[tool],
+                                     max_output_tokens=1)
+    expected = _reference_ids(tokenizer, ASK + [_turn("reasoning_content"), RESULT])
+    assert REASONING in tokenizer.decode(expected)
+    assert second.usage.input_tokens == len(expected)

@@ -8,7 +8,8 @@ and completions routes' bodies are responses.py's.)
     input items: message              -> a message (input_text / output_text parts joined)
                  function_call        -> a tool call of the assistant message before it (or of a new one)
                  function_call_output -> a tool message
-                 reasoning            -> dropped (earlier reasoning does not go back into the prompt)
+                 reasoning            -> the reasoning of the assistant message or call after it (the
+                                         template decides what it keeps, as on the chat route)
     tools (flat function tools)       -> tools[].function; tool_choice {type function, name} -> named
     max_output_tokens -> max_completion_tokens; text.format -> response_format;
     reasoning.effort -> reasoning_effort
@@ -106,7 +107,7 @@ def _messages(items) -> list:
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise bad_request("'input' must be a string or a non-empty list of items", "input")
-    out = []
+    out, reasoning = [], None  # reasoning: an item's text, for the assistant output it precedes
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message" if "role" in item else None) if isinstance(item, dict) else None
@@ -114,6 +115,8 @@ def _messages(items) -> list:
             if item.get("role") not in ("user", "system", "developer", "assistant"):
                 raise bad_request(f"{where}: role must be 'user', 'system', 'developer' or 'assistant'", "input")
             out.append({"role": item["role"], "content": _text(item.get("content"), where)})
+            if item["role"] == "assistant" and reasoning is not None:
+                out[-1]["reasoning"], reasoning = reasoning, None
         elif kind == "function_call":
             call_id, name, arguments = (item.get(k) for k in ("call_id", "name", "arguments"))
             if not all(isinstance(v, str) for v in (call_id, name, arguments)):
@@ -122,8 +125,10 @@ def _messages(items) -> list:
                 arguments_object(arguments, where)
             except PromptError as e:
                 raise bad_request(str(e), "input") from None
-            if not out or out[-1]["role"] != "assistant":
+            if not out or out[-1]["role"] != "assistant" or (reasoning is not None and "reasoning" in out[-1]):
                 out.append({"role": "assistant", "content": None})
+            if reasoning is not None:
+                out[-1]["reasoning"], reasoning = reasoning, None
             out[-1].setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         elif kind == "function_call_output":
@@ -131,10 +136,25 @@ def _messages(items) -> list:
                 raise bad_request(f"{where}: a function_call_output needs its 'call_id'", "input")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": _text(item.get("output"), f"{where}.output")})
-        elif kind != "reasoning":  # earlier reasoning does not go back into the prompt
+        elif kind == "reasoning":
+            reasoning = _reasoning_text(item, where)
+        else:
             raise bad_request(f"{where}: items of type {kind!r} are not supported here (message, function_call, "
                               f"function_call_output, reasoning)", "input")
     return out
+
+
+def _reasoning_text(item, where) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary (encrypted_content,
+    which only OpenAI can read, is no text)."""
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key) or []
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                  and p.get("type") == part_type for p in parts):
+            raise bad_request(f"{where}.{key} must be a list of {part_type} parts", "input")
+        if parts:
+            return "".join(p["text"] for p in parts)
+    return None
 
 
 def _text(content, where) -> str:
