@@ -51,6 +51,10 @@ ANSWERS = [
     ("Use <tool_call> tags.\n<function=run>\n<parameter=cmd>\nprintf 'Grüße'\n</parameter>\n</function>",
      "Use <tool_call> tags.\n", [("run", {"cmd": "printf 'Grüße'"})]),
     ("No call: 2 < 3, <b>bold</b> and <function no.", "No call: 2 < 3, <b>bold</b> and <function no.", []),
+    # numbers JSON has no spelling for (NaN, an overflow to infinity) stay text, as vLLM keeps them: the
+    # arguments are JSON
+    ("<tool_call>\n<function=write_file>\n<parameter=ratio>\nNaN\n</parameter>\n<parameter=tags>\n[1e999]\n"
+     "</parameter>\n</function>\n</tool_call>", "", [("write_file", {"ratio": "NaN", "tags": "[1e999]"})]),
 ]
 
 

@@ -231,11 +231,13 @@ def _is(value, type_name) -> bool:
 
 
 def _read(text, schema):
-    """A value's text as its schema's type (not text): JSON, else a Python literal, else the text."""
+    """A value's text as its schema's type (not text): JSON, else a Python literal, else the text.
+    A value holding NaN or an infinity (1e999) stays text: the arguments must be JSON, which has none."""
     types = _types(schema)
     for reading in (json.loads, ast.literal_eval):
         try:
             value = reading(text)
+            json.dumps(value, allow_nan=False)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
         if value is None or any(_is(value, t) for t in types):
