@@ -173,15 +173,19 @@ def test_errors_have_openai_shape_and_status(server, body, status, words):
     ("/v1/messages", '{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800"}]}'),
     ("/v1/chat/completions", '{"model": "tiny", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}"),
     ("/tokenize", '{"prompt": "\\ud800"}'),
-], ids=["chat-surrogate", "completions-surrogate", "messages-surrogate", "deep-nesting", "tokenize-surrogate"])
+    ("/v1/responses", '{"model": "tiny", "input": "hi", "max_output_tokens": 2, "metadata": {"k": NaN}}'),
+    ("/v1/responses", '{"model": "tiny", "input": "hi", "max_output_tokens": 2, "user": -Infinity}'),
+], ids=["chat-surrogate", "completions-surrogate", "messages-surrogate", "deep-nesting", "tokenize-surrogate",
+        "responses-nan", "responses-infinity"])
 def test_json_that_is_no_text_is_a_400_in_the_routes_shape(server, client, route, body):
-    """A lone surrogate escape is valid JSON but no Unicode text (no tokenizer takes it), and a body
-    nested past Python's recursion limit cannot be read: both are the client's mistake."""
+    """A lone surrogate escape is valid JSON but no Unicode text (no tokenizer takes it), a body
+    nested past Python's recursion limit cannot be read, and NaN / Infinity are no JSON (Python's
+    reader takes them; an answer that echoes them cannot be written): all are the client's mistake."""
     r = httpx.post(server.url + route, content=body.encode(), timeout=120,
                    headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert ("surrogate" in error["message"] or "nested" in error["message"]), error
+    assert any(w in error["message"] for w in ("surrogate", "nested", "NaN is not JSON", "Infinity is not JSON")), error
     answer = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)  # still serving
     assert answer.choices[0].finish_reason in ("stop", "length")
 

@@ -170,13 +170,14 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 def _parse_json(raw: bytes) -> dict:
     """The body as a JSON object, or a 400: not JSON, nested past Python's recursion limit, or
-    holding a lone UTF-16 surrogate (valid JSON, not text: no tokenizer can take it)."""
+    holding a lone UTF-16 surrogate (valid JSON, not text: no tokenizer can take it). NaN and
+    Infinity, which Python's reader takes, are no JSON: echoed in an answer, they could not be written."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the body is not valid JSON: {e}") from None
+        body = json.loads(raw, parse_constant=_no_constant)
     except RecursionError:
         raise bad_request("the body is not valid JSON here: it is nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, _no_constant's
+        raise bad_request(f"the body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     if _SURROGATE_ESCAPE.search(raw):
@@ -186,6 +187,10 @@ def _parse_json(raw: bytes) -> dict:
             raise bad_request(f"the body holds a lone UTF-16 surrogate ({e.object[e.start]!r}), which is not "
                               f"Unicode text") from None
     return body
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 async def _unless_disconnected(request, work):
