@@ -335,3 +335,14 @@ def test_a_cut_calls_input_is_read_as_anthropics_sdk_reads_it():
     for text in texts:
         for k in range(1, len(text) + 1):
             assert ToolCall("f", text[:k]).arguments_dict() == from_json(text[:k].encode(), partial_mode=True), text[:k]
+
+
+def test_a_calls_input_holds_no_nan_or_infinity():
+    """A model may write NaN or Infinity (or a number past float's range) in its arguments: the
+    object, which Anthropic's tool_use input carries in a JSON answer, has null there, as
+    JavaScript's JSON.stringify writes them (the answer could not be written: a 500)."""
+    text = '{"x": NaN, "y": [1e999, -Infinity, 2.5], "z": {"w": Infinity}}'
+    for arguments in (text, text[:-2]):  # whole, and cut short
+        value = ToolCall("f", arguments).arguments_dict()
+        assert json.loads(json.dumps(value, allow_nan=False)) == value
+    assert ToolCall("f", text).arguments_dict() == {"x": None, "y": [None, None, 2.5], "z": {"w": None}}

@@ -7,6 +7,7 @@ the beginning of a tag stays with it until the next piece (or the end) says what
 never leaks into the content.
 """
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -191,9 +192,11 @@ def call_from(obj, argument_keys=("arguments", "parameters")):
 def json_prefix(text: str):
     """The JSON value of a text that may be cut short: what was written whole, open containers closed;
     a string, number or literal the cut fell inside is left out, with its key (as the anthropic SDK
-    reads a cut stream of input_json_delta, jiter's partial mode). None when nothing of it is JSON."""
+    reads a cut stream of input_json_delta, jiter's partial mode). None when nothing of it is JSON.
+    NaN and infinities (NaN, Infinity, 1e999), which a JSON answer cannot carry, are null, as
+    JavaScript's JSON.stringify writes them."""
     try:
-        return json.loads(text)
+        return _json_finite(text)
     except ValueError:
         pass
     cuts, open_, state = [], [], JsonDepth()  # cuts: (where no token is open, the closers there)
@@ -209,10 +212,16 @@ def json_prefix(text: str):
     for at, closers in reversed(cuts):
         head = text[:at].rstrip()
         try:
-            return json.loads(head.removesuffix(",") + closers)
+            return _json_finite(head.removesuffix(",") + closers)
         except ValueError:
             continue
     return None
+
+
+def _json_finite(text: str):
+    """json.loads with NaN and infinities read as None."""
+    return json.loads(text, parse_constant=lambda _: None,
+                      parse_float=lambda number: value if math.isfinite(value := float(number)) else None)
 
 
 def json_values(text: str):
