@@ -64,15 +64,15 @@ def response_format_schema(response_format, key="response_format"):
     if kind == "grammar":  # constrains the output, but to no JSON schema
         response_format_grammar(response_format, key)
         return None
-    extra = set(response_format) - {"type", "json_schema", REASONING_END}
+    extra = set(response_format) - {"type", "json_schema", *REASONING_BOUNDS}
     if extra:
-        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; it takes 'type', 'json_schema' and "
-                         f"'{REASONING_END}'")
+        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; it takes 'type', 'json_schema', "
+                         f"'reasoning_start' and 'reasoning_end'")
     if kind == "text":
-        if response_format.get("json_schema") is not None or REASONING_END in response_format:
-            raise ValueError(f"{key}: type 'text' takes no json_schema or {REASONING_END}")
+        if response_format.get("json_schema") is not None or set(REASONING_BOUNDS) & set(response_format):
+            raise ValueError(f"{key}: type 'text' takes no json_schema, reasoning_start or reasoning_end")
         return None
-    response_format_reasoning_end(response_format, key)
+    response_format_reasoning(response_format, key)
     if kind not in ("json_object", "json_schema"):
         raise ValueError(f"{key}: type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
     schema = response_format.get("json_schema")
@@ -94,7 +94,7 @@ def response_format_schema(response_format, key="response_format"):
     return schema
 
 
-REASONING_END = "reasoning_end"
+REASONING_BOUNDS = ("reasoning_start", "reasoning_end")
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 
 
@@ -120,26 +120,31 @@ def response_format_grammar(response_format, key="response_format"):
     tool calls with it (dashinfer_client/frontend/parsers)."""
     if response_format is None or response_format.get("type") != "grammar":
         return None
-    extra = set(response_format) - {"type", "grammar", REASONING_END}
+    extra = set(response_format) - {"type", "grammar", *REASONING_BOUNDS}
     if extra:
-        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; type 'grammar' takes 'grammar' and "
-                         f"'{REASONING_END}'")
+        raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; type 'grammar' takes 'grammar', "
+                         f"'reasoning_start' and 'reasoning_end'")
     grammar = response_format.get("grammar")
     if not isinstance(grammar, str) or not grammar.strip():
         raise ValueError(f"{key}: type 'grammar' needs a 'grammar' string (lark)")
-    response_format_reasoning_end(response_format, key)
+    response_format_reasoning(response_format, key)
     return grammar
 
 
-def response_format_reasoning_end(response_format, key="response_format"):
-    """The text after which the constraint starts (DashInfer's key "reasoning_end" on a json or
-    grammar form), or None: the output is free up to its first occurrence, as a reasoning model
-    thinks before its structured answer (the HTTP server sets "</think>" where the prompt opened
-    the reasoning). ValueError unless a non-empty string."""
-    end = (response_format or {}).get(REASONING_END)
-    if end is not None and (not isinstance(end, str) or not end):
-        raise ValueError(f"{key}: {REASONING_END} must be a non-empty string, got {brief(end)}")
-    return end
+def response_format_reasoning(response_format, key="response_format"):
+    """(reasoning_start, reasoning_end) of a json or grammar form (DashInfer's keys), each None when
+    left out. With reasoning_end the output is free up to its first occurrence, constrained after it,
+    as a reasoning model thinks before its structured answer; with reasoning_start too, that free
+    part is optional and begins with it (a model that opens its reasoning itself, or answers at
+    once). The HTTP server sets them from the chat template's <think>. ValueError unless non-empty
+    strings, and reasoning_start without reasoning_end."""
+    bounds = tuple((response_format or {}).get(k) for k in REASONING_BOUNDS)
+    for name, text in zip(REASONING_BOUNDS, bounds):
+        if text is not None and (not isinstance(text, str) or not text):
+            raise ValueError(f"{key}: {name} must be a non-empty string, got {brief(text)}")
+    if bounds[0] is not None and bounds[1] is None:
+        raise ValueError(f"{key}: reasoning_start needs reasoning_end")
+    return bounds
 
 
 def _vocab(key, v):

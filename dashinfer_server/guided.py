@@ -21,6 +21,8 @@ Forms of response_format (dashinfer_client.generation_config checks their shape)
   "reasoning_end": TEXT in a json or grammar form     the output is free up to TEXT's first
                                                       occurrence, constrained after it (a reasoning
                                                       model's </think>; vLLM lets it reason too)
+  "reasoning_start": TEXT beside it                   that free part is optional and begins with
+                                                      TEXT (<think>, which a model opens itself)
 The request ends where the grammar ends (the closing brace of the object), with finish reason
 eos; an eos id is allowed wherever the grammar may end, and ends the request too.
 """
@@ -30,7 +32,7 @@ import threading
 
 import numpy as np
 
-from dashinfer_client.generation_config import (response_format_grammar, response_format_reasoning_end,
+from dashinfer_client.generation_config import (response_format_grammar, response_format_reasoning,
                                                 response_format_schema)
 
 log = logging.getLogger("dashinfer_server")
@@ -112,9 +114,9 @@ class Grammars:
         try:
             grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
                        llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
-            end = response_format_reasoning_end(response_format)
+            start, end = response_format_reasoning(response_format)
             if end is not None:
-                grammar = after_free_text(end, {"lark_grammar": lark} if lark is not None else
+                grammar = after_free_text(start, end, {"lark_grammar": lark} if lark is not None else
                                           json.loads(grammar)["grammars"][0])
         except (ValueError, RecursionError) as e:
             # llguidance's parser refuses some schemas before the matcher sees them (a nesting past its
@@ -126,12 +128,19 @@ class Grammars:
         return Guide(matcher, self.vocab_size, tokenizer.eos_token, eos_ids)
 
 
-def after_free_text(end: str, constrained: dict) -> str:
-    """llguidance's grammar of free text up to the first `end` (included), optional whitespace,
-    then `constrained` (one of its grammars: {"lark_grammar": ...} or {"json_schema": ...})."""
-    literal = "".join(f"\\x{{{ord(c):x}}}" for c in end)  # any character, escaped for its regex
-    free = f"start: free /[ \\t\\r\\n]*/ @constrained\nfree[lazy]: /(?s:.*){literal}/\n"
-    return json.dumps({"grammars": [{"lark_grammar": free}, dict(constrained, name="constrained")]})
+def after_free_text(start, end: str, constrained: dict) -> str:
+    """llguidance's grammar of free text up to the first `end` (included; with `start`, optional and
+    beginning with it), optional whitespace, then `constrained` (one of its grammars:
+    {"lark_grammar": ...} or {"json_schema": ...})."""
+    free = f"free[lazy]: /{_regex_literal(start or '')}(?s:.*){_regex_literal(end)}/\n"
+    reasoning = "(free /[ \\t\\r\\n]*/)?" if start else "free /[ \\t\\r\\n]*/"
+    head = f"start: {reasoning} @constrained\n"
+    return json.dumps({"grammars": [{"lark_grammar": head + free}, dict(constrained, name="constrained")]})
+
+
+def _regex_literal(text: str) -> str:
+    """text as a regex that matches it alone: every character escaped by its code point."""
+    return "".join(f"\\x{{{ord(c):x}}}" for c in text)
 
 
 class Guide:

@@ -60,7 +60,8 @@ def test_forms(response_format, schema):
                                  {"type": "json_schema"}, {"type": "text", "json_schema": PERSON},
                                  {"type": "json_object", "schema": PERSON},
                                  {"type": "text", "reasoning_end": "</think>"},
-                                 {"type": "json_object", "reasoning_end": ""}])
+                                 {"type": "json_object", "reasoning_end": ""},
+                                 {"type": "json_object", "reasoning_start": "<think>"}])
 def test_malformed_refused_by_the_builder(bad):
     with pytest.raises(ValueError, match="response_format"):
         allspark.ASGenerationConfigBuilder().response_format(bad)
@@ -161,6 +162,29 @@ def test_reasoning_end_masks_nothing_before_it(serialized_tiny):
     for token in tok.encode('{"n": 7, "ok": true, "tag": "b", "s": "xy"}', add_special_tokens=False):
         guide.advance(token)
     assert guide.ended and guide.error is None
+
+
+def test_reasoning_start_makes_the_reasoning_optional(serialized_tiny):
+    """With reasoning_start too, the answer either opens the reasoning with it (then free up to
+    reasoning_end, constrained after) or is constrained from its first token."""
+    loader = serialized_tiny("llama")
+    tok, vocab = loader.get_tokenizer(), loader.config.vocab_size
+    rf = {"type": "json_object", "json_schema": TINY_SCHEMA, "reasoning_start": "<think>", "reasoning_end": "</think>"}
+    obj = '{"n": 7, "ok": true, "tag": "b", "s": "xy"}'
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False)
+    letter, brace, angle = (tok.convert_tokens_to_ids(c) for c in "x{<")
+    for answer, free_at in ((obj, None), ("<think>\nx{ </thin </think>\n\n" + obj, len(ids("<think>")))):
+        guide = Grammars(lambda: tok, vocab).guide(rf, [5])
+        for i, token in enumerate(ids(answer)):
+            row = np.zeros(vocab, np.float32)
+            guide.apply(row)
+            if i == 0:
+                assert row[brace] == 0 and row[angle] == 0 and row[letter] == -np.inf
+            if i == free_at:
+                assert row[letter] == 0
+            guide.advance(token)
+        assert guide.ended and guide.error is None, answer
 
 
 @pytest.mark.parametrize("schema", ['{"type": "objectx"}',

@@ -81,11 +81,20 @@ class Prompts:
         fmt = self.reasoning_format
         return None if fmt is None else fmt(inside=self._opens_reasoning(prompt_text))
 
-    def reasoning_end(self, prompt_text):
-        """What ends the reasoning that `prompt_text` opened (templates that start the answer inside
-        <think>), or None: a constrained answer (response_format, forced tool calls) is constrained
-        only after it, else it would be written, and read, as reasoning."""
-        return self.reasoning_format.closer if self._opens_reasoning(prompt_text) else None
+    def reasoning_bounds(self, prompt_text) -> dict:
+        """Where a constrained answer (response_format, forced tool calls) may reason first, as
+        response_format's reasoning_start / reasoning_end: after a prompt that opened <think>, up to
+        its closer; where the model opens it itself (Qwen3 with thinking on), an optional <think>
+        block; nothing where the prompt closed it (thinking off) or the model has no such format.
+        Else the reasoning would be forbidden, or the answer written, and read, as reasoning."""
+        fmt = self.reasoning_format
+        if fmt is None or fmt.closer is None:
+            return {}
+        if self._opens_reasoning(prompt_text):
+            return {"reasoning_end": fmt.closer}
+        if prompt_text.rstrip().endswith(fmt.closer):
+            return {}
+        return {"reasoning_start": fmt.markers[0], "reasoning_end": fmt.closer}
 
     def _opens_reasoning(self, prompt_text) -> bool:
         fmt = self.reasoning_format

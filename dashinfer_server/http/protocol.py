@@ -126,9 +126,9 @@ def parse_chat(body: dict, served) -> Job:
             raise bad_request("'response_format' and a forced 'tool_choice' cannot go together", "response_format")
         grammar = served.prompts.tool_format.grammar(tools.functions, tools.parallel)
         job.generation["response_format"] = {"type": "grammar", "grammar": grammar}
-    constrained, end = job.generation.get("response_format"), served.prompts.reasoning_end(text)
-    if end is not None and isinstance(constrained, dict) and constrained.get("type", "text") != "text":
-        job.generation["response_format"] = dict(constrained, reasoning_end=end)  # it thinks first, as in vLLM
+    constrained, bounds = job.generation.get("response_format"), served.prompts.reasoning_bounds(text)
+    if bounds and isinstance(constrained, dict) and constrained.get("type", "text") != "text":
+        job.generation["response_format"] = dict(constrained, **bounds)  # it may think first, as in vLLM
     return job
 
 
