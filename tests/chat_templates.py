@@ -1,6 +1,6 @@
 """Chat templates of the tiny test tokenizers: plain ChatML, ChatML with <think>, Qwen2.5/Hermes
 style tool calls (with and without a tool round trip), Qwen3's reasoning history, gpt-oss's
-harmony, Qwen3-Coder's XML calls and Granite 3.3's tools, with the special tokens each needs."""
+harmony, Qwen3-Coder's XML calls, Granite 3.3's and Mistral's tools, with the special tokens each needs."""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -171,3 +171,19 @@ GRANITE = (
     "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\\n' }}"
     "{%- if loop.last and add_generation_prompt %}{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif %}"
     "{%- endfor %}")
+
+# Mistral's v0.3 template as it treats tools, written small: the tools as JSON in [AVAILABLE_TOOLS]
+# before the last user turn, past calls as [TOOL_CALLS] and a JSON list of {"name", "arguments"}, a
+# result in [TOOL_RESULTS]; the answer follows [/INST]. Its markers are special tokens of the
+# tokenizer (MISTRAL_TOKENS), [TOOL_CALLS] selecting the mistral parser.
+MISTRAL_TOKENS = ("[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+                  "[/TOOL_RESULTS]")
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message.role == 'user' %}{% if loop.last and tools %}{{ '[AVAILABLE_TOOLS] ' + (tools | tojson) + "
+    "'[/AVAILABLE_TOOLS]' }}{% endif %}{{ '[INST] ' + message.content + '[/INST]' }}"
+    "{% elif message.role == 'assistant' and message.tool_calls %}{{ '[TOOL_CALLS] [' }}"
+    "{% for call in message.tool_calls %}{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}"
+    "{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ ']' + eos_token }}"
+    "{% elif message.role == 'tool' %}{{ '[TOOL_RESULTS] ' + ({'content': message.content} | tojson) + "
+    "'[/TOOL_RESULTS]' }}{% else %}{{ ' ' + message.content + eos_token }}{% endif %}{% endfor %}")

@@ -130,10 +130,11 @@ def _save_bin(model, out_dir, sharded):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
-def build_tiny_tokenizer(out_dir, chat_template=CHATML, extra_special=()):
-    """A byte-level BPE tokenizer (ChatML specials, 256 byte tokens, then extra_special: ids < 272)
+def build_tiny_tokenizer(out_dir, chat_template=CHATML, extra_special=(), extra_added=()):
+    """A byte-level BPE tokenizer (ChatML specials, 256 byte tokens, then extra_special, then
+    extra_added: added tokens that are not special, as Qwen's <tool_call> and <think>; ids < 272)
     with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     byte_chars = pre_tokenizers.ByteLevel.alphabet()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -145,6 +146,7 @@ def build_tiny_tokenizer(out_dir, chat_template=CHATML, extra_special=()):
     for extra in extra_special:
         vocab[extra] = len(vocab)
     tok.add_special_tokens(list(SPECIAL_TOKENS) + list(extra_special))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_added])  # as Qwen's
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    unk_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.chat_template = chat_template
@@ -222,11 +224,13 @@ def kernel_threads(n):
         K.set_num_threads(before)
 
 
-def tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=2048, extra_special=()):
-    """A tiny LLaMA whose tokenizer speaks `template` (extra_special: more special tokens),
-    serialized (float32) as "tiny" -> (its checkpoint dir, the serialized model's directory)."""
+def tiny_with_template(tmp_path_factory, name, template, max_position_embeddings=2048, extra_special=(),
+                       extra_added=()):
+    """A tiny LLaMA whose tokenizer speaks `template` (extra_special: more special tokens; extra_added:
+    added tokens that are not special), serialized (float32) as "tiny" -> (its checkpoint dir, the
+    serialized model's directory)."""
     hf_dir = build_tiny_model(str(tmp_path_factory.mktemp(name) / "hf"), max_position_embeddings=max_position_embeddings)
-    build_tiny_tokenizer(hf_dir, template, extra_special)
+    build_tiny_tokenizer(hf_dir, template, extra_special, extra_added)
     out = tmp_path_factory.mktemp(name) / "serialized"
     serialize(hf_dir, out).free_model()
     return hf_dir, str(out)

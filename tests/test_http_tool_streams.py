@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_templates import GRANITE, GRANITE_TOKENS, HERMES_CHATML, QWEN3_CODER
+from tests.chat_templates import GRANITE, GRANITE_TOKENS, HERMES_CHATML, MISTRAL, MISTRAL_TOKENS, QWEN3_CODER
 from tests.helpers import tiny_with_template
 from tests.http_server import serving
 
@@ -84,25 +84,37 @@ UNDO_SCHEMA = {"type": "object", "properties": {"steps": {"enum": [1, 2]}}, "req
 UNDO = {"type": "function", "function": {"name": "undo", "parameters": UNDO_SCHEMA}}
 
 
-@pytest.fixture(scope="module", params=[("qwen3-coder", QWEN3_CODER, ()), ("granite", GRANITE, GRANITE_TOKENS)],
-                ids=lambda p: p[0])
+# Each family's markers as its tokenizer has them: special tokens (Granite's, Mistral's), added tokens
+# that are not special (Qwen's <tool_call> and </tool_call>); (name, template, special, added, marker)
+QWEN_ADDED = ("<tool_call>", "</tool_call>")
+FAMILIES = [("qwen3-coder", QWEN3_CODER, (), QWEN_ADDED, "<tool_call>"),
+            ("granite", GRANITE, GRANITE_TOKENS, (), "<|tool_call|>"),
+            ("qwen-hermes", HERMES_CHATML, (), QWEN_ADDED, "<tool_call>"),
+            ("mistral", MISTRAL, MISTRAL_TOKENS, (), "[TOOL_CALLS]")]
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda p: p[0])
 def format_server(tmp_path_factory, request):
-    name, template, special = request.param
-    _, out = tiny_with_template(tmp_path_factory, name, template, extra_special=special)
+    name, template, special, added, marker = request.param
+    _, out = tiny_with_template(tmp_path_factory, name, template, extra_special=special, extra_added=added)
     # the byte-level test tokenizer spends a token a byte on the templates' tool listings
     with serving(out, str(tmp_path_factory.mktemp(name + "-serve") / "serve.log"), "--max-model-len", "2048",
                  tp=1) as s:
-        yield s
+        yield s, marker
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "write_file"}}])
 def test_a_forced_call_in_the_family_format_streams_what_it_answers_whole(format_server, tool_choice):
-    """Even a random model writes a call in the template's own format when the grammar forces one:
-    its arguments meet the schema (the XML values read back by type), and the stream joins into them."""
-    client = openai.OpenAI(base_url=format_server.url + "/v1", api_key="none", max_retries=0)
+    """Even a random model writes a call in the template's own format when the grammar forces one,
+    beginning with its marker token, as the family's models were trained to write it (a marker that is
+    a special or added token, spelled as text in the grammar, was refused by llguidance: no call): its
+    arguments meet the schema (the XML values read back by type), and the stream joins into them."""
+    server, marker = format_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], tool_choice=tool_choice,
-                   parallel_tool_calls=False, max_tokens=200, temperature=0)
+                   parallel_tool_calls=False, max_tokens=200, temperature=0, logprobs=True)
     whole = client.chat.completions.create(**request)
+    assert whole.choices[0].logprobs.content[0].token == marker  # one token: the marker's own
     [call] = whole.choices[0].message.tool_calls
     assert whole.choices[0].finish_reason == "tool_calls" and not whole.choices[0].message.content
     schema = UNDO_SCHEMA if call.function.name == "undo" else WRITE_SCHEMA

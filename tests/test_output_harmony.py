@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
+from dashinfer_client.frontend.prompts import added_tokens
 from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS, reasoning_parser_for, tool_parser_for
 from tests.chat_templates import HARMONY, HARMONY_TOKENS, HERMES_CHATML
 from tests.helpers import build_tiny_tokenizer
@@ -172,7 +173,7 @@ def _accepts(tokenizer, grammar, text=None, ids=None) -> bool:
      '<|channel|>final<|message|>It is noon.<|return|>'),
 ])
 def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, good, bad):
-    grammar = TOOL_PARSERS["harmony"].grammar([WEATHER, TIME], parallel=True)
+    grammar = TOOL_PARSERS["harmony"].grammar([WEATHER, TIME], True, added_tokens(tokenizer))
     assert _accepts(tokenizer, grammar, good) and not _accepts(tokenizer, grammar, bad)
     # the markers are the special tokens, not their characters spelled out byte by byte
     ids = tokenizer(good, add_special_tokens=False)["input_ids"]

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
+from dashinfer_client.frontend.prompts import added_tokens
 from dashinfer_client.frontend.parsers import (REASONING_PARSERS, TOOL_PARSERS, ToolCall, reasoning_parser_for,
                                                tool_parser_for)
 
@@ -125,9 +126,10 @@ def _accepts(tokenizer, grammar, text) -> bool:
     ("hermes", False, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
      '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'),
     ("llama3_json", False, '{"name": "get_time", "parameters": {"zone": "UTC"}}', 'It is noon.'),
-    ("mistral", True, '[{"name": "get_time", "arguments": {"zone": "UTC"}}]', '[{"name": "get_date", "arguments": {}}]'),
-    ("granite", False, '[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
-     '[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {}}]'),
+    ("mistral", True, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     '[TOOL_CALLS][{"name": "get_date", "arguments": {}}]'),
+    ("granite", False, '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {}}]'),
     ("qwen3_coder", False, "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
      "<parameter=unit>\nF\n</parameter>\n</function>\n</tool_call>", "<tool_call>\n<function=get_weather>\n"
      "<parameter=city>\nRome\n</parameter>\n<parameter=unit>\nK\n</parameter>\n</function>\n</tool_call>"),
@@ -137,7 +139,7 @@ def _accepts(tokenizer, grammar, text) -> bool:
 ])
 def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, fmt, parallel, good, bad):
     cls = TOOL_PARSERS[fmt]
-    grammar = cls.grammar([WEATHER, TIME], parallel)
+    grammar = cls.grammar([WEATHER, TIME], parallel, added_tokens(tokenizer))  # the markers are text here
     assert _accepts(tokenizer, grammar, good) and not _accepts(tokenizer, grammar, bad)
     _, calls = _run(cls(), [good])
     schemas = {f["name"]: f["parameters"] for f in (WEATHER, TIME)}
@@ -145,26 +147,44 @@ def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, f
         jsonschema.validate(json.loads(call.arguments), schemas[call.name])
 
 
-@pytest.mark.parametrize("fmt, marker", [("mistral", "[TOOL_CALLS]"), ("granite", "<|tool_call|>")])
-def test_a_forced_call_can_begin_where_the_marker_is_a_special_token(tmp_path, fmt, marker):
-    """Mistral's [TOOL_CALLS] and Granite's <|tool_call|> are special tokens of their tokenizers: the
-    grammar's first step must offer a token llguidance then takes (a literal marker offered only the
-    special token, and refused it: the request ended empty)."""
+@pytest.mark.parametrize("fmt, special, added, answer", [
+    ("mistral", ("[TOOL_CALLS]",), (), '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]'),
+    ("granite", ("<|tool_call|>",), (), '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]'),
+    ("hermes", (), ("<tool_call>", "</tool_call>"),
+     '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'),
+    ("qwen3_coder", (), ("<tool_call>", "</tool_call>"),
+     "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_a_forced_call_begins_with_the_marker_token_where_the_tokenizer_has_one(tmp_path, fmt, special, added, answer):
+    """Mistral's [TOOL_CALLS] and Granite's <|tool_call|> are special tokens of their tokenizers, Qwen's
+    <tool_call> an added token that is not special: the grammar's first step offers that token alone
+    (what the model was trained to write), and the answer the tokenizer writes for the call (the
+    markers as their tokens) is accepted and read back as the call, whole and a token at a time. A
+    literal marker was offered as the token and then refused by llguidance: the request ended with
+    no call."""
     import llguidance
     import numpy as np
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
     from dashinfer_client.tokenizer import Tokenizer
     from tests.helpers import build_tiny_tokenizer
-    special = Tokenizer(build_tiny_tokenizer(str(tmp_path), extra_special=(marker,)))
-    ll = llguidance.LLTokenizer(special.backend_tokenizer.to_str(), eos_token=special.eos_token_id)
-    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(TOOL_PARSERS[fmt].grammar([TIME], False)),
-                                   log_level=0)
+    tok = Tokenizer(build_tiny_tokenizer(str(tmp_path), extra_special=special, extra_added=added))
+    grammar = TOOL_PARSERS[fmt].grammar([TIME], False, added_tokens(tok))
+    ll = llguidance.LLTokenizer(tok.backend_tokenizer.to_str(), eos_token=tok.eos_token_id)
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
     bits = allocate_token_bitmask(1, ll.vocab_size)
     fill_next_token_bitmask(matcher, bits, 0)
     offered = np.flatnonzero(np.unpackbits(bits[0].view(np.uint8), bitorder="little")[:ll.vocab_size])
-    assert len(offered) and all(matcher.validate_tokens([int(i)]) == 1 for i in offered)
-    assert _accepts(special, TOOL_PARSERS[fmt].grammar([TIME], False), '[{"name": "get_time", "arguments": {"zone": "UTC"}}]')
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    assert offered.tolist() == [ids[0]] == [tok.convert_tokens_to_ids((special + added)[0])]
+    assert _accepts(tok, grammar, answer)
+    out = OutputProcessor(tok, tools=TOOL_PARSERS[fmt].for_functions([TIME]))
+    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    [call] = [c for d in deltas for c in d.tool_calls]
+    assert (call.name, json.loads(call.arguments)) == ("get_time", {"zone": "UTC"})
+    parts = [p for d in deltas for p in d.tool_call_parts]
+    assert parts[0].name == "get_time" and "".join(p.arguments for p in parts) == call.arguments
+    assert "".join(d.text for d in deltas) == "" and deltas[-1].finish_reason == "tool_calls"
 
 
 def test_templates_without_tools_get_them_in_a_system_message(tokenizer):

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
+from dashinfer_client.frontend.prompts import added_tokens
 from dashinfer_client.frontend.parsers import TOOL_PARSERS
 from tests.chat_templates import GRANITE, GRANITE_TOKENS, QWEN3_CODER
 from tests.helpers import build_tiny_tokenizer
@@ -189,7 +190,7 @@ def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, 
     cls, schemas = TOOL_PARSERS[fmt], {f["name"]: f["parameters"] for f in FUNCTIONS}
     for functions in (FUNCTIONS, [RUN]):  # tool_choice required, then a named function
         for seed in range(6):
-            answer = _random_answer(tokenizer, cls.grammar(functions, parallel), seed)
+            answer = _random_answer(tokenizer, cls.grammar(functions, parallel, added_tokens(tokenizer)), seed)
             content, calls, _ = _run(cls.for_functions(functions), [answer])
             assert content.strip() == "" and calls and (parallel or len(calls) == 1), answer
             for call in calls:
@@ -208,7 +209,7 @@ def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, 
 ])
 def test_the_forced_grammar_refuses_what_breaks_the_schema(tokenizer, bad):
     import llguidance
-    grammar = TOOL_PARSERS["qwen3_coder"].grammar(FUNCTIONS, False)
+    grammar = TOOL_PARSERS["qwen3_coder"].grammar(FUNCTIONS, False, added_tokens(tokenizer))
     good = ("<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n<parameter=content>\n"
             "x <b> y\n\n</parameter>\n<parameter=mode>\n7\n</parameter>\n<parameter=level>\nlow\n</parameter>\n"
             "</function>\n</tool_call>")

@@ -75,6 +75,11 @@ class Prompts:
         parses every answer (harmony), else None."""
         return self.tool_format.for_functions(tools or ()) if tools or self.tool_format.always else None
 
+    def forced_call_grammar(self, functions, parallel) -> str:
+        """The lark grammar of an answer that is only calls of `functions` (tool_choice required or
+        named), its markers the tokenizer's added tokens where it has them (lark_marker)."""
+        return self.tool_format.grammar(functions, parallel, added_tokens(self.tokenizer))
+
     def reasoning_parser(self, prompt_text=""):
         """A fresh reasoning parser, or None when the model has none; it starts inside the reasoning
         when the prompt already opened it."""
@@ -99,6 +104,11 @@ class Prompts:
     def _opens_reasoning(self, prompt_text) -> bool:
         fmt = self.reasoning_format
         return fmt is not None and prompt_text.rstrip().endswith(fmt.markers[0])
+
+
+def added_tokens(tokenizer) -> dict:
+    """The tokenizer's added tokens, special or not (its markers), text -> id."""
+    return {t.content: i for i, t in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()}
 
 
 def _hf_message(m, reasoning_or_content=False) -> dict:

@@ -124,7 +124,7 @@ def parse_chat(body: dict, served) -> Job:
     if tools.forced:  # required or a named function: the output is only calls, by grammar
         if body.get("response_format") not in (None, {"type": "text"}):
             raise bad_request("'response_format' and a forced 'tool_choice' cannot go together", "response_format")
-        grammar = served.prompts.tool_format.grammar(tools.functions, tools.parallel)
+        grammar = served.prompts.forced_call_grammar(tools.functions, tools.parallel)
         job.generation["response_format"] = {"type": "grammar", "grammar": grammar}
     constrained, bounds = job.generation.get("response_format"), served.prompts.reasoning_bounds(text)
     if bounds and isinstance(constrained, dict) and constrained.get("type", "text") != "text":

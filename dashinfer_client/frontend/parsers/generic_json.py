@@ -16,7 +16,7 @@ class GenericJsonToolParser(JsonToolParser):
     template_renders_tools = False
 
     @classmethod
-    def grammar(cls, functions, parallel):
+    def grammar(cls, functions, parallel, added):
         return f"start: {lark_json(calls_schema(functions, parallel=parallel))}\n"
 
     @classmethod

@@ -19,8 +19,8 @@ model that writes no markers) is content.
 import json
 import re
 
-from .base import ToolCall, ToolCallPart, ToolParser, lark_json, register_reasoning_parser, register_tool_parser, \
-    split_held
+from .base import ToolCall, ToolCallPart, ToolParser, lark_json, lark_marker, register_reasoning_parser, \
+    register_tool_parser, split_held
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -170,10 +170,11 @@ class HarmonyToolParser(ToolParser):
         return "".join(content), calls
 
     @classmethod
-    def grammar(cls, functions, parallel):
+    def grammar(cls, functions, parallel, added):
         """One call (its <|call|> ends the turn, so harmony has no parallel calls)."""
-        rules = [f"call_{k}: {CHANNEL} {json.dumps('commentary to=' + FUNCTIONS + f['name'] + ' ')} {CONSTRAIN} "
-                 f"\"json\" {MESSAGE} {lark_json(f.get('parameters') or {'type': 'object'})} {CALL}"
+        channel, constrain, message, call = (lark_marker(m, added) for m in (CHANNEL, CONSTRAIN, MESSAGE, CALL))
+        rules = [f"call_{k}: {channel} {json.dumps('commentary to=' + FUNCTIONS + f['name'] + ' ')} {constrain} "
+                 f"\"json\" {message} {lark_json(f.get('parameters') or {'type': 'object'})} {call}"
                  for k, f in enumerate(functions)]
         return "start: " + " | ".join(f"call_{k}" for k in range(len(functions))) + "\n" + "\n".join(rules) + "\n"
 

@@ -14,7 +14,7 @@ class Llama3JsonToolParser(JsonToolParser):
     openers = ("{",)
 
     @classmethod
-    def grammar(cls, functions, parallel):
+    def grammar(cls, functions, parallel, added):
         more = ' ("; " call)*' if parallel else ""
         return f"start: call{more}\ncall: {lark_json(calls_schema(functions, arguments_key='parameters'))}\n"
 

@@ -2,7 +2,7 @@
 token of Mistral's tokenizers, which the decoder skips: a list alone is read as calls too."""
 import json
 
-from .base import JsonToolParser, calls_schema, lark_json, register_tool_parser
+from .base import JsonToolParser, calls_schema, lark_json, lark_marker, register_tool_parser
 
 MARKER = "[TOOL_CALLS]"
 
@@ -15,14 +15,12 @@ class MistralToolParser(JsonToolParser):
     openers = ("[",)
 
     @classmethod
-    def grammar(cls, functions, parallel):
-        """The list alone: the marker, a special token, cannot stand in the grammar as text (llguidance's
-        mask offers the special token for the literal, then refuses it: its bytes are not the text's),
-        and the decoder would skip it anyway."""
+    def grammar(cls, functions, parallel, added):
+        """The marker (the special token where the tokenizer has it), then the list."""
         schema = calls_schema(functions, parallel=True)
         if not parallel:
             schema["maxItems"] = 1
-        return f"start: {lark_json(schema)}\n"
+        return f"start: {lark_marker(cls.prefix, added)} {lark_json(schema)}\n"
 
     @classmethod
     def text_of(cls, calls):

@@ -23,7 +23,7 @@ answer ends inside the call (max_tokens: the object unfinished)."""
 import ast
 import json
 
-from .base import ToolCall, ToolCallPart, ToolParser, lark_json, register_tool_parser, split_held
+from .base import ToolCall, ToolCallPart, ToolParser, lark_json, lark_marker, register_tool_parser, split_held
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -178,13 +178,14 @@ class Qwen3CoderToolParser(ToolParser):
             self.parts.append(ToolCallPart(self.call.id, arguments=piece))
 
     @classmethod
-    def grammar(cls, functions, parallel):
+    def grammar(cls, functions, parallel, added):
         """Each parameter in its schema's order, the required ones always; a text value within the
         schema's enum or length (its pattern or format is not enforced), any other value as JSON of
         its schema."""
         more = ' ("\\n" call)*' if parallel else ""
         rules = [f"start: call{more}",
-                 f'call: "{OPEN}\\n" (' + " | ".join(f"fn_{k}" for k in range(len(functions))) + f') "\\n{CLOSE}"']
+                 f'call: {lark_marker(OPEN, added)} "\\n" (' + " | ".join(f"fn_{k}" for k in range(len(functions))) +
+                 f') "\\n" {lark_marker(CLOSE, added)}']
         for k, function in enumerate(functions):
             parameters = function.get("parameters") or {}
             required = set(parameters.get("required") or ())
