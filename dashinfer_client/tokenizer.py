@@ -67,6 +67,12 @@ def _find_chat_template(path, config):
     return template
 
 
+def added_tokens(tokenizer) -> dict:
+    """The added tokens of a tokenizer (this module's or a Hugging Face fast one), special or not
+    (a chat format's markers), text -> id."""
+    return {t.content: i for i, t in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()}
+
+
 class Tokenizer:
     """Tokenizer(path, padding_side="left"): the tokenizer of a Hugging Face tokenizer directory."""
 

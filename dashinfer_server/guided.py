@@ -34,6 +34,7 @@ import numpy as np
 
 from dashinfer_client.generation_config import (response_format_grammar, response_format_reasoning,
                                                 response_format_schema)
+from dashinfer_client.tokenizer import added_tokens
 
 log = logging.getLogger("dashinfer_server")
 # Whitespace between JSON tokens: any, as JSON allows, but at most 20 characters in a row (enough
@@ -73,6 +74,7 @@ class Grammars:
         self._source = tokenizer_source  # a callable returning the tokenizer (loaded lazily)
         self.vocab_size = vocab_size
         self._ll_tokenizer = None
+        self._added = {}  # the tokenizer's added tokens, text -> id
         self._lock = threading.Lock()
 
     def _tokenizer(self):
@@ -94,6 +96,7 @@ class Grammars:
             raise GrammarError(f"response_format needs a fast (tokenizer.json) tokenizer, the model has "
                                f"{type(tok).__name__}")
         eos = tok.eos_token_id
+        self._added = added_tokens(tok)
         # The serialized backend carries the added tokens too; llguidance reads the bytes of every
         # token from it, and masks the ids past the tokenizer's (the logits' padding rows).
         # json_slices: the token-trie partition for JSON grammars (114 us a token against 183 us
@@ -117,7 +120,7 @@ class Grammars:
             start, end = response_format_reasoning(response_format)
             if end is not None:
                 grammar = after_free_text(start, end, {"lark_grammar": lark} if lark is not None else
-                                          json.loads(grammar)["grammars"][0])
+                                          json.loads(grammar)["grammars"][0], self._added)
         except (ValueError, RecursionError) as e:
             # llguidance's parser refuses some schemas before the matcher sees them (a nesting past its
             # recursion limit: ValueError); json.dumps refuses a nesting past Python's: the client's schema
@@ -128,11 +131,18 @@ class Grammars:
         return Guide(matcher, self.vocab_size, tokenizer.eos_token, eos_ids)
 
 
-def after_free_text(start, end: str, constrained: dict) -> str:
+def after_free_text(start, end: str, constrained: dict, added: dict) -> str:
     """llguidance's grammar of free text up to the first `end` (included; with `start`, optional and
     beginning with it), optional whitespace, then `constrained` (one of its grammars:
-    {"lark_grammar": ...} or {"json_schema": ...})."""
-    free = f"free[lazy]: /{_regex_literal(start or '')}(?s:.*){_regex_literal(end)}/\n"
+    {"lark_grammar": ...} or {"json_schema": ...}). A marker that is one of the tokenizer's added
+    tokens (`added`: text -> id; QwQ's and DeepSeek-R1's </think>) is that token: llguidance reads an
+    added token as a token of its own, never as its text, so a regular expression spelling it out
+    would mask it out."""
+    opening = "" if start is None else (f"<[{added[start]}]> " if start in added else f"/{_regex_literal(start)}/ ")
+    if end in added:
+        free = f"free: {opening}/(?s:.*)/ <[{added[end]}]>\n"
+    else:  # lazy: the free text ends at the end text's first occurrence
+        free = f"free: {opening}free_text\nfree_text[lazy]: /(?s:.*){_regex_literal(end)}/\n"
     reasoning = "(free /[ \\t\\r\\n]*/)?" if start else "free /[ \\t\\r\\n]*/"
     head = f"start: {reasoning} @constrained\n"
     return json.dumps({"grammars": [{"lark_grammar": head + free}, dict(constrained, name="constrained")]})

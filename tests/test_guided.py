@@ -187,6 +187,43 @@ def test_reasoning_start_makes_the_reasoning_optional(serialized_tiny):
         assert guide.ended and guide.error is None, answer
 
 
+def test_reasoning_end_that_is_an_added_token_is_that_token(tmp_path):
+    """QwQ's and DeepSeek-R1's </think> is an added token of their tokenizers (not special), which
+    the model writes to end its reasoning: it stays allowed while the model reasons (a regular
+    expression ending in its text masked it out, so the reasoning could not end) and the schema
+    holds from it on."""
+    from dashinfer_client.tokenizer import Tokenizer
+    from tests.helpers import build_tiny_tokenizer
+    tok = Tokenizer(build_tiny_tokenizer(str(tmp_path), extra_added=("<think>", "</think>")))
+    rf = {"type": "json_object", "json_schema": TINY_SCHEMA, "reasoning_end": "</think>"}
+    guide = Grammars(lambda: tok, 272).guide(rf, [tok.eos_token_id])
+    end, letter, brace = (tok.convert_tokens_to_ids(t) for t in ("</think>", "x", "{"))
+
+    def allowed():
+        row = np.zeros(272, np.float32)
+        guide.apply(row)
+        return row == 0
+    for token in tok.encode("Calls for {x}: </thin>k", add_special_tokens=False):
+        assert allowed()[[letter, brace, end]].all()
+        guide.advance(token)
+    [token] = tok.encode("</think>", add_special_tokens=False)  # the tokenizer writes the text as the token
+    guide.advance(token)
+    assert guide.error is None and not guide.ended
+    mask = allowed()
+    assert mask[brace] and not mask[letter] and not mask[end]
+    for token in tok.encode('\n\n{"n": 7, "ok": true, "tag": "b", "s": "xy"}', add_special_tokens=False):
+        assert allowed()[token]
+        guide.advance(token)
+    assert guide.ended and guide.error is None
+    # <think> an added token too, the reasoning optional (Qwen3's): it opens with that token, or not at all
+    guide = Grammars(lambda: tok, 272).guide(dict(rf, reasoning_start="<think>"), [tok.eos_token_id])
+    opening = tok.convert_tokens_to_ids("<think>")
+    mask = allowed()
+    assert mask[opening] and mask[brace] and not mask[letter] and not mask[tok.convert_tokens_to_ids("<")]
+    guide.advance(opening)
+    assert allowed()[[letter, brace, end]].all()
+
+
 @pytest.mark.parametrize("schema", ['{"type": "objectx"}',
                                     {"type": "object", "properties": {"a": {"type": "string", "pattern": "[("}}},
                                     nested_schema(200)], ids=["unknown-type", "bad-pattern", "nested-200"])

@@ -5,7 +5,8 @@ must call a tool when tool_choice forces it, with arguments that parse and satis
 JSON schema (checked with jsonschema), whole and streamed; the round trip with the tool's result
 answers what the in-process Engine answers for the prompt the chat template renders from the
 same conversation. A tiny model whose template opens <think> (Qwen3's convention) answers in
-reasoning_content, and with enable_thinking false in content. Malformed tools and messages get
+reasoning_content, and with enable_thinking false in content; where </think> is an added token, a
+forced call holds from that token. Malformed tools and messages get
 400s in OpenAI's shape and the server goes on serving.
 """
 import json
@@ -140,7 +141,7 @@ def test_a_call_cut_by_max_tokens_streams_what_it_answers_whole(client):
     calls is content."""
     request = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], temperature=0,
                    tools=[{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}],
-                   tool_choice="required")
+                   tool_choice="required", parallel_tool_calls=False)
     full = [(c.function.name, c.function.arguments)
             for c in client.chat.completions.create(**request, max_tokens=96).choices[0].message.tool_calls]
     seen = []
@@ -274,3 +275,35 @@ def test_a_constrained_answer_reasons_first_where_the_prompt_opened_it(think_mod
             assert "".join(getattr(c.delta, "reasoning_content", None) or "" for c in chunks) == expected
     finally:
         reference.close()
+
+
+@pytest.fixture(scope="module")
+def think_token_server(tmp_path_factory):
+    """A template that opens <think>, on a tokenizer with <think> and </think> as added tokens that
+    are not special (QwQ's, DeepSeek-R1 distills', Qwen3-Thinking's): the model ends its reasoning
+    by writing the </think> token."""
+    _, out = tiny_with_template(tmp_path_factory, "think-token", THINK_CHATML, extra_added=("<think>", "</think>"))
+    with serving(out, str(tmp_path_factory.mktemp("think-token-serve") / "serve.log"), tp=1) as s:
+        yield s
+
+
+def test_a_constrained_answer_holds_from_the_end_of_reasoning_token(think_token_server):
+    """The </think> token stays the model's to write while it reasons (the grammar's free text ended
+    at the text </think>, which masked the token out: the reasoning never ended, no call came); the
+    call is constrained from it on. The model is pushed to close at once (logit_bias)."""
+    client = openai.OpenAI(base_url=think_token_server.url + "/v1", api_key="none", max_retries=0)
+    end = httpx.post(think_token_server.url + "/tokenize", json={"prompt": "</think>", "add_special_tokens": False})
+    [end] = end.json()["tokens"]
+    city = {"type": "object", "properties": {"city": {"type": "string", "minLength": 2, "maxLength": 8}},
+            "required": ["city"], "additionalProperties": False}
+    request = dict(model="tiny", messages=ASK, max_tokens=96, temperature=0, logit_bias={str(end): 100},
+                   tools=[{"type": "function", "function": {"name": "get_weather", "parameters": city}}],
+                   tool_choice="required", parallel_tool_calls=False)
+    choice = client.chat.completions.create(**request).choices[0]
+    [call] = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), city)
+    assert not getattr(choice.message, "reasoning_content", None) and choice.finish_reason == "tool_calls"
+    chunks = [c.choices[0] for c in client.chat.completions.create(**request, stream=True) if c.choices]
+    pieces = [p for c in chunks for p in c.delta.tool_calls or ()]
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    assert not "".join(getattr(c.delta, "reasoning_content", None) or "" for c in chunks)

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
-from dashinfer_client.frontend.prompts import added_tokens
 from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS, reasoning_parser_for, tool_parser_for
+from dashinfer_client.tokenizer import added_tokens
 from tests.chat_templates import HARMONY, HARMONY_TOKENS, HERMES_CHATML
 from tests.helpers import build_tiny_tokenizer
 

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
-from dashinfer_client.frontend.prompts import added_tokens
 from dashinfer_client.frontend.parsers import TOOL_PARSERS
+from dashinfer_client.tokenizer import added_tokens
 from tests.chat_templates import GRANITE, GRANITE_TOKENS, QWEN3_CODER
 from tests.helpers import build_tiny_tokenizer
 

@@ -12,6 +12,7 @@ and writes the history's calls and results as ordinary turns. An assistant turn'
 the template under each name templates read it by (vLLM gives `reasoning` and `reasoning_content`,
 which Qwen3's reads; gpt-oss's reads `thinking`); the template decides what it keeps.
 """
+from ..tokenizer import added_tokens
 from .messages import REASONING_KEYS, PromptError
 from .parsers import reasoning_parser_for, tool_parser_for
 
@@ -104,11 +105,6 @@ class Prompts:
     def _opens_reasoning(self, prompt_text) -> bool:
         fmt = self.reasoning_format
         return fmt is not None and prompt_text.rstrip().endswith(fmt.markers[0])
-
-
-def added_tokens(tokenizer) -> dict:
-    """The tokenizer's added tokens, special or not (its markers), text -> id."""
-    return {t.content: i for i, t in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()}
 
 
 def _hf_message(m, reasoning_or_content=False) -> dict:
