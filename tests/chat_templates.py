@@ -154,8 +154,9 @@ QWEN3_CODER = (
 # Granite 3.3's template as it treats tools, written small: `tools` aliased to available_tools and
 # written as JSON (indent 4) in an available_tools turn after the system turn (a default one naming the
 # <|tool_call|> format when the conversation brings none); every message, a call's turn and a tool
-# result included, as its role and its content only (the template writes no calls). Its markers are
-# special tokens of the tokenizer (GRANITE_TOKENS).
+# result included, as its role and its content only (the template writes no calls); `thinking` (a
+# template kwarg) asks in the default system turn for <think></think> and <response></response>, as
+# 3.3's does. Its markers are special tokens of the tokenizer (GRANITE_TOKENS).
 GRANITE_TOKENS = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>")
 GRANITE = (
     "{%- if tools and not available_tools -%}{%- set available_tools = tools -%}{%- endif -%}"
@@ -163,7 +164,9 @@ GRANITE = (
     "{%- set loop_messages = messages[1:] %}{%- else %}{%- set system_message = 'You are Granite, developed by IBM.' %}"
     "{%- if available_tools %}{%- set system_message = system_message + ' You are a helpful assistant with access to "
     "the following tools. When a tool is required to answer the user\\'s query, respond only with <|tool_call|> "
-    "followed by a JSON list of tools used.' %}{%- endif %}{%- set loop_messages = messages %}{%- endif %}"
+    "followed by a JSON list of tools used.' %}{%- endif %}{%- if thinking %}{%- set system_message = system_message + "
+    "' Write your thoughts between <think></think> and write your response between <response></response> for each "
+    "user query.' %}{%- endif %}{%- set loop_messages = messages %}{%- endif %}"
     "{{- '<|start_of_role|>system<|end_of_role|>' + system_message + '<|end_of_text|>\\n' }}"
     "{%- if available_tools %}{{- '<|start_of_role|>available_tools<|end_of_role|>' }}"
     "{{- available_tools | tojson(indent=4) }}{{- '<|end_of_text|>\\n' }}{%- endif %}"

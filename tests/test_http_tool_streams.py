@@ -127,3 +127,26 @@ def test_a_forced_call_in_the_family_format_streams_what_it_answers_whole(format
     assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def granite_server(tmp_path_factory):
+    _, out = tiny_with_template(tmp_path_factory, "granite-think", GRANITE, extra_special=GRANITE_TOKENS)
+    with serving(out, str(tmp_path_factory.mktemp("granite-think-serve") / "serve.log"), tp=1) as s:
+        yield s
+
+
+def test_granite_thinking_comes_back_as_reasoning_and_content_without_its_wrapper(granite_server):
+    """Granite 3.3 asked to think (chat_template_kwargs thinking) answers <think>...</think><response>...
+    </response>: the reasoning comes back as reasoning_content and the response as content without its
+    tags (they stayed in the content), whole and streamed. The answer is pinned by a grammar."""
+    client = openai.OpenAI(base_url=granite_server.url + "/v1", api_key="none", max_retries=0)
+    pinned = 'start: "<think>The user asks for a sum.</think><response>2 + 2 is <b>4</b>.</response>"'
+    request = dict(model="tiny", messages=ASK, max_tokens=96, temperature=0, extra_body={
+        "chat_template_kwargs": {"thinking": True}}, response_format={"type": "grammar", "grammar": pinned})
+    expected = ("The user asks for a sum.", "2 + 2 is <b>4</b>.")
+    message = client.chat.completions.create(**request).choices[0].message
+    assert (message.reasoning_content, message.content) == expected
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**request, stream=True) if c.choices]
+    assert ("".join(getattr(d, "reasoning_content", None) or "" for d in deltas),
+            "".join(d.content or "" for d in deltas)) == expected

@@ -80,10 +80,23 @@ THINK = [
 ]
 
 
-@pytest.mark.parametrize("answer, inside, reasoning, content", THINK)
-def test_think_split_everywhere(answer, inside, reasoning, content):
+# Granite 3.3 thinking (IBM granite-io's reading): the reasoning as think's, the content without <response>
+GRANITE_THINK = [
+    ("<think>Weigh it.</think><response>It is 4.</response>", False, "Weigh it.", "It is 4."),
+    ("<think>Weigh it.</think>\n<response>\nIt is <b>4</b>.\n</response>", False, "Weigh it.", "\nIt is <b>4</b>.\n"),
+    ("<response>It is 4.</response>", False, "", "It is 4."),           # thinking off, the wrapper kept
+    ("It is 4.", False, "", "It is 4."),
+    ("<think>a</think><response>b </respo", False, "a", "b </respo"),   # cut by max_tokens inside the tag
+    ("<think>never closed", False, "never closed", ""),
+    ("4 <response>not at the start</response>", False, "", "4 <response>not at the start</response>"),
+]
+
+
+@pytest.mark.parametrize("fmt, answer, inside, reasoning, content",
+                         [("think", *case) for case in THINK] + [("granite", *case) for case in GRANITE_THINK])
+def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
     for chunks in [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]:
-        parser = REASONING_PARSERS["think"](inside=inside)
+        parser = REASONING_PARSERS[fmt](inside=inside)
         parts = [parser.feed(c) for c in chunks] + [parser.finish()]
         assert "".join(r for r, _ in parts) == reasoning and "".join(c for _, c in parts) == content, chunks
 
@@ -95,6 +108,8 @@ def test_think_split_everywhere(answer, inside, reasoning, content):
     ("{% if enable_thinking %}<think>{% endif %}<tool_call>", "hermes", "think"),
     ("<tool_call>\n<function={{ name }}>\n<parameter={{ arg }}>\n{{ value }}\n</parameter>", "qwen3_coder", None),
     ("{{- '<|start_of_role|>available_tools<|end_of_role|>' }}<|tool_call|>", "granite", None),
+    ("<|tool_call|>{% if thinking %}Write your thoughts between <think></think> and write your response between "
+     "<response></response>{% endif %}", "granite", "granite"),
     ("{{ messages[0]['content'] }}", "json", None),
     (None, "json", None),
 ])

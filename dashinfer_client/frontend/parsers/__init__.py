@@ -11,6 +11,7 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     harmony       <|channel|>commentary to=functions.NAME ... gpt-oss (its reasoning parser too:
                   <|message|>{...}<|call|>                  the analysis channel)
     think         <think>...</think>                        reasoning of Qwen3, DeepSeek-R1 distills
+    granite       <think>...</think><response>...</response>  Granite 3.3's reasoning (its tool parser too)
 
 Every format but harmony reads the text as the user sees it (special tokens skipped); harmony's
 markers are special tokens, so its parsers ask for them (`special_tokens`).
@@ -36,11 +37,13 @@ def tool_parser_for(template, name=None):
 
 
 def reasoning_parser_for(template, name=None):
-    """The reasoning parser class by name ("none": no parsing), else the one the template speaks,
-    else None."""
+    """The reasoning parser class by name ("none": no parsing), else the one the template speaks (a
+    subclass over its base where the template holds the markers of both: Granite 3.3's holds <think>
+    too), else None."""
     if name is not None:
         return None if name == "none" else _named(REASONING_PARSERS, name, "reasoning parser")
-    return next((cls for cls in REASONING_PARSERS.values() if any(m in (template or "") for m in cls.markers)),
+    spoken = [cls for cls in REASONING_PARSERS.values() if any(m in (template or "") for m in cls.markers)]
+    return next((cls for cls in spoken if not any(other is not cls and issubclass(other, cls) for other in spoken)),
                 None)
 
 
