@@ -142,10 +142,10 @@ def test_a_call_cut_by_max_tokens_streams_what_it_answers_whole(client):
     request = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], temperature=0,
                    tools=[{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}],
                    tool_choice="required", parallel_tool_calls=False)
-    full = [(c.function.name, c.function.arguments)
-            for c in client.chat.completions.create(**request, max_tokens=96).choices[0].message.tool_calls]
+    answer = client.chat.completions.create(**request, max_tokens=96)
+    full = [(c.function.name, c.function.arguments) for c in answer.choices[0].message.tool_calls]
     seen = []
-    for max_tokens in range(8, 22, 3):
+    for max_tokens in range(answer.usage.completion_tokens - 13, answer.usage.completion_tokens, 3):
         whole = client.chat.completions.create(**request, max_tokens=max_tokens).choices[0]
         with client.chat.completions.stream(**request, max_tokens=max_tokens) as stream:
             for _ in stream:

@@ -100,7 +100,7 @@ class Prompts:
             return {"reasoning_end": fmt.closer}
         if prompt_text.rstrip().endswith(fmt.closer):
             return {}
-        return {"reasoning_start": fmt.markers[0], "reasoning_end": fmt.closer}
+        return {"reasoning_start": fmt.opener, "reasoning_end": fmt.closer}
 
     def _opens_reasoning(self, prompt_text) -> bool:
         fmt = self.reasoning_format

@@ -108,6 +108,9 @@ def chat_prompt(body: dict, served):
         raise bad_request(str(e), e.param or "messages") from None
 
 
+JSON_FORMS = ("json_object", "json_schema")
+
+
 def parse_chat(body: dict, served) -> Job:
     """A chat request as one Job (its first choice)."""
     text, tools = chat_prompt(body, served)
@@ -126,9 +129,11 @@ def parse_chat(body: dict, served) -> Job:
             raise bad_request("'response_format' and a forced 'tool_choice' cannot go together", "response_format")
         grammar = served.prompts.forced_call_grammar(tools.functions, tools.parallel)
         job.generation["response_format"] = {"type": "grammar", "grammar": grammar}
+    # JSON answers and forced calls may be reasoned first, as in vLLM; a client's own lark grammar
+    # (DashInfer's form) is the whole answer as written, its reasoning included
     constrained, bounds = job.generation.get("response_format"), served.prompts.reasoning_bounds(text)
-    if bounds and isinstance(constrained, dict) and constrained.get("type", "text") != "text":
-        job.generation["response_format"] = dict(constrained, **bounds)  # it may think first, as in vLLM
+    if bounds and isinstance(constrained, dict) and (tools.forced or constrained.get("type") in JSON_FORMS):
+        job.generation["response_format"] = dict(constrained, **bounds)
     return job
 
 

@@ -26,6 +26,7 @@ class GraniteReasoningParser(ThinkReasoningParser):
     written."""
     name = "granite"
     markers = (RESPONSE + RESPONSE_END,)  # the thinking prompt's words, "between <response></response>"
+    closer = None  # a constrained answer gets no reasoning first: thinking, the answer is in <response>
 
     def __init__(self, inside=False):
         super().__init__(inside)

@@ -10,7 +10,7 @@ OPEN, CLOSE = "<think>", "</think>"
 class ThinkReasoningParser:
     name = "think"
     markers = (OPEN,)
-    closer = CLOSE  # what ends a reasoning the prompt opened
+    opener, closer = OPEN, CLOSE  # what opens and ends a reasoning (a constrained answer's bounds)
     special_tokens = ()
 
     def __init__(self, inside=False):
