@@ -159,6 +159,10 @@ def _vocab_type(key, v):
     return None if v is None else check_enum(key, VocabType, v)
 
 
+def _prompt_logprobs(key, v):
+    return None if v is None else check_int(key, v, 0, MAX_TOP_LOGPROBS)
+
+
 def _number(ok, allowed):
     return lambda key, v: check_float(key, v, ok, allowed)
 
@@ -205,6 +209,8 @@ OPTIONS = {
              "the sampling seed: the same seed gives the same tokens"),
     "logprobs": (False, check_bool, "return the log-probability of each token"),
     "top_logprobs": (0, _count(0, MAX_TOP_LOGPROBS), "also the most likely alternatives per token"),
+    "prompt_logprobs": (None, _prompt_logprobs, "the log-probability of each prompt token after the first, with "
+                        "this many (0..10) most likely alternatives (vLLM's prompt_logprobs); None = off"),
     "lora_name": ("", check_str, "a LoRA adapter (none loads here)"),
     "mm_info": (None, lambda key, v: v, "multimedia input (none here)"),
     "response_format": (None, _response_format, "guided decoding (a JSON schema), e.g. {'type': 'json_object'}"),

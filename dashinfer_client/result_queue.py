@@ -41,6 +41,7 @@ class ResultQueue:
         self._log_probs = []
         self._token_logprobs = []
         self._prefix = (0, 0, 0)  # prefix_cache_len, prefix_len_gpu, prefix_len_cpu
+        self._prompt = ([], [], [])  # prompt logprobs not yet delivered: token logprobs, tops, ranks
         self._generated = 0
         self._with_logprobs = None  # fixed by the first push: every push must agree
         # Monotonic clock for durations; timestamps are reported on the wall clock.
@@ -107,7 +108,7 @@ class ResultQueue:
     # ---- producer -------------------------------------------------------------------------------
 
     def push(self, ids, log_probs=None, token_logprobs=None, prefix_cache_len=None,
-             prefix_len_gpu=None, prefix_len_cpu=None) -> bool:
+             prefix_len_gpu=None, prefix_len_cpu=None, prompt_logprobs=None) -> bool:
         """Append newly generated tokens and wake the consumers.
 
         ids: one token id or a sequence of them. log_probs (per token, a list of (id, logprob)
@@ -118,8 +119,10 @@ class ResultQueue:
         ContextFinished (its engine sets that status on its internal request between the prompt
         and the first decode step, and its queues go from Init to Generating with the first
         token; DashInfer's own polling loops stop on any status but Init, Generating and the
-        final ones). Returns False, dropping the data, if the request has already ended (a stop
-        can race with the scheduler); raises ValueError on malformed arguments.
+        final ones). prompt_logprobs: the request's prompt logprobs, (token logprobs, top (id,
+        logprob) pairs, ranks) per prompt token after the first, pushed once, with the first token.
+        Returns False, dropping the data, if the request has already ended (a stop can race with the
+        scheduler); raises ValueError on malformed arguments.
         """
         ids = [int(ids)] if isinstance(ids, numbers.Integral) else [int(i) for i in ids]
         if (log_probs is None) != (token_logprobs is None):
@@ -131,9 +134,13 @@ class ResultQueue:
             if len(log_probs) != len(ids) or len(token_logprobs) != len(ids):
                 raise ValueError(f"push: {len(ids)} ids but {len(log_probs)} log_probs entries and "
                                  f"{len(token_logprobs)} token_logprobs")
+        if prompt_logprobs is not None:
+            prompt_logprobs = _checked_prompt_logprobs(*prompt_logprobs)
         with self._cond:
             if self._status in FINAL_STATUSES:
                 return False
+            if prompt_logprobs is not None:
+                self._prompt = prompt_logprobs
             if ids:
                 if self._with_logprobs is None:
                     self._with_logprobs = with_logprobs
@@ -222,8 +229,9 @@ class ResultQueue:
             return None
         total, gpu, cpu = self._prefix
         ele = GeneratedElements(self._ids, self._log_probs, self._token_logprobs, [],
-                                total, gpu, cpu)
+                                total, gpu, cpu, *self._prompt)
         self._ids, self._log_probs, self._token_logprobs = [], [], []
+        self._prompt = ([], [], [])
         return ele
 
     def _wall_ms(self, t):
@@ -259,3 +267,14 @@ class ResultQueue:
         with self._cond:
             return (f"ResultQueue({self.request_id!r}, status={self._status.name}, "
                     f"generated={self._generated}, undelivered={len(self._ids)})")
+
+
+def _checked_prompt_logprobs(token_logprobs, top, ranks) -> tuple:
+    """push's prompt_logprobs as plain lists of one length (ValueError otherwise)."""
+    token_logprobs = [float(p) for p in token_logprobs]
+    top = [[(int(i), float(p)) for i, p in pairs] for pairs in top]
+    ranks = [int(r) for r in ranks]
+    if not len(token_logprobs) == len(top) == len(ranks):
+        raise ValueError(f"push: prompt logprobs of {len(token_logprobs)} tokens, {len(top)} top lists and "
+                         f"{len(ranks)} ranks")
+    return token_logprobs, top, ranks

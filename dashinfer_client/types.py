@@ -132,6 +132,11 @@ class GeneratedElements:
     (the engine refuses that option).
     prefix_cache_len: prompt tokens served from the prefix cache (prefix_len_cpu + prefix_len_gpu).
     On this CPU runtime every cached token is in main memory, so prefix_len_gpu is 0.
+    prompt_token_logprobs_list, prompt_log_probs_list, prompt_token_ranks_list: with the generation
+    option prompt_logprobs, in the element that carries the first generated token (empty in every
+    other): per prompt token after the first (the first has no context), its logprob under the
+    model (log_softmax of the raw logits, before any penalty or temperature), the prompt_logprobs
+    most likely (id, logprob) pairs at its position, and its rank there (1 = the most likely).
     """
     ids_from_generate: list = field(default_factory=list)
     log_probs_list: list = field(default_factory=list)
@@ -140,6 +145,9 @@ class GeneratedElements:
     prefix_cache_len: int = 0
     prefix_len_gpu: int = 0
     prefix_len_cpu: int = 0
+    prompt_token_logprobs_list: list = field(default_factory=list)
+    prompt_log_probs_list: list = field(default_factory=list)
+    prompt_token_ranks_list: list = field(default_factory=list)
 
 
 class RequestStatInfo(dict):

@@ -66,10 +66,11 @@ class BlockPool:
         The last token is never matched: its logits must be computed."""
         return len(self._match(tokens)[0]) * self.block_size
 
-    def allocate(self, tokens) -> BlockTable | None:
+    def allocate(self, tokens, reuse=True) -> BlockTable | None:
         """A block table for a new sequence whose prompt is `tokens`: cached prefix blocks are
-        shared, fresh blocks cover the rest. None when the pool cannot hold it."""
-        shared, chain = self._match(tokens)
+        shared (unless reuse is False), fresh blocks cover the rest. None when the pool cannot
+        hold it."""
+        shared, chain = self._match(tokens) if reuse else ([], None)
         fresh = self.blocks_needed(len(tokens)) - len(shared)
         reclaimable = sum(1 for b in shared if b.ref_count == 0)
         if fresh > self.num_available - reclaimable:

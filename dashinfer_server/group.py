@@ -39,8 +39,9 @@ class LocalGroup:
         rank, nothing to sum), or None when the sum needs Python (MPI)."""
         return None, 0.0
 
-    def gather_vocab(self, local, out) -> None:
-        """Assemble rank shards of logits [B, V_rank] into out [B, V] on rank 0."""
+    def gather_vocab(self, local, out, last=True) -> None:
+        """Assemble rank shards of logits [B, V_rank] into out [B, V] on rank 0 (last: the step's
+        last gather, which ends it)."""
         if out is not local:
             out[...] = local
 

@@ -129,15 +129,17 @@ class DecoderModel:
             expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
             shared_inter=self.shared_inter)
 
-    def forward(self, plan: StepPlan) -> np.ndarray:
+    def forward(self, plan: StepPlan, score=None) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
-        the workspace, valid until the next step)."""
+        the workspace, valid until the next step). The logits of plan.score_rows come first, as
+        many rows at a time as the sampled rows' workspace holds, each slice handed to
+        score(first row, logits [n, V]) on rank 0 (prompt_logprobs.StepScores)."""
         K = self.kernels
-        w, ws, eps = self.weights, self.ws, self.cfg.rms_norm_eps
+        w, ws = self.weights, self.ws
         t = plan.num_tokens
         if t > self.max_tokens:
             raise ValueError(f"step of {t} tokens exceeds the workspace of {self.max_tokens}")
-        res, h, o = ws.res[:t], ws.h[:t], ws.o[:t]
+        res, o = ws.res[:t], ws.o[:t]
         self.cpu_share.adapt()  # the kernel threads follow the cores other processes leave
         K.embedding(plan.token_ids, w.embedding, res)
         if self.embedding_multiplier != 1.0:
@@ -150,13 +152,24 @@ class DecoderModel:
                           plan.context_lens, *native)
         else:
             self._layers(plan)
-        s = len(plan.sample_rows)
-        last = ws.last[:s]
-        np.take(o, plan.sample_rows, axis=0, out=last)
-        np.take(res, plan.sample_rows, axis=0, out=h[:s])
-        K.rms_norm(last, w.final_norm, eps, last, residual=h[:s])
-        K.linear(last, w.lm_head, None, ws.logits_r[:s])
-        self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s])
+        width = len(ws.last)
+        for first in range(0, len(plan.score_rows), width):
+            logits = self._head(plan.score_rows[first:first + width], res, o, last=False)
+            if score is not None:
+                score(first, logits)
+        return self._head(plan.sample_rows, res, o)
+
+    def _head(self, rows, res, o, last=True) -> np.ndarray:
+        """The logits of the step's `rows` (at most the workspace's sampled rows) on rank 0:
+        final norm, lm_head, the vocabulary shards gathered (last: the step's last gather)."""
+        K, w, ws = self.kernels, self.weights, self.ws
+        s = len(rows)
+        last_h, h = ws.last[:s], ws.h[:s]
+        np.take(o, rows, axis=0, out=last_h)
+        np.take(res, rows, axis=0, out=h)
+        K.rms_norm(last_h, w.final_norm, self.cfg.rms_norm_eps, last_h, residual=h)
+        K.linear(last_h, w.lm_head, None, ws.logits_r[:s])
+        self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s], last=last)
         logits = ws.logits[:s]
         if self.cfg.logits_multiplier != 1.0:
             logits *= np.float32(self.cfg.logits_multiplier)

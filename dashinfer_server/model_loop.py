@@ -22,6 +22,7 @@ from .block_pool import BlockPool, BlockTable
 from .engine_stat import StatCounters
 from .model import apply_thread_num, build_decoder, max_step_tokens
 from .plan import build_plan
+from .prompt_logprobs import StepScores
 from .sampler import Sampler
 from .scheduler import Chunk, Scheduler, max_wait_steps, prompt_step_tokens
 from .sequence import Phase, Sequence
@@ -200,7 +201,8 @@ class ModelLoop:
                          f"hold this request's next token")
         if not chunks:
             return
-        logits = self._forward(build_plan(chunks, self.pool.block_size))
+        plan = build_plan(chunks, self.pool.block_size)
+        logits = self._forward(plan, StepScores(chunks) if len(plan.score_rows) else None)
         sampled = [c.seq for c in chunks if c.sample]
         result = self.sampler.sample(logits, [seq.sampling for seq in sampled])
         self.postprocess(chunks, sampled, result)
@@ -219,21 +221,25 @@ class ModelLoop:
             queue = seq.queue
             if seq.num_generated == 1:
                 queue.update_stats(time_in_queue=(seq.admitted - seq.arrival) * 1000.0)
+            prompt_logprobs = None
+            if seq.prompt_scores is not None:  # delivered once, with the first token
+                prompt_logprobs, seq.prompt_scores = seq.prompt_scores.pushed(), None
             if result.top_logprobs[row] is not None:
                 queue.push(token, [result.top_logprobs[row]], [float(result.token_logprobs[row])],
-                           prefix_cache_len=seq.prompt_cached)
+                           prefix_cache_len=seq.prompt_cached, prompt_logprobs=prompt_logprobs)
             else:
-                queue.push(token, prefix_cache_len=seq.prompt_cached)
+                queue.push(token, prefix_cache_len=seq.prompt_cached, prompt_logprobs=prompt_logprobs)
             reason = check_stop(seq)
             if reason is not None:
                 self._retire(seq, GenerateRequestStatus.GenerateFinished, reason=reason)
 
-    def _forward(self, plan):
-        """Hand the plan to the other ranks, then run this rank's shard of it."""
+    def _forward(self, plan, score=None):
+        """Hand the plan to the other ranks, then run this rank's shard of it (score: the
+        step's StepScores, when it scores prompt rows)."""
         group = self.model.group
         group.step(self.cfg.model_name, plan)
         try:
-            return self.model.forward(plan)
+            return self.model.forward(plan, score)
         except BaseException as e:
             group.step_failed(e)
             raise

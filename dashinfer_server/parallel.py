@@ -159,17 +159,17 @@ class MPIGroup:
         else:
             self.comm.Allreduce(self._MPI.IN_PLACE, x, op=self._MPI.SUM)
 
-    def gather_vocab(self, local, out) -> None:
+    def gather_vocab(self, local, out, last=True) -> None:
         """Rank 0 receives every rank's logits shard local [S, V_r] into out [S, V]'s columns;
         the others send theirs (their out gives V, and is not written). Shared memory when the
-        group has it, else MPI Gatherv. Ends the step on rank 0 (a failure leaves it open:
-        step_failed aborts)."""
+        group has it, else MPI Gatherv. The step's last gather (the sampled rows', after any
+        scored prompt rows') ends the step on rank 0 (a failure leaves it open: step_failed aborts)."""
         MPI = self._MPI
         if self._shm is not None:
             starts = self._column_starts(out.shape[1])
             if int(np.diff(starts).max()) <= SHM_CAPACITY:
                 self._comm_gather(self._shm, local, out if self.rank == 0 else None, starts, self.timeout)
-                if self.rank == 0:
+                if self.rank == 0 and last:
                     self._end_step()
                 return
         if self.rank:
@@ -191,7 +191,8 @@ class MPIGroup:
             for r in range(1, self.world):
                 a, b = bounds[r]
                 out[:, a:b] = staging[displs[r]:displs[r] + counts[r]].reshape(s, b - a)
-        self._end_step()
+        if last:
+            self._end_step()
 
     def _column_starts(self, vocab: int) -> np.ndarray:
         """int32 [world+1]: where each rank's vocabulary shard starts (split_range's cut)."""
@@ -230,7 +231,7 @@ class MPIGroup:
             self._check_open()
             bt = plan.block_tables
             self._send(STEP, [len(model_name.encode()), plan.num_tokens, bt.shape[0], bt.shape[1],
-                              len(plan.sample_rows)],
+                              len(plan.sample_rows), len(plan.score_rows)],
                        [_encode(model_name), *(a.reshape(-1) for a in plan.arrays())])
         except BaseException:
             self._lock.release()
@@ -313,12 +314,12 @@ class MPIGroup:
             return ("command", name, json.loads(rest.tobytes().rstrip(b"\0").decode()))
         if kind != STEP:
             raise RuntimeError(f"unknown message kind {kind} from rank 0")
-        t, b, mb, s = (int(v) for v in head[3:7])
-        sizes = [t, t, t, b + 1, b, b * mb, s]
+        t, b, mb, s, r = (int(v) for v in head[3:8])
+        sizes = [t, t, t, b + 1, b, b * mb, s, r]
         cuts = np.cumsum(sizes)[:-1]
-        token_ids, positions, slots, q_offsets, context_lens, tables, sample_rows = np.split(rest, cuts)
+        token_ids, positions, slots, q_offsets, context_lens, tables, sample_rows, score_rows = np.split(rest, cuts)
         return ("step", name, StepPlan(token_ids, positions, slots, q_offsets, context_lens,
-                                       tables.reshape(b, mb), sample_rows))
+                                       tables.reshape(b, mb), sample_rows, score_rows))
 
     def reply(self, error: str | None = None) -> None:
         """Answer a command: success, or the error (truncated to fit the reply)."""

@@ -219,7 +219,7 @@ class Scheduler:
     def _prefix_in_flight(self, seq: Sequence) -> bool:
         """Whether an admitted prompt is computing the first block of seq's prompt that the prefix
         cache lacks (it registers the block once computed)."""
-        pending = self.pool.uncached_block(seq.tokens)
+        pending = self.pool.uncached_block(seq.tokens) if seq.prompt_scores is None else None
         if pending is None:
             return False
         index, block_hash = pending
@@ -230,7 +230,8 @@ class Scheduler:
     def _admit(self, seq: Sequence) -> bool:
         if len(self.running) >= self.max_batch:
             return False
-        table = self.pool.allocate(seq.tokens)
+        # a prompt scored for prompt_logprobs needs the logits of every position: no cached prefix
+        table = self.pool.allocate(seq.tokens, reuse=seq.prompt_scores is None)
         if table is None:
             return False
         self.waiting.remove(seq)

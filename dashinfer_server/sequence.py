@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from dashinfer_client.types import ResultQueue
 
 from .block_pool import BlockTable
+from .prompt_logprobs import PromptScores
 from .sampler import RequestSamplingState
 
 
@@ -35,6 +36,7 @@ class Sequence:
     admitted: float = 0.0           # when the scheduler gave it KV blocks (perf_counter)
     queue: object = None            # the ResultQueue its tokens go to
     sampling: object = None         # its RequestSamplingState (options, penalty sets, RNG)
+    prompt_scores: object = None    # its PromptScores until they are delivered (prompt_logprobs)
 
     def __post_init__(self):
         if self.prompt_len < 0:
@@ -48,6 +50,8 @@ class Sequence:
         seq.sampling = RequestSamplingState(params, seq.tokens, guide)
         seq.queue = ResultQueue(str(seq.handle))
         seq.queue.update_stats(context_token_length=len(prompt), uuid=params["uuid"])
+        if params["prompt_logprobs"] is not None:
+            seq.prompt_scores = PromptScores(len(prompt), params["prompt_logprobs"])
         return seq
 
     def append(self, token: int) -> None:

@@ -16,7 +16,8 @@ DASHINFER_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, 
                           logprobs=False, top_logprobs=0, lora_name="", mm_info=None,
                           response_format=None, uuid="", vocab=None, vocab_type=None,
                           enable_tensors_from_model_inference=False, frequency_penalty=0.0,
-                          logit_bias={}, min_p=0.0)  # the last two are OpenAI's, at their neutral value
+                          logit_bias={}, min_p=0.0,  # OpenAI's, at their neutral value
+                          prompt_logprobs=None)  # vLLM's, off
 
 
 def test_generation_defaults_are_dashinfers():

@@ -257,6 +257,10 @@ def encode_event(queue, status, elements, sent) -> pb.RequestEvent:
         event.prefix_cache_len = elements.prefix_cache_len
         event.prefix_len_gpu = elements.prefix_len_gpu
         event.prefix_len_cpu = elements.prefix_len_cpu
+        event.prompt_token_logprobs.extend(elements.prompt_token_logprobs_list)
+        for top in elements.prompt_log_probs_list:
+            event.prompt_log_probs.add(ids=[i for i, _ in top], logprobs=[p for _, p in top])
+        event.prompt_token_ranks.extend(elements.prompt_token_ranks_list)
     return event
 
 
@@ -267,6 +271,9 @@ def merge_elements(a, b):
     a.ids_from_generate += b.ids_from_generate
     a.log_probs_list += b.log_probs_list
     a.token_logprobs_list += b.token_logprobs_list
+    a.prompt_token_logprobs_list += b.prompt_token_logprobs_list  # one of them has none
+    a.prompt_log_probs_list += b.prompt_log_probs_list
+    a.prompt_token_ranks_list += b.prompt_token_ranks_list
     a.prefix_cache_len, a.prefix_len_gpu, a.prefix_len_cpu = b.prefix_cache_len, b.prefix_len_gpu, b.prefix_len_cpu
     return a
 
@@ -285,8 +292,14 @@ def apply_event(event, queue) -> None:
         if event.token_logprobs:
             logprobs = [list(zip(top.ids, top.logprobs)) for top in event.log_probs]
             token_logprobs = list(event.token_logprobs)
+        prompt_logprobs = None
+        if event.prompt_token_ranks:  # a ranks list is never empty where prompt logprobs came
+            prompt_logprobs = (list(event.prompt_token_logprobs),
+                               [list(zip(top.ids, top.logprobs)) for top in event.prompt_log_probs],
+                               list(event.prompt_token_ranks))
         queue.push(list(event.ids), logprobs, token_logprobs, prefix_cache_len=event.prefix_cache_len,
-                   prefix_len_gpu=event.prefix_len_gpu, prefix_len_cpu=event.prefix_len_cpu)
+                   prefix_len_gpu=event.prefix_len_gpu, prefix_len_cpu=event.prefix_len_cpu,
+                   prompt_logprobs=prompt_logprobs)
     if status in FINAL_STATUSES or status > queue.GenerateStatus():
         queue.set_status(status, event.error or None)
 
