@@ -29,7 +29,8 @@ class Delta:
     the same calls as they stream (ToolCallPart: a call's id and name first, then its arguments' text
     in pieces, as the model writes them where its format allows, else whole). raw_text: the text as
     the model wrote it, before the parsers took reasoning and calls out of it (LMDeploy's pipeline
-    answers it)."""
+    answers it). prompt_logprobs: on the first Delta of a request with the prompt_logprobs option,
+    (logprob, [(id, logprob), ...], rank) per prompt token after the first."""
     text: str = ""
     reasoning: str = ""
     tool_calls: list = field(default_factory=list)
@@ -39,6 +40,7 @@ class Delta:
     finish_reason: str = None
     stop_string: str = None
     raw_text: str = ""
+    prompt_logprobs: list = field(default_factory=list)
 
     def __bool__(self):
         return bool(self.text or self.reasoning or self.tool_calls or self.tool_call_parts or self.token_ids
@@ -103,7 +105,10 @@ class OutputProcessor:
         self.ids += new
         if self.with_logprobs:
             self.logprobs += zip(new, elements.token_logprobs_list, elements.log_probs_list)
-        return self._release(max(self.sent, len(self.ids) - self.hold))
+        delta = self._release(max(self.sent, len(self.ids) - self.hold))
+        delta.prompt_logprobs = list(zip(elements.prompt_token_logprobs_list, elements.prompt_log_probs_list,
+                                         elements.prompt_token_ranks_list))
+        return delta
 
     def finish(self, engine_reason) -> Delta:
         """The last Delta, once the request ended for engine_reason (a FinishReason; None or ''

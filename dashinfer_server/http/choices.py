@@ -58,9 +58,10 @@ class Choices:
             for job, first in zip(self.jobs, firsts):
                 if answer.job.kind == "chat":
                     yield answer.chunk(first=True, index=job.index)
-                if job.echo:
-                    yield answer.chunk(Delta(text=job.echo), index=job.index)
-                if first is not None:
+                if job.echo:  # with logprobs, the echoed prompt's (from the first piece)
+                    scored = answer.echo_tokens(job, [first] if first is not None else [])
+                    yield answer.chunk(Delta(text=job.echo, logprobs=scored), index=job.index)
+                if first:  # not a scored prompt's piece alone (max_tokens 0)
                     yield answer.chunk(first, index=job.index)
             pumps = [asyncio.ensure_future(_pump(s, job.index, queue)) for job, s in zip(self.jobs, self.streams)]
             running = len(pumps)

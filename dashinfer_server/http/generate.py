@@ -9,7 +9,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from dashinfer_client.frontend import OutputProcessor
+from dashinfer_client.frontend import Delta, OutputProcessor
 from dashinfer_client.types import GenerateRequestStatus
 
 from .errors import unavailable
@@ -55,12 +55,18 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
             pass
     queue.listen(listener)
     last = None
+    scored = False  # max_tokens 0: the prompt's logprobs came
     try:
         while not output.stopped:
             await wake.wait()
             wake.clear()
             ended = queue.finished  # read before taking, so nothing pushed after it is missed
             elements = queue.GetNoWait()
+            if elements is not None and elements.ids_from_generate and job.max_tokens == 0:
+                # an echoed prompt scored alone: its logprobs, not the one token the engine generated
+                yield Delta(prompt_logprobs=output.push(elements).prompt_logprobs)
+                scored = True
+                break
             if elements is not None and elements.ids_from_generate:
                 ids = elements.ids_from_generate
                 now = time.monotonic()
@@ -68,16 +74,20 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
                 last = now
                 usage.completion_tokens += len(ids)
                 delta = output.push(elements)
-                if delta.text or delta.reasoning or delta.tool_calls or delta.tool_call_parts or delta.logprobs:
+                if (delta.text or delta.reasoning or delta.tool_calls or delta.tool_call_parts or delta.logprobs
+                        or delta.prompt_logprobs):
                     yield delta
             if ended:  # a final queue takes no more pushes: everything was in that GetNoWait
                 break
-        if not output.stopped and queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
-            raise unavailable(f"the request was interrupted: {queue.error or 'the engine stopped it'}")
-        info = queue.RequestStatInfo()
-        usage.cached_tokens = info["context_cached_length"]
-        delta = output.finish(info["finish_reason"])
-        delta.finish_reason = _OPENAI_FINISH.get(delta.finish_reason, delta.finish_reason)
+        if scored:
+            delta = Delta(finish_reason="length")
+        else:
+            if not output.stopped and queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
+                raise unavailable(f"the request was interrupted: {queue.error or 'the engine stopped it'}")
+            info = queue.RequestStatInfo()
+            usage.cached_tokens = info["context_cached_length"]
+            delta = output.finish(info["finish_reason"])
+            delta.finish_reason = _OPENAI_FINISH.get(delta.finish_reason, delta.finish_reason)
         yield delta
         metrics.finished(usage, time.monotonic() - started, delta.finish_reason)
     finally:

@@ -31,10 +31,10 @@ _UNSUPPORTED = {"functions": None, "function_call": "none", "suffix": None, "bes
 _NO_EFFECT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prediction"}
 # Every key a body may have: the options of both routes, this server's extensions (vLLM's names:
 # top_k, min_p, repetition_penalty, min_tokens, chat_template_kwargs, continue_final_message,
-# add_generation_prompt; DashInfer's deadline, timeout, read by the admission gate). Anything else
-# is refused as OpenAI does: never silently ignored.
+# add_generation_prompt, prompt_logprobs; DashInfer's deadline, timeout, read by the admission gate).
+# Anything else is refused as OpenAI does: never silently ignored.
 _COMMON = {"model", "n", "stream", "stream_options", "stop", "max_tokens", "min_tokens", "logprobs", "timeout",
-           *_SAME_MEANING, *_UNSUPPORTED, *_NO_EFFECT}
+           "prompt_logprobs", *_SAME_MEANING, *_UNSUPPORTED, *_NO_EFFECT}
 _KEYS = {"chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "echo",
                             "continue_final_message", "add_generation_prompt"},
@@ -67,6 +67,8 @@ class Job:
     index: int = 0            # the choice's index in the answer
     prompt_index: int = 0     # which prompt of a batch (usage counts each prompt once)
     echo: str = ""            # text put before the answer (/v1/completions' echo)
+    echo_logprobs: bool = False  # the echoed prompt's tokens lead the logprobs (echo with logprobs)
+    prompt_logprobs: int = None  # vLLM's prompt_logprobs: None, or the top alternatives per prompt token
     tools: ToolSettings = field(default_factory=ToolSettings)
     prompt_text: str = ""     # a chat prompt's text (its end may open the reasoning)
     settings: dict = None     # what the answer repeats of its request (a Responses API Response does)
@@ -145,9 +147,6 @@ def completion_choices(body: dict, served) -> list:
     if logprobs is not None:
         logprobs = _count(body, "logprobs", 0)
     echo = flag(body, "echo")
-    if echo and logprobs is not None:
-        raise bad_request("'echo' with 'logprobs' is not supported: the engine computes no logprobs "
-                          "of prompt tokens", "echo")
     jobs = []
     for i, prompt in enumerate(prompts):
         ids = served.prompts.text_ids(prompt) if isinstance(prompt, str) else prompt  # ids: the engine checks them
@@ -155,6 +154,9 @@ def completion_choices(body: dict, served) -> list:
         job.prompt_index = i
         if echo:
             job.echo = prompt if isinstance(prompt, str) else served.tokenizer.decode(prompt)
+        if echo and logprobs is not None:  # the prompt's tokens scored too (lm-evaluation-harness' loglikelihood)
+            job.echo_logprobs = True
+            job.generation["prompt_logprobs"] = max(logprobs, job.prompt_logprobs or 0)
         jobs.append(job)
     return _choices(jobs, n)
 
@@ -217,15 +219,22 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
             generation[engine_key] = body[key]
     if generation["temperature"] == 0:  # OpenAI's greedy
         generation["do_sample"] = False
-    # Token counts after the prompt -> the engine's lengths, which count the prompt too.
+    # Token counts after the prompt -> the engine's lengths, which count the prompt too. An echoed
+    # prompt may be scored alone (max_tokens 0, as OpenAI took it): the engine's one token is not shown.
     if max_tokens is not None:  # the engine checks the length against the model's
-        generation["max_length"] = len(ids) + _at_least(max_tokens, 1, "max_tokens")
+        least = 0 if kind == "text" and flag(body, "echo") else 1
+        generation["max_length"] = len(ids) + max(_at_least(max_tokens, least, "max_tokens"), 1)
     else:
         generation["max_length"] = served.max_length
     if body.get("min_tokens") is not None:
         generation["min_length"] = len(ids) + _at_least(body["min_tokens"], 0, "min_tokens")
     if logprobs is not None:
         generation.update(logprobs=True, top_logprobs=logprobs)
+    prompt_logprobs = body.get("prompt_logprobs")
+    if prompt_logprobs is not None:  # vLLM's; its range is the engine's to check
+        generation["prompt_logprobs"] = _int(prompt_logprobs, "prompt_logprobs")
+        if flag(body, "stream"):  # vLLM's rule and words
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     stop = _stop(body.get("stop"))
     if stop:
         generation["stop_words_ids"] = served.prompts.word_ids(stop)
@@ -235,7 +244,7 @@ def _job(kind, body, served, ids, max_tokens, logprobs) -> Job:
     if body.get("stream_options") is not None and not flag(body, "stream"):
         raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     return Job(kind, model, list(ids), generation, max_tokens, stop, flag(body, "stream"),
-               bool(options.get("include_usage")), logprobs)
+               bool(options.get("include_usage")), logprobs, prompt_logprobs=prompt_logprobs)
 
 
 def _stop(stop) -> list:

@@ -31,14 +31,19 @@ class Answer:
 
     def whole(self, answers, usage) -> dict:
         """answers: (Job, its Deltas) of each choice, in index order (Choices.whole)."""
-        return dict(self._head(self.object), choices=[self._choice(job, deltas) for job, deltas in answers],
+        body = dict(self._head(self.object), choices=[self._choice(job, deltas) for job, deltas in answers],
                     usage=usage.to_dict())
+        if self.job.kind == "chat" and self.job.prompt_logprobs is not None:  # vLLM's: once, for the prompt
+            body["prompt_logprobs"] = self.prompt_logprobs(*answers[0])
+        return body
 
     def _choice(self, job, deltas) -> dict:
         text = job.echo + "".join(d.text for d in deltas)
-        tokens = [t for d in deltas for t in d.logprobs]
+        tokens = self.echo_tokens(job, deltas) + [t for d in deltas for t in d.logprobs]
         choice = {"index": job.index, "logprobs": self.logprobs(tokens, job.index),
                   "finish_reason": deltas[-1].finish_reason}
+        if self.job.kind == "text" and job.prompt_logprobs is not None:  # vLLM's: each choice's
+            choice["prompt_logprobs"] = self.prompt_logprobs(job, deltas)
         if self.job.kind == "chat":
             calls = [c for d in deltas for c in d.tool_calls]
             reasoning = "".join(d.reasoning for d in deltas)
@@ -85,15 +90,42 @@ class Answer:
         return out
 
     def logprobs(self, tokens, index=0):
+        """tokens: (id, logprob, top pairs) each; a text completion's echoed first token has None
+        for both (it has no context), as OpenAI answers."""
         if self.job.logprobs is None:
             return None
         if self.job.kind == "chat":
             return {"content": [dict(self._entry(i, lp), top_logprobs=[self._entry(j, q) for j, q in top])
                                 for i, lp, top in tokens]}
         offsets = self.offsets.setdefault(index, _TextOffsets(self.token_bytes))
-        return {"tokens": [self._name(i) for i, _, _ in tokens], "token_logprobs": [_floored(lp) for _, lp, _ in tokens],
-                "top_logprobs": [{self._name(j): _floored(q) for j, q in top} for _, _, top in tokens],
+        return {"tokens": [self._name(i) for i, _, _ in tokens],
+                "token_logprobs": [None if lp is None else _floored(lp) for _, lp, _ in tokens],
+                "top_logprobs": [None if top is None else {self._name(j): _floored(q) for j, q in top}
+                                 for _, _, top in tokens],
                 "text_offset": offsets.starts([i for i, _, _ in tokens])}
+
+    @staticmethod
+    def echo_tokens(job, deltas) -> list:
+        """The echoed prompt's tokens as logprobs() takes them (echo with logprobs), else none."""
+        if not job.echo_logprobs:
+            return []
+        scored = [e for d in deltas for e in d.prompt_logprobs]
+        return [(job.prompt_ids[0], None, None)] + [(i, lp, top[:job.logprobs])
+                                                   for i, (lp, top, _) in zip(job.prompt_ids[1:], scored)]
+
+    def prompt_logprobs(self, job, deltas) -> list:
+        """vLLM's prompt_logprobs: None for the first prompt token, then per token {id: {logprob,
+        rank, decoded_token}}: the token's own, then the job.prompt_logprobs most likely."""
+        out = [None]
+        for token, (lp, top, rank) in zip(job.prompt_ids[1:], (e for d in deltas for e in d.prompt_logprobs)):
+            entry = {str(token): self._ranked(token, lp, rank)}
+            for j, (i, q) in enumerate(top[:job.prompt_logprobs]):
+                entry.setdefault(str(i), self._ranked(i, q, j + 1))
+            out.append(entry)
+        return out
+
+    def _ranked(self, token_id, logprob, rank) -> dict:
+        return {"logprob": _floored(logprob), "rank": rank, "decoded_token": self._name(token_id)}
 
     def _name(self, token_id) -> str:
         return token_name(self.token_bytes(token_id))
