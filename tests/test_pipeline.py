@@ -272,6 +272,25 @@ def test_bad_pipeline_arguments_are_named(tiny, tmp_path):
         pipeline(tiny[0], log_level="LOUD")
 
 
+def test_get_ppl_is_transformers_loss(pipe, tiny_checkpoint):
+    """LMDeploy's get_ppl: per sequence, the mean cross-entropy after the first token (transformers'
+    loss with labels = the ids), the sequences run together."""
+    import numpy as np
+    import torch
+    from tests.helpers import load_hf_model
+    hf = load_hf_model(tiny_checkpoint("llama", max_position_embeddings=CONTEXT))
+    rng = np.random.default_rng(4)
+    batch = [[int(t) for t in rng.integers(3, 272, n)] for n in (2, 40, 250)]
+    expected = []
+    for ids in batch:
+        with torch.no_grad():
+            expected.append(float(hf(torch.tensor([ids]), labels=torch.tensor([ids])).loss))
+    assert pipe.get_ppl(batch) == pytest.approx(expected, abs=1e-5)
+    assert pipe.get_ppl(batch[1]) == pytest.approx(expected[1:2], abs=1e-5)  # one sequence: a list of one
+    with pytest.raises(ValueError, match="at least 2"):
+        pipe.get_ppl([[5]])
+
+
 def test_closed_pipeline_refuses_calls(tiny):
     p = pipeline(tiny[0], session_len=128)
     p.close()

@@ -9,6 +9,7 @@ the engine's continuous batching; nothing here schedules, samples or tokenizes d
 the engine's own API.
 """
 import logging
+import math
 import os
 import queue as queue_module
 import threading
@@ -266,6 +267,38 @@ class Pipeline:
             self._end(started)
             for reader in readers:
                 reader.join()
+
+    def get_ppl(self, input_ids) -> list:
+        """LMDeploy's: per sequence of token ids (one list of ids, or a list of them), the mean
+        cross-entropy of its tokens after the first given those before them (the log of its
+        perplexity), from the engine's prompt logprobs. Sequences run together, as a call's prompts."""
+        if self._requests.closed:
+            raise RuntimeError(CLOSED)
+        if not isinstance(input_ids, list) or not input_ids:
+            raise TypeError("input_ids must be a list of token ids or a non-empty list of such lists")
+        sequences = [input_ids] if isinstance(input_ids[0], int) else input_ids
+        for i, ids in enumerate(sequences):
+            if not isinstance(ids, list) or len(ids) < 2:
+                raise ValueError(f"input_ids[{i}] must be a list of at least 2 token ids (the first is not scored)")
+        started = []
+        try:
+            for i, ids in enumerate(sequences):
+                builder = ASGenerationConfigBuilder(eos_token_id=self.eos_ids).update(
+                    {"max_length": len(ids) + 1, "do_sample": False, "top_k": 0, "prompt_logprobs": 0})
+                try:
+                    started.append(self._requests.submit(ids, builder))
+                except Refused as e:
+                    raise RuntimeError(f"pipeline: input_ids[{i}] was refused ({e.status.name}): {e}") from None
+            losses = []
+            for handle, queue in started:
+                self._requests.wait(handle)
+                scored = [lp for elements in iter(queue.Get, None) for lp in elements.prompt_token_logprobs_list]
+                if len(scored) != queue.RequestStatInfo()["context_token_length"] - 1:
+                    raise RuntimeError(f"pipeline: get_ppl's request ended without its logprobs: {queue.error}")
+                losses.append(-math.fsum(scored) / len(scored))
+        finally:
+            self._requests.end([handle for handle, _ in started])
+        return losses
 
     @property
     def engine(self):
