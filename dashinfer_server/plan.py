@@ -40,7 +40,8 @@ def build_plan(chunks, block_size: int) -> StepPlan:
     tokens, positions, counts, context_lens, sample_rows, score_rows = [], [], [], [], [], []
     width = 0
     for c in chunks:
-        score_rows += (len(tokens) + p - c.start for p in scored_positions(c))
+        if c.seq.prompt_scores is not None:  # prompt_logprobs: rare, kept off the decode path
+            score_rows += (len(tokens) + p - c.start for p in scored_positions(c))
         tokens += c.seq.tokens[c.start:c.start + c.count]
         positions += range(c.start, c.start + c.count)
         counts.append(c.count)
