@@ -25,7 +25,7 @@ import dashinfer_client as allspark
 from dashinfer_server import kernels as K
 from tests.engine_helpers import API_CONTEXT, API_MAX_BATCH
 from tests.helpers import build_tiny_model
-from tests.http_server import MAX_MODEL_LEN, Reference
+from tests.http_server import API_KEY, MAX_MODEL_LEN, Reference, default_model_dir, serving
 
 # the configured thread count throughout, so runs compare bit for bit (cpu_share.py)
 os.environ.setdefault("DASHINFER_ADAPTIVE_THREADS", "0")
@@ -244,6 +244,27 @@ def tiny_reference(tiny_model):
     reference = Reference(tiny_model)
     yield reference
     reference.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model):
+    """An in-process Engine serving tiny_model as "tiny" (max_length 4096, max_batch 2): the engine
+    behind the gRPC service tests' servers."""
+    from dashinfer_server.engine import Engine
+    engine = Engine()
+    cfg = (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(tiny_model, "tiny")
+           .max_length(4096).max_batch(2).build())
+    assert engine.install_model(cfg) == 0 and engine.start_model("tiny") == 0
+    yield engine
+    engine.release_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    """`dashinfer serve` of the default model on one rank behind API_KEY (each module its own)."""
+    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
+                 tp=1) as s:
+        yield s
 
 
 def _make_engine(kind):

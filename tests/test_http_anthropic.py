@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.http_server import API_KEY, Reference, default_model_dir, serving
+from tests.http_server import API_KEY, Reference, default_model_dir
 
 SYSTEM = "You are a concise assistant."
 # The anthropic client has no sampling arguments any more; the server still reads temperature.
@@ -24,10 +24,8 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
-                 tp=1) as s:
-        yield s
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from dashinfer_client.frontend.parsers.base import ToolCallPart
 from dashinfer_server.http.responses_api import _Items
 from tests.chat_templates import THINK_CHATML
 from tests.helpers import tiny_with_template
-from tests.http_server import API_KEY, default_model_dir, serving
+from tests.http_server import API_KEY, serving
 
 SYSTEM = "You are a concise assistant."
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -36,10 +36,8 @@ CHAT_TOOLS = [{"type": "function", "function": {k: t[k] for k in ("name", "descr
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
-                 tp=1) as s:
-        yield s
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")

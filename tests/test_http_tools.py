@@ -38,12 +38,9 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The default model on one rank (the front end is the same over any engine; the tiny model's
-    reasoning test below runs on two ranks, as tests/test_http.py does)."""
-    with serving(default_model_dir(), str(tmp_path_factory.mktemp("serve") / "serve.log"), "--api-key", API_KEY,
-                 tp=1) as s:
-        yield s
+def server(default_server):
+    """The default model on one rank (the front end is the same over any engine)."""
+    return default_server
 
 
 @pytest.fixture(scope="module")

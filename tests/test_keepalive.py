@@ -13,7 +13,6 @@ import pytest
 
 import dashinfer_client as allspark
 from dashinfer_client import GenerateRequestStatus as S
-from dashinfer_server.engine import Engine
 from dashinfer_server.grpc_server import serve
 from tests.helpers import eventually
 
@@ -67,13 +66,8 @@ class Blackhole:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    e = Engine()
-    cfg = (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(tiny_model, "tiny")
-           .max_length(4096).max_batch(2).build())
-    assert e.install_model(cfg) == 0 and e.start_model("tiny") == 0
-    yield e
-    e.release_model("tiny")
+def engine(tiny_engine):
+    return tiny_engine
 
 
 @pytest.fixture

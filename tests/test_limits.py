@@ -16,7 +16,6 @@ import dashinfer_client as allspark
 from dashinfer_client import AsStatus
 from dashinfer_client.client_engine import Unavailable
 from dashinfer_client.proto import load
-from dashinfer_server.engine import Engine
 from dashinfer_server.grpc_server import serve
 from dashinfer_server.limits import StreamLimits, WorkerPool
 from tests.helpers import eventually
@@ -27,13 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    e = Engine()
-    cfg = (allspark.AsModelRuntimeConfigBuilder().model_name("tiny").model_dir(tiny_model, "tiny")
-           .max_length(4096).max_batch(2).build())
-    assert e.install_model(cfg) == 0 and e.start_model("tiny") == 0
-    yield e
-    e.release_model("tiny")
+def engine(tiny_engine):
+    return tiny_engine
 
 
 def _start(stub, max_length, **fields):

@@ -6,7 +6,6 @@ reasoning and tool-call parsers whole and split at every character, and through 
 OutputProcessor one token at a time on a tokenizer whose harmony markers are special tokens (the
 decoder keeps them for these parsers only). The forced-call grammar is checked with llguidance."""
 import json
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -16,6 +15,7 @@ from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS, r
 from dashinfer_client.tokenizer import added_tokens
 from tests.chat_templates import HARMONY, HARMONY_TOKENS, HERMES_CHATML
 from tests.helpers import build_tiny_tokenizer
+from tests.output_helpers import elements
 
 ANALYSIS = "<|channel|>analysis<|message|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>"
@@ -104,9 +104,6 @@ def tokenizer(tmp_path_factory):
     return Tokenizer(build_tiny_tokenizer(str(tmp_path_factory.mktemp("harmony-tok")), HARMONY, HARMONY_TOKENS))
 
 
-def _elements(ids):
-    return SimpleNamespace(ids_from_generate=ids, token_logprobs_list=[0.0] * len(ids), log_probs_list=[[]] * len(ids))
-
 
 @pytest.mark.parametrize("answer, reasoning, content, calls", CASES)
 def test_output_side_token_by_token(tokenizer, answer, reasoning, content, calls):
@@ -116,7 +113,7 @@ def test_output_side_token_by_token(tokenizer, answer, reasoning, content, calls
     prompts = Prompts(tokenizer)
     out = OutputProcessor(tokenizer, reasoning=prompts.reasoning_parser("<|start|>assistant"),
                           tools=prompts.tool_parser(None))  # harmony's parser runs with no tools offered too
-    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
     assert "".join(d.reasoning for d in deltas) == reasoning
     assert "".join(d.text for d in deltas) == content
     got = [c for d in deltas for c in d.tool_calls]
@@ -136,7 +133,7 @@ def test_the_tokenizers_other_special_tokens_stay_skipped(tokenizer):
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     prompts = Prompts(tokenizer)
     out = OutputProcessor(tokenizer, reasoning=prompts.reasoning_parser(""), tools=prompts.tool_parser(None))
-    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
     assert "".join(d.text for d in deltas) == "Hi there"
     assert "".join(d.raw_text for d in deltas) == FINAL + "Hi there<|return|>"
     assert [i for d in deltas for i in d.token_ids] == ids  # skipped from the text, not from the answer
@@ -145,7 +142,7 @@ def test_the_tokenizers_other_special_tokens_stay_skipped(tokenizer):
 def test_other_formats_still_read_the_text_without_special_tokens(tokenizer):
     ids = tokenizer("<|start|>Hi<|end|>", add_special_tokens=False)["input_ids"]
     out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["hermes"]())
-    deltas = [out.push(_elements(ids)), out.finish("eos")]
+    deltas = [out.push(elements(ids)), out.finish("eos")]
     assert "".join(d.text for d in deltas) == tokenizer.decode(ids, skip_special_tokens=True) == "Hi"
 
 

@@ -5,7 +5,6 @@ tag ever leaks into the content. The grammars of forced calls are checked with l
 (what it accepts parses and validates against the schema with jsonschema), and the output side
 against the tokenizer's own decode."""
 import json
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -14,6 +13,7 @@ from dashinfer_client.frontend import OutputProcessor, Prompts
 from dashinfer_client.frontend.parsers import (REASONING_PARSERS, TOOL_PARSERS, ToolCall, reasoning_parser_for,
                                                tool_parser_for)
 from dashinfer_client.tokenizer import added_tokens
+from tests.output_helpers import cut_answer, elements
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -194,7 +194,7 @@ def test_a_forced_call_begins_with_the_marker_token_where_the_tokenizer_has_one(
     assert offered.tolist() == [ids[0]] == [tok.convert_tokens_to_ids((special + added)[0])]
     assert _accepts(tok, grammar, answer)
     out = OutputProcessor(tok, tools=TOOL_PARSERS[fmt].for_functions([TIME]))
-    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
     [call] = [c for d in deltas for c in d.tool_calls]
     assert (call.name, json.loads(call.arguments)) == ("get_time", {"zone": "UTC"})
     parts = [p for d in deltas for p in d.tool_call_parts]
@@ -238,10 +238,6 @@ def test_a_tool_use_template_renders_the_tools_and_names_the_format(tmp_path, ou
     assert prompts.chat_text(chat) == ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
-def _elements(ids):
-    return SimpleNamespace(ids_from_generate=ids, token_logprobs_list=[0.0] * len(ids),
-                           log_probs_list=[[]] * len(ids))
-
 
 def test_output_side_streams_reasoning_and_calls_token_by_token(tokenizer):
     answer = ('<think>short</think>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "ÜTC"}}\n'
@@ -249,7 +245,7 @@ def test_output_side_streams_reasoning_and_calls_token_by_token(tokenizer):
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     out = OutputProcessor(tokenizer, terminators=[[tokenizer.eos_token_id]],
                           reasoning=REASONING_PARSERS["think"](), tools=TOOL_PARSERS["hermes"]())
-    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
     assert "".join(d.reasoning for d in deltas) == "short"
     assert "".join(d.text for d in deltas) == ""
     calls = [c for d in deltas for c in d.tool_calls]
@@ -262,7 +258,7 @@ def test_output_side_text_equals_decode_and_cuts_stop_strings(tokenizer):
     text = "Grüße aus Köln 😀, und dann STOP hier"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     out = OutputProcessor(tokenizer, stop=["STOP", "never"])
-    pieces = [out.push(_elements([i])).text for i in ids]
+    pieces = [out.push(elements([i])).text for i in ids]
     last = out.finish("length")
     assert "".join(pieces) + last.text == tokenizer.decode(ids)[:text.index("STOP")]
     assert all("\ufffd" not in p for p in pieces)  # whole characters only
@@ -293,7 +289,7 @@ STREAMED = [
 def test_calls_stream_arguments_as_written(tokenizer, fmt, answer, arguments):
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
-    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
     parts = [p for d in deltas for p in d.tool_call_parts]
     calls = [c for d in deltas for c in d.tool_calls]
     assert [c.arguments for c in calls] == arguments  # the whole answer's arguments: as the model wrote them
@@ -316,7 +312,7 @@ def test_calls_stream_arguments_as_written(tokenizer, fmt, answer, arguments):
 ])
 def test_call_in_another_key_order_comes_whole_in_one_part(tokenizer, fmt, answer):
     out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
-    deltas = [out.push(_elements([i])) for i in tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    deltas = [out.push(elements([i])) for i in tokenizer(answer, add_special_tokens=False)["input_ids"]]
     deltas.append(out.finish("eos"))
     parts = [p for d in deltas for p in d.tool_call_parts]
     [call] = [c for d in deltas for c in d.tool_calls]
@@ -342,17 +338,11 @@ CUT = [
 def test_an_answer_cut_anywhere_streams_the_calls_it_answers(tokenizer, fmt, answer):
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
-    full = [c.arguments for d in [out.push(_elements([i])) for i in ids] + [out.finish("eos")] for c in d.tool_calls]
+    full = [c.arguments for d in [out.push(elements([i])) for i in ids] + [out.finish("eos")] for c in d.tool_calls]
     assert len(full) == 2
     for cut in range(len(ids) + 1):
-        out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt]())
-        deltas = [out.push(_elements([i])) for i in ids[:cut]] + [out.finish("length")]
-        streamed = {}
-        for part in (p for d in deltas for p in d.tool_call_parts):
-            call = streamed.setdefault(part.index, [part.id, part.name, ""])
-            call[2] += part.arguments
-        whole = [[c.id, c.name, c.arguments] for d in deltas for c in d.tool_calls]
-        assert [streamed[i] for i in sorted(streamed)] == whole, cut
+        deltas, streamed, whole = cut_answer(tokenizer, TOOL_PARSERS[fmt](), ids, cut)
+        assert streamed == whole, cut
         # each call's arguments are what the model wrote of them, cut or not
         assert all(full[k].startswith(arguments) for k, (_, _, arguments) in enumerate(whole)), cut
         content = "".join(d.text for d in deltas)

@@ -6,7 +6,6 @@ text, transformers' apply_chat_template for the prompts, llguidance and jsonsche
 of forced calls."""
 import json
 import random
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -16,6 +15,7 @@ from dashinfer_client.frontend.parsers import TOOL_PARSERS
 from dashinfer_client.tokenizer import added_tokens
 from tests.chat_templates import GRANITE, GRANITE_TOKENS, QWEN3_CODER
 from tests.helpers import build_tiny_tokenizer
+from tests.output_helpers import cut_answer, elements
 
 WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
@@ -84,9 +84,6 @@ def test_qwen3_coder_calls_read_whole_and_split_everywhere(answer, content, call
             assert "".join(p.arguments for p in mine) == call.arguments
 
 
-def _elements(ids):
-    return SimpleNamespace(ids_from_generate=ids, token_logprobs_list=[0.0] * len(ids), log_probs_list=[[]] * len(ids))
-
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
@@ -98,7 +95,7 @@ def test_a_text_value_streams_as_it_is_written(tokenizer):
     answer = ANSWERS[0][0]
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     out = OutputProcessor(tokenizer, tools=TOOL_PARSERS["qwen3_coder"].for_functions(FUNCTIONS))
-    deltas = [out.push(_elements([i])) for i in ids] + [out.finish("eos")]
+    deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
     [call] = [c for d in deltas for c in d.tool_calls]
     # one token a character: the code's characters stream one by one, as decoded (its last newline held
     # back until the next one shows it is not the closing tag's)
@@ -116,14 +113,8 @@ def test_a_text_value_streams_as_it_is_written(tokenizer):
 def test_an_answer_cut_anywhere_streams_the_calls_it_answers(tokenizer, fmt, answer):
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     for cut in range(len(ids) + 1):
-        out = OutputProcessor(tokenizer, tools=TOOL_PARSERS[fmt].for_functions(FUNCTIONS))
-        deltas = [out.push(_elements([i])) for i in ids[:cut]] + [out.finish("length")]
-        streamed = {}
-        for part in (p for d in deltas for p in d.tool_call_parts):
-            call = streamed.setdefault(part.index, [part.id, part.name, ""])
-            call[2] += part.arguments
-        whole = [[c.id, c.name, c.arguments] for d in deltas for c in d.tool_calls]
-        assert [streamed[i] for i in sorted(streamed)] == whole, cut
+        deltas, streamed, whole = cut_answer(tokenizer, TOOL_PARSERS[fmt].for_functions(FUNCTIONS), ids, cut)
+        assert streamed == whole, cut
         assert deltas[-1].finish_reason == "length"
 
 
