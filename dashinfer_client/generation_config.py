@@ -67,10 +67,10 @@ def response_format_schema(response_format, key="response_format"):
     extra = set(response_format) - {"type", "json_schema", *REASONING_BOUNDS}
     if extra:
         raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; it takes 'type', 'json_schema', "
-                         f"'reasoning_start' and 'reasoning_end'")
+                         f"'reasoning_start', 'reasoning_end' and 'answer_start'")
     if kind == "text":
         if response_format.get("json_schema") is not None or set(REASONING_BOUNDS) & set(response_format):
-            raise ValueError(f"{key}: type 'text' takes no json_schema, reasoning_start or reasoning_end")
+            raise ValueError(f"{key}: type 'text' takes no json_schema, reasoning_start, reasoning_end or answer_start")
         return None
     response_format_reasoning(response_format, key)
     if kind not in ("json_object", "json_schema"):
@@ -94,7 +94,7 @@ def response_format_schema(response_format, key="response_format"):
     return schema
 
 
-REASONING_BOUNDS = ("reasoning_start", "reasoning_end")
+REASONING_BOUNDS = ("reasoning_start", "reasoning_end", "answer_start")
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 
 
@@ -123,7 +123,7 @@ def response_format_grammar(response_format, key="response_format"):
     extra = set(response_format) - {"type", "grammar", *REASONING_BOUNDS}
     if extra:
         raise ValueError(f"{key}: unknown key(s) {sorted(extra)}; type 'grammar' takes 'grammar', "
-                         f"'reasoning_start' and 'reasoning_end'")
+                         f"'reasoning_start', 'reasoning_end' and 'answer_start'")
     grammar = response_format.get("grammar")
     if not isinstance(grammar, str) or not grammar.strip():
         raise ValueError(f"{key}: type 'grammar' needs a 'grammar' string (lark)")
@@ -132,18 +132,21 @@ def response_format_grammar(response_format, key="response_format"):
 
 
 def response_format_reasoning(response_format, key="response_format"):
-    """(reasoning_start, reasoning_end) of a json or grammar form (DashInfer's keys), each None when
-    left out. With reasoning_end the output is free up to its first occurrence, constrained after it,
-    as a reasoning model thinks before its structured answer; with reasoning_start too, that free
-    part is optional and begins with it (a model that opens its reasoning itself, or answers at
-    once). The HTTP server sets them from the chat template's <think>. ValueError unless non-empty
-    strings, and reasoning_start without reasoning_end."""
+    """(reasoning_start, reasoning_end, answer_start) of a json or grammar form (DashInfer's keys),
+    each None when left out. With reasoning_end the output is free up to its first occurrence,
+    constrained after it, as a reasoning model thinks before its structured answer; with
+    reasoning_start too, that free part is optional and begins with it (a model that opens its
+    reasoning itself, or answers at once); answer_start opens the constrained part, reasoning or not
+    (harmony's final channel header). The HTTP server sets them from the chat template's reasoning
+    format. ValueError unless non-empty strings, and reasoning_start or answer_start without
+    reasoning_end."""
     bounds = tuple((response_format or {}).get(k) for k in REASONING_BOUNDS)
     for name, text in zip(REASONING_BOUNDS, bounds):
         if text is not None and (not isinstance(text, str) or not text):
             raise ValueError(f"{key}: {name} must be a non-empty string, got {brief(text)}")
-    if bounds[0] is not None and bounds[1] is None:
-        raise ValueError(f"{key}: reasoning_start needs reasoning_end")
+    start, end, answer = bounds
+    if end is None and (start is not None or answer is not None):
+        raise ValueError(f"{key}: {'reasoning_start' if start is not None else 'answer_start'} needs reasoning_end")
     return bounds
 
 

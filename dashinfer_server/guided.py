@@ -23,11 +23,16 @@ Forms of response_format (dashinfer_client.generation_config checks their shape)
                                                       model's </think>; vLLM lets it reason too)
   "reasoning_start": TEXT beside it                   that free part is optional and begins with
                                                       TEXT (<think>, which a model opens itself)
+  "answer_start": TEXT beside reasoning_end           the constrained part begins with TEXT, right
+                                                      after the free part or without it (harmony's
+                                                      final channel header); the bounds' added
+                                                      tokens (harmony's markers) are those tokens
 The request ends where the grammar ends (the closing brace of the object), with finish reason
 eos; an eos id is allowed wherever the grammar may end, and ends the request too.
 """
 import json
 import logging
+import re
 import threading
 
 import numpy as np
@@ -117,9 +122,9 @@ class Grammars:
         try:
             grammar = (llguidance.LLMatcher.grammar_from_lark(lark) if lark is not None else
                        llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
-            start, end = response_format_reasoning(response_format)
+            start, end, answer = response_format_reasoning(response_format)
             if end is not None:
-                grammar = after_free_text(start, end, {"lark_grammar": lark} if lark is not None else
+                grammar = after_free_text(start, end, answer, {"lark_grammar": lark} if lark is not None else
                                           json.loads(grammar)["grammars"][0], self._added)
         except (ValueError, RecursionError) as e:
             # llguidance's parser refuses some schemas before the matcher sees them (a nesting past its
@@ -131,21 +136,40 @@ class Grammars:
         return Guide(matcher, self.vocab_size, tokenizer.eos_token, eos_ids)
 
 
-def after_free_text(start, end: str, constrained: dict, added: dict) -> str:
+def after_free_text(start, end: str, answer, constrained: dict, added: dict) -> str:
     """llguidance's grammar of free text up to the first `end` (included; with `start`, optional and
-    beginning with it), optional whitespace, then `constrained` (one of its grammars:
-    {"lark_grammar": ...} or {"json_schema": ...}). A marker that is one of the tokenizer's added
-    tokens (`added`: text -> id; QwQ's and DeepSeek-R1's </think>) is that token: llguidance reads an
+    beginning with it), then `answer` where given (right after: harmony's final channel header, reasoning
+    or not), else optional whitespace, then `constrained` (one of its grammars: {"lark_grammar": ...}
+    or {"json_schema": ...}). A bound's markers that are the tokenizer's added tokens (`added`: text ->
+    id; QwQ's and DeepSeek-R1's </think>, gpt-oss's <|channel|>) are those tokens: llguidance reads an
     added token as a token of its own, never as its text, so a regular expression spelling it out
-    would mask it out."""
-    opening = "" if start is None else (f"<[{added[start]}]> " if start in added else f"/{_regex_literal(start)}/ ")
-    if end in added:
-        free = f"free: {opening}/(?s:.*)/ <[{added[end]}]>\n"
-    else:  # lazy: the free text ends at the end text's first occurrence
-        free = f"free: {opening}free_text\nfree_text[lazy]: /(?s:.*){_regex_literal(end)}/\n"
-    reasoning = "(free /[ \\t\\r\\n]*/)?" if start else "free /[ \\t\\r\\n]*/"
-    head = f"start: {reasoning} @constrained\n"
+    would mask it out. The free text holds no special token, so one that `end` begins with ends it."""
+    opening = "" if start is None else _lark_items(start, added) + " "
+    pieces = _pieces(end, added)
+    if pieces[0] in added:
+        free = f"free: {opening}/(?s:.*)/ {_lark_items(end, added)}\n"
+    else:  # lazy: the free text ends at the first occurrence of end's text (up to its first marker)
+        rest = "".join(pieces[1:])
+        free = (f"free: {opening}free_text {_lark_items(rest, added) if rest else ''}\n"
+                f"free_text[lazy]: /(?s:.*){_regex_literal(pieces[0])}/\n")
+    after = "/[ \\t\\r\\n]*/" if answer is None else ""
+    reasoning = f"(free {after})?" if start else f"free {after}"
+    opener = "" if answer is None else _lark_items(answer, added)
+    head = f"start: {reasoning} {opener} @constrained\n"
     return json.dumps({"grammars": [{"lark_grammar": head + free}, dict(constrained, name="constrained")]})
+
+
+def _pieces(text: str, added: dict) -> list:
+    """text cut into the added tokens' texts it holds and the text between them (no empty piece)."""
+    inside = sorted((t for t in added if t and t in text), key=len, reverse=True)
+    if not inside:
+        return [text]
+    return [p for p in re.split("(" + "|".join(map(re.escape, inside)) + ")", text) if p]
+
+
+def _lark_items(text: str, added: dict) -> str:
+    """text as lark items that match it alone: each added token as that token, the rest as literals."""
+    return " ".join(f"<[{added[p]}]>" if p in added else f"/{_regex_literal(p)}/" for p in _pieces(text, added))
 
 
 def _regex_literal(text: str) -> str:

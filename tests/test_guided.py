@@ -61,7 +61,9 @@ def test_forms(response_format, schema):
                                  {"type": "json_object", "schema": PERSON},
                                  {"type": "text", "reasoning_end": "</think>"},
                                  {"type": "json_object", "reasoning_end": ""},
-                                 {"type": "json_object", "reasoning_start": "<think>"}])
+                                 {"type": "json_object", "reasoning_start": "<think>"},
+                                 {"type": "json_object", "answer_start": "<|channel|>final<|message|>"},
+                                 {"type": "text", "answer_start": "x"}])
 def test_malformed_refused_by_the_builder(bad):
     with pytest.raises(ValueError, match="response_format"):
         allspark.ASGenerationConfigBuilder().response_format(bad)
@@ -222,6 +224,41 @@ def test_reasoning_end_that_is_an_added_token_is_that_token(tmp_path):
     assert mask[opening] and mask[brace] and not mask[letter] and not mask[tok.convert_tokens_to_ids("<")]
     guide.advance(opening)
     assert allowed()[[letter, brace, end]].all()
+
+
+def test_harmony_answer_bounds_are_the_markers(tmp_path):
+    """gpt-oss's JSON answer (the bounds the HTTP server sets for harmony): an optional analysis
+    message, free text ended by <|end|>, then the final channel's header, then the schema; each
+    marker is its special token, which the model writes (spelled out as text, it was masked out)."""
+    from dashinfer_client.frontend import Prompts
+    from dashinfer_client.tokenizer import Tokenizer
+    from tests.chat_templates import HARMONY, HARMONY_TOKENS
+    from tests.helpers import build_tiny_tokenizer
+    tok = Tokenizer(build_tiny_tokenizer(str(tmp_path), HARMONY, extra_special=HARMONY_TOKENS))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    rf = dict({"type": "json_object", "json_schema": TINY_SCHEMA}, **Prompts(tok).reasoning_bounds(prompt))
+    channel, message, end, start, ret = (tok.convert_tokens_to_ids(t) for t in
+                                         ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>"))
+    letter, brace = tok.convert_tokens_to_ids("x"), tok.convert_tokens_to_ids("{")
+    obj = '{"n": 7, "ok": true, "tag": "b", "s": "xy"}'
+    final = "<|channel|>final<|message|>" + obj
+    for answer in (final, "<|channel|>analysis<|message|>Paris? {x}: <|end|><|start|>assistant" + final):
+        guide = Grammars(lambda: tok, 272).guide(rf, [tok.eos_token_id])
+        ids = tok.encode(answer, add_special_tokens=False)
+        masks = []
+        for token in ids:
+            row = np.zeros(272, np.float32)
+            guide.apply(row)
+            masks.append(row == 0)
+            assert masks[-1][token], (answer, token)
+            guide.advance(token)
+        assert guide.ended and guide.error is None, answer
+        assert masks[0][channel] and masks[0].sum() == 1  # a header first, reasoning or not
+        body = ids.index(message) + 1  # the first message's body
+        if "analysis" in answer:  # free text and <|end|>, no other marker
+            assert masks[body][[letter, brace, end]].all() and not masks[body][[channel, start, ret]].any()
+        else:  # the JSON
+            assert masks[body][brace] and not masks[body][[letter, end, channel]].any()
 
 
 @pytest.mark.parametrize("schema", ['{"type": "objectx"}',

@@ -3,8 +3,9 @@ whose tokenizer has harmony's special tokens and whose chat template is harmony-
 (tests/helpers.py HARMONY): the analysis channel comes back as reasoning_content and the final
 channel as content, streamed too (the answer is pinned by a grammar, so the split is the one written
 here by hand); tool_choice required makes a call on the commentary channel that the grammar
-constrains, arguments that satisfy the schema, finish_reason tool_calls; reasoning_effort and a
-tool round trip reach the template as transformers renders them, the reasoning of the call included."""
+constrains, arguments that satisfy the schema, finish_reason tool_calls; response_format's JSON is
+the final channel, after an optional analysis (reasoning); reasoning_effort and a tool round trip
+reach the template as transformers renders them, the reasoning of the call included."""
 import json
 
 import httpx
@@ -149,3 +150,32 @@ def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):
     text = reference.apply_chat_template(ASK + [turn, dict(result, name="get_weather")], tools=[WEATHER],
                                          tokenize=False, add_generation_prompt=True)
     assert got["tokens"] == reference(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_json_answer_is_the_final_channel_after_an_optional_analysis(harmony):
+    """response_format on harmony constrains the final channel alone (as vLLM does): the model may
+    write its analysis first, then `<|channel|>final<|message|>` and the JSON, which comes back as
+    content, the analysis as reasoning, streamed as whole. This random model takes the channel a
+    bias pushes it to (against 'a' or 'f', whose channel the grammar writes all the same), and a
+    bias on <|end|> ends its analysis."""
+    from transformers import AutoTokenizer
+    hf_dir, _, client = harmony
+    token = AutoTokenizer.from_pretrained(hf_dir).convert_tokens_to_ids
+    rf = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True}}
+    # max_tokens 400: this random model writes much of the whitespace JSON allows (20 in a row)
+    final = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=400, temperature=0,
+                                           logit_bias={str(token("a")): -100}, response_format=rf).choices[0]
+    jsonschema.validate(json.loads(final.message.content), SCHEMA)
+    assert final.finish_reason == "stop" and not getattr(final.message, "reasoning_content", None)
+
+    request = dict(model="tiny", messages=ASK, max_tokens=400, temperature=1.0, seed=1, response_format=rf,
+                   logit_bias={str(token("f")): -100, str(token("<|end|>")): 4})
+    choice = client.chat.completions.create(**request).choices[0]
+    reasoning, content = getattr(choice.message, "reasoning_content", None), choice.message.content
+    assert reasoning and choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(content), SCHEMA)
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == content
+    assert chunks[-1].choices[0].finish_reason == "stop"

@@ -43,6 +43,10 @@ CASES = [
     (ANALYSIS + "Cut by max_tokens in the reason", "Cut by max_tokens in the reason", "", []),
     (ANALYSIS + "Two<|end|>" + ANALYSIS.replace("<|channel|>", "<|start|>assistant<|channel|>") + " steps.<|end|>"
      + FINAL + "Done", "Two steps.", "Done", []),
+    # a response_format answer (the grammar ends it at the JSON's end): the analysis optional
+    (ANALYSIS + "Paris, in C.<|end|>" + FINAL + '{"city": "Paris", "unit": "C"}', "Paris, in C.",
+     '{"city": "Paris", "unit": "C"}', []),
+    ('<|channel|>final<|message|>{"city": "Paris"}', "", '{"city": "Paris"}', []),
     # a header's marker inside a body (a model that wanders) is no text
     (FINAL + "A<|message|>B<|constrain|>C<|return|>", "", "ABC", []),
 ]

@@ -87,13 +87,17 @@ class Prompts:
         fmt = self.reasoning_format
         return None if fmt is None else fmt(inside=self._opens_reasoning(prompt_text))
 
-    def reasoning_bounds(self, prompt_text) -> dict:
-        """Where a constrained answer (response_format, forced tool calls) may reason first, as
-        response_format's reasoning_start / reasoning_end: after a prompt that opened <think>, up to
-        its closer; where the model opens it itself (Qwen3 with thinking on), an optional <think>
-        block; nothing where the prompt closed it (thinking off) or the model has no such format.
-        Else the reasoning would be forbidden, or the answer written, and read, as reasoning."""
+    def reasoning_bounds(self, prompt_text, calls=False) -> dict:
+        """Where a constrained answer (response_format; forced tool calls: `calls`) may reason first,
+        as response_format's reasoning_start / reasoning_end / answer_start: after a prompt that
+        opened <think>, up to its closer; where the model opens it itself (Qwen3 with thinking on),
+        an optional <think> block; nothing where the prompt closed it (thinking off) or the model has
+        no such format. Harmony's JSON answer: an optional analysis message, then the final channel
+        (its forced calls' grammar writes their own channel). Else the reasoning would be forbidden,
+        or the answer written, and read, as reasoning."""
         fmt = self.reasoning_format
+        if fmt is not None and fmt.answer_bounds is not None:
+            return {} if calls else dict(fmt.answer_bounds)
         if fmt is None or fmt.closer is None:
             return {}
         if self._opens_reasoning(prompt_text):

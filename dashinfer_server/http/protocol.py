@@ -133,7 +133,8 @@ def parse_chat(body: dict, served) -> Job:
         job.generation["response_format"] = {"type": "grammar", "grammar": grammar}
     # JSON answers and forced calls may be reasoned first, as in vLLM; a client's own lark grammar
     # (DashInfer's form) is the whole answer as written, its reasoning included
-    constrained, bounds = job.generation.get("response_format"), served.prompts.reasoning_bounds(text)
+    constrained = job.generation.get("response_format")
+    bounds = served.prompts.reasoning_bounds(text, calls=tools.forced)
     if bounds and isinstance(constrained, dict) and (tools.forced or constrained.get("type") in JSON_FORMS):
         job.generation["response_format"] = dict(constrained, **bounds)
     return job

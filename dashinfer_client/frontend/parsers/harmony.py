@@ -107,6 +107,10 @@ class HarmonyReasoningParser:
     markers = (CHANNEL,)
     special_tokens = MARKERS
     closer = None  # a prompt never opens a message
+    # A constrained (JSON) answer's bounds, as vLLM constrains the final channel alone: an optional
+    # analysis message, then the final channel's header; the markers go to the grammar as tokens
+    answer_bounds = {"reasoning_start": CHANNEL + "analysis" + MESSAGE, "reasoning_end": END + START + "assistant",
+                     "answer_start": CHANNEL + "final" + MESSAGE}
 
     def __init__(self, inside=False):  # inside: harmony's prompt ends at the role, never in a message
         self.messages, self.analysis = Messages(), False

@@ -11,6 +11,7 @@ class ThinkReasoningParser:
     name = "think"
     markers = (OPEN,)
     opener, closer = OPEN, CLOSE  # what opens and ends a reasoning (a constrained answer's bounds)
+    answer_bounds = None  # the bounds depend on the prompt (Prompts.reasoning_bounds)
     special_tokens = ()
 
     def __init__(self, inside=False):
