@@ -36,13 +36,8 @@ CHAT_TOOLS = [{"type": "function", "function": {k: t[k] for k in ("name", "descr
 
 
 @pytest.fixture(scope="module")
-def server(default_server):
-    return default_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
+def client(default_server):
+    return openai.OpenAI(base_url=default_server.url + "/v1", api_key=API_KEY, max_retries=0)
 
 
 def _summary(response):
@@ -94,7 +89,7 @@ def test_the_answer_is_the_chat_routes(client):
     assert response.instructions is None and response.temperature == 0 and response.max_output_tokens == 24
 
 
-def test_forced_calls_follow_the_schema_and_round_trip_as_chat_messages(server, client):
+def test_forced_calls_follow_the_schema_and_round_trip_as_chat_messages(default_server, client):
     response = client.responses.create(model="tiny", input="What is the weather in Paris?", tools=[WEATHER, TIME],
                                        tool_choice="required", max_output_tokens=96, temperature=0)
     calls = [o for o in response.output if o.type == "function_call"]
@@ -119,7 +114,7 @@ def test_forced_calls_follow_the_schema_and_round_trip_as_chat_messages(server, 
         [{"role": "tool", "tool_call_id": c.call_id, "content": "18 degrees celsius, sunny"} for c in calls]
     answer = client.responses.create(model="tiny", input=items, tools=[WEATHER, TIME], tool_choice="none",
                                      max_output_tokens=24, temperature=0)
-    count = _count(server, messages=messages, tools=CHAT_TOOLS, tool_choice="none")
+    count = _count(default_server, messages=messages, tools=CHAT_TOOLS, tool_choice="none")
     chat = client.chat.completions.create(model="tiny", messages=messages, tools=CHAT_TOOLS, tool_choice="none",
                                           max_tokens=24, temperature=0)
     assert answer.usage.input_tokens == count == chat.usage.prompt_tokens
@@ -127,7 +122,7 @@ def test_forced_calls_follow_the_schema_and_round_trip_as_chat_messages(server, 
     # an assistant's text before its calls is the same assistant message, not one of its own
     items = ask + [{"role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]}] + items[1:]
     messages[1]["content"] = "Let me look."
-    count = _count(server, messages=messages, tools=CHAT_TOOLS)
+    count = _count(default_server, messages=messages, tools=CHAT_TOOLS)
     assert client.responses.create(model="tiny", input=items, tools=[WEATHER, TIME], max_output_tokens=1,
                                    temperature=0).usage.input_tokens == count
 
@@ -208,9 +203,9 @@ def test_the_stream_ends_in_the_whole_response(client, request_):
         "choice-unknown-name", "image", "item-reference", "bad-arguments", "empty-input", "schema-missing",
         "no-tokens", "truncation", "include-logprobs", "include-object", "tool-without-name", "effort",
         "temperature"])
-def test_malformed_or_stateful_bodies_are_400s(server, client, patch, words, param):
+def test_malformed_or_stateful_bodies_are_400s(default_server, client, patch, words, param):
     body = dict({"model": "tiny", "input": ASK, "max_output_tokens": 4}, **patch)
-    r = httpx.post(server.url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+    r = httpx.post(default_server.url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
                    timeout=120)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
@@ -240,12 +235,12 @@ def test_usage_counts_the_prompt_tokens_the_prefix_cache_gave(client):
     assert streamed.input_tokens_details.cached_tokens == again.input_tokens_details.cached_tokens
 
 
-def test_the_key_and_the_model_are_checked(server):
+def test_the_key_and_the_model_are_checked(default_server):
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).responses.create(
+        openai.OpenAI(base_url=default_server.url + "/v1", api_key="wrong", max_retries=0).responses.create(
             model="tiny", input="hi", max_output_tokens=2)
     with pytest.raises(openai.NotFoundError):
-        openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0).responses.create(
+        openai.OpenAI(base_url=default_server.url + "/v1", api_key=API_KEY, max_retries=0).responses.create(
             model="gpt-nope", input="hi", max_output_tokens=2)
 
 
