@@ -325,24 +325,13 @@ class DashInferService(pb_grpc.DashInferServicer):
         return model in self.engine.get_stats()["models"]
 
     def _routed_events(self, session) -> list:
-        """One RequestEvent per routed request with news; a request whose last event goes out
-        leaves the session's routing (its handle stays held until released)."""
-        events = []
-        for key, queue, sent in session.take_dirty():
-            status = queue.GenerateStatus()  # before taking: every token pushed before a final one
-            event = wire.encode_event(queue, status, queue.GetNoWait(), sent)
-            final = status in FINAL_STATUSES
-            event.handle = key[1]
-            events.append(event)
-            if event.ids or final:
-                session.delivered(key)
-            if final:
-                with session.lock:
-                    session.routed.pop(key, None)
-                with self._lock:
-                    held = self._held.get(key)
-                    if held:
-                        held.streaming = False
+        """The session's events (ClientSession.events); the requests that ended stream no more."""
+        events, ended = session.events()
+        with self._lock:
+            for key in ended:
+                held = self._held.get(key)
+                if held:
+                    held.streaming = False
         return events
 
     def _forget(self, key) -> None:

@@ -2,6 +2,8 @@
 import threading
 
 from dashinfer_client import settings
+from dashinfer_client.proto import wire
+from dashinfer_client.types import FINAL_STATUSES
 
 
 # A session's stream sends at most one event per this many seconds (DASHINFER_STREAM_INTERVAL_MS),
@@ -81,3 +83,21 @@ class ClientSession:
         with self.lock:
             keys, self.dirty = list(self.dirty), {}
             return [(k, *self.routed[k]) for k in keys if k in self.routed]
+
+    def events(self) -> tuple:
+        """(one RequestEvent per routed request with news, the keys of those whose last event this
+        is: they leave the routing; their handles stay held until released)."""
+        events, ended = [], []
+        for key, queue, sent in self.take_dirty():
+            status = queue.GenerateStatus()  # before taking: every token pushed before a final one
+            event = wire.encode_event(queue, status, queue.GetNoWait(), sent)
+            event.handle = key[1]
+            events.append(event)
+            final = status in FINAL_STATUSES
+            if event.ids or final:
+                self.delivered(key)
+            if final:
+                with self.lock:
+                    self.routed.pop(key, None)
+                ended.append(key)
+        return events, ended
