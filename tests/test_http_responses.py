@@ -127,6 +127,15 @@ def test_forced_calls_follow_the_schema_and_round_trip_as_chat_messages(default_
                                    temperature=0).usage.input_tokens == count
 
 
+def test_a_refusal_sent_back_is_what_the_assistant_said(default_server, client):
+    """OpenAI's answers hold refusal parts; a history from there, sent back, reads as the text."""
+    ask = [{"role": "user", "content": "Tell me a secret."}]
+    refused = {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't share that."}]}
+    messages = ask + [{"role": "assistant", "content": "I can't share that."}, {"role": "user", "content": "Why?"}]
+    response = client.responses.create(model="tiny", input=ask + [refused, messages[-1]], max_output_tokens=1)
+    assert response.usage.input_tokens == _count(default_server, messages=messages)
+
+
 def test_json_schema_format_holds(client):
     schema = {"type": "object", "properties": {"capital": {"type": "string"}, "population": {"type": "integer"}},
               "required": ["capital", "population"], "additionalProperties": False}

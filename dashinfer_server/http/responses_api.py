@@ -158,17 +158,21 @@ def _reasoning_text(item, where) -> str:
 
 
 def _text(content, where) -> str:
-    """A string, or a list of text parts, as one string."""
+    """A string, or a list of text parts, as one string (a refusal part, as OpenAI's answers hold
+    them, is what the assistant said: its text)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where}: content must be a string or a list of {' / '.join(_TEXT_PARTS)} parts", "input")
+    texts = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}.content[{k}]: only text parts ({', '.join(_TEXT_PARTS)}) are served here, "
-                              f"got {kind!r}", "input")
-    return "".join(part["text"] for part in content)
+        text = part.get("refusal" if kind == "refusal" else "text") if kind in (*_TEXT_PARTS, "refusal") else None
+        if not isinstance(text, str):
+            raise bad_request(f"{where}.content[{k}]: only text parts ({', '.join(_TEXT_PARTS)}, refusal) are served "
+                              f"here, got {kind!r}", "input")
+        texts.append(text)
+    return "".join(texts)
 
 
 def _tools(tools):
