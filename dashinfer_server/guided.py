@@ -32,13 +32,13 @@ eos; an eos id is allowed wherever the grammar may end, and ends the request too
 """
 import json
 import logging
-import re
 import threading
 
 import numpy as np
 
 from dashinfer_client.generation_config import (response_format_grammar, response_format_reasoning,
                                                 response_format_schema)
+from dashinfer_client.lark_text import added_pieces, lark_text
 from dashinfer_client.tokenizer import added_tokens
 
 log = logging.getLogger("dashinfer_server")
@@ -141,35 +141,21 @@ def after_free_text(start, end: str, answer, constrained: dict, added: dict) -> 
     beginning with it), then `answer` where given (right after: harmony's final channel header, reasoning
     or not), else optional whitespace, then `constrained` (one of its grammars: {"lark_grammar": ...}
     or {"json_schema": ...}). A bound's markers that are the tokenizer's added tokens (`added`: text ->
-    id; QwQ's and DeepSeek-R1's </think>, gpt-oss's <|channel|>) are those tokens: llguidance reads an
-    added token as a token of its own, never as its text, so a regular expression spelling it out
-    would mask it out. The free text holds no special token, so one that `end` begins with ends it."""
-    opening = "" if start is None else _lark_items(start, added) + " "
-    pieces = _pieces(end, added)
+    id; QwQ's and DeepSeek-R1's </think>, gpt-oss's <|channel|>) are those tokens (lark_text). The free
+    text holds no special token, so one that `end` begins with ends it."""
+    opening = "" if start is None else lark_text(start, added) + " "
+    pieces = added_pieces(end, added)
     if pieces[0] in added:
-        free = f"free: {opening}/(?s:.*)/ {_lark_items(end, added)}\n"
+        free = f"free: {opening}/(?s:.*)/ {lark_text(end, added)}\n"
     else:  # lazy: the free text ends at the first occurrence of end's text (up to its first marker)
         rest = "".join(pieces[1:])
-        free = (f"free: {opening}free_text {_lark_items(rest, added) if rest else ''}\n"
+        free = (f"free: {opening}free_text {lark_text(rest, added) if rest else ''}\n"
                 f"free_text[lazy]: /(?s:.*){_regex_literal(pieces[0])}/\n")
     after = "/[ \\t\\r\\n]*/" if answer is None else ""
     reasoning = f"(free {after})?" if start else f"free {after}"
-    opener = "" if answer is None else _lark_items(answer, added)
+    opener = "" if answer is None else lark_text(answer, added)
     head = f"start: {reasoning} {opener} @constrained\n"
     return json.dumps({"grammars": [{"lark_grammar": head + free}, dict(constrained, name="constrained")]})
-
-
-def _pieces(text: str, added: dict) -> list:
-    """text cut into the added tokens' texts it holds and the text between them (no empty piece)."""
-    inside = sorted((t for t in added if t and t in text), key=len, reverse=True)
-    if not inside:
-        return [text]
-    return [p for p in re.split("(" + "|".join(map(re.escape, inside)) + ")", text) if p]
-
-
-def _lark_items(text: str, added: dict) -> str:
-    """text as lark items that match it alone: each added token as that token, the rest as literals."""
-    return " ".join(f"<[{added[p]}]>" if p in added else f"/{_regex_literal(p)}/" for p in _pieces(text, added))
 
 
 def _regex_literal(text: str) -> str:

@@ -12,6 +12,8 @@ and writes the history's calls and results as ordinary turns. An assistant turn'
 the template under each name templates read it by (vLLM gives `reasoning` and `reasoning_content`,
 which Qwen3's reads; gpt-oss's reads `thinking`); the template decides what it keeps.
 """
+import functools
+
 from ..tokenizer import added_tokens
 from .messages import REASONING_KEYS, PromptError
 from .parsers import reasoning_parser_for, tool_parser_for
@@ -78,8 +80,12 @@ class Prompts:
 
     def forced_call_grammar(self, functions, parallel) -> str:
         """The lark grammar of an answer that is only calls of `functions` (tool_choice required or
-        named), its markers the tokenizer's added tokens where it has them (lark_marker)."""
-        return self.tool_format.grammar(functions, parallel, added_tokens(self.tokenizer))
+        named), its markers the tokenizer's added tokens where it has them (lark_text)."""
+        return self.tool_format.grammar(functions, parallel, self._added_tokens)
+
+    @functools.cached_property
+    def _added_tokens(self) -> dict:
+        return added_tokens(self.tokenizer)  # the tokenizer's own: read once, on the first forced call
 
     def reasoning_parser(self, prompt_text=""):
         """A fresh reasoning parser, or None when the model has none; it starts inside the reasoning

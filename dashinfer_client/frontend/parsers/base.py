@@ -254,16 +254,6 @@ def calls_schema(functions, arguments_key="arguments", parallel=False) -> dict:
     return {"type": "array", "items": one, "minItems": 1} if parallel else one
 
 
-def lark_marker(text: str, added: dict) -> str:
-    """A format's marker as an item of a lark grammar (llguidance's): the tokenizer's added token of
-    that text (`added`: the added tokens' texts -> ids) as that one token, else the text. llguidance
-    reads every added token, special (Mistral's [TOOL_CALLS]) or not (Qwen's <tool_call>), as a token
-    of its own and not as its text: a literal marker was offered as that token (the tokenizer's
-    encoding of it) and then refused. The model was trained to write the token anyway."""
-    token = added.get(text)
-    return json.dumps(text) if token is None else f"<[{token}]>"
-
-
 def lark_json(schema) -> str:
     """A lark rule body: a JSON value of `schema` (llguidance's %json) written as CALL_JSON says."""
     return "%json " + json.dumps(dict(schema, **{"x-guidance": CALL_JSON}), ensure_ascii=False)
@@ -305,7 +295,7 @@ class ToolParser:
     @classmethod
     def grammar(cls, functions, parallel: bool, added: dict) -> str:
         """A lark grammar (llguidance) of an answer that is only calls of `functions`; added: the
-        tokenizer's added tokens, text -> id (its markers are written as these, lark_marker)."""
+        tokenizer's added tokens, text -> id (its markers are written as these, lark_text)."""
         raise NotImplementedError
 
     @classmethod

@@ -19,7 +19,8 @@ model that writes no markers) is content.
 import json
 import re
 
-from .base import ToolCall, ToolCallPart, ToolParser, lark_json, lark_marker, register_reasoning_parser, \
+from ...lark_text import lark_text
+from .base import ToolCall, ToolCallPart, ToolParser, lark_json, register_reasoning_parser, \
     register_tool_parser, split_held
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -176,7 +177,7 @@ class HarmonyToolParser(ToolParser):
     @classmethod
     def grammar(cls, functions, parallel, added):
         """One call (its <|call|> ends the turn, so harmony has no parallel calls)."""
-        channel, constrain, message, call = (lark_marker(m, added) for m in (CHANNEL, CONSTRAIN, MESSAGE, CALL))
+        channel, constrain, message, call = (lark_text(m, added) for m in (CHANNEL, CONSTRAIN, MESSAGE, CALL))
         rules = [f"call_{k}: {channel} {json.dumps('commentary to=' + FUNCTIONS + f['name'] + ' ')} {constrain} "
                  f"\"json\" {message} {lark_json(f.get('parameters') or {'type': 'object'})} {call}"
                  for k, f in enumerate(functions)]

@@ -4,7 +4,8 @@ anywhere in the answer, content around it. A call's arguments stream as the mode
 ends inside the call (max_tokens) or the call turns out malformed."""
 import json
 
-from .base import (ArgumentsStream, ToolCallPart, ToolParser, call_from, calls_schema, lark_json, lark_marker,
+from ...lark_text import lark_text
+from .base import (ArgumentsStream, ToolCallPart, ToolParser, call_from, calls_schema, lark_json,
                    register_tool_parser, split_held)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -68,8 +69,8 @@ class HermesToolParser(ToolParser):
     @classmethod
     def grammar(cls, functions, parallel, added):
         more = ' ("\\n" call)*' if parallel else ""
-        return (f'start: call{more}\ncall: {lark_marker(OPEN, added)} "\\n" {lark_json(calls_schema(functions))} "\\n" '
-                f'{lark_marker(CLOSE, added)}\n')
+        return (f'start: call{more}\ncall: {lark_text(OPEN, added)} "\\n" {lark_json(calls_schema(functions))} "\\n" '
+                f'{lark_text(CLOSE, added)}\n')
 
     @classmethod
     def text_of(cls, calls):

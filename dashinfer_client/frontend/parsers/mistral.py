@@ -2,7 +2,8 @@
 token of Mistral's tokenizers, which the decoder skips: a list alone is read as calls too."""
 import json
 
-from .base import JsonToolParser, calls_schema, lark_json, lark_marker, register_tool_parser
+from ...lark_text import lark_text
+from .base import JsonToolParser, calls_schema, lark_json, register_tool_parser
 
 MARKER = "[TOOL_CALLS]"
 
@@ -20,7 +21,7 @@ class MistralToolParser(JsonToolParser):
         schema = calls_schema(functions, parallel=True)
         if not parallel:
             schema["maxItems"] = 1
-        return f"start: {lark_marker(cls.prefix, added)} {lark_json(schema)}\n"
+        return f"start: {lark_text(cls.prefix, added)} {lark_json(schema)}\n"
 
     @classmethod
     def text_of(cls, calls):

@@ -23,7 +23,8 @@ answer ends inside the call (max_tokens: the object unfinished)."""
 import ast
 import json
 
-from .base import ToolCall, ToolCallPart, ToolParser, lark_json, lark_marker, register_tool_parser, split_held
+from ...lark_text import lark_text
+from .base import ToolCall, ToolCallPart, ToolParser, lark_json, register_tool_parser, split_held
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -184,8 +185,8 @@ class Qwen3CoderToolParser(ToolParser):
         its schema."""
         more = ' ("\\n" call)*' if parallel else ""
         rules = [f"start: call{more}",
-                 f'call: {lark_marker(OPEN, added)} "\\n" (' + " | ".join(f"fn_{k}" for k in range(len(functions))) +
-                 f') "\\n" {lark_marker(CLOSE, added)}']
+                 f'call: {lark_text(OPEN, added)} "\\n" (' + " | ".join(f"fn_{k}" for k in range(len(functions))) +
+                 f') "\\n" {lark_text(CLOSE, added)}']
         for k, function in enumerate(functions):
             parameters = function.get("parameters") or {}
             required = set(parameters.get("required") or ())
