@@ -19,7 +19,8 @@ class Choices:
 
     def __init__(self, served, jobs, metrics, answer_id, admit=lambda pieces: pieces):
         self.jobs = jobs
-        self.usages = [Usage() for _ in jobs]
+        # the prompt counts from the start: a deadline may cut a choice before its generator runs at all
+        self.usages = [Usage(len(job.prompt_ids)) for job in jobs]
         self.streams = [admit(generate(served, job, metrics, usage,
                                        answer_id if len(jobs) == 1 else f"{answer_id}/{job.index}"))
                         for job, usage in zip(jobs, self.usages)]

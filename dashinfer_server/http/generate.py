@@ -44,7 +44,6 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     output = output_processor(served, job)
-    usage.prompt_tokens = len(job.prompt_ids)  # counted if the deadline passes before the start ends, too
     handle, queue = await _started(loop, served, job, request_id)
     wake = asyncio.Event()
 
