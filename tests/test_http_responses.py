@@ -295,3 +295,31 @@ def test_reasoning_comes_back_as_a_reasoning_item(think_server):
     plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=16, temperature=0,
                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert [o.type for o in off.output] == ["message"] and off.output_text == plain.choices[0].message.content
+
+
+def test_usage_counts_reasoning_and_cached_prompt_tokens_in_each_apis_words(think_server):
+    """The random model never closes </think>: every token it writes is reasoning, as chat's
+    completion_tokens_details, the Responses API's output_tokens_details and Anthropic's thinking_tokens
+    each say (streamed too); with thinking off none is. A prompt asked again comes from the prefix
+    cache: OpenAI counts that share within prompt_tokens, Anthropic apart from input_tokens."""
+    import anthropic
+    client = openai.OpenAI(base_url=think_server.url + "/v1", api_key="none", max_retries=0)
+    chat = dict(model="tiny", messages=ASK, max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(**chat).usage
+    assert whole.completion_tokens == whole.completion_tokens_details.reasoning_tokens == 16
+    streamed = [c.usage for c in client.chat.completions.create(**chat, stream=True,
+                                                                stream_options={"include_usage": True}) if c.usage]
+    assert [u.completion_tokens_details.reasoning_tokens for u in streamed] == [16]
+    assert 0 < streamed[0].prompt_tokens_details.cached_tokens < streamed[0].prompt_tokens  # asked before
+    off = client.chat.completions.create(**chat, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.completion_tokens == 16 and off.usage.completion_tokens_details.reasoning_tokens == 0
+    response = client.responses.create(model="tiny", input=ASK, max_output_tokens=16, temperature=0).usage
+    assert response.output_tokens == response.output_tokens_details.reasoning_tokens == 16
+    claude = anthropic.Anthropic(base_url=think_server.url, api_key="none", max_retries=0)
+    request = dict(model="tiny", messages=ASK, max_tokens=16, extra_body={"temperature": 0})
+    prompt = claude.messages.count_tokens(model="tiny", messages=ASK).input_tokens
+    with claude.messages.stream(**request) as stream:
+        streamed = stream.get_final_message().usage
+    for usage in (claude.messages.create(**request).usage, streamed):
+        assert usage.output_tokens == usage.output_tokens_details.thinking_tokens == 16
+        assert usage.cache_read_input_tokens > 0 and usage.input_tokens + usage.cache_read_input_tokens == prompt

@@ -132,6 +132,28 @@ def test_output_side_token_by_token(tokenizer, answer, reasoning, content, calls
         assert len([d for d in deltas[:first_text] if d.reasoning]) > 1
 
 
+# (answer, its reasoning's tokens as a text): an analysis message's body and the words of its header
+# (the role, the channel's name) count, the markers (special tokens) do not
+REASONING_TOKENS = [
+    (CASES[0][0], "analysis" + CASES[0][1]),
+    (CASES[1][0], "analysis" + CASES[1][1]),
+    (CASES[9][0], "analysis" + "Two" + "assistant" + "analysis" + " steps."),
+    (CASES[6][0], ""),  # a preamble and a call: no reasoning
+]
+
+
+@pytest.mark.parametrize("answer, counted", REASONING_TOKENS)
+def test_reasoning_tokens_counted_token_by_token(tokenizer, answer, counted):
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    prompts = Prompts(tokenizer)
+    out = OutputProcessor(tokenizer, reasoning=prompts.reasoning_parser("<|start|>assistant"),
+                          tools=prompts.tool_parser(None))
+    for i in ids:
+        out.push(elements([i]))
+    out.finish("eos")
+    assert out.reasoning_tokens == len(tokenizer(counted, add_special_tokens=False)["input_ids"])
+
+
 def test_the_tokenizers_other_special_tokens_stay_skipped(tokenizer):
     answer = FINAL + "Hi<|im_end|> there<|endoftext|><|return|>"
     ids = tokenizer(answer, add_special_tokens=False)["input_ids"]

@@ -254,6 +254,33 @@ def test_output_side_streams_reasoning_and_calls_token_by_token(tokenizer):
     assert [i for d in deltas for i in d.token_ids] == ids[:-1]  # the eos is no part of the answer
 
 
+# (answer, the template opened <think>, the reasoning's tokens where <think> and </think> are tokens
+# of their own (Qwen3's), and where they are text: the opening tag's tokens then count with the
+# reasoning, the closing tag's with the answer)
+REASONING_TOKENS = [
+    ("<think>\nWeigh it: ü.\n</think>\n\nThe answer is 4.", False, "\nWeigh it: ü.\n", "<think>\nWeigh it: ü.\n"),
+    ("Weigh it. </think>4", True, "Weigh it. ", "Weigh it. "),
+    ("<think>never closed", False, "never closed", "<think>never closed"),
+    ("Just 4.", False, "", ""),
+    ('<think>Call it.</think>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>', False,
+     "Call it.", "<think>Call it."),
+]
+
+
+@pytest.mark.parametrize("answer, inside, as_tokens, as_text", REASONING_TOKENS)
+def test_reasoning_tokens_counted_token_by_token(tmp_path_factory, tokenizer, answer, inside, as_tokens, as_text):
+    from dashinfer_client.tokenizer import Tokenizer
+    from tests.helpers import build_tiny_tokenizer
+    qwen_like = Tokenizer(build_tiny_tokenizer(str(tmp_path_factory.mktemp("think-tok")),
+                                               extra_added=("<think>", "</think>")))
+    for tok, counted in ((qwen_like, as_tokens), (tokenizer, as_text)):
+        ids = tok(answer, add_special_tokens=False)["input_ids"]
+        out = OutputProcessor(tok, reasoning=REASONING_PARSERS["think"](inside=inside), tools=TOOL_PARSERS["hermes"]())
+        deltas = [out.push(elements([i])) for i in ids] + [out.finish("eos")]
+        assert "".join(d.reasoning for d in deltas) == as_tokens.replace("<think>", "")
+        assert out.reasoning_tokens == len(tok(counted, add_special_tokens=False)["input_ids"]), tok
+
+
 def test_output_side_text_equals_decode_and_cuts_stop_strings(tokenizer):
     text = "Grüße aus Köln 😀, und dann STOP hier"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]

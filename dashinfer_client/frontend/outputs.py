@@ -12,6 +12,7 @@ are texts cut from the answer with everything after them (OpenAI's `stop`).
 from dataclasses import dataclass, field
 
 from ..detokenize import IncrementalDecoder
+from ..tokenizer import added_tokens
 from ..types import FinishReason
 from .parsers.base import ToolCallPart
 
@@ -91,6 +92,11 @@ class OutputProcessor:
         self.reasoning, self.tools = reasoning, tools
         self.ids, self.logprobs = [], []
         self.sent = 0  # ids handed out
+        # The answer's tokens its reasoning took, its markers (<think>, </think>, harmony's) not
+        # counted, as vLLM counts them; usage's reasoning_tokens.
+        self.reasoning_tokens = 0
+        self.unplaced = 0  # tokens handed out whose text has not come out of the parsers yet
+        self.boundary_ids = _marker_ids(tokenizer, reasoning.boundary_tokens) if reasoning is not None else set()
         self.called = False  # a tool call was handed out
         self.call_index = {}  # tool call id -> its index in the answer, in the order calls began
 
@@ -121,6 +127,7 @@ class OutputProcessor:
         delta.tool_calls += rest.tool_calls
         delta.tool_call_parts += rest.tool_call_parts
         delta.raw_text += rest.raw_text
+        self._count_reasoning((), rest)
         reason = "stop" if self.stop.hit else FINISH.get(engine_reason or FinishReason.INTERRUPTED, "error")
         delta.finish_reason = "tool_calls" if self.called and reason == "stop" else reason
         delta.stop_string = self.stop.matched
@@ -141,7 +148,21 @@ class OutputProcessor:
         shown = [i for i in ids if i not in self.skipped] if self.skipped else ids
         delta = self._parse(self.stop.push(self.decoder.push(shown)) if shown else "", final=False)
         delta.token_ids, delta.logprobs = ids, logprobs
+        self._count_reasoning(ids, delta)
         return delta
+
+    def _count_reasoning(self, ids, delta) -> None:
+        """Counts the tokens of `ids` that are reasoning. A token whose text has not come out (held
+        by the decoder, a stop string or a parser, or a header the parser takes out) goes with the
+        next text that does; where that text is both reasoning and answer, its tokens are shared by
+        characters."""
+        if self.reasoning is None:
+            return
+        self.unplaced += sum(i not in self.boundary_ids for i in ids)
+        said = len(delta.text) + sum(len(p.name or "") + len(p.arguments) for p in delta.tool_call_parts)
+        if delta.reasoning or said:
+            self.reasoning_tokens += round(self.unplaced * len(delta.reasoning) / (len(delta.reasoning) + said))
+            self.unplaced = 0
 
     def _parse(self, text, final) -> Delta:
         raw, reasoning, calls, parts = text, "", [], []
@@ -167,6 +188,12 @@ class OutputProcessor:
         for part in parts:
             part.index = self.call_index.setdefault(part.id, len(self.call_index))
         return parts
+
+
+def _marker_ids(tokenizer, markers) -> set:
+    """The ids of those of `markers` (texts) that are tokens of their own (added tokens)."""
+    added = added_tokens(tokenizer)
+    return {added[m] for m in markers if m in added}
 
 
 def _special_ids(tokenizer, kept) -> set:

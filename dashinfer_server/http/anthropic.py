@@ -191,7 +191,7 @@ class MessageAnswer:
     def _message(self, content, stop_reason, stop_sequence, usage) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.job.model, "content": content,
                 "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-                "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}}
+                "usage": _usage(usage)}
 
     def whole(self, answers, usage) -> dict:
         """answers: [(Job, its Deltas)] of the one choice (Choices.whole)."""
@@ -208,7 +208,8 @@ class MessageAnswer:
         """The stream of the one choice of `choices` (a Choices), whose first Delta is firsts[0]."""
         [first], [deltas], [usage] = firsts, choices.streams, choices.usages
         # what message_start counts: the prompt (the first delta is taken already, not yet sent)
-        yield _event("message_start", {"message": self._message([], None, None, Usage(usage.prompt_tokens))})
+        yield _event("message_start", {"message": self._message([], None, None, Usage(usage.prompt_tokens, 0,
+                                                                                       usage.cached_tokens))})
         yield _event("ping", {})
         blocks = _Blocks()
         last = None
@@ -230,8 +231,16 @@ class MessageAnswer:
             yield event
         stop_reason, stop_sequence = _stop(last) if last is not None else ("end_turn", None)
         yield _event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                       "usage": {"output_tokens": usage.completion_tokens}})
+                                       "usage": _usage(usage)})
         yield _event("message_stop", {})
+
+
+def _usage(usage) -> dict:
+    """Anthropic's: input_tokens are the prompt's tokens the prefix cache did not give
+    (cache_read_input_tokens); the reasoning's tokens are thinking_tokens, markers not counted."""
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": usage.cached_tokens, "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"thinking_tokens": usage.reasoning_tokens}}
 
 
 class _Blocks:

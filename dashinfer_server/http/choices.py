@@ -29,7 +29,7 @@ class Choices:
         """OpenAI's: each prompt counted once, however many choices it had; every choice's completion."""
         prompts = {job.prompt_index: u for job, u in zip(self.jobs, self.usages)}
         return Usage(sum(u.prompt_tokens for u in prompts.values()), sum(u.completion_tokens for u in self.usages),
-                     sum(u.cached_tokens for u in prompts.values()))
+                     sum(u.cached_tokens for u in prompts.values()), sum(u.reasoning_tokens for u in self.usages))
 
     async def whole(self) -> list:
         """(Job, its Deltas) of every choice; ApiError when the engine refuses one or one is

@@ -24,10 +24,14 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, taken from the prefix cache
+    reasoning_tokens: int = 0  # of the completion, its reasoning (OutputProcessor.reasoning_tokens)
 
     def to_dict(self) -> dict:
+        """OpenAI's usage, with its details as OpenAI always writes them."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
 
 def output_processor(served, job) -> OutputProcessor:
@@ -61,6 +65,9 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
             wake.clear()
             ended = queue.finished  # read before taking, so nothing pushed after it is missed
             elements = queue.GetNoWait()
+            if elements is not None and elements.ids_from_generate and last is None:
+                # what the prefix cache gave is known from the first tokens on (Anthropic's message_start)
+                usage.cached_tokens = queue.RequestStatInfo()["context_cached_length"]
             if elements is not None and elements.ids_from_generate and job.max_tokens == 0:
                 # an echoed prompt scored alone: its logprobs, not the one token the engine generated
                 yield Delta(prompt_logprobs=output.push(elements).prompt_logprobs)
@@ -73,6 +80,7 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
                 last = now
                 usage.completion_tokens += len(ids)
                 delta = output.push(elements)
+                usage.reasoning_tokens = output.reasoning_tokens
                 if (delta.text or delta.reasoning or delta.tool_calls or delta.tool_call_parts or delta.logprobs
                         or delta.prompt_logprobs):
                     yield delta
@@ -83,9 +91,8 @@ async def generate(served, job, metrics, usage: Usage, request_id=""):
         else:
             if not output.stopped and queue.GenerateStatus() != GenerateRequestStatus.GenerateFinished:
                 raise unavailable(f"the request was interrupted: {queue.error or 'the engine stopped it'}")
-            info = queue.RequestStatInfo()
-            usage.cached_tokens = info["context_cached_length"]
-            delta = output.finish(info["finish_reason"])
+            delta = output.finish(queue.RequestStatInfo()["finish_reason"])
+            usage.reasoning_tokens = output.reasoning_tokens
             delta.finish_reason = _OPENAI_FINISH.get(delta.finish_reason, delta.finish_reason)
         yield delta
         metrics.finished(usage, time.monotonic() - started, delta.finish_reason)

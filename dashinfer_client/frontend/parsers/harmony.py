@@ -106,7 +106,7 @@ class HarmonyReasoningParser:
     """The analysis channel is the reasoning; every other message passes on as written."""
     name = "harmony"
     markers = (CHANNEL,)
-    special_tokens = MARKERS
+    special_tokens = boundary_tokens = MARKERS
     closer = None  # a prompt never opens a message
     # A constrained (JSON) answer's bounds, as vLLM constrains the final channel alone: an optional
     # analysis message, then the final channel's header; the markers go to the grammar as tokens

@@ -13,6 +13,7 @@ class ThinkReasoningParser:
     opener, closer = OPEN, CLOSE  # what opens and ends a reasoning (a constrained answer's bounds)
     answer_bounds = None  # the bounds depend on the prompt (Prompts.reasoning_bounds)
     special_tokens = ()
+    boundary_tokens = (OPEN, CLOSE)  # not counted as reasoning where each is a token
 
     def __init__(self, inside=False):
         self.state = "inside" if inside else "start"  # -> "inside" -> "after_close" -> "content"
