@@ -4,7 +4,7 @@ Layout of a file: 8-byte little-endian header length, a JSON header
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the raw
 data; offsets are relative to the end of the header. bf16 has no numpy dtype: it is read and written
 as uint16 bit patterns (dashinfer_client.dtypes converts); fp8 e4m3 as uint8 bit patterns
-(block_fp8.py dequantizes them).
+(fp8.py dequantizes them).
 """
 import json
 import math

@@ -22,7 +22,7 @@ import pytest
 
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
-from dashinfer_client.model.block_fp8 import E4M3
+from dashinfer_client.model.fp8 import E4M3
 from dashinfer_client.model.safetensors_io import SafetensorsFile
 from tests.helpers import load_hf_model, serialize, write_config_variant
 from tests.test_families import test_logits_match_transformers as logits_match_transformers
@@ -176,8 +176,6 @@ def test_instant_quant_of_fp8_checkpoint_is_that_of_its_dequantized_weights(
 
 @pytest.mark.parametrize("quant,refused", [
     (dict(fmt="e5m2"), "fmt='e5m2'"),
-    (dict(activation_scheme="static"), "activation_scheme='static'"),
-    (dict(weight_block_size=None), "weight_block_size null"),
     (dict(weight_block_size=[128]), r"weight_block_size=\[128\]"),
     (dict(expert_dtype="fp4"), "expert_dtype='fp4'"),
 ])
@@ -192,18 +190,12 @@ def test_a_weight_block_size_the_scales_do_not_match_is_refused(fp8_checkpoint, 
     src = shutil.copytree(fp8_checkpoint("llama")[0], tmp_path / "m")
     write_config_variant(str(src), lambda c: fp8_config(c, weight_block_size=[128, 128]))
     with pytest.raises(ModelSerializerException, match=r"_scale_inv' is \[\d+, \d+\], but .* in blocks of "
-                                                       r"\[128, 128\] \(weight_block_size\) has \[1, 1\] grid"):
+                                                       r"\[128, 128\] \(the config's block size\), a \[1, 1\] grid"):
         HuggingFaceModel(str(src), "m").load_model()
 
 
 def _without_scales(t):
     del t["model.layers.1.mlp.up_proj.weight_scale_inv"]
-
-
-def _per_tensor_scale(t):  # AutoFP8's layout
-    import torch
-    t["model.layers.1.mlp.up_proj.weight_scale"] = torch.tensor(0.01)
-    _without_scales(t)
 
 
 def _byte_scales(t):  # ue8m0 exponents stored as bytes
@@ -218,11 +210,9 @@ def _stacked_expert_scales(t):  # transformers 5's FP8Experts names its scales s
 
 @pytest.mark.parametrize("edit,refused", [
     (_without_scales, "FP8 tensor 'model.layers.1.mlp.up_proj.weight' has no "
-                      "'model.layers.1.mlp.up_proj.weight_scale_inv' scales"),
-    (_per_tensor_scale, "'model.layers.1.mlp.up_proj.weight' has one scale, 'model.layers.1.mlp.up_proj.weight_scale' "
-                        "(per-tensor FP8, AutoFP8's layout), which is not supported"),
+                      "'model.layers.1.mlp.up_proj.weight_scale_inv' or 'model.layers.1.mlp.up_proj.weight_scale' scales"),
     (_byte_scales, "scales 'model.layers.0.self_attn.o_proj.weight_scale_inv' are U8; supported are F32, BF16, F16"),
-    (_stacked_expert_scales, "'model.layers.0.mlp.experts.gate_up_proj_scale_inv' scales no '.weight' tensor"),
+    (_stacked_expert_scales, "'model.layers.0.mlp.experts.gate_up_proj_scale_inv' scales no FP8 '.weight' tensor"),
 ])
 def test_fp8_tensors_it_cannot_serve_are_refused_by_name(edit, refused, fp8_checkpoint, tmp_path):
     from safetensors.torch import load_file, save_file

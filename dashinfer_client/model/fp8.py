@@ -1,0 +1,179 @@
+"""FP8 checkpoints, dequantized at conversion: F8_E4M3 weights with float scales, as released.
+
+- block-wise (DeepSeek-V3, Qwen3-*-FP8): quantization_config {"quant_method": "fp8", "fmt": "e4m3",
+  "weight_block_size": [rows, cols]}; a weight [N, K] has {weight}_scale_inv of
+  [ceil(N / rows), ceil(K / cols)], a dimension's last block shorter where the blocks do not divide it.
+- per-tensor (AutoFP8: "quant_method": "fp8" naming no block size): {weight}_scale, one value.
+- compressed-tensors' float-quantized (llm-compressor's FP8 and FP8-dynamic releases):
+  "quant_method": "compressed-tensors", each config group's weights {"type": "float", "num_bits": 8,
+  "strategy": "tensor" | "channel" | "block"}: {weight}_scale of one value, of [N, 1], or of blocks
+  ("block_structure").
+
+A scale's shape says which it is: weight = fp8 value * its scale, in float32 as transformers
+dequantizes, rounded to the scale's dtype for compressed-tensors' checkpoints, which multiply in it
+(bf16 scales: the bf16 weights compressed-tensors and vLLM compute). Which weights are FP8 is what
+the tensors say. The scales of activations
+and of the KV cache (input_scale, k_scale, v_scale, of static schemes) are not used: nothing here
+computes in FP8, the activations stay in the model's dtype.
+"""
+import math
+
+import numpy as np
+
+from ..dtypes import from_bf16, to_bf16
+from ..errors import ModelSerializerException
+from .safetensors_io import drop_mapped_pages
+
+METHODS = ("fp8", "compressed-tensors")  # the quantization_config quant_methods read here
+FP8_CODE = "F8_E4M3"
+SCALE_SUFFIXES = ("_scale_inv", "_scale")  # the block-wise releases', the others'
+UNUSED_SCALES = (".input_scale", ".k_scale", ".v_scale")
+_SCALE_CODES = ("F32", "BF16", "F16")
+DEFAULT_BLOCK = (128, 128)  # transformers' FineGrainedFP8Config's, where config.json names none
+
+
+def _e4m3_values() -> np.ndarray:
+    """float32 of each of the 256 e4m3fn bit patterns: bias 7, subnormals, no infinity, S.1111.111 NaN."""
+    bits = np.arange(256)
+    exponent, mantissa = (bits >> 3) & 15, bits & 7
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    magnitude[(exponent == 15) & (mantissa == 7)] = np.nan
+    return np.where(bits & 128, -magnitude, magnitude).astype(np.float32)
+
+
+E4M3 = _e4m3_values()
+
+
+def block_size(quantization_config, where):
+    """(rows, cols) of the blocks a config's grids of scales cover (None: it names none, so every
+    scale must be one a tensor or one a row); what would be computed otherwise is refused by name."""
+    q = quantization_config
+    if q.get("quant_method") == "compressed-tensors":
+        return _compressed_tensors_block(q, where)
+    refused = [f"{key}={q[key]!r} (only {want!r} is)" for key, want in (("fmt", "e4m3"), ("expert_dtype", "fp8"))
+               if q.get(key, want) != want]
+    block = q.get("weight_block_size", DEFAULT_BLOCK)
+    if block is not None and not _is_block(block):
+        refused.append(f"weight_block_size={block!r} (two positive integers)")
+    if refused:
+        raise ModelSerializerException(f"{where}: fp8 checkpoint with {'; '.join(refused)} is not supported")
+    return tuple(block) if block is not None else None
+
+
+def _compressed_tensors_block(q, where):
+    refused, blocks = [], set()
+    groups = q.get("config_groups") or {}
+    for name, group in groups.items():
+        weights, fmt = group.get("weights") or {}, group.get("format") or q.get("format")
+        kind = (weights.get("type"), weights.get("num_bits"), weights.get("symmetric", True))
+        if fmt != "float-quantized" or kind != ("float", 8, True):
+            refused.append(f"{name}: format {fmt!r}, weights {weights.get('type')!r} of {weights.get('num_bits')} "
+                           f"bits{'' if kind[2] else ', asymmetric'} (only float-quantized FP8, symmetric, is)")
+        elif weights.get("strategy") not in ("tensor", "channel", "block"):
+            refused.append(f"{name}: strategy {weights.get('strategy')!r} (tensor, channel and block are)")
+        elif weights["strategy"] == "block":
+            if not _is_block(weights.get("block_structure")):
+                refused.append(f"{name}: block_structure={weights.get('block_structure')!r} (two positive integers)")
+            else:
+                blocks.add(tuple(weights["block_structure"]))
+    if not groups:
+        refused.append("no config_groups")
+    if len(blocks) > 1:
+        refused.append(f"blocks of several sizes {sorted(blocks)}")
+    for key, what in (("sparsity_config", "sparse weights"), ("transform_config", "rotated weights")):
+        if q.get(key):
+            refused.append(f"{key} ({what})")
+    if refused:
+        raise ModelSerializerException(f"{where}: compressed-tensors checkpoint with {'; '.join(refused)} "
+                                       "is not supported")
+    return blocks.pop() if blocks else None
+
+
+def _is_block(block) -> bool:
+    return (isinstance(block, (list, tuple)) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block))
+
+
+def dequantize(bits, scale, block, chunk=256):
+    """fp8 e4m3 bits [N, K] (uint8) and float32 scales [ceil(N / rows), ceil(K / cols)] -> the
+    float32 weight, `chunk` rows at a time."""
+    rows, cols = block
+    out = np.empty(bits.shape, np.float32)
+    scale_of_column = scale[:, np.arange(bits.shape[1]) // cols]  # [row blocks, K]
+    for begin in range(0, bits.shape[0], chunk):
+        part = out[begin:begin + chunk]
+        np.take(E4M3, bits[begin:begin + chunk], out=part)
+        part *= scale_of_column[np.arange(begin, begin + len(part)) // rows]
+    return out
+
+
+class FP8Weights:
+    """A checkpoint's tensors (HFWeights: keys, in, shape, code, fetch) as keys, in, shape and fetch
+    show them, with each FP8 weight read as the float32 weight it dequantizes to, its scales and
+    the unused ones hidden; float tensors pass through."""
+
+    def __init__(self, tensors, block, where, in_scale_dtype=False):
+        self.tensors, self.block, self.where, self.in_scale_dtype = tensors, block, where, in_scale_dtype
+        names = set(tensors.keys())
+        self.scaled = {}  # FP8 weight -> (its scales, the block each scale covers)
+        for name in sorted(n for n in names if tensors.code(n) == FP8_CODE):
+            scales = [name + s for s in SCALE_SUFFIXES if name + s in names]
+            if not scales:
+                raise ModelSerializerException(f"{where}: FP8 tensor '{name}' has no '{name}{SCALE_SUFFIXES[0]}' "
+                                               f"or '{name}{SCALE_SUFFIXES[1]}' scales")
+            if tensors.code(scales[0]) not in _SCALE_CODES:
+                raise ModelSerializerException(f"{where}: scales '{scales[0]}' are {tensors.code(scales[0])}; "
+                                               f"supported are {', '.join(_SCALE_CODES)}")
+            self.scaled[name] = scales[0], self._block_of(name, scales[0])
+        self.hidden = {s for s, _ in self.scaled.values()} | {n for n in names if n.endswith(UNUSED_SCALES)}
+        for name in sorted(names - self.hidden):
+            scaled = next((name.removesuffix(s) for s in SCALE_SUFFIXES if name.endswith(s)), None)
+            if scaled is not None and scaled.endswith((".weight", "_proj")):
+                raise ModelSerializerException(
+                    f"{where}: '{name}' scales no FP8 '.weight' tensor of the checkpoint (FP8 experts stacked in "
+                    "one tensor per layer are not supported: the released checkpoints keep one per expert)")
+
+    def _block_of(self, weight, scale):
+        """The block one scale of `scale` covers: the whole weight, a row, or the config's block."""
+        shape, grid = self.tensors.shape(weight), tuple(self.tensors.shape(scale))
+        if len(shape) != 2:
+            raise ModelSerializerException(f"{self.where}: FP8 tensor '{weight}' is {list(shape)}: only 2-D FP8 "
+                                           "weights are supported (not experts stacked in one tensor)")
+        n, k = shape
+        if math.prod(grid) == 1:
+            return n, k
+        if grid in ((n,), (n, 1)):
+            return 1, k
+        if self.block is not None and grid == tuple(math.ceil(d / b) for d, b in zip(shape, self.block)):
+            return self.block
+        raise ModelSerializerException(
+            f"{self.where}: '{scale}' is {list(grid)}, but '{weight}' {list(shape)} has one scale, one a row ([{n}, 1])"
+            + (f" or, in blocks of {list(self.block)} (the config's block size), a "
+               f"{[math.ceil(d / b) for d, b in zip(shape, self.block)]} grid" if self.block else
+               " (the config names no block size)"))
+
+    def keys(self):
+        return [n for n in self.tensors.keys() if n not in self.hidden]
+
+    def __contains__(self, name):
+        return name in self.tensors and name not in self.hidden
+
+    def shape(self, name):
+        return self.tensors.shape(name)
+
+    def fetch(self, name, *codes):
+        """(array, dtype code): an FP8 weight dequantized to float32, its source pages dropped."""
+        if name not in self.scaled:
+            return self.tensors.fetch(name, *codes)
+        (scale_name, block), (bits, _) = self.scaled[name], self.tensors.fetch(name, (FP8_CODE,))
+        scale, scale_code = self.tensors.fetch(scale_name, _SCALE_CODES)
+        scale = from_bf16(scale) if scale_code == "BF16" else np.asarray(scale, np.float32)
+        rows, cols = block
+        weight = dequantize(bits, scale.reshape(math.ceil(bits.shape[0] / rows), math.ceil(bits.shape[1] / cols)),
+                            block)
+        drop_mapped_pages(bits)
+        if self.in_scale_dtype and scale_code == "BF16":
+            weight = from_bf16(to_bf16(weight))
+        elif self.in_scale_dtype and scale_code == "F16":
+            weight = weight.astype(np.float16).astype(np.float32)
+        return weight, "F32"
