@@ -24,7 +24,6 @@ from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException
 from .safetensors_io import drop_mapped_pages
 
-METHODS = ("fp8", "compressed-tensors")  # the quantization_config quant_methods read here
 FP8_CODE = "F8_E4M3"
 SCALE_SUFFIXES = ("_scale_inv", "_scale")  # the block-wise releases', the others'
 UNUSED_SCALES = (".input_scale", ".k_scale", ".v_scale")
@@ -45,51 +44,21 @@ E4M3 = _e4m3_values()
 
 
 def block_size(quantization_config, where):
-    """(rows, cols) of the blocks a config's grids of scales cover (None: it names none, so every
-    scale must be one a tensor or one a row); what would be computed otherwise is refused by name."""
+    """(rows, cols) of the blocks a quant_method "fp8" config's grids of scales cover (None: it names
+    none, so every scale must be one a tensor or one a row); what would be computed otherwise is
+    refused by name (compressed.py reads compressed-tensors' configs)."""
     q = quantization_config
-    if q.get("quant_method") == "compressed-tensors":
-        return _compressed_tensors_block(q, where)
     refused = [f"{key}={q[key]!r} (only {want!r} is)" for key, want in (("fmt", "e4m3"), ("expert_dtype", "fp8"))
                if q.get(key, want) != want]
     block = q.get("weight_block_size", DEFAULT_BLOCK)
-    if block is not None and not _is_block(block):
+    if block is not None and not is_block(block):
         refused.append(f"weight_block_size={block!r} (two positive integers)")
     if refused:
         raise ModelSerializerException(f"{where}: fp8 checkpoint with {'; '.join(refused)} is not supported")
     return tuple(block) if block is not None else None
 
 
-def _compressed_tensors_block(q, where):
-    refused, blocks = [], set()
-    groups = q.get("config_groups") or {}
-    for name, group in groups.items():
-        weights, fmt = group.get("weights") or {}, group.get("format") or q.get("format")
-        kind = (weights.get("type"), weights.get("num_bits"), weights.get("symmetric", True))
-        if fmt != "float-quantized" or kind != ("float", 8, True):
-            refused.append(f"{name}: format {fmt!r}, weights {weights.get('type')!r} of {weights.get('num_bits')} "
-                           f"bits{'' if kind[2] else ', asymmetric'} (only float-quantized FP8, symmetric, is)")
-        elif weights.get("strategy") not in ("tensor", "channel", "block"):
-            refused.append(f"{name}: strategy {weights.get('strategy')!r} (tensor, channel and block are)")
-        elif weights["strategy"] == "block":
-            if not _is_block(weights.get("block_structure")):
-                refused.append(f"{name}: block_structure={weights.get('block_structure')!r} (two positive integers)")
-            else:
-                blocks.add(tuple(weights["block_structure"]))
-    if not groups:
-        refused.append("no config_groups")
-    if len(blocks) > 1:
-        refused.append(f"blocks of several sizes {sorted(blocks)}")
-    for key, what in (("sparsity_config", "sparse weights"), ("transform_config", "rotated weights")):
-        if q.get(key):
-            refused.append(f"{key} ({what})")
-    if refused:
-        raise ModelSerializerException(f"{where}: compressed-tensors checkpoint with {'; '.join(refused)} "
-                                       "is not supported")
-    return blocks.pop() if blocks else None
-
-
-def _is_block(block) -> bool:
+def is_block(block) -> bool:
     return (isinstance(block, (list, tuple)) and len(block) == 2
             and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block))
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ModelSerializerException
 from ..tokenizer import CHAT_TEMPLATE_DIR
-from . import fp8
+from . import compressed, fp8
 from .arch import normalize_hf_config
 from .families import family, family_for_hf
 from .families.fused_experts import holds_mxfp4
@@ -42,16 +42,18 @@ class HuggingFaceModel(SourceModel):
         if not os.path.isdir(self.model_path):
             raise ModelSerializerException(f"model directory {self.model_path} does not exist")
         hf = _read_json(path, what="config.json")
-        self._fp8 = None  # an FP8 checkpoint's FP8Weights arguments: dequantized at conversion
+        self._stored = None  # a checkpoint quantized as released: (its quant_method, its settings)
         if hf.get("quantization_config"):
             quant = hf["quantization_config"]
             method = quant.get("quant_method", "?")
-            if method in fp8.METHODS:
-                self._fp8 = dict(block=fp8.block_size(quant, path), in_scale_dtype=method == "compressed-tensors")
+            if method == "fp8":
+                self._stored = method, (fp8.block_size(quant, path), ())
+            elif method == "compressed-tensors":
+                self._stored = method, compressed.read_config(quant, path)
             elif method != family_for_hf(hf)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
                 raise ModelSerializerException(
                     f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
-                    "(or an FP8 one) and enable_quant=True (InstantQuant)")
+                    "(or an FP8 or compressed-tensors one) and enable_quant=True (InstantQuant)")
         gen_path = os.path.join(self.model_path, "generation_config.json")
         gen = _read_json(gen_path, what="generation_config.json") if os.path.exists(gen_path) else {}
         arch, config = normalize_hf_config(hf, gen)
@@ -66,8 +68,11 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
-        if self._fp8:
-            weights = fp8.FP8Weights(weights, where=self.model_path, **self._fp8)
+        if self._stored:  # dequantized at conversion
+            method, (block, group_sizes) = self._stored
+            if method == "compressed-tensors":
+                weights = compressed.PackedIntWeights(weights, self.model_path, group_sizes)
+            weights = fp8.FP8Weights(weights, block, self.model_path, in_scale_dtype=method == "compressed-tensors")
         fam = family(self.architecture)
         if fam.stored_quant == "mxfp4":
             self.config.mxfp4_experts = holds_mxfp4(weights.keys())

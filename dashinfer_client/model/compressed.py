@@ -1,0 +1,154 @@
+"""compressed-tensors checkpoints (llm-compressor's releases, quant_method "compressed-tensors"): the
+config's groups, checked, and the pack-quantized int weights, dequantized at conversion.
+
+A config group is float-quantized FP8 (fp8.py reads those weights) or pack-quantized int of 4 or 8
+bits (the W4A16 and W8A16 releases: GPTQ's and round-to-nearest), by channel, group or tensor,
+symmetric or with zero points. A pack-quantized weight [N, K] is stored as
+    {w}_packed      int32 [N, ceil(K * bits / 32)]: the codes plus 2^(bits - 1), little-endian
+    {w}_scale       [N, ceil(K / group_size)] (by group), [N, 1] (by channel) or [1] (by tensor)
+    {w}_zero_point  int32 [ceil(N * bits / 32), groups], packed the same way along N (asymmetric only)
+    {w}_shape       [N, K]
+    {w}_g_idx       [K], each column's group (GPTQ's activation order, in older releases)
+weight = (code - zero point) * scale, computed as compressed-tensors does: rounded to the scale's
+dtype (a bf16 scale gives bf16 weights at any dtype the model converts to).
+"""
+import math
+
+import numpy as np
+
+from ..dtypes import from_bf16, to_bf16
+from ..errors import ModelSerializerException
+from .fp8 import is_block
+
+PARTS = ("_packed", "_scale", "_zero_point", "_shape", "_g_idx")  # after a weight's name
+_SCALE_CODES = ("F32", "BF16", "F16")
+_ROWS = 256  # rows dequantized at a time
+
+
+def read_config(q, where):
+    """(the block size of the config's block-wise FP8 groups or None, the group sizes of its int
+    groups); a group of another format, type, width or strategy, sparse weights and rotations are
+    refused by name."""
+    refused, blocks, sizes = [], set(), set()
+    groups = q.get("config_groups") or {}
+    for name, group in groups.items():
+        weights, fmt = group.get("weights") or {}, group.get("format") or q.get("format")
+        kind, strategy = (fmt, weights.get("type"), weights.get("num_bits")), weights.get("strategy")
+        if kind == ("float-quantized", "float", 8) and weights.get("symmetric", True):
+            if strategy == "block" and is_block(weights.get("block_structure")):
+                blocks.add(tuple(weights["block_structure"]))
+            elif strategy == "block":
+                refused.append(f"{name}: block_structure={weights.get('block_structure')!r} (two positive integers)")
+            elif strategy not in ("tensor", "channel"):
+                refused.append(f"{name}: strategy {strategy!r} (tensor, channel and block are)")
+        elif kind in (("pack-quantized", "int", 4), ("pack-quantized", "int", 8)):
+            if strategy not in ("tensor", "channel", "group"):
+                refused.append(f"{name}: strategy {strategy!r} (tensor, channel and group are)")
+            if strategy == "group":
+                sizes.add(weights.get("group_size"))
+        else:
+            refused.append(f"{name}: format {fmt!r}, weights {weights.get('type')!r} of {weights.get('num_bits')} bits"
+                           f"{'' if weights.get('symmetric', True) else ', asymmetric'} (float-quantized FP8, "
+                           "symmetric, and pack-quantized int of 4 or 8 bits are)")
+    if not groups:
+        refused.append("no config_groups")
+    if len(blocks) > 1:
+        refused.append(f"blocks of several sizes {sorted(blocks)}")
+    for key, what in (("sparsity_config", "sparse weights"), ("transform_config", "rotated weights")):
+        if q.get(key):
+            refused.append(f"{key} ({what})")
+    if refused:
+        raise ModelSerializerException(f"{where}: compressed-tensors checkpoint with {'; '.join(refused)} "
+                                       "is not supported")
+    return (blocks.pop() if blocks else None), sizes
+
+
+def unpack(words, bits, count) -> np.ndarray:
+    """The signed codes [rows, count] of int32 words [rows, n] packed little-endian, each code plus
+    2^(bits - 1)."""
+    data = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)
+    if bits == 4:
+        codes = np.empty((data.shape[0], data.shape[1] * 2), np.uint8)
+        codes[:, 0::2], codes[:, 1::2] = data & 15, data >> 4
+    else:
+        codes = data
+    return codes[:, :count].astype(np.int16) - (1 << (bits - 1))
+
+
+class PackedIntWeights:
+    """A checkpoint's tensors (HFWeights: keys, in, shape, code, fetch) with each pack-quantized
+    weight shown as {w} (float32, dequantized when fetched) and its parts hidden."""
+
+    def __init__(self, tensors, where, group_sizes=()):
+        self.tensors, self.where, self.group_sizes = tensors, where, group_sizes
+        names = set(tensors.keys())
+        self.packed = {}  # weight -> (N, K)
+        for name in sorted(n for n in names if n.endswith(".weight_packed")):
+            weight = name.removesuffix("_packed")
+            missing = [weight + p for p in ("_scale", "_shape") if weight + p not in names]
+            if missing:
+                raise ModelSerializerException(f"{where}: pack-quantized '{name}' has no {', '.join(missing)}")
+            shape = tuple(int(d) for d in np.asarray(tensors.fetch(weight + "_shape", ("I64", "I32"))[0]))
+            if len(shape) != 2:
+                raise ModelSerializerException(f"{where}: '{weight}_shape' is {list(shape)}: only 2-D weights are "
+                                               "supported (not experts stacked in one tensor)")
+            self.packed[weight] = shape
+            self._bits(weight)  # refuses a width other than 4 or 8 bits now, not when converting
+        self.hidden = {w + p for w in self.packed for p in PARTS}
+
+    def _bits(self, weight) -> int:
+        (n, k), words = self.packed[weight], self.tensors.shape(weight + "_packed")
+        for bits in (4, 8):
+            if tuple(words) == (n, math.ceil(k * bits / 32)):
+                return bits
+        raise ModelSerializerException(f"{self.where}: '{weight}_packed' is {list(words)}, which packs [{n}, {k}] "
+                                       "in neither 4 nor 8 bits")
+
+    def _group_size(self, k, groups) -> int:
+        """Columns a group: the config's group size that gives `groups` groups of k columns."""
+        if groups == 1:
+            return k
+        sizes = [g for g in self.group_sizes if isinstance(g, int) and g > 0 and math.ceil(k / g) == groups]
+        return sizes[0] if sizes else math.ceil(k / groups)
+
+    def keys(self):
+        return [n for n in self.tensors.keys() if n not in self.hidden] + list(self.packed)
+
+    def __contains__(self, name):
+        return name in self.packed or (name in self.tensors and name not in self.hidden)
+
+    def shape(self, name):
+        return self.packed[name] if name in self.packed else self.tensors.shape(name)
+
+    def code(self, name):
+        return "F32" if name in self.packed else self.tensors.code(name)
+
+    def fetch(self, name, *codes):
+        """(array, dtype code): a pack-quantized weight dequantized (float32 array)."""
+        if name not in self.packed:
+            return self.tensors.fetch(name, *codes)
+        (n, k), bits = self.packed[name], self._bits(name)
+        scale, scale_code = self.tensors.fetch(name + "_scale", _SCALE_CODES)
+        scale = from_bf16(scale) if scale_code == "BF16" else np.asarray(scale, np.float32)
+        scale = np.broadcast_to(scale.reshape(-1, 1) if scale.ndim < 2 else scale, (n, scale.shape[-1]))
+        groups = scale.shape[1]
+        zero = np.zeros((n, groups), np.int16)
+        if name + "_zero_point" in self.tensors:
+            zero = np.asarray(self.tensors.fetch(name + "_zero_point", ("I32", "I8"))[0])
+            zero = unpack(zero.T, bits, n).T if zero.shape != (n, groups) else zero.astype(np.int16)
+        group_of = (np.asarray(self.tensors.fetch(name + "_g_idx", ("I32", "I64"))[0]).astype(np.int64)
+                    if name + "_g_idx" in self.tensors else np.arange(k) // self._group_size(k, groups))
+        if zero.shape != (n, groups) or group_of.shape != (k,) or not 0 <= group_of.min() <= group_of.max() < groups:
+            raise ModelSerializerException(f"{self.where}: the zero points or groups of '{name}' do not match its "
+                                           f"[{n}, {groups}] scales")
+        words = self.tensors.fetch(name + "_packed", ("I32",))[0]
+        out = np.empty((n, k), np.float32)
+        for begin in range(0, n, _ROWS):
+            rows = slice(begin, begin + _ROWS)
+            codes = unpack(words[rows], bits, k)
+            out[rows] = (codes - zero[rows][:, group_of]) * scale[rows][:, group_of]
+        if scale_code == "BF16":
+            out = from_bf16(to_bf16(out))
+        elif scale_code == "F16":
+            out = out.astype(np.float16).astype(np.float32)
+        return out, "F32"
