@@ -16,12 +16,11 @@ import math
 
 import numpy as np
 
-from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException
-from .fp8 import is_block
+from .dequantized import DequantizedView, in_dtype, is_block
+from .fp8 import FP8Weights
 
 PARTS = ("_packed", "_scale", "_zero_point", "_shape", "_g_idx")  # after a weight's name
-_SCALE_CODES = ("F32", "BF16", "F16")
 _ROWS = 256  # rows dequantized at a time
 
 
@@ -63,6 +62,13 @@ def read_config(q, where):
     return (blocks.pop() if blocks else None), sizes
 
 
+def view(tensors, settings, where):
+    """The checkpoint's tensors with its packed int and its FP8 weights dequantized, as
+    compressed-tensors computes them (settings: read_config's)."""
+    block, group_sizes = settings
+    return FP8Weights(PackedIntWeights(tensors, where, group_sizes), block, where, in_scale_dtype=True)
+
+
 def unpack(words, bits, count) -> np.ndarray:
     """The signed codes [rows, count] of int32 words [rows, n] packed little-endian, each code plus
     2^(bits - 1)."""
@@ -75,14 +81,14 @@ def unpack(words, bits, count) -> np.ndarray:
     return codes[:, :count].astype(np.int16) - (1 << (bits - 1))
 
 
-class PackedIntWeights:
-    """A checkpoint's tensors (HFWeights: keys, in, shape, code, fetch) with each pack-quantized
-    weight shown as {w} (float32, dequantized when fetched) and its parts hidden."""
+class PackedIntWeights(DequantizedView):
+    """A checkpoint's tensors with each pack-quantized weight shown as {w} (float32, dequantized when
+    fetched) and its parts hidden."""
 
     def __init__(self, tensors, where, group_sizes=()):
-        self.tensors, self.where, self.group_sizes = tensors, where, group_sizes
+        super().__init__(tensors, where)
+        self.group_sizes = group_sizes
         names = set(tensors.keys())
-        self.packed = {}  # weight -> (N, K)
         for name in sorted(n for n in names if n.endswith(".weight_packed")):
             weight = name.removesuffix("_packed")
             missing = [weight + p for p in ("_scale", "_shape") if weight + p not in names]
@@ -92,12 +98,12 @@ class PackedIntWeights:
             if len(shape) != 2:
                 raise ModelSerializerException(f"{where}: '{weight}_shape' is {list(shape)}: only 2-D weights are "
                                                "supported (not experts stacked in one tensor)")
-            self.packed[weight] = shape
+            self.shown[weight] = shape
             self._bits(weight)  # refuses a width other than 4 or 8 bits now, not when converting
-        self.hidden = {w + p for w in self.packed for p in PARTS}
+        self.hidden = {w + p for w in self.shown for p in PARTS}
 
     def _bits(self, weight) -> int:
-        (n, k), words = self.packed[weight], self.tensors.shape(weight + "_packed")
+        (n, k), words = self.shown[weight], self.tensors.shape(weight + "_packed")
         for bits in (4, 8):
             if tuple(words) == (n, math.ceil(k * bits / 32)):
                 return bits
@@ -111,25 +117,9 @@ class PackedIntWeights:
         sizes = [g for g in self.group_sizes if isinstance(g, int) and g > 0 and math.ceil(k / g) == groups]
         return sizes[0] if sizes else math.ceil(k / groups)
 
-    def keys(self):
-        return [n for n in self.tensors.keys() if n not in self.hidden] + list(self.packed)
-
-    def __contains__(self, name):
-        return name in self.packed or (name in self.tensors and name not in self.hidden)
-
-    def shape(self, name):
-        return self.packed[name] if name in self.packed else self.tensors.shape(name)
-
-    def code(self, name):
-        return "F32" if name in self.packed else self.tensors.code(name)
-
-    def fetch(self, name, *codes):
-        """(array, dtype code): a pack-quantized weight dequantized (float32 array)."""
-        if name not in self.packed:
-            return self.tensors.fetch(name, *codes)
-        (n, k), bits = self.packed[name], self._bits(name)
-        scale, scale_code = self.tensors.fetch(name + "_scale", _SCALE_CODES)
-        scale = from_bf16(scale) if scale_code == "BF16" else np.asarray(scale, np.float32)
+    def dequantize(self, name):
+        (n, k), bits = self.shown[name], self._bits(name)
+        scale, scale_code = self.scales(name + "_scale")
         scale = np.broadcast_to(scale.reshape(-1, 1) if scale.ndim < 2 else scale, (n, scale.shape[-1]))
         groups = scale.shape[1]
         zero = np.zeros((n, groups), np.int16)
@@ -145,10 +135,5 @@ class PackedIntWeights:
         out = np.empty((n, k), np.float32)
         for begin in range(0, n, _ROWS):
             rows = slice(begin, begin + _ROWS)
-            codes = unpack(words[rows], bits, k)
-            out[rows] = (codes - zero[rows][:, group_of]) * scale[rows][:, group_of]
-        if scale_code == "BF16":
-            out = from_bf16(to_bf16(out))
-        elif scale_code == "F16":
-            out = out.astype(np.float16).astype(np.float32)
-        return out, "F32"
+            out[rows] = (unpack(words[rows], bits, k) - zero[rows][:, group_of]) * scale[rows][:, group_of]
+        return in_dtype(out, scale_code)

@@ -20,14 +20,13 @@ import math
 
 import numpy as np
 
-from ..dtypes import from_bf16, to_bf16
 from ..errors import ModelSerializerException
+from .dequantized import SCALE_CODES, DequantizedView, in_dtype, is_block
 from .safetensors_io import drop_mapped_pages
 
 FP8_CODE = "F8_E4M3"
 SCALE_SUFFIXES = ("_scale_inv", "_scale")  # the block-wise releases', the others'
 UNUSED_SCALES = (".input_scale", ".k_scale", ".v_scale")
-_SCALE_CODES = ("F32", "BF16", "F16")
 DEFAULT_BLOCK = (128, 128)  # transformers' FineGrainedFP8Config's, where config.json names none
 
 
@@ -43,7 +42,7 @@ def _e4m3_values() -> np.ndarray:
 E4M3 = _e4m3_values()
 
 
-def block_size(quantization_config, where):
+def read_config(quantization_config, where):
     """(rows, cols) of the blocks a quant_method "fp8" config's grids of scales cover (None: it names
     none, so every scale must be one a tensor or one a row); what would be computed otherwise is
     refused by name (compressed.py reads compressed-tensors' configs)."""
@@ -58,9 +57,9 @@ def block_size(quantization_config, where):
     return tuple(block) if block is not None else None
 
 
-def is_block(block) -> bool:
-    return (isinstance(block, (list, tuple)) and len(block) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block))
+def view(tensors, block, where):
+    """The checkpoint's tensors with its FP8 weights dequantized (FP8Weights)."""
+    return FP8Weights(tensors, block, where)
 
 
 def dequantize(bits, scale, block, chunk=256):
@@ -76,13 +75,13 @@ def dequantize(bits, scale, block, chunk=256):
     return out
 
 
-class FP8Weights:
-    """A checkpoint's tensors (HFWeights: keys, in, shape, code, fetch) as keys, in, shape and fetch
-    show them, with each FP8 weight read as the float32 weight it dequantizes to, its scales and
-    the unused ones hidden; float tensors pass through."""
+class FP8Weights(DequantizedView):
+    """A checkpoint's tensors with each FP8 weight shown as the float32 weight it dequantizes to,
+    its scales and the unused ones hidden; float tensors pass through."""
 
     def __init__(self, tensors, block, where, in_scale_dtype=False):
-        self.tensors, self.block, self.where, self.in_scale_dtype = tensors, block, where, in_scale_dtype
+        super().__init__(tensors, where)
+        self.block, self.in_scale_dtype = block, in_scale_dtype
         names = set(tensors.keys())
         self.scaled = {}  # FP8 weight -> (its scales, the block each scale covers)
         for name in sorted(n for n in names if tensors.code(n) == FP8_CODE):
@@ -90,10 +89,11 @@ class FP8Weights:
             if not scales:
                 raise ModelSerializerException(f"{where}: FP8 tensor '{name}' has no '{name}{SCALE_SUFFIXES[0]}' "
                                                f"or '{name}{SCALE_SUFFIXES[1]}' scales")
-            if tensors.code(scales[0]) not in _SCALE_CODES:
+            if tensors.code(scales[0]) not in SCALE_CODES:
                 raise ModelSerializerException(f"{where}: scales '{scales[0]}' are {tensors.code(scales[0])}; "
-                                               f"supported are {', '.join(_SCALE_CODES)}")
+                                               f"supported are {', '.join(SCALE_CODES)}")
             self.scaled[name] = scales[0], self._block_of(name, scales[0])
+            self.shown[name] = tuple(tensors.shape(name))
         self.hidden = {s for s, _ in self.scaled.values()} | {n for n in names if n.endswith(UNUSED_SCALES)}
         for name in sorted(names - self.hidden):
             scaled = next((name.removesuffix(s) for s in SCALE_SUFFIXES if name.endswith(s)), None)
@@ -121,28 +121,12 @@ class FP8Weights:
                f"{[math.ceil(d / b) for d, b in zip(shape, self.block)]} grid" if self.block else
                " (the config names no block size)"))
 
-    def keys(self):
-        return [n for n in self.tensors.keys() if n not in self.hidden]
-
-    def __contains__(self, name):
-        return name in self.tensors and name not in self.hidden
-
-    def shape(self, name):
-        return self.tensors.shape(name)
-
-    def fetch(self, name, *codes):
-        """(array, dtype code): an FP8 weight dequantized to float32, its source pages dropped."""
-        if name not in self.scaled:
-            return self.tensors.fetch(name, *codes)
+    def dequantize(self, name):
+        """The FP8 weight in float32, its source pages dropped."""
         (scale_name, block), (bits, _) = self.scaled[name], self.tensors.fetch(name, (FP8_CODE,))
-        scale, scale_code = self.tensors.fetch(scale_name, _SCALE_CODES)
-        scale = from_bf16(scale) if scale_code == "BF16" else np.asarray(scale, np.float32)
+        scale, scale_code = self.scales(scale_name)
         rows, cols = block
         weight = dequantize(bits, scale.reshape(math.ceil(bits.shape[0] / rows), math.ceil(bits.shape[1] / cols)),
                             block)
         drop_mapped_pages(bits)
-        if self.in_scale_dtype and scale_code == "BF16":
-            weight = from_bf16(to_bf16(weight))
-        elif self.in_scale_dtype and scale_code == "F16":
-            weight = weight.astype(np.float16).astype(np.float32)
-        return weight, "F32"
+        return in_dtype(weight, scale_code) if self.in_scale_dtype else weight

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ModelSerializerException
 from ..tokenizer import CHAT_TEMPLATE_DIR
-from . import compressed, fp8
+from . import awq, compressed, fp8
 from .arch import normalize_hf_config
 from .families import family, family_for_hf
 from .families.fused_experts import holds_mxfp4
@@ -29,6 +29,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.json", "chat_template.jinja",
                    "config.json")
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # without one there is no tokenizer
+
+# The quant_methods of checkpoints quantized as released that convert: each module reads its config
+# (read_config) and shows the weights dequantized (view).
+STORED_QUANT = {"fp8": fp8, "compressed-tensors": compressed, "awq": awq}
 
 
 class HuggingFaceModel(SourceModel):
@@ -46,14 +50,12 @@ class HuggingFaceModel(SourceModel):
         if hf.get("quantization_config"):
             quant = hf["quantization_config"]
             method = quant.get("quant_method", "?")
-            if method == "fp8":
-                self._stored = method, (fp8.block_size(quant, path), ())
-            elif method == "compressed-tensors":
-                self._stored = method, compressed.read_config(quant, path)
+            if method in STORED_QUANT:
+                self._stored = method, STORED_QUANT[method].read_config(quant, path)
             elif method != family_for_hf(hf)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
                 raise ModelSerializerException(
                     f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
-                    "(or an FP8 or compressed-tensors one) and enable_quant=True (InstantQuant)")
+                    "(or an FP8, compressed-tensors or AWQ one) and enable_quant=True (InstantQuant)")
         gen_path = os.path.join(self.model_path, "generation_config.json")
         gen = _read_json(gen_path, what="generation_config.json") if os.path.exists(gen_path) else {}
         arch, config = normalize_hf_config(hf, gen)
@@ -69,10 +71,8 @@ class HuggingFaceModel(SourceModel):
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
         if self._stored:  # dequantized at conversion
-            method, (block, group_sizes) = self._stored
-            if method == "compressed-tensors":
-                weights = compressed.PackedIntWeights(weights, self.model_path, group_sizes)
-            weights = fp8.FP8Weights(weights, block, self.model_path, in_scale_dtype=method == "compressed-tensors")
+            method, settings = self._stored
+            weights = STORED_QUANT[method].view(weights, settings, self.model_path)
         fam = family(self.architecture)
         if fam.stored_quant == "mxfp4":
             self.config.mxfp4_experts = holds_mxfp4(weights.keys())
