@@ -5,11 +5,13 @@ and checks their order), a forced tool_use has input that satisfies the tool's s
 round-trips, count_tokens counts the same prompt, and malformed bodies are 400s in Anthropic's
 error shape with the server still serving.
 """
+import json
 import os
 
 import anthropic
 import httpx
 import jsonschema
+import pydantic
 import pytest
 
 from tests.http_server import API_KEY, Reference, default_model_dir
@@ -40,6 +42,11 @@ def reference():
     r.close()
 
 
+def prompt_tokens(usage) -> int:
+    """The prompt's tokens in Anthropic's usage: those the prefix cache gave are counted apart."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 def _prompt_ids(reference, turns):
     tokenizer = reference.hf_tokenizer()
     text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
@@ -54,7 +61,7 @@ def test_plain_message_equals_the_engine(client, reference):
     assert [b.type for b in message.content] == ["text"]
     assert message.content[0].text == reference.text(expected)
     assert message.stop_reason == ("max_tokens" if reason == "length" else "end_turn")
-    assert message.usage.input_tokens == len(ids) and message.usage.output_tokens == len(expected)
+    assert prompt_tokens(message.usage) == len(ids) and message.usage.output_tokens == len(expected)
     counted = client.messages.count_tokens(model="tiny", system=SYSTEM, messages=ASK)
     assert counted.input_tokens == len(ids)
 
@@ -98,7 +105,7 @@ def test_forced_tool_use_satisfies_the_schema_and_round_trips(client):
                                                   for u in uses]}]
     answer = client.messages.create(model="tiny", messages=history, tools=[WEATHER], tool_choice={"type": "none"},
                                     max_tokens=16, extra_body=GREEDY)
-    assert answer.content[0].type == "text" and answer.usage.input_tokens > message.usage.input_tokens
+    assert answer.content[0].type == "text" and prompt_tokens(answer.usage) > prompt_tokens(message.usage)
 
 
 def test_a_tool_use_cut_by_max_tokens_streams_what_it_answers_whole(client):
@@ -145,6 +152,41 @@ def _blocks(message) -> list:
             for b in message.content]
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                        "population": {"type": "integer", "minimum": 0, "maximum": 10 ** 8}},
+        "required": ["city", "population"], "additionalProperties": False}
+
+
+class City(pydantic.BaseModel):  # no bounds: the client takes numbers' and strings' out of the schema
+    city: str
+    capital: bool
+
+
+def test_structured_output_follows_the_schema_whole_streamed_and_parsed(client):
+    """output_config.format (Anthropic's structured outputs): the answer's text is JSON the schema
+    accepts, streamed as whole; the client's parse() reads it into the type it was given."""
+    request = dict(model="tiny", messages=ASK, max_tokens=64, extra_body=GREEDY,
+                   output_config={"format": {"type": "json_schema", "schema": CITY}})
+    message = client.messages.create(**request)
+    [block] = message.content
+    jsonschema.validate(json.loads(block.text), CITY)
+    assert message.stop_reason == "end_turn"
+    with client.messages.stream(**request) as stream:
+        assert stream.get_final_message().content[0].text == block.text
+    parsed = client.messages.parse(model="tiny", messages=ASK, max_tokens=64, output_format=City, extra_body=GREEDY)
+    assert isinstance(parsed.parsed_output, City)
+
+
+def test_routing_and_caching_fields_change_nothing(client, reference):
+    """What a current client may send about billing, placement and caching (top-level cache_control:
+    the prefix cache keeps every prompt anyway) is taken and answers as without it."""
+    plain = client.messages.create(model="tiny", messages=ASK, max_tokens=8, extra_body=GREEDY)
+    extra = dict(GREEDY, cache_control={"type": "ephemeral"}, inference_geo="us", speed="standard",
+                 service_tier="auto", metadata={"user_id": "u-1"})
+    assert client.messages.create(model="tiny", messages=ASK, max_tokens=8,
+                                  extra_body=extra).content[0].text == plain.content[0].text
+
+
 @pytest.mark.parametrize("body, words", [
     ({"messages": ASK}, ["max_tokens"]),
     ({"max_tokens": 8, "messages": []}, ["messages"]),
@@ -156,8 +198,12 @@ def _blocks(message) -> list:
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, ["tool_use_id"]),
     ({"max_tokens": 8, "messages": ASK, "temperature": -1}, ["temperature"]),
     ({"max_tokens": 8, "messages": ASK, "surprise": 1}, ["surprise"]),
+    ({"max_tokens": 8, "messages": ASK, "container": "c-1"}, ["container"]),
+    ({"max_tokens": 8, "messages": ASK, "output_config": {"format": {"type": "json_object"}}}, ["output_config"]),
+    ({"max_tokens": 8, "messages": ASK, "output_config": {"effort": "extreme"}}, ["output_config.effort", "max"]),
 ], ids=["no-max_tokens", "no-messages", "system-role", "image", "tool-without-schema", "tool-choice-no-name",
-        "choice-without-tools", "result-without-id", "temperature", "unknown-field"])
+        "choice-without-tools", "result-without-id", "temperature", "unknown-field", "code-container",
+        "format-not-a-schema", "effort"])
 def test_malformed_bodies_are_400s_in_anthropic_shape(server, client, body, words):
     r = httpx.post(server.url + "/v1/messages", json=dict(body, model="tiny"), headers={"x-api-key": API_KEY},
                    timeout=120)

@@ -105,6 +105,12 @@ def test_reasoning_effort_and_a_tool_round_trip_reach_the_template(harmony):
     bad = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": ASK,
                                                                  "reasoning_effort": "max"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+    # Anthropic's output_config.effort: its xhigh and max are the template's high
+    for effort, written in (("low", "low"), ("max", "high")):
+        text = reference.apply_chat_template(ASK, tokenize=False, add_generation_prompt=True, reasoning_effort=written)
+        counted = httpx.post(server.url + "/v1/messages/count_tokens", json={
+            "model": "tiny", "messages": ASK, "output_config": {"effort": effort}}).json()
+        assert counted["input_tokens"] == len(reference(text, add_special_tokens=False)["input_ids"])
 
 
 def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.http_server import API_KEY
-from tests.test_http_anthropic import ASK, reference, server  # noqa: F401 (the default model's server and Engine)
+from tests.test_http_anthropic import ASK, prompt_tokens, reference, server  # noqa: F401 (the default model's server and Engine)
 
 PREFILLED = ASK + [{"role": "assistant", "content": "The capital of France is the city of"}]
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -32,7 +32,7 @@ def test_anthropic_continues_a_final_assistant_message(server, continued):
     client = anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0)
     request = dict(model="tiny", messages=PREFILLED, max_tokens=16, extra_body={"temperature": 0})
     message = client.messages.create(**request)
-    assert message.usage.input_tokens == len(ids)
+    assert prompt_tokens(message.usage) == len(ids)
     assert client.messages.count_tokens(model="tiny", messages=PREFILLED).input_tokens == len(ids)
     assert message.content[0].text == expected and "Paris" in expected  # the prefill goes on, not a new answer
     with client.messages.stream(**request) as stream:

@@ -11,6 +11,8 @@ Deltas generate() yields are shaped into a Message or its stream of events.
     tools[].input_schema      -> tools[].function.parameters
     tool_choice auto/any/tool/none (+ disable_parallel_tool_use) -> auto/required/named/none
     thinking enabled/disabled -> chat_template_kwargs.enable_thinking; reasoning -> thinking blocks
+    output_config.format      -> response_format json_schema (structured outputs: the text is the JSON)
+    output_config.effort      -> reasoning_effort (xhigh and max: high, the most a template takes)
 """
 import json
 import uuid
@@ -24,11 +26,14 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                 503: "overloaded_error"}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-# Keys of a Messages body that change nothing here.
-_IGNORED = {"metadata", "service_tier"}
+# Keys of a Messages body that change nothing here: who asks, where and how fast it is billed to
+# run, and cache_control (the prefix cache keeps every prompt's blocks anyway).
+_IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed", "user_profile_id",
+            "workspace_id", "diagnostics"}
 # timeout: DashInfer's deadline, read by the admission gate as on the OpenAI routes.
 _KNOWN = {"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
-          "top_k", "tools", "tool_choice", "thinking", "timeout"} | _IGNORED
+          "top_k", "tools", "tool_choice", "thinking", "output_config", "timeout"} | _IGNORED
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 
 def is_route(path) -> bool:
@@ -83,6 +88,29 @@ def _openai_body(body) -> dict:
             raise bad_request("'thinking' must be {'type': 'enabled' | 'disabled' | 'adaptive', ...}")
         if thinking["type"] != "adaptive":  # adaptive: the model decides, so the template's default
             out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] == "enabled"}
+    if body.get("output_config") is not None:
+        out.update(_output_config(body["output_config"]))
+    return out
+
+
+def _output_config(config) -> dict:
+    """output_config -> the OpenAI body's response_format and reasoning_effort."""
+    shape = "'output_config' must be {'effort': ..., 'format': {'type': 'json_schema', 'schema': {...}}}"
+    if not isinstance(config, dict) or set(config) - {"effort", "format"}:
+        raise bad_request(shape, "output_config")
+    out = {}
+    if config.get("effort") is not None:
+        if config["effort"] not in _EFFORTS:
+            raise bad_request(f"'output_config.effort' must be one of {', '.join(_EFFORTS)}, got {config['effort']!r}",
+                              "output_config")
+        out["reasoning_effort"] = _EFFORTS[config["effort"]]
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict) \
+                or set(fmt) - {"type", "schema"}:
+            raise bad_request(shape, "output_config")
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"],
+                                                                         "strict": True}}
     return out
 
 
