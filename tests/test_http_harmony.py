@@ -103,14 +103,20 @@ def test_reasoning_effort_and_a_tool_round_trip_reach_the_template(harmony):
                                                          "reasoning_effort": effort}).json()
         assert got["tokens"] == reference(text, add_special_tokens=False)["input_ids"]
     bad = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": ASK,
-                                                                 "reasoning_effort": "max"})
+                                                                 "reasoning_effort": "extreme"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
-    # Anthropic's output_config.effort: its xhigh and max are the template's high
-    for effort, written in (("low", "low"), ("max", "high")):
+    # OpenAI's efforts past the template's ends are its nearest end, and so are Anthropic's
+    # (output_config.effort)
+    for effort, written in (("none", "low"), ("minimal", "low"), ("xhigh", "high"), ("max", "high")):
         text = reference.apply_chat_template(ASK, tokenize=False, add_generation_prompt=True, reasoning_effort=written)
-        counted = httpx.post(server.url + "/v1/messages/count_tokens", json={
-            "model": "tiny", "messages": ASK, "output_config": {"effort": effort}}).json()
-        assert counted["input_tokens"] == len(reference(text, add_special_tokens=False)["input_ids"])
+        want = reference(text, add_special_tokens=False)["input_ids"]
+        got = httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": ASK,
+                                                         "reasoning_effort": effort}).json()
+        assert got["tokens"] == want, effort
+        if effort in ("xhigh", "max"):
+            counted = httpx.post(server.url + "/v1/messages/count_tokens", json={
+                "model": "tiny", "messages": ASK, "output_config": {"effort": effort}}).json()
+            assert counted["input_tokens"] == len(want)
 
 
 def test_the_reasoning_of_a_call_goes_back_as_its_analysis(harmony):

@@ -74,6 +74,17 @@ def test_omitted_sampling_options_are_the_models_generation_config(client, refer
     assert len(texts) == 2
 
 
+def test_bookkeeping_and_caching_options_change_nothing(client, reference):
+    """What a current openai client may send about who asks, storage and prompt caching is taken, and
+    the answer is the one without it."""
+    ids = greedy_ref(reference, reference.chat_ids(QUESTION), 8)
+    answer = client.chat.completions.create(
+        model="tiny", messages=QUESTION, max_tokens=8, user="u-1", metadata={"k": "v"}, store=False,
+        service_tier="auto", prompt_cache_key="k-1", prompt_cache_retention="24h", safety_identifier="s-1",
+        extra_body={"prompt_cache_options": {"mode": "implicit"}})
+    assert answer.choices[0].message.content == reference.text(ids)
+
+
 def test_logit_bias_minus_100_bans_a_token_in_greedy_output(client, reference):
     prompt = reference.chat_ids(QUESTION)
     plain = greedy_ref(reference, prompt, 16)

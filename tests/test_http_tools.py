@@ -227,6 +227,15 @@ def test_reasoning_comes_back_apart_and_follows_enable_thinking(think_model, thi
                     "model": "tiny", "max_tokens": 16, "messages": ASK, "temperature": 0, "thinking": config}).json()
                 block = "thinking" if thinking else "text"
                 assert [(b["type"], b.get(block)) for b in message["content"]] == [(block, expected)], config
+            # OpenAI's reasoning_effort "none": thinking off, unless enable_thinking says otherwise
+            for effort, template_kwargs in (("none", {}), ("none", {"enable_thinking": True}), ("minimal", {})):
+                if template_kwargs.get("enable_thinking", effort != "none") == thinking:
+                    message = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=16, temperature=0,
+                                                             reasoning_effort=effort,
+                                                             extra_body={"chat_template_kwargs": template_kwargs})
+                    got = getattr(message.choices[0].message, "reasoning_content", None) or "", \
+                        message.choices[0].message.content or ""
+                    assert got == want, (effort, template_kwargs)
     finally:
         reference.close()
 

@@ -69,7 +69,7 @@ def test_bad_tools_and_options_are_refused_before_anything_runs(hermes):
                           (dict(tools=[NOTE, NOTE]), "unique"),
                           (dict(chat_template_kwargs="yes"), "chat_template_kwargs"),
                           (dict(enable_thinking="yes"), "enable_thinking"),
-                          (dict(reasoning_effort="max"), "reasoning_effort")]:
+                          (dict(reasoning_effort="extreme"), "reasoning_effort")]:
         with pytest.raises(ValueError, match=re.escape(words)):
             pipe(ASK, **kwargs)
     with pytest.raises(ValueError, match="do_preprocess"):

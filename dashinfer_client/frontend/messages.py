@@ -14,7 +14,11 @@ import json
 import uuid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-REASONING_EFFORTS = ("low", "medium", "high")
+# OpenAI's reasoning efforts -> what a chat template takes (gpt-oss's "Reasoning: low | medium |
+# high"): the ones past those ends are the nearest end. "none" also turns thinking off where a
+# template reads enable_thinking (Qwen3's), unless the request names enable_thinking itself.
+REASONING_EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+                     "xhigh": "high", "max": "high"}
 # An assistant turn's reasoning: vLLM's name, its earlier one (this server's answers, DeepSeek's
 # API), transformers' (gpt-oss's template); the first one given counts.
 REASONING_KEYS = ("reasoning", "reasoning_content", "thinking")
@@ -93,18 +97,20 @@ def _past_call(where, call) -> dict:
 
 def template_kwargs(chat_template_kwargs=None, enable_thinking=None, reasoning_effort=None) -> dict:
     """What goes to the chat template beside the conversation: chat_template_kwargs, with
-    enable_thinking and reasoning_effort (gpt-oss's "Reasoning: low | medium | high") where it names
-    neither."""
+    enable_thinking and reasoning_effort (REASONING_EFFORTS) where it names neither."""
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise PromptError(f"chat_template_kwargs must be a dict (an object), got {chat_template_kwargs!r}",
                           "chat_template_kwargs")
     if enable_thinking is not None and not isinstance(enable_thinking, bool):
         raise PromptError(f"enable_thinking must be a bool, got {enable_thinking!r}", "enable_thinking")
     if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
-        raise PromptError(f"reasoning_effort must be 'low', 'medium' or 'high', got {reasoning_effort!r}",
+        raise PromptError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {reasoning_effort!r}",
                           "reasoning_effort")
     kwargs = dict(chat_template_kwargs or {})
-    for name, value in (("enable_thinking", enable_thinking), ("reasoning_effort", reasoning_effort)):
+    if reasoning_effort == "none" and enable_thinking is None:
+        enable_thinking = False
+    for name, value in (("enable_thinking", enable_thinking),
+                        ("reasoning_effort", REASONING_EFFORTS.get(reasoning_effort))):
         if value is not None:
             kwargs.setdefault(name, value)
     return kwargs

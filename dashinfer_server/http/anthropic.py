@@ -12,7 +12,7 @@ Deltas generate() yields are shaped into a Message or its stream of events.
     tool_choice auto/any/tool/none (+ disable_parallel_tool_use) -> auto/required/named/none
     thinking enabled/disabled -> chat_template_kwargs.enable_thinking; reasoning -> thinking blocks
     output_config.format      -> response_format json_schema (structured outputs: the text is the JSON)
-    output_config.effort      -> reasoning_effort (xhigh and max: high, the most a template takes)
+    output_config.effort      -> reasoning_effort
 """
 import json
 import uuid
@@ -33,7 +33,7 @@ _IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed
 # timeout: DashInfer's deadline, read by the admission gate as on the OpenAI routes.
 _KNOWN = {"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p",
           "top_k", "tools", "tool_choice", "thinking", "output_config", "timeout"} | _IGNORED
-_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+_EFFORTS = ("low", "medium", "high", "xhigh", "max")  # Anthropic's; the template's are REASONING_EFFORTS
 
 
 def is_route(path) -> bool:
@@ -103,7 +103,7 @@ def _output_config(config) -> dict:
         if config["effort"] not in _EFFORTS:
             raise bad_request(f"'output_config.effort' must be one of {', '.join(_EFFORTS)}, got {config['effort']!r}",
                               "output_config")
-        out["reasoning_effort"] = _EFFORTS[config["effort"]]
+        out["reasoning_effort"] = config["effort"]
     fmt = config.get("format")
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict) \

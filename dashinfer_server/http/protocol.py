@@ -28,7 +28,8 @@ _UNSUPPORTED = {"functions": None, "function_call": "none", "suffix": None, "bes
                 "modalities": ["text"], "audio": None, "verbosity": None, "web_search_options": None}
 # OpenAI options that change nothing in an answer (bookkeeping, caching hints; a prediction only
 # speeds up generation): accepted and unused.
-_NO_EFFECT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prediction"}
+_NO_EFFECT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+              "prompt_cache_options", "safety_identifier", "prediction"}
 # Every key a body may have: the options of both routes, this server's extensions (vLLM's names:
 # top_k, min_p, repetition_penalty, min_tokens, chat_template_kwargs, continue_final_message,
 # add_generation_prompt, prompt_logprobs; DashInfer's deadline, timeout, read by the admission gate).

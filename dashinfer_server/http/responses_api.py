@@ -36,7 +36,7 @@ _PASSED = {"model", "temperature", "top_p", "parallel_tool_calls", "stream", "ti
 # Keys that change nothing in an answer (store: nothing is kept, whatever it says, as vLLM without
 # its store; the openai client sends it true by default in some versions).
 _NO_EFFECT = {"metadata", "user", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
-              "safety_identifier", "stream_options"}
+              "prompt_cache_options", "safety_identifier", "stream_options"}
 # Keys that need responses kept on the server.
 _STATEFUL = ("previous_response_id", "conversation", "background")
 _KNOWN = _PASSED | _NO_EFFECT | {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "text",
