@@ -16,7 +16,8 @@ import pytest
 
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
-from tests.helpers import load_hf_model, serialize, write_config_variant
+from tests.compressed_reference import decompressed
+from tests.helpers import serialize, write_config_variant
 from tests.test_families import test_logits_match_transformers as logits_match_transformers
 
 GROUP = 32
@@ -68,24 +69,14 @@ def checkpoint(tiny_checkpoint, tmp_path_factory):
 
     def get(case):
         if case not in built:
-            import torch
             from compressed_tensors.entrypoints.convert import convert_checkpoint
             from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
-            from transformers import AutoModelForCausalLM, CompressedTensorsConfig
             arch, zero_point = case
             src, root = tiny_checkpoint(arch), tmp_path_factory.mktemp(f"{arch}-awq")
             _awq_checkpoint(src, root / "awq", zero_point)
             convert_checkpoint(root / "awq", root / "ct", AutoAWQConverter.from_pretrained(str(root / "awq")),
                                max_workers=1, device="cpu")
-            loaded = AutoModelForCausalLM.from_pretrained(root / "ct", dtype=torch.float32, quantization_config=(
-                CompressedTensorsConfig(dequantize=True))).state_dict()
-            dequantized = {n: t.detach().clone() for n, t in loaded.items() if n.endswith("_proj.weight")}
-            hf = load_hf_model(src)
-            with torch.no_grad():
-                for name, param in hf.named_parameters():
-                    param.copy_(loaded[name].float())
-            hf.config._attn_implementation = "eager"
-            built[case] = str(root / "awq"), dequantized, hf
+            built[case] = (str(root / "awq"), *decompressed(root / "ct", src))
         return built[case]
     return get
 

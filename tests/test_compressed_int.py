@@ -21,7 +21,8 @@ from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from dashinfer_client.model.compressed import PackedIntWeights
 from dashinfer_client.model.hf import HFWeights
-from tests.helpers import load_hf_model, serialize, write_config_variant
+from tests.compressed_reference import decompressed
+from tests.helpers import serialize, write_config_variant
 from tests.test_families import test_logits_match_transformers as logits_match_transformers
 
 # (family, bits, strategy, group size, symmetric, the checkpoint's dtype)
@@ -69,20 +70,10 @@ def checkpoint(tiny_checkpoint, tmp_path_factory):
 
     def get(case):
         if case not in built:
-            import torch
-            from transformers import AutoModelForCausalLM, CompressedTensorsConfig
             src = tiny_checkpoint(case[0])
             out = tmp_path_factory.mktemp("-".join(map(str, case))) / "hf"
             _write(src, out, *case[1:])
-            loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, quantization_config=(
-                CompressedTensorsConfig(dequantize=True))).state_dict()
-            dequantized = {n: t.detach().clone() for n, t in loaded.items() if n.endswith("_proj.weight")}
-            hf = load_hf_model(src)
-            with torch.no_grad():
-                for name, param in hf.named_parameters():
-                    param.copy_(loaded[name].float())
-            hf.config._attn_implementation = "eager"
-            built[case] = str(out), dequantized, hf
+            built[case] = (str(out), *decompressed(out, src))
         return built[case]
     return get
 

@@ -21,7 +21,8 @@ import pytest
 
 from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
-from tests.helpers import load_hf_model, serialize, write_config_variant
+from tests.compressed_reference import decompressed
+from tests.helpers import serialize, write_config_variant
 from tests.test_families import test_logits_match_transformers as logits_match_transformers
 
 # (family, the weights' strategy, the checkpoint's dtype (its scales'), static input scales,
@@ -92,24 +93,13 @@ def checkpoint(tiny_checkpoint, tmp_path_factory):
 
     def get(case):
         if case not in built:
-            import torch
-            from transformers import AutoModelForCausalLM, CompressedTensorsConfig
             arch, strategy, dtype, static, autofp8 = case
             src = tiny_checkpoint(arch)
             out = tmp_path_factory.mktemp(f"{arch}-{strategy}") / "hf"
             _write(src, out, strategy, dtype, static)
-            # compressed-tensors' dequantization, as transformers runs it loading the directory
-            loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, quantization_config=(
-                CompressedTensorsConfig(dequantize=True))).state_dict()
-            dequantized = {n: t.detach().clone() for n, t in loaded.items() if n.endswith("_proj.weight")}
+            dequantized, hf = decompressed(out, src)
             if autofp8:
                 _as_autofp8(out)
-            hf = load_hf_model(src)
-            params = dict(hf.named_parameters())
-            with torch.no_grad():  # the checkpoint's weights (bf16 ones too), the FP8 ones dequantized
-                for name, param in params.items():
-                    param.copy_(loaded[name].float())
-            hf.config._attn_implementation = "eager"
             built[case] = str(out), dequantized, hf
         return built[case]
     return get
