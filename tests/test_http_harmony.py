@@ -56,9 +56,13 @@ def test_analysis_is_reasoning_and_final_is_content_streamed_too(harmony):
 
 
 def test_required_tool_call_on_the_commentary_channel(harmony):
-    _, _, client = harmony
+    """A forced call may be reasoned first, as a JSON answer may (below): this random model takes the
+    commentary channel at once where a bias keeps it from the analysis channel's 'a'."""
+    from transformers import AutoTokenizer
+    hf_dir, _, client = harmony
+    token = AutoTokenizer.from_pretrained(hf_dir).convert_tokens_to_ids
     request = dict(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=128,
-                   temperature=0)
+                   temperature=0, logit_bias={str(token("a")): -100})
     choice = client.chat.completions.create(**request).choices[0]
     [call] = choice.message.tool_calls
     assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
@@ -73,6 +77,21 @@ def test_required_tool_call_on_the_commentary_channel(harmony):
     # check, more than one piece through the server test_http_tool_streams' (arguments four times longer).
     assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_required_call_may_follow_an_analysis(harmony):
+    """Kept from the commentary channel's 'c' (which the call's grammar writes all the same) and
+    pushed to end its analysis (<|end|>), the model reasons, then calls: the analysis comes back as
+    reasoning, the call as a call satisfying the schema."""
+    from transformers import AutoTokenizer
+    hf_dir, _, client = harmony
+    token = AutoTokenizer.from_pretrained(hf_dir).convert_tokens_to_ids
+    choice = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=400, temperature=1.0,
+        seed=1, logit_bias={str(token("c")): -100, str(token("<|end|>")): 4}).choices[0]
+    [call] = choice.message.tool_calls
+    assert getattr(choice.message, "reasoning_content", None) and choice.finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
 
 
 def test_no_marker_reaches_the_answer(harmony):

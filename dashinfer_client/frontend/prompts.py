@@ -98,12 +98,12 @@ class Prompts:
         as response_format's reasoning_start / reasoning_end / answer_start: after a prompt that
         opened <think>, up to its closer; where the model opens it itself (Qwen3 with thinking on),
         an optional <think> block; nothing where the prompt closed it (thinking off) or the model has
-        no such format. Harmony's JSON answer: an optional analysis message, then the final channel
-        (its forced calls' grammar writes their own channel). Else the reasoning would be forbidden,
-        or the answer written, and read, as reasoning."""
+        no such format. Harmony: an optional analysis message, then the final channel of a JSON answer
+        or the commentary channel a forced call's grammar writes itself. Else the reasoning would be
+        forbidden, or the answer written, and read, as reasoning."""
         fmt = self.reasoning_format
         if fmt is not None and fmt.answer_bounds is not None:
-            return {} if calls else dict(fmt.answer_bounds)
+            return {k: v for k, v in fmt.answer_bounds.items() if not (calls and k == "answer_start")}
         if fmt is None or fmt.closer is None:
             return {}
         if self._opens_reasoning(prompt_text):
