@@ -20,7 +20,7 @@ import numpy as np
 from dashinfer_client import settings
 from dashinfer_client.model.families import family
 from dashinfer_client.model.safetensors_io import drop_mapped_pages
-from dashinfer_server.rope import rope_table
+from dashinfer_server.rope import identity_table, rope_table
 
 from . import kernels as K
 from . import op_profile
@@ -89,7 +89,10 @@ class DecoderModel:
         # Gemma 3's sliding layers rotate with a base of their own, unscaled
         local = table if cfg.rope_local_theta is None else rope_table(d, self.rot_dim, cfg.rope_local_theta,
                                                                       None, max_positions)
-        self.cos_sin = [local if cfg.layer_window(i) else table for i in range(cfg.num_hidden_layers)]
+        # a layer without positional encoding (SmolLM3's NoPE layers) rotates by cos 1, sin 0: exactly nothing
+        nope = identity_table(self.rot_dim, max_positions) if cfg.nope_layers else None
+        self.cos_sin = [nope if i in (cfg.nope_layers or ()) else local if cfg.layer_window(i) else table
+                        for i in range(cfg.num_hidden_layers)]
         self.windows = [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)]
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros

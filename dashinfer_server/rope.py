@@ -113,3 +113,11 @@ def rope_table(head_dim: int, rotary_dim: int, theta: float, scaling: dict | Non
     if attention != 1.0:
         table *= np.float32(attention)
     return table
+
+
+def identity_table(rotary_dim: int, max_pos: int) -> np.ndarray:
+    """rope_table's layout with cos 1 and sin 0 everywhere: the rotation that leaves q and k as they
+    are, bit for bit (a layer without positional encoding)."""
+    table = np.zeros((max_pos, rotary_dim), np.float32)
+    table[:, :rotary_dim // 2] = 1.0
+    return table

@@ -30,6 +30,8 @@ FAMILY_CONFIGS = {
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4,
                                       attention_multiplier=0.3, logits_scaling=3.0)),
     "olmo2": ("Olmo2Config", {}),
+    # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there
+    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=8)),
     "phi3": ("Phi3Config", dict(sliding_window=None)),
     # windows of 8 keys: a 45-token prompt crosses them many times
     "mistral": ("MistralConfig", dict(sliding_window=8)),

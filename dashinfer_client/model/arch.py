@@ -43,6 +43,7 @@ class ModelConfig:
     layer_types: Optional[list] = None  # per layer full_attention | sliding_attention; None: all full
     sliding_window: Optional[int] = None  # keys a sliding layer's query sees, itself included
     rope_local_theta: Optional[float] = None  # the sliding layers' RoPE base (Gemma 3); None: rope_theta
+    nope_layers: Optional[list] = None  # layers that rotate nothing: no positional encoding (SmolLM3)
     attention_scale: Optional[float] = None   # the scores' scale; None: head_dim ** -0.5
     attn_logit_softcap: Optional[float] = None  # scores -> cap * tanh(scores / cap)
     final_logit_softcap: Optional[float] = None
@@ -114,6 +115,9 @@ class ModelConfig:
                 raise ModelSerializerException(
                     f"{where}: layer_types must name full_attention or sliding_attention for each of "
                     f"{self.num_hidden_layers} layers, with a positive sliding_window")
+        if self.nope_layers is not None and (not isinstance(self.nope_layers, list) or any(
+                not isinstance(i, int) or not 0 <= i < self.num_hidden_layers for i in self.nope_layers)):
+            raise ModelSerializerException(f"{where}: nope_layers must list layer indices, got {self.nope_layers!r}")
         self._validate_experts(where)
         for name in ("attention_scale", "attn_logit_softcap", "final_logit_softcap", "rope_local_theta"):
             value = getattr(self, name)

@@ -13,9 +13,10 @@ from .qwen2 import QWEN2
 from .qwen2_moe import QWEN2_MOE
 from .qwen3 import QWEN3
 from .qwen3_moe import QWEN3_MOE
+from .smollm3 import SMOLLM3
 
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
-                                 QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS)}
+                                 SMOLLM3, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}
