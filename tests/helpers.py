@@ -30,6 +30,13 @@ FAMILY_CONFIGS = {
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.4,
                                       attention_multiplier=0.3, logits_scaling=3.0)),
     "olmo2": ("Olmo2Config", {}),
+    # a sliding layer (8 keys, its own unscaled RoPE base) and a full one (YaRN)
+    "olmo3": ("Olmo3Config", dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                                  rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 10000.0,
+                                                                      "factor": 4.0,
+                                                                      "original_max_position_embeddings": 128},
+                                                   "sliding_attention": {"rope_type": "default",
+                                                                         "rope_theta": 100.0}})),
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there
     "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=8)),
     "phi3": ("Phi3Config", dict(sliding_window=None)),

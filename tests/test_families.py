@@ -22,7 +22,7 @@ from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "smollm3", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
             "phi4-mini", "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -130,6 +130,29 @@ def test_gemma3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoin
     hf = load_hf_model(str(src))
     hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
     test_logits_match_transformers((f"gemma3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+
+
+# config.json edits of a 4-layer OLMo 3 that transformers reads its own way: 4.x's spelling (a
+# top-level rope_theta and rope_scaling are the full layers'; the sliding layers keep the class's
+# default base, 500000), and the default layer pattern (three sliding layers, then a full one)
+OLMO3_CONFIGS = {
+    "4.x-rope-yarn": lambda config: dict({k: v for k, v in config.items() if k != "rope_parameters"},
+                                         rope_theta=1000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                          "original_max_position_embeddings": 128}),
+    "layer_types left out": lambda config: {k: v for k, v in config.items() if k != "layer_types"},
+}
+
+
+@pytest.mark.parametrize("name", OLMO3_CONFIGS)
+def test_olmo3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_checkpoint("olmo3", num_hidden_layers=4, layer_types=None), src)
+    write_config_variant(str(src), OLMO3_CONFIGS[name])
+    serialize(str(src), tmp_path / "out").free_model()
+    hf = load_hf_model(str(src))
+    hf.config._attn_implementation = "eager"
+    assert hf.config.rope_parameters["sliding_attention"]["rope_theta"] == (500000.0 if "4.x" in name else 100.0)
+    test_logits_match_transformers((f"olmo3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
 
 
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):

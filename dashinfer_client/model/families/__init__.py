@@ -7,6 +7,7 @@ from .granite import GRANITE
 from .llama import LLAMA, MISTRAL
 from .mixtral import MIXTRAL
 from .olmo2 import OLMO2
+from .olmo3 import OLMO3
 from .olmoe import OLMOE
 from .phi3 import PHI3
 from .qwen2 import QWEN2
@@ -16,7 +17,7 @@ from .qwen3_moe import QWEN3_MOE
 from .smollm3 import SMOLLM3
 
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
-                                 SMOLLM3, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS)}
+                                 OLMO3, SMOLLM3, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}
