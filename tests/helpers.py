@@ -37,6 +37,8 @@ FAMILY_CONFIGS = {
                                                                       "original_max_position_embeddings": 128},
                                                    "sliding_attention": {"rope_type": "default",
                                                                          "rope_theta": 100.0}})),
+    # hybrid: a sliding layer with RoPE, then a full one without (NoPE)
+    "exaone4": ("Exaone4Config", dict(sliding_window=8, sliding_window_pattern=2)),
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there
     "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=8)),
     "phi3": ("Phi3Config", dict(sliding_window=None)),

@@ -22,7 +22,7 @@ from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
             "phi4-mini", "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -153,6 +153,28 @@ def test_olmo3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint
     hf.config._attn_implementation = "eager"
     assert hf.config.rope_parameters["sliding_attention"]["rope_theta"] == (500000.0 if "4.x" in name else 100.0)
     test_logits_match_transformers((f"olmo3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+
+
+# EXAONE 4.0 without a window (the 1.2B's config): every layer full and rotated; and a hybrid's
+# pattern as a string, which its config writes beside layer_types
+EXAONE4_CONFIGS = {
+    "no window": lambda config: dict(config, sliding_window=None, sliding_window_pattern=0,
+                                     layer_types=["full_attention"] * config["num_hidden_layers"]),
+    "pattern LLLG": lambda config: dict(config, sliding_window_pattern="LLLG"),
+}
+
+
+@pytest.mark.parametrize("name", EXAONE4_CONFIGS)
+def test_exaone4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_checkpoint("exaone4", num_hidden_layers=4, sliding_window_pattern=4), src)
+    write_config_variant(str(src), EXAONE4_CONFIGS[name])
+    serialize(str(src), tmp_path / "out").free_model()
+    hf = load_hf_model(str(src))
+    hf.config._attn_implementation = "eager"
+    model = DashInferModel(str(tmp_path / "out"), "tiny")
+    assert model.config.nope_layers == (None if name == "no window" else [3])
+    test_logits_match_transformers((f"exaone4 {name}", model, hf))
 
 
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):
