@@ -22,7 +22,7 @@ from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
             "phi4-mini", "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -282,12 +282,23 @@ def dequantized_into(hf, model):
     with torch.no_grad():
         for name in q["quantized"]:
             parts = stored_parts(model, name, fmt)
-            hf_parameter(params, name).copy_(torch.from_numpy(dequantize(parts, fmt, group)))
+            hf_parameter(params, name).copy_(torch.from_numpy(in_checkpoint_order(model, name,
+                                                                                  dequantize(parts, fmt, group))))
         out = hf.get_output_embeddings()  # a tied head gets a weight of its own: the lookup stays exact
         head = out.weight.detach().numpy()
         g = head_group(group, head.shape[1])
         out.weight = torch.nn.Parameter(torch.from_numpy(dequantize(quantize(head, "int8", g), "int8", g)))
     return hf
+
+
+def in_checkpoint_order(model, name, w):
+    """A serialized weight's rows in the checkpoint's order: GLM-4's q and k rows were reordered at
+    conversion (families/glm4.py HalvedRope)."""
+    from dashinfer_client.model.families.glm4 import QK_ROWS, HalvedRope
+    if model.architecture != "glm4" or not QK_ROWS.match(name):
+        return w
+    order = HalvedRope(None, model.config).order
+    return w.reshape(-1, len(order), *w.shape[1:])[:, np.argsort(order)].reshape(w.shape)
 
 
 EXPERT = re.compile(r"(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")

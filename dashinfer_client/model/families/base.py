@@ -39,8 +39,9 @@ class Family:
     gguf_names: dict = dataclasses.field(default_factory=dict)  # GGUF block tensor -> HF name, beyond LLaMA's
     experts: Optional[ExpertLayout] = None  # where a sparse layer's experts are (experts.py)
     sinks: bool = False            # self_attn.sinks: a learned logit per head in attention's softmax (gpt-oss)
-    # a checkpoint's tensors under the names weight_shapes gives, when the family stores them otherwise
-    # (tensors -> the same interface: keys, in, shape, fetch; gpt-oss's fused experts)
+    # a checkpoint's tensors under the names and in the layout weight_shapes and the decoder take,
+    # when the family stores them otherwise ((tensors, ModelConfig) -> the same interface: keys, in,
+    # shape, fetch; gpt-oss's fused experts, GLM-4's interleaved RoPE dims)
     checkpoint_view: Optional[Callable] = None
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
     # transformers' config class defaults that differ from what a missing key means here (LLaMA's:

@@ -130,4 +130,4 @@ class FusedExperts:
 
 def stacked_experts(layout):
     """The checkpoint view of a family whose experts transformers 5 stacks (gate and up in halves)."""
-    return lambda tensors: FusedExperts(tensors, layout)
+    return lambda tensors, config: FusedExperts(tensors, layout)

@@ -16,4 +16,5 @@ def _qwen2_moe(hf, r):
 
 
 QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=_LAYOUT, gguf_arch="qwen2moe",
-                   checkpoint_view=lambda tensors: FusedExperts(WithoutEmptySharedExperts(tensors, _LAYOUT), _LAYOUT))
+                   checkpoint_view=lambda tensors, config: FusedExperts(WithoutEmptySharedExperts(tensors, _LAYOUT),
+                                                                        _LAYOUT))
