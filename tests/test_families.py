@@ -22,7 +22,7 @@ from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "phi3", "mistral", "qwen2-window", "gemma2", "gemma3",
             "phi4-mini", "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -292,10 +292,11 @@ def dequantized_into(hf, model):
 
 
 def in_checkpoint_order(model, name, w):
-    """A serialized weight's rows in the checkpoint's order: GLM-4's q and k rows were reordered at
-    conversion (families/glm4.py HalvedRope)."""
+    """A serialized weight's rows in the checkpoint's order: GLM-4's and ERNIE 4.5's q and k rows were
+    reordered at conversion (families/glm4.py HalvedRope)."""
+    from dashinfer_client.model.families import family
     from dashinfer_client.model.families.glm4 import QK_ROWS, HalvedRope
-    if model.architecture != "glm4" or not QK_ROWS.match(name):
+    if family(model.architecture).checkpoint_view is not HalvedRope or not QK_ROWS.match(name):
         return w
     order = HalvedRope(None, model.config).order
     return w.reshape(-1, len(order), *w.shape[1:])[:, np.argsort(order)].reshape(w.shape)
