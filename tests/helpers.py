@@ -48,6 +48,8 @@ FAMILY_CONFIGS = {
     "phi3": ("Phi3Config", dict(sliding_window=None)),
     # windows of 8 keys: a 45-token prompt crosses them many times
     "mistral": ("MistralConfig", dict(sliding_window=8)),
+    "ministral": ("MinistralConfig", dict(head_dim=16, sliding_window=8,
+                                          layer_types=["sliding_attention", "full_attention"])),
     "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
                                     attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),

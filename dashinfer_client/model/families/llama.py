@@ -1,6 +1,7 @@
 """LLaMA 2/3 (SmolLM, TinyLlama, DeepSeek-R1-Distill-Llama, ...) and Mistral: the plain pre-norm
 decoder. LLaMA's attention_bias biases q, k, v and o; Mistral has no biases and a sliding window
-over every layer when its config names one."""
+over every layer when its config names one; Ministral (MinistralForCausalLM) over the layers its
+layer_types names."""
 from .base import Family
 
 
@@ -18,4 +19,4 @@ def _mistral(hf, r):
 
 
 LLAMA = Family("llama", ("LlamaForCausalLM",), ("llama",), _llama, gguf_arch="llama")
-MISTRAL = Family("mistral", ("MistralForCausalLM",), ("mistral",), _mistral)
+MISTRAL = Family("mistral", ("MistralForCausalLM", "MinistralForCausalLM"), ("mistral", "ministral"), _mistral)
