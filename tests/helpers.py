@@ -41,6 +41,8 @@ FAMILY_CONFIGS = {
     "glm4": ("Glm4Config", dict(head_dim=16)),
     # every projection biased, RoPE over interleaved dims, tied embeddings
     "ernie4_5": ("Ernie4_5Config", dict(head_dim=16, use_bias=True)),
+    # q/k/v biased, o not
+    "seed_oss": ("SeedOssConfig", dict(head_dim=16, attention_bias=True, attention_out_bias=False)),
     # hybrid: a sliding layer with RoPE, then a full one without (NoPE)
     "exaone4": ("Exaone4Config", dict(sliding_window=8, sliding_window_pattern=2)),
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there
