@@ -39,6 +39,9 @@ CASES = [
     ("granite", 'It is noon.', 'It is noon.', []),
     ("qwen3_coder", "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                     "</function>\n</tool_call>", "Let me look.\n", [("get_weather", {"city": "Paris"})]),
+    ("seed_oss", "Let me look.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+                 "<parameter=unit>C</parameter>\n</function>\n</seed:tool_call>",
+     "Let me look.\n", [("get_weather", {"city": "Paris", "unit": "C"})]),
     ("json", '{"name": "get_weather", "arguments": {"city": "Kyiv"}}', "", [("get_weather", {"city": "Kyiv"})]),
     ("json", '[{"name": "get_time", "arguments": {"zone": "EST"}}]', "", [("get_time", {"zone": "EST"})]),
     ("json", '{"answer": 42}', '{"answer": 42}', []),  # JSON, but no call: content
@@ -78,6 +81,11 @@ THINK = [
     ("<think>never closed", False, "never closed", ""),   # cut by max_tokens: all reasoning
     ("4 <think>not at the start</think>", False, "", "4 <think>not at the start</think>"),
 ]
+SEED_THINK = [
+    ("<seed:think>Weigh it.<seed:cot_budget_reflect>50 tokens left</seed:cot_budget_reflect></seed:think>4",
+     False, "Weigh it.<seed:cot_budget_reflect>50 tokens left</seed:cot_budget_reflect>", "4"),
+    ("<think>not Seed's</think>4", False, "", "<think>not Seed's</think>4"),
+]
 
 
 # Granite 3.3 thinking (IBM granite-io's reading): the reasoning as think's, the content without <response>
@@ -93,7 +101,8 @@ GRANITE_THINK = [
 
 
 @pytest.mark.parametrize("fmt, answer, inside, reasoning, content",
-                         [("think", *case) for case in THINK] + [("granite", *case) for case in GRANITE_THINK])
+                         [("think", *case) for case in THINK] + [("granite", *case) for case in GRANITE_THINK]
+                         + [("seed_oss", *case) for case in SEED_THINK])
 def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
     for chunks in [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]:
         parser = REASONING_PARSERS[fmt](inside=inside)
@@ -110,6 +119,8 @@ def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
     ("{{- '<|start_of_role|>available_tools<|end_of_role|>' }}<|tool_call|>", "granite", None),
     ("<|tool_call|>{% if thinking %}Write your thoughts between <think></think> and write your response between "
      "<response></response>{% endif %}", "granite", "granite"),
+    ("<seed:bos>{{ '<seed:tool_call>' }}<function={{ name }}><parameter={{ arg }}>"
+     "{% if thinking_budget %}<seed:think>{% endif %}", "seed_oss", "seed_oss"),
     ("{{ messages[0]['content'] }}", "json", None),
     (None, "json", None),
 ])
@@ -148,6 +159,9 @@ def _accepts(tokenizer, grammar, text) -> bool:
     ("qwen3_coder", False, "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
      "<parameter=unit>\nF\n</parameter>\n</function>\n</tool_call>", "<tool_call>\n<function=get_weather>\n"
      "<parameter=city>\nRome\n</parameter>\n<parameter=unit>\nK\n</parameter>\n</function>\n</tool_call>"),
+    ("seed_oss", False, "<seed:tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n"
+     "</seed:tool_call>", "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n"
+     "</tool_call>"),
     ("json", True, '[{"name": "get_weather", "arguments": {"city": "Rome", "unit": "F"}}]',
      '[{"name": "get_weather", "arguments": {"city": "Rome", "unit": "K"}}]'),
     ("json", False, '{"name": "get_time", "arguments": {"zone": "UTC"}}', '{"name": "get_time"}'),

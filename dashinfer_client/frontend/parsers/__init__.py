@@ -3,6 +3,8 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
 
     qwen3_coder   <tool_call><function=NAME>                Qwen3-Coder, Qwen3.5-style templates
                   <parameter=ARG>VALUE</parameter>...
+    seed_oss      the same in <seed:tool_call>              Seed-OSS (its reasoning parser too:
+                                                            <seed:think>...</seed:think>)
     hermes        <tool_call>{...}</tool_call>              Qwen2.5, Qwen3, Hermes
     llama3_json   {"name", "parameters"}                    Llama 3.1+
     mistral       [TOOL_CALLS][{...}]                       Mistral
@@ -26,23 +28,26 @@ __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "ToolParser", "tool_
 
 
 def tool_parser_for(template, name=None):
-    """The ToolParser class by name, else the one whose markers the chat template holds, else the
-    generic JSON format. ValueError for an unknown name."""
+    """The ToolParser class by name, else the one whose markers the chat template holds (_spoken),
+    else the generic JSON format. ValueError for an unknown name."""
     if name is not None:
         return _named(TOOL_PARSERS, name, "tool-call parser")
-    for cls in TOOL_PARSERS.values():
-        if any(m in (template or "") for m in cls.markers):
-            return cls
-    return TOOL_PARSERS["json"]
+    return _spoken(TOOL_PARSERS, template) or TOOL_PARSERS["json"]
 
 
 def reasoning_parser_for(template, name=None):
-    """The reasoning parser class by name ("none": no parsing), else the one the template speaks (a
-    subclass over its base where the template holds the markers of both: Granite 3.3's holds <think>
-    too), else None."""
+    """The reasoning parser class by name ("none": no parsing), else the one the template speaks
+    (_spoken), else None."""
     if name is not None:
         return None if name == "none" else _named(REASONING_PARSERS, name, "reasoning parser")
-    spoken = [cls for cls in REASONING_PARSERS.values() if any(m in (template or "") for m in cls.markers)]
+    return _spoken(REASONING_PARSERS, template)
+
+
+def _spoken(registry, template):
+    """The first parser (in registration order) whose markers the template holds, a subclass over its
+    base where the template holds the markers of both (Granite 3.3's holds <think> too, Seed-OSS's
+    Qwen3-Coder's <function=); None where none."""
+    spoken = [cls for cls in registry.values() if any(m in (template or "") for m in cls.markers)]
     return next((cls for cls in spoken if not any(other is not cls and issubclass(other, cls) for other in spoken)),
                 None)
 

@@ -38,6 +38,7 @@ TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
 class Qwen3CoderToolParser(ToolParser):
     name = "qwen3_coder"
     markers = (FUNCTION, PARAMETER)  # its template holds <tool_call> too: chosen before hermes
+    wrapper = (OPEN, CLOSE)  # what a call stands in (Seed-OSS's are its own)
 
     def __init__(self, functions=()):
         self.properties = {f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in functions}
@@ -72,15 +73,16 @@ class Qwen3CoderToolParser(ToolParser):
 
     # Each state's step: True when it moved on, False when it waits for more text.
     def _content(self, content, calls):
-        found = [(i, m) for m in (OPEN, FUNCTION) for i in (self.held.find(m),) if i >= 0]
+        found = [(i, m) for m in (self.wrapper[0], FUNCTION) for i in (self.held.find(m),) if i >= 0]
         if not found:
-            out, self.held = min((split_held(self.held, m) for m in (OPEN, FUNCTION)), key=lambda s: len(s[0]))
+            out, self.held = min((split_held(self.held, m) for m in (self.wrapper[0], FUNCTION)),
+                                 key=lambda s: len(s[0]))
             content.append(out)
             return False
         at, marker = min(found)
         content.append(self.held[:at])
         self.opened, self.held = marker, self.held[at + len(marker):]
-        self.state = "wrapper" if marker == OPEN else "name"
+        self.state = "wrapper" if marker == self.wrapper[0] else "name"
         return True
 
     def _wrapper(self, content, calls):
@@ -110,9 +112,10 @@ class Qwen3CoderToolParser(ToolParser):
         return True
 
     def _params(self, content, calls):
-        found = [(i, m) for m in (PARAMETER, FUNCTION_END, CLOSE) for i in (self.held.find(m),) if i >= 0]
+        ends = (PARAMETER, FUNCTION_END, self.wrapper[1])
+        found = [(i, m) for m in ends for i in (self.held.find(m),) if i >= 0]
         if not found:  # whitespace between the tags (anything else there is no part of a call)
-            self.held = min((split_held(self.held, m) for m in (PARAMETER, FUNCTION_END, CLOSE)),
+            self.held = min((split_held(self.held, m) for m in ends),
                             key=lambda s: len(s[0]))[1]
             return False
         at, marker = min(found)
@@ -158,10 +161,11 @@ class Qwen3CoderToolParser(ToolParser):
 
     def _after(self, content, calls):
         rest = self.held.lstrip()
-        if rest.startswith(CLOSE):
-            self.held, self.state = rest[len(CLOSE):], "content"
+        close = self.wrapper[1]
+        if rest.startswith(close):
+            self.held, self.state = rest[len(close):], "content"
             return True
-        if CLOSE.startswith(rest):
+        if close.startswith(rest):
             return False
         self.state = "content"
         return True
@@ -185,8 +189,8 @@ class Qwen3CoderToolParser(ToolParser):
         its schema."""
         more = ' ("\\n" call)*' if parallel else ""
         rules = [f"start: call{more}",
-                 f'call: {lark_text(OPEN, added)} "\\n" (' + " | ".join(f"fn_{k}" for k in range(len(functions))) +
-                 f') "\\n" {lark_text(CLOSE, added)}']
+                 f'call: {lark_text(cls.wrapper[0], added)} "\\n" ('
+                 + " | ".join(f"fn_{k}" for k in range(len(functions))) + f') "\\n" {lark_text(cls.wrapper[1], added)}']
         for k, function in enumerate(functions):
             parameters = function.get("parameters") or {}
             required = set(parameters.get("required") or ())
@@ -201,10 +205,18 @@ class Qwen3CoderToolParser(ToolParser):
 
     @classmethod
     def text_of(cls, calls):
-        return "\n".join(f"{OPEN}\n{FUNCTION}{c['name']}>\n" + "".join(
+        return "\n".join(f"{cls.wrapper[0]}\n{FUNCTION}{c['name']}>\n" + "".join(
             f"{PARAMETER}{k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n{PARAMETER_END}\n"
-            for k, v in c["arguments"].items()) + f"{FUNCTION_END}\n{CLOSE}" for c in calls)
+            for k, v in c["arguments"].items()) + f"{FUNCTION_END}\n{cls.wrapper[1]}" for c in calls)
 
+
+
+@register_tool_parser
+class SeedOssToolParser(Qwen3CoderToolParser):
+    """Seed-OSS: Qwen3-Coder's calls, each within <seed:tool_call> ... </seed:tool_call>."""
+    name = "seed_oss"
+    markers = ("<seed:tool_call>",)
+    wrapper = ("<seed:tool_call>", "</seed:tool_call>")
 
 def _types(schema) -> set:
     """The JSON types a schema allows (its type, a list of them, its anyOf / oneOf, its enum's values)."""

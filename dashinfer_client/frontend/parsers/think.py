@@ -1,6 +1,6 @@
 """Reasoning between `<think>` and `</think>` at the start of the answer (Qwen3, QwQ,
-DeepSeek-R1 distills). A template that opens the tag in the prompt (the answer starts inside it)
-is told by `inside`; an answer that never closes it is all reasoning."""
+DeepSeek-R1 distills; Seed-OSS's `<seed:think>`). A template that opens the tag in the prompt (the
+answer starts inside it) is told by `inside`; an answer that never closes it is all reasoning."""
 from .base import register_reasoning_parser, split_held
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -13,7 +13,7 @@ class ThinkReasoningParser:
     opener, closer = OPEN, CLOSE  # what opens and ends a reasoning (a constrained answer's bounds)
     answer_bounds = None  # the bounds depend on the prompt (Prompts.reasoning_bounds)
     special_tokens = ()
-    boundary_tokens = (OPEN, CLOSE)  # not counted as reasoning where each is a token
+    tags = boundary_tokens = (OPEN, CLOSE)  # what it reads; not counted as reasoning where each is a token
 
     def __init__(self, inside=False):
         self.state = "inside" if inside else "start"  # -> "inside" -> "after_close" -> "content"
@@ -25,18 +25,19 @@ class ThinkReasoningParser:
         reasoning = ""
         if self.state == "start":
             head = self.held.lstrip()
-            if head.startswith(OPEN):
-                self.state, self.held = "inside", head[len(OPEN):]
-            elif OPEN.startswith(head):
+            if head.startswith(self.tags[0]):
+                self.state, self.held = "inside", head[len(self.tags[0]):]
+            elif self.tags[0].startswith(head):
                 return "", ""  # maybe the tag: not told apart yet
             else:
                 self.state = "content"
         if self.state == "inside":
-            end = self.held.find(CLOSE)
+            close = self.tags[1]
+            end = self.held.find(close)
             if end < 0:
-                reasoning, self.held = split_held(self.held, CLOSE)
+                reasoning, self.held = split_held(self.held, close)
                 return reasoning, ""
-            reasoning, self.held, self.state = self.held[:end], self.held[end + len(CLOSE):], "after_close"
+            reasoning, self.held, self.state = self.held[:end], self.held[end + len(close):], "after_close"
         if self.state == "after_close":  # the blank lines between the reasoning and the answer
             self.held = self.held.lstrip()
             if not self.held:
@@ -48,3 +49,13 @@ class ThinkReasoningParser:
     def finish(self):
         held, self.held = self.held, ""
         return (held, "") if self.state == "inside" else ("", held if self.state != "after_close" else "")
+
+
+@register_reasoning_parser
+class SeedThinkReasoningParser(ThinkReasoningParser):
+    """Seed-OSS: the same, between <seed:think> and </seed:think> (its thinking budget's reflections,
+    <seed:cot_budget_reflect>, are reasoning text)."""
+    name = "seed_oss"
+    markers = ("<seed:think>",)
+    opener, closer = "<seed:think>", "</seed:think>"
+    tags = boundary_tokens = (opener, closer)
