@@ -177,6 +177,19 @@ def test_exaone4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoi
     test_logits_match_transformers((f"exaone4 {name}", model, hf))
 
 
+@pytest.mark.parametrize("name", ["llama", "smollm3"])
+def test_pretraining_tp_changes_nothing(tmp_path, tiny_checkpoint, name):
+    """pretraining_tp 2 (SmolLM3-3B's config.json says it) was refused: transformers 4.x cut the same
+    products into slices, 5.x ignores it; the logits are transformers' either way."""
+    src = tiny_checkpoint(name, pretraining_tp=2)
+    with open(os.path.join(src, "config.json")) as f:
+        assert json.load(f)["pretraining_tp"] == 2
+    serialize(src, tmp_path / "out").free_model()
+    hf = load_hf_model(src)
+    hf.config._attn_implementation = "eager"
+    test_logits_match_transformers((f"{name} pretraining_tp 2", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+
+
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):
     """A Granite config handed over as LLaMA_v2 must not be served as LLaMA (its multipliers would
     be dropped); as the class it is, it serializes."""
