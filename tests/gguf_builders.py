@@ -112,7 +112,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rope = cfg.get("rope_parameters") or {}
     rotary = int(head_dim * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0))
-    if arch == "llama" or rotary != head_dim:
+    if arch in ("llama", "smollm3") or rotary != head_dim:
         writer.add_rope_dimension_count(rotary)
     if cfg.get("sliding_window"):
         writer.add_sliding_window(cfg["sliding_window"])
@@ -153,7 +153,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
             gname = f"blk.{layer}.{(_GGUF_GEMMA if gemma else {}).get(module) or _GGUF_BLOCK[module]}.{kind}"
         if gemma and name.endswith("norm.weight"):
             w = w + np.float32(1.0)
-        if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
+        if arch in ("llama", "smollm3") and (".attn_q." in gname or ".attn_k." in gname):  # LlamaModel's
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
         if quant_type and w.ndim >= 2:
             qtype = gguf.GGMLQuantizationType[quant_type]

@@ -1,9 +1,9 @@
-"""GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, Qwen2, Qwen3,
-Gemma 2/3, Phi-3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE, Qwen2-MoE, Mixtral,
-OLMoE), dequantized with the `gguf` package.
+"""GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
+Qwen3, Gemma 2/3, Phi-3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE, Qwen2-MoE,
+Mixtral, OLMoE), dequantized with the `gguf` package.
 
 GGUF names map onto the family's Hugging Face names (a norm by its role: families/base.py).
-llama.cpp's converter permutes the rows of the LLaMA Q and K projections (its RoPE pairs
+llama.cpp's converter permutes the rows of the LLaMA (and SmolLM3) Q and K projections (its RoPE pairs
 neighbouring dims, HF's pairs the two halves of a head); the permutation is undone exactly as
 transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor).
 Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w).
@@ -166,7 +166,7 @@ class GGUFWeights:
     def __init__(self, reader, config, gguf_arch, family, path):
         self.path = path
         self._config = config
-        self._permute = gguf_arch == "llama"
+        self._permute = gguf_arch in ("llama", "smollm3")  # llama.cpp's SmolLM3Model is its LlamaModel
         self._family = family
         self._tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         for t in reader.tensors:
@@ -298,6 +298,8 @@ def _gguf_fields(meta, a, names, path):
         types = ["sliding_attention"] * layers
     if window < fields["max_position_embeddings"]:
         fields.update(layer_types=types, sliding_window=window)
+    if a == "smollm3":  # no key says it: llama.cpp rotates no 4th layer (its n_no_rope_layer_step)
+        fields["nope_layers"] = [i for i in range(layers) if (i + 1) % 4 == 0] or None
     return fields
 
 

@@ -24,5 +24,5 @@ def _smollm3(hf, r):
                 layer_types=types, sliding_window=window)
 
 
-SMOLLM3 = Family("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), _smollm3,
+SMOLLM3 = Family("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), _smollm3, gguf_arch="smollm3",
                  config_defaults={"rope_theta": 2000000.0, "tie_word_embeddings": True})
