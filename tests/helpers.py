@@ -43,6 +43,11 @@ FAMILY_CONFIGS = {
     "ernie4_5": ("Ernie4_5Config", dict(head_dim=16, use_bias=True)),
     # q/k/v biased, o not
     "seed_oss": ("SeedOssConfig", dict(head_dim=16, attention_bias=True, attention_out_bias=False)),
+    # Granite 4.0 micro's shape: attention layers only, no experts, the shared MLP, RoPE
+    "granite4": ("GraniteMoeHybridConfig", dict(layer_types=["attention", "attention"], num_local_experts=0,
+                                                shared_intermediate_size=96, position_embedding_type="rope",
+                                                embedding_multiplier=6.0, residual_multiplier=0.4,
+                                                attention_multiplier=0.3, logits_scaling=3.0, mamba_n_heads=2)),
     # hybrid: a sliding layer with RoPE, then a full one without (NoPE)
     "exaone4": ("Exaone4Config", dict(sliding_window=8, sliding_window_pattern=2)),
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there

@@ -22,7 +22,7 @@ from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss", "phi3", "mistral", "ministral", "qwen2-window", "gemma2", "gemma3",
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss", "granite4", "phi3", "mistral", "ministral", "qwen2-window", "gemma2", "gemma3",
             "phi4-mini", "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -190,6 +190,39 @@ def test_pretraining_tp_changes_nothing(tmp_path, tiny_checkpoint, name):
     test_logits_match_transformers((f"{name} pretraining_tp 2", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
 
 
+# Granite 4.0 configs: transformers 4's spelling of the layer kinds, and no position embedding at all
+GRANITE4_CONFIGS = {
+    "layers_block_type": lambda config: dict({k: v for k, v in config.items() if k != "layer_types"},
+                                             layers_block_type=["attention"] * config["num_hidden_layers"]),
+    "no position embedding": lambda config: dict(config, position_embedding_type=None),
+}
+
+
+@pytest.mark.parametrize("name", GRANITE4_CONFIGS)
+def test_granite4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_checkpoint("granite4"), src)
+    write_config_variant(str(src), GRANITE4_CONFIGS[name])
+    serialize(str(src), tmp_path / "out").free_model()
+    hf = load_hf_model(str(src))
+    hf.config._attn_implementation = "eager"
+    model = DashInferModel(str(tmp_path / "out"), "tiny")
+    assert model.config.nope_layers == ([0, 1] if name == "no position embedding" else None)
+    test_logits_match_transformers((f"granite4 {name}", model, hf))
+
+
+@pytest.mark.parametrize("edit, refused", [
+    (lambda c: dict(c, layer_types=["full_attention", "linear_attention"]), "Mamba layers"),
+    (lambda c: dict(c, num_local_experts=4), "num_local_experts=4"),
+])
+def test_granite4_hybrids_and_experts_are_refused_by_name(tmp_path, tiny_checkpoint, edit, refused):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_checkpoint("granite4"), src)
+    write_config_variant(str(src), edit)
+    with pytest.raises(ModelSerializerException, match=f"GraniteMoeHybridForCausalLM with .*{refused}"):
+        HuggingFaceModel(str(src), "m").read_model_config()
+
+
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):
     """A Granite config handed over as LLaMA_v2 must not be served as LLaMA (its multipliers would
     be dropped); as the class it is, it serializes."""
@@ -326,8 +359,9 @@ def hf_parameter(params, name):
     holds a layer's experts in two 3-D parameters, gate_up_proj [E, 2I, H] and down_proj [E, H, I];
     gpt-oss's (it has gate_up_proj_bias) are [E, H, 2I] with gate and up alternating, and [E, I, H]."""
     m = EXPERT.fullmatch(name)
-    if not m:
-        return params[name]
+    if not m:  # Granite 4's MLP is stored as shared_mlp (families/granite4.py)
+        return params[name] if name in params else params[name.replace("mlp.gate_up_proj", "shared_mlp.input_linear")
+                                                           .replace("mlp.down_proj", "shared_mlp.output_linear")]
     layer, e, role = m.group(1), int(m.group(2)), m.group(3)
     if f"{layer}.mlp.experts.gate_up_proj_bias" in params:
         if role == "down_proj":

@@ -1,0 +1,61 @@
+"""IBM Granite 4.0's dense models (granite-4.0-micro; GraniteMoeHybridForCausalLM with attention
+layers only and no experts): Granite 3's four scalars over a layer whose MLP is `shared_mlp`
+(input_linear: gate rows, then up rows; output_linear), shared_intermediate_size wide, and RoPE
+only with position_embedding_type "rope" (else no positional encoding at all). The hybrid models'
+Mamba layers and the mixtures of experts are refused by name."""
+import re
+
+from .base import Family
+from .granite import GRANITE
+
+_SHARED = re.compile(r"^(model\.layers\.\d+\.)shared_mlp\.(input|output)_linear\.weight$")
+_NAMES = {"input": "mlp.gate_up_proj.weight", "output": "mlp.down_proj.weight"}
+_ATTENTION = {"attention", "full_attention"}
+
+
+class SharedMlpNames:
+    """A checkpoint's tensors with each layer's shared_mlp.{input,output}_linear under the fused
+    MLP's names (mlp.gate_up_proj, mlp.down_proj)."""
+
+    def __init__(self, tensors, config):
+        self.tensors = tensors
+        self.source = {}  # shown name -> stored name
+        for name in tensors.keys():
+            m = _SHARED.match(name)
+            if m:
+                self.source[m[1] + _NAMES[m[2]]] = name
+
+    def keys(self):
+        stored = set(self.source.values())
+        return [n for n in self.tensors.keys() if n not in stored] + list(self.source)
+
+    def __contains__(self, name):
+        return name in self.source or (name in self.tensors and name not in self.source.values())
+
+    def shape(self, name):
+        return self.tensors.shape(self.source.get(name, name))
+
+    def fetch(self, name, *codes):
+        return self.tensors.fetch(self.source.get(name, name), *codes)
+
+
+def _granite4(hf, r):
+    layers = r.need("num_hidden_layers")
+    # transformers 4's layers_block_type ("attention", "mamba"), 5's layer_types ("full_attention",
+    # "linear_attention"); without either, every layer is Mamba
+    kinds = r.get("layer_types") or r.get("layers_block_type") or ["linear_attention"] * layers
+    if any(k not in _ATTENTION for k in kinds):
+        r.refuse(f"layer_types {sorted(set(kinds) - _ATTENTION)} (Mamba layers: only attention ones are served)")
+    if r.get("num_local_experts", 8):
+        r.refuse(f"num_local_experts={r.get('num_local_experts', 8)} (a mixture of experts beside the shared MLP)")
+    position = r.get("position_embedding_type")
+    if position not in (None, "rope", "nope"):
+        r.refuse(f"position_embedding_type={position!r}")
+    fields = GRANITE.read_config(hf, r)
+    fields.update(intermediate_size=r.need("shared_intermediate_size"),
+                  nope_layers=list(range(layers)) if position != "rope" else None)
+    return fields
+
+
+GRANITE4 = Family("granite4", ("GraniteMoeHybridForCausalLM",), ("granitemoehybrid",), _granite4,
+                  fused_gate_up=True, checkpoint_view=SharedMlpNames)
