@@ -130,7 +130,7 @@ class DecoderModel:
             k_total=self.qk_totals[1], k_shared_first=int(self.k_shared_first),
             n_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, norm_topk=int(cfg.norm_topk_prob),
             expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
-            shared_inter=self.shared_inter)
+            shared_inter=self.shared_inter, qk_after_rope=int(self.family.qk_norm_after_rope))
 
     def forward(self, plan: StepPlan, score=None) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -212,9 +212,11 @@ class DecoderModel:
             linear(x, layer.q, layer.q_bias, q)
             linear(x, layer.k, layer.k_bias, k)
             linear(x, layer.v, layer.v_bias, v)
-            if layer.q_norm is not None:
+            if layer.q_norm is not None and not self.family.qk_norm_after_rope:
                 self._qk_norm(layer, q, k, q3, k3, t)
             K.rope(q3, k3, positions, self.cos_sin[i])
+            if layer.q_norm is not None and self.family.qk_norm_after_rope:  # Hunyuan's order
+                self._qk_norm(layer, q, k, q3, k3, t)
             cache, extra = self.kv.layers[i], self.kv_args[i]
             K.kv_write(k3, v3, slots, **cache)
             K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,

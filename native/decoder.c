@@ -66,9 +66,10 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         const dn_linear_job qkv[3] = {{&l->q, x, T, l->q_bias, d->q}, {&l->k, x, T, l->k_bias, d->k},
                                       {&l->v, x, T, l->v_bias, d->v}};
         if (dn_linear_jobs(qkv, 3)) goto no_memory;
-        if (l->q_norm && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
+        if (l->q_norm && !d->qk_after_rope && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
         dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, l->cos_sin, T, D,
                 d->rot_dim);
+        if (l->q_norm && d->qk_after_rope && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
         dn_kv_write(&l->kv, d->k, d->v, slots, T);
         if (dn_attention(&l->kv, d->q, block_tables, max_blocks, q_offsets, context_lens, B,
                          d->n_heads, d->group, d->q_head0, d->scale, l->window, d->softcap,

@@ -5,6 +5,7 @@
  * (dashinfer_client/model/families/base.py):
  *   x = attn_norm ? norm(res) : res
  *   q, k, v = x Wq + bq, x Wk + bk, x Wv + bv;  q, k = qk_norm(q), qk_norm(k);  RoPE(q, k)
+ *   (qk_after_rope: RoPE(q, k) first, then the norms)
  *   a = attention(q, cache; window, softcap, sinks) Wo + bo   (allreduced);  a = attn_out_norm(a)
  *   res += a;  x = mlp_norm ? norm(res) : res
  *   m = (glu(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
@@ -43,6 +44,7 @@ typedef struct {
      * and whether this rank's first kv head is cached by the rank before (it then leaves that
      * head out of its sum of squares, so the allreduce counts every head once) */
     int qk_whole, q_total, k_total, k_shared_first;
+    int qk_after_rope; /* the q/k norms follow RoPE (Hunyuan) instead of preceding it */
     dn_moe_shape moe;           /* the sparse layers' routing and expert widths */
     dn_moe_scratch *moe_scratch; /* NULL when every layer is dense */
     dn_layer_t *layers;

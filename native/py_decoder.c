@@ -155,18 +155,18 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"layers", "workspace", "n_heads", "eps", "scale", "group", "q_head0",
                              "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
                              "k_shared_first", "n_experts", "top_k", "norm_topk", "expert0",
-                             "expert_step", "shared_inter", NULL};
+                             "expert_step", "shared_inter", "qk_after_rope", NULL};
     PyObject *layers, *ws;
     int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
     int q_total = 0, k_total = 0, n_experts = 0, top_k = 0, norm_topk = 0, expert0 = 0, expert_step = 1;
-    int shared_inter = 0;
+    int shared_inter = 0, qk_after_rope = 0;
     double eps, scale, softcap = 0.0;
     const char *act = "silu";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiii:decoder_new", kwlist, &layers, &ws,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiii:decoder_new", kwlist, &layers, &ws,
                                      &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
                                      &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first,
                                      &n_experts, &top_k, &norm_topk, &expert0, &expert_step,
-                                     &shared_inter))
+                                     &shared_inter, &qk_after_rope))
         return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
         return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
@@ -206,7 +206,7 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         *dst[i] = v[i]->buf;
     }
     d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
-    d->softcap = (float)softcap, d->glu = glu, d->qk_whole = !!qk_whole;
+    d->softcap = (float)softcap, d->glu = glu, d->qk_whole = !!qk_whole, d->qk_after_rope = !!qk_after_rope;
     d->k_shared_first = !!k_shared_first;
     d->max_tokens = (int)v[0]->shape[0], d->hidden = (int)v[0]->shape[1];
     d->inter = (int)v[8]->shape[1];
@@ -315,9 +315,10 @@ PyMethodDef dn_decoder_methods[] = {
     {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
      "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
      "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0, n_experts=0,\n"
-     "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0) -> decoder\n"
+     "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0, qk_after_rope=0) -> decoder\n"
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
-     "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's)\n"
+     "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's;\n"
+     "qk_after_rope: the q/k norms follow RoPE)\n"
      "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
      "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
      "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"

@@ -48,6 +48,10 @@ FAMILY_CONFIGS = {
                                                 shared_intermediate_size=96, position_embedding_type="rope",
                                                 embedding_multiplier=6.0, residual_multiplier=0.4,
                                                 attention_multiplier=0.3, logits_scaling=3.0, mamba_n_heads=2)),
+    # q/k norms after RoPE, every attention projection biased, NTK-alpha RoPE
+    "hunyuan": ("HunYuanDenseV1Config", dict(head_dim=16, attention_bias=True,
+                                             rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
+                                                              "factor": 1.0, "rope_theta": 10000.0})),
     # hybrid: a sliding layer with RoPE, then a full one without (NoPE)
     "exaone4": ("Exaone4Config", dict(sliding_window=8, sliding_window_pattern=2)),
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there

@@ -186,7 +186,8 @@ def normalize_hf_config(hf, generation_config=None):
     )
     try:
         fields["rotary_dim"] = config_rotary_dim(hf, fields["head_dim"])
-        fields["rope_theta"], fields["rope_scaling"] = rope_of(hf, fields["rotary_dim"] or fields["head_dim"])
+        if not family.own_rope:
+            fields["rope_theta"], fields["rope_scaling"] = rope_of(hf, fields["rotary_dim"] or fields["head_dim"])
         fields.update(family.read_config(hf, r))  # a family may read RoPE its own way (Gemma 3)
     except ValueError as e:
         raise ModelSerializerException(f"config.json of this {hf_class}: {e}") from None

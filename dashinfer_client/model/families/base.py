@@ -33,6 +33,8 @@ class Family:
     gguf_arch: Optional[str] = None  # GGUF general.architecture written by llama.cpp's converter
     norms: dict = dataclasses.field(default_factory=lambda: dict(LLAMA_NORMS))  # role -> HF name
     qk_norm: Optional[str] = None
+    qk_norm_after_rope: bool = False  # the q/k norms follow RoPE (Hunyuan) instead of preceding it
+    own_rope: bool = False         # read_config sets rope_theta / rope_scaling (a RoPE the shared reader refuses)
     norm_offset: float = 0.0       # Gemma stores RMSNorm weights as w - 1: the layer uses 1 + w
     fused_qkv: bool = False        # Phi-3: self_attn.qkv_proj holds q, k, v rows
     fused_gate_up: bool = False    # Phi-3: mlp.gate_up_proj holds gate, then up rows

@@ -3,40 +3,14 @@ layers only and no experts): Granite 3's four scalars over a layer whose MLP is 
 (input_linear: gate rows, then up rows; output_linear), shared_intermediate_size wide, and RoPE
 only with position_embedding_type "rope" (else no positional encoding at all). The hybrid models'
 Mamba layers and the mixtures of experts are refused by name."""
-import re
-
 from .base import Family
 from .granite import GRANITE
+from .renamed import Renamed
 
-_SHARED = re.compile(r"^(model\.layers\.\d+\.)shared_mlp\.(input|output)_linear\.weight$")
-_NAMES = {"input": "mlp.gate_up_proj.weight", "output": "mlp.down_proj.weight"}
 _ATTENTION = {"attention", "full_attention"}
-
-
-class SharedMlpNames:
-    """A checkpoint's tensors with each layer's shared_mlp.{input,output}_linear under the fused
-    MLP's names (mlp.gate_up_proj, mlp.down_proj)."""
-
-    def __init__(self, tensors, config):
-        self.tensors = tensors
-        self.source = {}  # shown name -> stored name
-        for name in tensors.keys():
-            m = _SHARED.match(name)
-            if m:
-                self.source[m[1] + _NAMES[m[2]]] = name
-
-    def keys(self):
-        stored = set(self.source.values())
-        return [n for n in self.tensors.keys() if n not in stored] + list(self.source)
-
-    def __contains__(self, name):
-        return name in self.source or (name in self.tensors and name not in self.source.values())
-
-    def shape(self, name):
-        return self.tensors.shape(self.source.get(name, name))
-
-    def fetch(self, name, *codes):
-        return self.tensors.fetch(self.source.get(name, name), *codes)
+# the shared MLP under the fused MLP's names
+_RENAMES = {r"(model\.layers\.\d+\.)shared_mlp\.input_linear\.weight": r"\1mlp.gate_up_proj.weight",
+            r"(model\.layers\.\d+\.)shared_mlp\.output_linear\.weight": r"\1mlp.down_proj.weight"}
 
 
 def _granite4(hf, r):
@@ -58,4 +32,4 @@ def _granite4(hf, r):
 
 
 GRANITE4 = Family("granite4", ("GraniteMoeHybridForCausalLM",), ("granitemoehybrid",), _granite4,
-                  fused_gate_up=True, checkpoint_view=SharedMlpNames)
+                  fused_gate_up=True, checkpoint_view=lambda tensors, config: Renamed(tensors, _RENAMES))
