@@ -22,8 +22,9 @@ from tests.helpers import FAMILY_CONFIGS, load_hf_model, serialize, write_config
 from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss", "granite4", "hunyuan", "phi3", "mistral", "ministral", "qwen2-window", "gemma2", "gemma3",
-            "phi4-mini", "qwen2-yarn"]
+FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss",
+            "granite4", "hunyuan", "phi3", "mistral", "ministral", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
+            "qwen2-yarn"]
 TOLERANCE = 1e-3
 
 
@@ -93,134 +94,6 @@ def test_two_ranks_generate_transformers_greedy(serialized_tiny):
     assert len(result["models"]) == len(shapes)
     for (name, shape), want, got in zip(shapes, expected, result["models"]):
         assert got[0]["ids"] == want, f"{name} {shape} on 2 ranks: {got[0]} != transformers {want}"
-
-
-def _gemma3_4x_spelling(scaling):
-    """config.json as Google's Gemma 3 checkpoints ship it (transformers 4.x's spelling): the global
-    layers' RoPE base (and from 4B up their scaling) at the top level, the sliding layers' base in
-    rope_local_base_freq, the layer pattern in sliding_window_pattern."""
-    def edit(config):
-        for key in ("rope_parameters", "layer_types"):
-            config.pop(key)
-        return dict(config, rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=scaling,
-                    sliding_window_pattern=6)
-    return edit
-
-
-# config.json edits of a 6-layer Gemma 3 (five sliding layers, then a global one) that transformers
-# reads its own way
-GEMMA3_CONFIGS = {
-    "4.x-rope": _gemma3_4x_spelling(None),
-    "4.x-rope-linear": _gemma3_4x_spelling({"rope_type": "linear", "factor": 8.0}),
-    # Gemma3Attention never passes it to its attention function: the scores stay uncapped
-    "attn_logit_softcapping": lambda config: dict(config, attn_logit_softcapping=2.0),
-    # a window wider than the context masks nothing, but the sliding layers keep their RoPE base
-    "window-wider-than-context": lambda config: dict(config, sliding_window=1024),
-    # Gemma3TextConfig's window (4096, wider than the context): the sliding layers keep their base
-    "sliding_window left out": lambda config: {k: v for k, v in config.items() if k != "sliding_window"},
-}
-
-
-@pytest.mark.parametrize("name", GEMMA3_CONFIGS)
-def test_gemma3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("gemma3", num_hidden_layers=6, layer_types=None), src)
-    write_config_variant(str(src), GEMMA3_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
-    test_logits_match_transformers((f"gemma3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
-
-
-# config.json edits of a 4-layer OLMo 3 that transformers reads its own way: 4.x's spelling (a
-# top-level rope_theta and rope_scaling are the full layers'; the sliding layers keep the class's
-# default base, 500000), and the default layer pattern (three sliding layers, then a full one)
-OLMO3_CONFIGS = {
-    "4.x-rope-yarn": lambda config: dict({k: v for k, v in config.items() if k != "rope_parameters"},
-                                         rope_theta=1000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                                                          "original_max_position_embeddings": 128}),
-    "layer_types left out": lambda config: {k: v for k, v in config.items() if k != "layer_types"},
-}
-
-
-@pytest.mark.parametrize("name", OLMO3_CONFIGS)
-def test_olmo3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("olmo3", num_hidden_layers=4, layer_types=None), src)
-    write_config_variant(str(src), OLMO3_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"
-    assert hf.config.rope_parameters["sliding_attention"]["rope_theta"] == (500000.0 if "4.x" in name else 100.0)
-    test_logits_match_transformers((f"olmo3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
-
-
-# EXAONE 4.0 without a window (the 1.2B's config): every layer full and rotated; and a hybrid's
-# pattern as a string, which its config writes beside layer_types
-EXAONE4_CONFIGS = {
-    "no window": lambda config: dict(config, sliding_window=None, sliding_window_pattern=0,
-                                     layer_types=["full_attention"] * config["num_hidden_layers"]),
-    "pattern LLLG": lambda config: dict(config, sliding_window_pattern="LLLG"),
-}
-
-
-@pytest.mark.parametrize("name", EXAONE4_CONFIGS)
-def test_exaone4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("exaone4", num_hidden_layers=4, sliding_window_pattern=4), src)
-    write_config_variant(str(src), EXAONE4_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"
-    model = DashInferModel(str(tmp_path / "out"), "tiny")
-    assert model.config.nope_layers == (None if name == "no window" else [3])
-    test_logits_match_transformers((f"exaone4 {name}", model, hf))
-
-
-@pytest.mark.parametrize("name", ["llama", "smollm3"])
-def test_pretraining_tp_changes_nothing(tmp_path, tiny_checkpoint, name):
-    """pretraining_tp 2 (SmolLM3-3B's config.json says it) was refused: transformers 4.x cut the same
-    products into slices, 5.x ignores it; the logits are transformers' either way."""
-    src = tiny_checkpoint(name, pretraining_tp=2)
-    with open(os.path.join(src, "config.json")) as f:
-        assert json.load(f)["pretraining_tp"] == 2
-    serialize(src, tmp_path / "out").free_model()
-    hf = load_hf_model(src)
-    hf.config._attn_implementation = "eager"
-    test_logits_match_transformers((f"{name} pretraining_tp 2", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
-
-
-# Granite 4.0 configs: transformers 4's spelling of the layer kinds, and no position embedding at all
-GRANITE4_CONFIGS = {
-    "layers_block_type": lambda config: dict({k: v for k, v in config.items() if k != "layer_types"},
-                                             layers_block_type=["attention"] * config["num_hidden_layers"]),
-    "no position embedding": lambda config: dict(config, position_embedding_type=None),
-}
-
-
-@pytest.mark.parametrize("name", GRANITE4_CONFIGS)
-def test_granite4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("granite4"), src)
-    write_config_variant(str(src), GRANITE4_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"
-    model = DashInferModel(str(tmp_path / "out"), "tiny")
-    assert model.config.nope_layers == ([0, 1] if name == "no position embedding" else None)
-    test_logits_match_transformers((f"granite4 {name}", model, hf))
-
-
-@pytest.mark.parametrize("edit, refused", [
-    (lambda c: dict(c, layer_types=["full_attention", "linear_attention"]), "Mamba layers"),
-    (lambda c: dict(c, num_local_experts=4), "num_local_experts=4"),
-])
-def test_granite4_hybrids_and_experts_are_refused_by_name(tmp_path, tiny_checkpoint, edit, refused):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("granite4"), src)
-    write_config_variant(str(src), edit)
-    with pytest.raises(ModelSerializerException, match=f"GraniteMoeHybridForCausalLM with .*{refused}"):
-        HuggingFaceModel(str(src), "m").read_model_config()
 
 
 def test_serialize_from_torch_refuses_a_contradicting_model_type(tmp_path, serialized_tiny):

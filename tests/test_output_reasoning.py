@@ -1,0 +1,42 @@
+"""The reasoning parsers (dashinfer_client/frontend/parsers: think, granite, seed_oss) on answers
+written by hand as each family writes them, fed whole and split at every character: the same
+reasoning and content come out, and no tag leaks into either."""
+import pytest
+
+from dashinfer_client.frontend.parsers import REASONING_PARSERS
+
+
+THINK = [
+    ("<think>\nWeigh it.\n</think>\n\nThe answer is 4.", False, "\nWeigh it.\n", "The answer is 4."),
+    ("Just 4.", False, "", "Just 4."),
+    ("Weigh it. </think>4", True, "Weigh it. ", "4"),     # the template opened the tag in the prompt
+    ("<think>never closed", False, "never closed", ""),   # cut by max_tokens: all reasoning
+    ("4 <think>not at the start</think>", False, "", "4 <think>not at the start</think>"),
+]
+SEED_THINK = [
+    ("<seed:think>Weigh it.<seed:cot_budget_reflect>50 tokens left</seed:cot_budget_reflect></seed:think>4",
+     False, "Weigh it.<seed:cot_budget_reflect>50 tokens left</seed:cot_budget_reflect>", "4"),
+    ("<think>not Seed's</think>4", False, "", "<think>not Seed's</think>4"),
+]
+
+
+# Granite 3.3 thinking (IBM granite-io's reading): the reasoning as think's, the content without <response>
+GRANITE_THINK = [
+    ("<think>Weigh it.</think><response>It is 4.</response>", False, "Weigh it.", "It is 4."),
+    ("<think>Weigh it.</think>\n<response>\nIt is <b>4</b>.\n</response>", False, "Weigh it.", "\nIt is <b>4</b>.\n"),
+    ("<response>It is 4.</response>", False, "", "It is 4."),           # thinking off, the wrapper kept
+    ("It is 4.", False, "", "It is 4."),
+    ("<think>a</think><response>b </respo", False, "a", "b </respo"),   # cut by max_tokens inside the tag
+    ("<think>never closed", False, "never closed", ""),
+    ("4 <response>not at the start</response>", False, "", "4 <response>not at the start</response>"),
+]
+
+
+@pytest.mark.parametrize("fmt, answer, inside, reasoning, content",
+                         [("think", *case) for case in THINK] + [("granite", *case) for case in GRANITE_THINK]
+                         + [("seed_oss", *case) for case in SEED_THINK])
+def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
+    for chunks in [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]:
+        parser = REASONING_PARSERS[fmt](inside=inside)
+        parts = [parser.feed(c) for c in chunks] + [parser.finish()]
+        assert "".join(r for r, _ in parts) == reasoning and "".join(c for _, c in parts) == content, chunks
