@@ -52,6 +52,8 @@ FAMILY_CONFIGS = {
     "hunyuan": ("HunYuanDenseV1Config", dict(head_dim=16, attention_bias=True,
                                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
                                                               "factor": 1.0, "rope_theta": 10000.0})),
+    # interleaved RoPE, q/k/v biased, o not
+    "helium": ("HeliumConfig", dict(head_dim=16, attention_bias=True)),
     # hybrid: a sliding layer with RoPE, then a full one without (NoPE)
     "exaone4": ("Exaone4Config", dict(sliding_window=8, sliding_window_pattern=2)),
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there

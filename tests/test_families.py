@@ -23,7 +23,7 @@ from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
 FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss",
-            "granite4", "hunyuan", "phi3", "mistral", "ministral", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
+            "granite4", "hunyuan", "helium", "phi3", "mistral", "ministral", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
             "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -214,8 +214,8 @@ def dequantized_into(hf, model):
 
 
 def in_checkpoint_order(model, name, w):
-    """A serialized weight's rows in the checkpoint's order: GLM-4's and ERNIE 4.5's q and k rows were
-    reordered at conversion (families/glm4.py HalvedRope)."""
+    """A serialized weight's rows in the checkpoint's order: the q and k rows of the families with
+    interleaved RoPE were reordered at conversion (families/glm4.py HalvedRope)."""
     from dashinfer_client.model.families import family
     from dashinfer_client.model.families.glm4 import QK_ROWS, HalvedRope
     if family(model.architecture).checkpoint_view is not HalvedRope or not QK_ROWS.match(name):
