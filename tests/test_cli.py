@@ -47,6 +47,17 @@ def test_expected_failures_are_one_line(args, code, words):
     one_line_error(dashinfer(*args, env=TWO_NODES), code, *words)
 
 
+def test_the_summary_of_a_prefill_too_short_to_time_gives_no_rate():
+    """The queue's wait can hold the whole time to first token: no "0 tok/s" then (the chat printed
+    one for a tiny model), the rate where there is one."""
+    from dashinfer_server.cli.chat import summary
+    stats = dict(context_token_length=24, context_cached_length=0, generated_token_length=8,
+                 time_to_first_token=1.0, context_tps=0.0, generate_tps=165.4)
+    assert summary(stats) == "[8 tokens; time to first token 1 ms (24 prompt tokens); decode 165.4 tok/s]"
+    stats.update(context_cached_length=16, context_tps=1307.2)
+    assert "(24 prompt tokens, 16 cached, 1307 tok/s)" in summary(stats)
+
+
 def test_a_model_the_engine_refuses_exits_78_with_its_reason(tiny_model):
     done = dashinfer("serve", tiny_model, "--port", str(free_port()), "--max-model-len", "999999")
     assert done.returncode == 78 and "Traceback" not in done.stderr, done.stderr

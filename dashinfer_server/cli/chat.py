@@ -164,11 +164,13 @@ class _EngineChat:
 
 
 def summary(stats) -> str:
+    """The answer's one line: a prefill too short to time (within the queue's wait) has no rate."""
     prompt, cached, new = stats["context_token_length"], stats["context_cached_length"], \
         stats["generated_token_length"]
+    rate = f", {stats['context_tps']:.0f} tok/s" if stats["context_tps"] > 0 else ""
     return (f"[{new} tokens; time to first token {stats['time_to_first_token']:.0f} ms "
-            f"({prompt} prompt tokens{f', {cached} cached' if cached else ''}, "
-            f"{stats['context_tps']:.0f} tok/s); decode {stats['generate_tps']:.1f} tok/s]")
+            f"({prompt} prompt tokens{f', {cached} cached' if cached else ''}{rate}); "
+            f"decode {stats['generate_tps']:.1f} tok/s]")
 
 
 class _HttpChat:
