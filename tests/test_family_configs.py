@@ -1,8 +1,6 @@
 """Families' config.json spellings and settings that transformers reads its own way (4.x's and
 5.x's keys, default layer patterns, per-type RoPE, settings that change nothing), each served with
 transformers' logits on the same checkpoint; and the variants a family refuses by name."""
-import json
-import os
 import shutil
 
 import pytest
@@ -11,6 +9,20 @@ from dashinfer_client.errors import ModelSerializerException
 from dashinfer_client.model import DashInferModel, HuggingFaceModel
 from tests.helpers import load_hf_model, serialize, write_config_variant
 from tests.test_families import test_logits_match_transformers as logits_match_transformers
+
+
+def served_as_transformers(tmp_path, checkpoint, edit, name):
+    """The checkpoint with its config.json edited, converted: its logits and greedy tokens are
+    transformers' on the same directory -> (the served model, transformers' model)."""
+    src = tmp_path / "hf"
+    shutil.copytree(checkpoint, src)
+    write_config_variant(str(src), edit)
+    serialize(str(src), tmp_path / "out").free_model()
+    hf = load_hf_model(str(src))
+    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
+    model = DashInferModel(str(tmp_path / "out"), "tiny")
+    logits_match_transformers((name, model, hf))
+    return model, hf
 
 
 def _gemma3_4x_spelling(scaling):
@@ -41,13 +53,8 @@ GEMMA3_CONFIGS = {
 
 @pytest.mark.parametrize("name", GEMMA3_CONFIGS)
 def test_gemma3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("gemma3", num_hidden_layers=6, layer_types=None), src)
-    write_config_variant(str(src), GEMMA3_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"  # the attention function cache_rounding wraps
-    logits_match_transformers((f"gemma3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+    served_as_transformers(tmp_path, tiny_checkpoint("gemma3", num_hidden_layers=6, layer_types=None),
+                           GEMMA3_CONFIGS[name], f"gemma3 {name}")
 
 
 # config.json edits of a 4-layer OLMo 3 that transformers reads its own way: 4.x's spelling (a
@@ -63,14 +70,9 @@ OLMO3_CONFIGS = {
 
 @pytest.mark.parametrize("name", OLMO3_CONFIGS)
 def test_olmo3_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("olmo3", num_hidden_layers=4, layer_types=None), src)
-    write_config_variant(str(src), OLMO3_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"
+    _, hf = served_as_transformers(tmp_path, tiny_checkpoint("olmo3", num_hidden_layers=4, layer_types=None),
+                                   OLMO3_CONFIGS[name], f"olmo3 {name}")
     assert hf.config.rope_parameters["sliding_attention"]["rope_theta"] == (500000.0 if "4.x" in name else 100.0)
-    logits_match_transformers((f"olmo3 {name}", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
 
 
 # EXAONE 4.0 without a window (the 1.2B's config): every layer full and rotated; and a hybrid's
@@ -84,28 +86,18 @@ EXAONE4_CONFIGS = {
 
 @pytest.mark.parametrize("name", EXAONE4_CONFIGS)
 def test_exaone4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("exaone4", num_hidden_layers=4, sliding_window_pattern=4), src)
-    write_config_variant(str(src), EXAONE4_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"
-    model = DashInferModel(str(tmp_path / "out"), "tiny")
+    hybrid = tiny_checkpoint("exaone4", num_hidden_layers=4, sliding_window_pattern=4)
+    model, _ = served_as_transformers(tmp_path, hybrid, EXAONE4_CONFIGS[name], f"exaone4 {name}")
     assert model.config.nope_layers == (None if name == "no window" else [3])
-    logits_match_transformers((f"exaone4 {name}", model, hf))
 
 
 @pytest.mark.parametrize("name", ["llama", "smollm3"])
 def test_pretraining_tp_changes_nothing(tmp_path, tiny_checkpoint, name):
     """pretraining_tp 2 (SmolLM3-3B's config.json says it) was refused: transformers 4.x cut the same
     products into slices, 5.x ignores it; the logits are transformers' either way."""
-    src = tiny_checkpoint(name, pretraining_tp=2)
-    with open(os.path.join(src, "config.json")) as f:
-        assert json.load(f)["pretraining_tp"] == 2
-    serialize(src, tmp_path / "out").free_model()
-    hf = load_hf_model(src)
-    hf.config._attn_implementation = "eager"
-    logits_match_transformers((f"{name} pretraining_tp 2", DashInferModel(str(tmp_path / "out"), "tiny"), hf))
+    _, hf = served_as_transformers(tmp_path, tiny_checkpoint(name), lambda config: dict(config, pretraining_tp=2),
+                                   f"{name} pretraining_tp 2")
+    assert hf.config.pretraining_tp == 2
 
 
 # Granite 4.0 configs: transformers 4's spelling of the layer kinds, and no position embedding at all
@@ -118,15 +110,8 @@ GRANITE4_CONFIGS = {
 
 @pytest.mark.parametrize("name", GRANITE4_CONFIGS)
 def test_granite4_configs_read_as_transformers_reads_them(tmp_path, tiny_checkpoint, name):
-    src = tmp_path / "hf"
-    shutil.copytree(tiny_checkpoint("granite4"), src)
-    write_config_variant(str(src), GRANITE4_CONFIGS[name])
-    serialize(str(src), tmp_path / "out").free_model()
-    hf = load_hf_model(str(src))
-    hf.config._attn_implementation = "eager"
-    model = DashInferModel(str(tmp_path / "out"), "tiny")
+    model, _ = served_as_transformers(tmp_path, tiny_checkpoint("granite4"), GRANITE4_CONFIGS[name], f"granite4 {name}")
     assert model.config.nope_layers == ([0, 1] if name == "no position embedding" else None)
-    logits_match_transformers((f"granite4 {name}", model, hf))
 
 
 @pytest.mark.parametrize("edit, refused", [
