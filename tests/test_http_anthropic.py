@@ -199,10 +199,12 @@ def test_routing_and_caching_fields_change_nothing(client, reference):
     ({"max_tokens": 8, "messages": ASK, "temperature": -1}, ["temperature"]),
     ({"max_tokens": 8, "messages": ASK, "surprise": 1}, ["surprise"]),
     ({"max_tokens": 8, "messages": ASK, "container": "c-1"}, ["container"]),
+    ({"max_tokens": 8, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+     ["server tool", "web_search_20250305"]),
     ({"max_tokens": 8, "messages": ASK, "output_config": {"format": {"type": "json_object"}}}, ["output_config"]),
     ({"max_tokens": 8, "messages": ASK, "output_config": {"effort": "extreme"}}, ["output_config.effort", "max"]),
 ], ids=["no-max_tokens", "no-messages", "system-role", "image", "tool-without-schema", "tool-choice-no-name",
-        "choice-without-tools", "result-without-id", "temperature", "unknown-field", "code-container",
+        "choice-without-tools", "result-without-id", "temperature", "unknown-field", "code-container", "server-tool",
         "format-not-a-schema", "effort"])
 def test_malformed_bodies_are_400s_in_anthropic_shape(server, client, body, words):
     r = httpx.post(server.url + "/v1/messages", json=dict(body, model="tiny"), headers={"x-api-key": API_KEY},

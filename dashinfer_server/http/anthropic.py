@@ -185,6 +185,9 @@ def _tools(tools) -> list:
         raise bad_request("'tools' must be a non-empty list of {name, description, input_schema}")
     out = []
     for k, t in enumerate(tools):
+        if isinstance(t, dict) and t.get("type") not in (None, "custom"):  # Anthropic runs those itself
+            raise bad_request(f"tools.{k}: server tool {t.get('type')!r} is not supported here: only custom tools "
+                              "(name, description, input_schema), which the client runs")
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("input_schema"), dict):
             raise bad_request(f"tools.{k} must be {{'name': str, 'description': str, 'input_schema': {{...}}}}")
         function = {"name": t["name"], "parameters": t["input_schema"]}
