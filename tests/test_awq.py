@@ -7,6 +7,7 @@ not share that reading: compressed-tensors' own AutoAWQ converter (convert_check
 directory into its pack-quantized format and its decompression, as transformers loads that, gives
 the weights (bit for bit) and transformers' logits and greedy tokens over them.
 """
+import functools
 import json
 import os
 import shutil
@@ -65,19 +66,16 @@ def _awq_checkpoint(src, out, zero_point):
 def checkpoint(tiny_checkpoint, tmp_path_factory):
     """checkpoint(case) -> (the AWQ directory, {weight: the reference's dequantized tensor},
     transformers' float32 model over the checkpoint's weights so dequantized)."""
-    built = {}
-
+    @functools.cache  # each case built once a module
     def get(case):
-        if case not in built:
-            from compressed_tensors.entrypoints.convert import convert_checkpoint
-            from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
-            arch, zero_point = case
-            src, root = tiny_checkpoint(arch), tmp_path_factory.mktemp(f"{arch}-awq")
-            _awq_checkpoint(src, root / "awq", zero_point)
-            convert_checkpoint(root / "awq", root / "ct", AutoAWQConverter.from_pretrained(str(root / "awq")),
-                               max_workers=1, device="cpu")
-            built[case] = (str(root / "awq"), *decompressed(root / "ct", src))
-        return built[case]
+        from compressed_tensors.entrypoints.convert import convert_checkpoint
+        from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
+        arch, zero_point = case
+        src, root = tiny_checkpoint(arch), tmp_path_factory.mktemp(f"{arch}-awq")
+        _awq_checkpoint(src, root / "awq", zero_point)
+        convert_checkpoint(root / "awq", root / "ct", AutoAWQConverter.from_pretrained(str(root / "awq")),
+                           max_workers=1, device="cpu")
+        return (str(root / "awq"), *decompressed(root / "ct", src))
     return get
 
 

@@ -10,6 +10,7 @@ bit for bit and transformers' logits and greedy tokens over them. GPTQ's activat
 weights: the columns of a checkpoint permuted, with the g_idx that maps each to its group, give
 the decompressed weight's columns permuted.
 """
+import functools
 import json
 import os
 import shutil
@@ -66,15 +67,12 @@ def _write(src, out, bits, strategy, group_size, symmetric, dtype):
 def checkpoint(tiny_checkpoint, tmp_path_factory):
     """checkpoint(case) -> (the directory, {weight: compressed-tensors' dequantized tensor},
     transformers' float32 model over the checkpoint's weights so dequantized)."""
-    built = {}
-
+    @functools.cache  # each case built once a module
     def get(case):
-        if case not in built:
-            src = tiny_checkpoint(case[0])
-            out = tmp_path_factory.mktemp("-".join(map(str, case))) / "hf"
-            _write(src, out, *case[1:])
-            built[case] = (str(out), *decompressed(out, src))
-        return built[case]
+        src = tiny_checkpoint(case[0])
+        out = tmp_path_factory.mktemp("-".join(map(str, case))) / "hf"
+        _write(src, out, *case[1:])
+        return (str(out), *decompressed(out, src))
     return get
 
 

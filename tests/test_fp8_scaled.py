@@ -11,6 +11,7 @@ bit (with bf16 scales it multiplies in bf16, so the weights are bf16 values at a
 transformers' logits and greedy tokens over them, the activations unquantized (the runtime computes
 nothing in FP8; the releases' dynamic FP8 activations are left out of both sides).
 """
+import functools
 import json
 import os
 import re
@@ -89,19 +90,16 @@ def _as_autofp8(out):
 def checkpoint(tiny_checkpoint, tmp_path_factory):
     """checkpoint(case) -> (the FP8 directory, {weight: compressed-tensors' dequantized tensor},
     transformers' float32 model over those weights)."""
-    built = {}
-
+    @functools.cache  # each case built once a module
     def get(case):
-        if case not in built:
-            arch, strategy, dtype, static, autofp8 = case
-            src = tiny_checkpoint(arch)
-            out = tmp_path_factory.mktemp(f"{arch}-{strategy}") / "hf"
-            _write(src, out, strategy, dtype, static)
-            dequantized, hf = decompressed(out, src)
-            if autofp8:
-                _as_autofp8(out)
-            built[case] = str(out), dequantized, hf
-        return built[case]
+        arch, strategy, dtype, static, autofp8 = case
+        src = tiny_checkpoint(arch)
+        out = tmp_path_factory.mktemp(f"{arch}-{strategy}") / "hf"
+        _write(src, out, strategy, dtype, static)
+        dequantized, hf = decompressed(out, src)
+        if autofp8:
+            _as_autofp8(out)
+        return str(out), dequantized, hf
     return get
 
 

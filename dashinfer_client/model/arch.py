@@ -164,8 +164,8 @@ def normalize_hf_config(hf, generation_config=None):
     family, hf_class = family_for_hf(hf)
     hf = {**family.config_defaults, **hf}
     r = ConfigReader(hf, hf_class)
-    # pretraining_tp (LLaMA's, SmolLM3-3B's 2) only split the same matmuls into slices in transformers
-    # 4.x, the same function; 5.x reads it no more: nothing to do
+    # pretraining_tp (LLaMA's; released configs may say 2) only split the same matmuls into slices in
+    # transformers 4.x, the same function; 5.x reads it no more: nothing to do
     heads, hidden = r.need("num_attention_heads"), r.need("hidden_size")
     gen = generation_config or {}
     fields = dict(

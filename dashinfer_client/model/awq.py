@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ModelSerializerException
-from .dequantized import DequantizedView, in_dtype
+from .dequantized import DequantizedView, in_dtype, packed_codes
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the column (of 8) each nibble of a word holds
 PARTS = (".qweight", ".qzeros", ".scales")
@@ -46,9 +46,7 @@ def view(tensors, settings, where):
 
 def unpack(words) -> np.ndarray:
     """The codes [rows, 8 * n] (uint8, 0..15) of int32 words [rows, n] in AWQ's order."""
-    data = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)  # [rows, 4n]: nibble pairs (2j, 2j + 1)
-    nibbles = np.empty((data.shape[0], data.shape[1] * 2), np.uint8)
-    nibbles[:, 0::2], nibbles[:, 1::2] = data & 15, data >> 4
+    nibbles = packed_codes(words, 4)  # nibble j of word w at 8w + j
     codes = np.empty_like(nibbles)
     for j, column in enumerate(ORDER):
         codes[:, column::8] = nibbles[:, j::8]
@@ -83,7 +81,8 @@ class AWQWeights(DequantizedView):
 
     def dequantize(self, name):
         module = name.removesuffix(".weight")
-        (n, k), group = self.shown[name], (self.group_size if self.group_size != -1 else self.shown[name][1])
+        n, k = self.shown[name]
+        group = self.group_size if self.group_size != -1 else k
         scale, scale_code = self.scales(module + ".scales")
         zero = (unpack(self.tensors.fetch(module + ".qzeros", ("I32",))[0]).astype(np.int16) if self.zero_point
                 else np.full(scale.shape, 8, np.int16))

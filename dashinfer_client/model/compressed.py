@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..errors import ModelSerializerException
-from .dequantized import DequantizedView, in_dtype, is_block
+from .dequantized import DequantizedView, in_dtype, is_block, packed_codes
 from .fp8 import FP8Weights
 
 PARTS = ("_packed", "_scale", "_zero_point", "_shape", "_g_idx")  # after a weight's name
@@ -72,13 +72,7 @@ def view(tensors, settings, where):
 def unpack(words, bits, count) -> np.ndarray:
     """The signed codes [rows, count] of int32 words [rows, n] packed little-endian, each code plus
     2^(bits - 1)."""
-    data = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)
-    if bits == 4:
-        codes = np.empty((data.shape[0], data.shape[1] * 2), np.uint8)
-        codes[:, 0::2], codes[:, 1::2] = data & 15, data >> 4
-    else:
-        codes = data
-    return codes[:, :count].astype(np.int16) - (1 << (bits - 1))
+    return packed_codes(words, bits)[:, :count].astype(np.int16) - (1 << (bits - 1))
 
 
 class PackedIntWeights(DequantizedView):

@@ -45,6 +45,17 @@ class DequantizedView:
         return (from_bf16(scale) if code == "BF16" else np.asarray(scale, np.float32)), code
 
 
+def packed_codes(words, bits) -> np.ndarray:
+    """The unsigned codes [rows, n * 32 / bits] (uint8) of int32 words [rows, n] that pack 4- or
+    8-bit codes little-endian from bit 0 (compressed-tensors' and AutoAWQ's packing)."""
+    data = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)
+    if bits == 8:
+        return data
+    codes = np.empty((data.shape[0], data.shape[1] * 2), np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = data & 15, data >> 4
+    return codes
+
+
 def in_dtype(weight, code) -> np.ndarray:
     """weight (float32) rounded to dtype `code` (BF16, F16; F32 as it is)."""
     if code == "BF16":

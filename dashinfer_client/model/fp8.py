@@ -113,12 +113,12 @@ class FP8Weights(DequantizedView):
             return n, k
         if grid in ((n,), (n, 1)):
             return 1, k
-        if self.block is not None and grid == tuple(math.ceil(d / b) for d, b in zip(shape, self.block)):
+        blocks = None if self.block is None else tuple(math.ceil(d / b) for d, b in zip(shape, self.block))
+        if grid == blocks:
             return self.block
         raise ModelSerializerException(
             f"{self.where}: '{scale}' is {list(grid)}, but '{weight}' {list(shape)} has one scale, one a row ([{n}, 1])"
-            + (f" or, in blocks of {list(self.block)} (the config's block size), a "
-               f"{[math.ceil(d / b) for d, b in zip(shape, self.block)]} grid" if self.block else
+            + (f" or, in blocks of {list(self.block)} (the config's block size), a {list(blocks)} grid" if blocks else
                " (the config names no block size)"))
 
     def dequantize(self, name):

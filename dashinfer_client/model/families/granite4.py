@@ -20,8 +20,9 @@ def _granite4(hf, r):
     kinds = r.get("layer_types") or r.get("layers_block_type") or ["linear_attention"] * layers
     if any(k not in _ATTENTION for k in kinds):
         r.refuse(f"layer_types {sorted(set(kinds) - _ATTENTION)} (Mamba layers: only attention ones are served)")
-    if r.get("num_local_experts", 8):
-        r.refuse(f"num_local_experts={r.get('num_local_experts', 8)} (a mixture of experts beside the shared MLP)")
+    experts = r.get("num_local_experts", 8)  # GraniteMoeHybridConfig's default
+    if experts:
+        r.refuse(f"num_local_experts={experts} (a mixture of experts beside the shared MLP)")
     position = r.get("position_embedding_type")
     if position not in (None, "rope", "nope"):
         r.refuse(f"position_embedding_type={position!r}")
