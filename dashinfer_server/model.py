@@ -130,7 +130,8 @@ class DecoderModel:
             k_total=self.qk_totals[1], k_shared_first=int(self.k_shared_first),
             n_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, norm_topk=int(cfg.norm_topk_prob),
             expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
-            shared_inter=self.shared_inter, qk_after_rope=int(self.family.qk_norm_after_rope))
+            shared_inter=self.shared_inter, qk_after_rope=int(self.family.qk_norm_after_rope),
+            scoring=cfg.expert_scoring, routed_scale=cfg.routed_scaling_factor)
 
     def forward(self, plan: StepPlan, score=None) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into

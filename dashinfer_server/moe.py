@@ -17,8 +17,10 @@ class ExpertWeights:
     experts_down: np.ndarray           # uint8 [n_local, stride]: row j a packed [H, I_r] (partial sums)
     shared_gate_up: np.ndarray | None  # packed [2*S_r, H] of the shared expert
     shared_down: np.ndarray | None     # packed [H, S_r]
-    shared_gate: np.ndarray | None     # [H] f32: the shared expert's output times sigmoid(x . it)
+    shared_gate: np.ndarray | None     # [H] f32: the shared expert's output times sigmoid(x . it); None:
+    #                                    added ungated (GLM-4.5)
     router_bias: np.ndarray | None = None           # [E] f32 (gpt-oss, as the two below)
+    router_choice_bias: np.ndarray | None = None    # [E] f32: picks the experts, weighs none (GLM-4.5)
     experts_gate_up_bias: np.ndarray | None = None  # [n_local, 2*I_r] f32: gate, then up
     experts_down_bias: np.ndarray | None = None     # [n_local, H] f32; of experts split by rows, rank 0's only
 
@@ -39,7 +41,10 @@ def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
             shared_gate_up=loader.linear((layout.shared_name(prefix, "gate"), s_rows),
                                          (layout.shared_name(prefix, "up"), s_rows)),
             shared_down=loader.linear((layout.shared_name(prefix, "down"), None, s_rows), scale=out_scale),
-            shared_gate=loader.vector(layout.shared_name(prefix, "gate_weight") + ".weight").reshape(-1))
+            shared_gate=loader.vector(layout.shared_name(prefix, "gate_weight") + ".weight").reshape(-1)
+            if layout.shared_gate else None)
+    if layout.choice_bias:
+        shared["router_choice_bias"] = loader.vector(layout.choice_bias_name(prefix))
     if layout.biases:
         # a whole expert's down bias is its rank's to add; rows split, rank 0 adds it once
         down_bias = shard.expert_split == "experts" or shard.rank == 0
@@ -57,16 +62,21 @@ def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
                          **{"shared_gate_up": None, "shared_down": None, "shared_gate": None, **shared})
 
 
-def routing(logits: np.ndarray, top_k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(experts [T, k], weights [T, k]) of router logits [T, E]: the softmax's top k, best first,
-    renormalised to sum to 1 when norm_topk (fp32, as transformers' routers compute it)."""
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    choice = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+def routing(logits: np.ndarray, cfg, choice_bias=None) -> tuple[np.ndarray, np.ndarray]:
+    """(experts [T, k], weights [T, k]) of router logits [T, E]: the top k scores (cfg.expert_scoring's:
+    a softmax over all experts or each one's sigmoid), chosen by score + choice_bias where there is
+    one, best first; their scores renormalised to sum to 1 when norm_topk_prob, times
+    routed_scaling_factor (fp32, as transformers' routers compute it)."""
+    if cfg.expert_scoring == "sigmoid":
+        p = np.float32(1) / (np.float32(1) + np.exp(-logits))
+    else:
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+    choice = np.argsort(-(p if choice_bias is None else p + choice_bias), axis=1, kind="stable")[:, :cfg.num_experts_per_tok]
     weight = np.take_along_axis(p, choice, axis=1)
-    if norm_topk:
+    if cfg.norm_topk_prob:
         weight /= weight.sum(axis=1, keepdims=True)
-    return choice, weight
+    return choice, weight * np.float32(cfg.routed_scaling_factor)
 
 
 def moe_forward(K, w: ExpertWeights, x, out, cfg, experts, act) -> None:
@@ -74,7 +84,7 @@ def moe_forward(K, w: ExpertWeights, x, out, cfg, experts, act) -> None:
     are the rank's, row j of w's expert arrays holding experts[j]."""
     logits = np.empty((x.shape[0], cfg.num_experts), np.float32)
     K.linear(x, w.router, w.router_bias, logits)
-    choice, weight = routing(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+    choice, weight = routing(logits, cfg, w.router_choice_bias)
     out[...] = 0
     for j, e in enumerate(experts):
         tokens, slots = np.nonzero(choice == e)
@@ -84,7 +94,7 @@ def moe_forward(K, w: ExpertWeights, x, out, cfg, experts, act) -> None:
             out[tokens] += weight[tokens, slots, None] * y  # a token chooses an expert once
     if w.shared_gate_up is not None:
         y = _gated_mlp(K, x, w.shared_gate_up, w.shared_down, act)
-        out += y / (np.float32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
+        out += y if w.shared_gate is None else y / (np.float32(1) + np.exp(-(x @ w.shared_gate)))[:, None]
 
 
 def _gated_mlp(K, x, gate_up, down, act, gate_up_bias=None, down_bias=None):

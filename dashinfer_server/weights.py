@@ -299,7 +299,7 @@ class WeightLoader:
 
     def _qk_norm(self, name, rows):
         """A q/k norm weight: the same [D] for every head, or this rank's slice of a whole one."""
-        if self.family.qk_norm is None:
+        if self.family.qk_norm is None or not self.model.config.use_qk_norm:
             return None
         return self.norm(name, rows if self.family.qk_norm == "whole" else None)
 

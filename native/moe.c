@@ -54,28 +54,35 @@ void dn_moe_scratch_free(dn_moe_scratch *sc) {
     free(sc);
 }
 
-void dn_moe_route(const dn_moe_shape *s, float *logits, int T, int32_t *choice, float *weight) {
+void dn_moe_route(const dn_moe_shape *s, float *logits, int T, const float *choice_bias, int32_t *choice,
+                  float *weight) {
     const int E = s->n_experts, K = s->top_k;
     for (int t = 0; t < T; t++) {
         float *p = logits + (size_t)t * E;
-        float max = p[0], sum = 0.0f;
-        for (int e = 1; e < E; e++) max = p[e] > max ? p[e] : max;
-        for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - max);
-        for (int e = 0; e < E; e++) p[e] /= sum;
+        if (s->sigmoid) {
+            for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
+        } else {
+            float max = p[0], sum = 0.0f;
+            for (int e = 1; e < E; e++) max = p[e] > max ? p[e] : max;
+            for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - max);
+            for (int e = 0; e < E; e++) p[e] /= sum;
+        }
         /* top K by selection (K and E are small); ties go to the lower expert id */
         int32_t *c = choice + (size_t)t * K;
         float *w = weight + (size_t)t * K, kept = 0.0f;
         for (int k = 0; k < K; k++) {
             int best = -1;
+            float best_key = 0.0f;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int j = 0; j < k && !taken; j++) taken = c[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                const float key = choice_bias ? p[e] + choice_bias[e] : p[e];
+                if (!taken && (best < 0 || key > best_key)) best = e, best_key = key;
             }
             c[k] = best, w[k] = p[best], kept += p[best];
         }
-        if (s->norm_topk)
-            for (int k = 0; k < K; k++) w[k] /= kept;
+        const float scale = s->norm_topk ? s->routed_scale / kept : s->routed_scale;
+        for (int k = 0; k < K; k++) w[k] *= scale;
     }
 }
 
@@ -250,7 +257,7 @@ int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, c
            float *out) {
     const int H = s->hidden, nt = dn_num_threads();
     if (dn_linear(&w->router, x, T, w->router_bias, sc->probs)) return -1;
-    dn_moe_route(s, sc->probs, T, sc->choice, sc->weight);
+    dn_moe_route(s, sc->probs, T, w->choice_bias, sc->choice, sc->weight);
     group_by_expert(s, sc, T);
     memset(out, 0, (size_t)T * H * sizeof *out);
     const int slots = sc->offsets[s->n_local];
@@ -263,8 +270,8 @@ int dn_moe(const dn_moe_shape *s, const dn_moe_weights *w, dn_moe_scratch *sc, c
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * H, *y = sc->y + (size_t)t * H;
         float dot = 0.0f, *o = out + (size_t)t * H;
-        for (int h = 0; h < H; h++) dot += xt[h] * w->shared_gate[h];
-        const float g = 1.0f / (1.0f + expf(-dot));
+        for (int h = 0; w->shared_gate && h < H; h++) dot += xt[h] * w->shared_gate[h];
+        const float g = w->shared_gate ? 1.0f / (1.0f + expf(-dot)) : 1.0f;
         for (int h = 0; h < H; h++) o[h] += g * y[h];
     }
     return 0;

@@ -155,19 +155,20 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"layers", "workspace", "n_heads", "eps", "scale", "group", "q_head0",
                              "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
                              "k_shared_first", "n_experts", "top_k", "norm_topk", "expert0",
-                             "expert_step", "shared_inter", "qk_after_rope", NULL};
+                             "expert_step", "shared_inter", "qk_after_rope", "scoring", "routed_scale", NULL};
     PyObject *layers, *ws;
     int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
     int q_total = 0, k_total = 0, n_experts = 0, top_k = 0, norm_topk = 0, expert0 = 0, expert_step = 1;
-    int shared_inter = 0, qk_after_rope = 0;
-    double eps, scale, softcap = 0.0;
-    const char *act = "silu";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiii:decoder_new", kwlist, &layers, &ws,
+    int shared_inter = 0, qk_after_rope = 0, sigmoid;
+    double eps, scale, softcap = 0.0, routed_scale = 1.0;
+    const char *act = "silu", *scoring = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisd:decoder_new", kwlist, &layers, &ws,
                                      &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
                                      &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first,
                                      &n_experts, &top_k, &norm_topk, &expert0, &expert_step,
-                                     &shared_inter, &qk_after_rope))
+                                     &shared_inter, &qk_after_rope, &scoring, &routed_scale))
         return NULL;
+    if (dn_moe_parse_scoring("decoder_new", scoring, &sigmoid)) return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
         return PyErr_Format(PyExc_TypeError, "decoder_new: layers must be a non-empty list");
     if (!PyDict_Check(ws))
@@ -227,8 +228,8 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
         dn_check_dim(a, v[7], "gate_up", 1, 2 * (Py_ssize_t)d->inter) ||
         dn_check_dim(a, v[9], "norm_ss", 1, 2))
         goto fail;
-    if (n_experts && dn_moe_shape_init(&d->moe, n_experts, top_k, norm_topk, expert0, expert_step, d->hidden,
-                                       shared_inter, d->glu))
+    if (n_experts && dn_moe_shape_init(&d->moe, n_experts, top_k, norm_topk, sigmoid, routed_scale, expert0,
+                                       expert_step, d->hidden, shared_inter, d->glu))
         goto fail;
     int sparse = 0;
     for (int i = 0; i < n_layers; i++) {
@@ -315,7 +316,8 @@ PyMethodDef dn_decoder_methods[] = {
     {"decoder_new", (PyCFunction)(void (*)(void))py_decoder_new, METH_VARARGS | METH_KEYWORDS,
      "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
      "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0, n_experts=0,\n"
-     "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0, qk_after_rope=0) -> decoder\n"
+     "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0, qk_after_rope=0, scoring='softmax',\n"
+     "routed_scale=1.0) -> decoder\n"
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
      "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's;\n"
      "qk_after_rope: the q/k norms follow RoPE)\n"
@@ -325,7 +327,7 @@ PyMethodDef dn_decoder_methods[] = {
      "none); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"
      "takes them); cos_sin, its rope table [max_pos, rot_dim]; window (int, 0: none). A sparse layer\n"
      "has router, experts_gate_up, experts_down (and shared_gate_up, shared_down, shared_gate) as\n"
-     "moe() takes them instead of gate_up and down, routed as n_experts .. shared_inter say. A field it\n"
+     "moe() takes them instead of gate_up and down, routed as n_experts .. routed_scale say. A field it\n"
      "does not know is an error.\n"
      "workspace: a dict with the float32 [max_tokens, width] arrays res, h, o, q, k, v, attn,\n"
      "gate_up, act, norm_ss (other entries are not read). The decoder holds every array until it dies."},

@@ -34,8 +34,10 @@ extern const char *const DN_MOE_FIELDS[];
 int dn_take_moe(dn_args *a, PyObject *fields, dn_moe_shape *s, dn_moe_weights *w);
 void dn_moe_weights_release(dn_moe_weights *w);
 /* s from the routing arguments, checked (n_local follows); 0, or -1 with a ValueError. */
-int dn_moe_shape_init(dn_moe_shape *s, int n_experts, int top_k, int norm_topk, int expert0,
-                      int expert_step, int hidden, int shared_inter, dn_act act);
+int dn_moe_shape_init(dn_moe_shape *s, int n_experts, int top_k, int norm_topk, int sigmoid, double routed_scale,
+                      int expert0, int expert_step, int hidden, int shared_inter, dn_act act);
+/* *sigmoid from a scoring name ("softmax", the default when NULL, or "sigmoid"); 0, or -1 with a ValueError. */
+int dn_moe_parse_scoring(const char *fn, const char *name, int *sigmoid);
 
 /* The packed linear at buf (len bytes) into w, checked to be [n, k]; 0, or -1 with a ValueError
  * naming it. */

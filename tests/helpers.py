@@ -85,6 +85,12 @@ FAMILY_CONFIGS = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
                                       sliding_window=8)),
     "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64)),
+    # GLM-4.5: sigmoid routing with a choice bias (drawn: transformers starts it at 0) and a scale,
+    # two experts' worth of an ungated shared MLP, the first layer dense, q/k norms, q/k/v biases,
+    # RoPE on half of each head
+    "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                       moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
+                                       routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
     # gpt-oss: sinks, biases everywhere, windows of 8 keys on alternate layers, YaRN (its own factor
     # over a shorter original context, so the scaling shows within 512 positions)
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_hidden_layers=3, intermediate_size=64, num_local_experts=8,
@@ -126,6 +132,12 @@ def build_tiny_model(out_dir, arch="llama", dtype="float32", weights="safetensor
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.ndim >= 2 else 0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            # GLM-4.5's choice bias, which transformers starts at 0: drawn with std 0.5 (the scores lie
+            # in (0, 1)) it reorders experts, and no two of this model's experts come within 0.0035 of a
+            # tie (measured), which the rounding of a bf16 / int8 run could flip
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn_like(b))
     model = model.to(getattr(torch, dtype)).eval()
     os.makedirs(out_dir, exist_ok=True)
     if weights in ("safetensors", "sharded"):

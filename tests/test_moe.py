@@ -24,7 +24,7 @@ from tests.test_families import test_logits_match_transformers as logits_match_t
 from tests.test_families import test_op_by_op_reference_equals_native as op_by_op_equals_native
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe"]
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
@@ -126,19 +126,24 @@ def silu(z):
     return z / (1.0 + np.exp(-z))
 
 
-def reference_moe(x, router, experts, top_k, norm_topk, shared=None, biases=None):
+def reference_moe(x, router, experts, top_k, norm_topk, shared=None, biases=None, glm=None):
     """float64: softmax of the router's logits, its top_k (renormalised), each chosen expert's
-    SiLU-gated MLP weighted and summed; plus the shared expert times sigmoid(x . gate). biases:
-    (router [E], per expert (gate [I], up [I], down [H])), gpt-oss's: the top_k of the logits then
-    their softmax, as transformers' GptOssTopKRouter computes it."""
+    SiLU-gated MLP weighted and summed; plus the shared expert times sigmoid(x . gate) (a gate of
+    None: added as it is). biases: (router [E], per expert (gate [I], up [I], down [H])), gpt-oss's:
+    the top_k of the logits then their softmax, as transformers' GptOssTopKRouter computes it. glm:
+    (choice bias [E], scale), transformers' Glm4MoeTopkRouter: each logit's sigmoid, the top_k of
+    sigmoid + choice bias, their sigmoids renormalised, times scale."""
     router_bias, expert_biases = biases or (np.zeros(len(router)), [(0, 0, 0)] * len(experts))
     logits = x @ router.T + router_bias
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
+    if glm:
+        p = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
     out = np.zeros_like(x)
     for t in range(len(x)):
-        chosen = np.argsort(-p[t])[:top_k]
-        weights = p[t, chosen] / (p[t, chosen].sum() if norm_topk else 1.0)
+        chosen = np.argsort(-(p[t] + glm[0] if glm else p[t]))[:top_k]
+        weights = p[t, chosen] / (p[t, chosen].sum() if norm_topk else 1.0) * (glm[1] if glm else 1.0)
         if biases:
             top = np.exp(logits[t, chosen] - logits[t, chosen].max())
             weights = top / top.sum()
@@ -147,7 +152,8 @@ def reference_moe(x, router, experts, top_k, norm_topk, shared=None, biases=None
             out[t] += w * ((silu(gate @ x[t] + bg) * (up @ x[t] + bu)) @ down.T + bd)
     if shared is not None:
         gate, up, down, sigmoid_gate = shared
-        out += (silu(x @ gate.T) * (x @ up.T)) @ down.T / (1.0 + np.exp(-(x @ sigmoid_gate)))[:, None]
+        y = (silu(x @ gate.T) * (x @ up.T)) @ down.T
+        out += y if sigmoid_gate is None else y / (1.0 + np.exp(-(x @ sigmoid_gate)))[:, None]
     return out
 
 
@@ -188,10 +194,12 @@ def K():
 
 @pytest.mark.parametrize("tokens", [1, 37, 200])
 @pytest.mark.parametrize("wtype", ["f32", "u4"])
-@pytest.mark.parametrize("norm_topk,shared,biased", [(True, False, False), (False, True, False), (True, False, True)])
-def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased):
+@pytest.mark.parametrize("norm_topk,shared,biased,glm", [(True, False, False, False), (False, True, False, False),
+                                                        (True, False, True, False), (True, True, False, True)])
+def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased, glm):
     """The whole block (routing, tokens grouped by expert, weighted scatter, shared expert; or
-    gpt-oss's router and expert biases) on every expert split: the whole, two ranks with whole
+    gpt-oss's router and expert biases; or GLM-4.5's sigmoid scores, choice bias, routed scale and
+    ungated shared expert) on every expert split: the whole, two ranks with whole
     experts each, two ranks with half of every expert's rows (rank 0 adding the down biases); the
     parts of a split sum to the float64 reference. Each runs with scratch for the T tokens (a
     prompt's experts as work items, one thread each; at 200 tokens an expert's ~100 rows make two
@@ -208,10 +216,13 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
     if shared:
         shared_w = tuple(rng.standard_normal(s) / np.sqrt(s[1]) for s in ((S, H), (S, H), (H, S))) + \
             (rng.standard_normal(H) / 8,)
+        if glm:
+            shared_w = shared_w[:3] + (None,)
     biases = None
     if biased:
         biases = (rng.standard_normal(E) / 4, [tuple(rng.standard_normal(n) / 4 for n in (I, I, H)) for _ in range(E)])
-    want = reference_moe(x, router, experts, top_k, norm_topk, shared_w, biases)
+    glm = (rng.standard_normal(E) / 2, 2.5) if glm else None
+    want = reference_moe(x, router, experts, top_k, norm_topk, shared_w, biases, glm)
 
     def part(expert_ids, rows, s_rows, expert0, step, down_bias=True, max_tokens=0):
         weights = {"router": K.pack_linear(router.astype(np.float32), "f32"),
@@ -230,11 +241,16 @@ def test_moe_kernel_matches_float64(K, tokens, wtype, norm_topk, shared, biased)
             gate, up, down, sig = shared_w
             shared_inter = s_rows.stop - s_rows.start
             weights.update(shared_gate_up=K.pack_linear(np.concatenate([gate[s_rows], up[s_rows]]).astype(np.float32), "f32"),
-                           shared_down=K.pack_linear(np.ascontiguousarray(down[:, s_rows], np.float32), "f32"),
-                           shared_gate=sig.astype(np.float32))
+                           shared_down=K.pack_linear(np.ascontiguousarray(down[:, s_rows], np.float32), "f32"))
+            if sig is not None:
+                weights["shared_gate"] = sig.astype(np.float32)
+        routing = {}
+        if glm:
+            weights["router_choice_bias"] = glm[0].astype(np.float32)
+            routing = dict(scoring="sigmoid", routed_scale=glm[1])
         out = np.empty((tokens, H), np.float32)
         K.moe(x.astype(np.float32), weights, out, E, top_k, norm_topk=norm_topk, expert0=expert0,
-              expert_step=step, shared_inter=shared_inter, max_tokens=max_tokens)
+              expert_step=step, shared_inter=shared_inter, max_tokens=max_tokens, **routing)
         return out.astype(np.float64)
 
     halves = slice(0, S // 2), slice(S // 2, S)  # the shared expert's rows, split either way
@@ -261,6 +277,15 @@ def test_moe_kernel_refuses_mismatched_experts(K):
         K.moe(x, {"router": router, "experts_gate_up": rows, "experts_down": rows}, out, 4, 2)
     with pytest.raises(ValueError, match="top_k"):
         K.moe(x, {"router": router, "experts_gate_up": rows, "experts_down": rows}, out, 4, 5)
+    four = np.stack([one] * 4)
+    with pytest.raises(ValueError, match="scoring must be 'softmax' or 'sigmoid'"):
+        K.moe(x, {"router": router, "experts_gate_up": four, "experts_down": four}, out, 4, 2, scoring="relu")
+    with pytest.raises(ValueError, match="routed_scale"):
+        K.moe(x, {"router": router, "experts_gate_up": four, "experts_down": four}, out, 4, 2, routed_scale=0.0)
+    downs = np.stack([K.pack_linear(np.zeros((H, 32), np.float32), "f32")] * 4)
+    with pytest.raises(ValueError, match="router_choice_bias"):
+        K.moe(x, {"router": router, "experts_gate_up": four, "experts_down": downs,
+                  "router_choice_bias": np.zeros(3, np.float32)}, out, 4, 2)
 
 
 # ---- configs ------------------------------------------------------------------------------------

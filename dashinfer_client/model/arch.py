@@ -5,6 +5,7 @@ Anything the runtime would compute differently from transformers is refused here
 of being converted into a model that silently produces other text.
 """
 import dataclasses
+import math
 from typing import Optional
 
 from ..errors import ModelSerializerException
@@ -44,6 +45,7 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # keys a sliding layer's query sees, itself included
     rope_local_theta: Optional[float] = None  # the sliding layers' RoPE base (Gemma 3); None: rope_theta
     nope_layers: Optional[list] = None  # layers that rotate nothing: no positional encoding (SmolLM3)
+    use_qk_norm: bool = True           # False: the family's q/k norms are left out (GLM-4.5's use_qk_norm)
     attention_scale: Optional[float] = None   # the scores' scale; None: head_dim ** -0.5
     attn_logit_softcap: Optional[float] = None  # scores -> cap * tanh(scores / cap)
     final_logit_softcap: Optional[float] = None
@@ -52,10 +54,12 @@ class ModelConfig:
     logits_multiplier: float = 1.0     # the logits (Granite's 1 / logits_scaling)
     # mixture of experts (families/experts.py); num_experts 0: every layer's MLP is dense
     num_experts: int = 0               # experts of a sparse layer
-    num_experts_per_tok: int = 0       # experts a token is routed to (top-k of the router's softmax)
+    num_experts_per_tok: int = 0       # experts a token is routed to (top-k of the router's scores)
     moe_intermediate_size: Optional[int] = None  # one expert's intermediate size
     norm_topk_prob: bool = False       # the top-k routing weights renormalised to sum to 1
-    shared_expert_intermediate_size: int = 0  # a sigmoid-gated expert every token runs (Qwen2-MoE); 0: none
+    shared_expert_intermediate_size: int = 0  # an expert every token runs (Qwen2-MoE, GLM-4.5); 0: none
+    expert_scoring: str = "softmax"    # the router's scores: softmax over all experts | sigmoid of each (GLM-4.5)
+    routed_scaling_factor: float = 1.0  # the routing weights' last factor (GLM-4.5's)
     dense_mlp_layers: Optional[list] = None   # layers whose MLP stays dense (Qwen's mlp_only_layers,
     #                                           decoder_sparse_step); None: none
     mxfp4_experts: bool = False        # the experts' weights are stored as the checkpoint's MXFP4 blocks and
@@ -138,6 +142,11 @@ class ModelConfig:
             raise ModelSerializerException(
                 f"{where}: MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32 (its "
                 f"blocks), got {self.hidden_size}, {self.moe_intermediate_size}")
+        if self.expert_scoring not in ("softmax", "sigmoid") or isinstance(self.routed_scaling_factor, bool) or \
+                not isinstance(self.routed_scaling_factor, (int, float)) or not 0 < self.routed_scaling_factor < math.inf:
+            raise ModelSerializerException(
+                f"{where}: expert_scoring must be softmax or sigmoid and routed_scaling_factor a positive number, "
+                f"got {self.expert_scoring!r}, {self.routed_scaling_factor!r}")
         dense = self.dense_mlp_layers or []
         if not isinstance(dense, list) or any(not isinstance(i, int) or not 0 <= i < self.num_hidden_layers
                                                for i in dense):

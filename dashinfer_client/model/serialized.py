@@ -84,9 +84,13 @@ def expected_tensors(config, architecture, dtype, quantization):
         quantized = set(quantization["quantized"])
     shapes = weight_shapes(config, architecture)
     mxfp4 = mxfp4_tensors(config, shapes)
+    experts = family(architecture).experts
+    fp32 = experts.held_in_fp32(shapes) if experts else set()
     out = {}
     for name, shape in shapes.items():
-        if name in mxfp4:
+        if name in fp32:
+            out[name] = ("F32", shape)
+        elif name in mxfp4:
             n, k = shape
             out[f"{name}.{MXFP4_PARTS[0]}"] = ("U8", (n, k // 2))
             out[f"{name}.{MXFP4_PARTS[1]}"] = ("U8", (n, k // 32))
@@ -225,8 +229,8 @@ def _write_params(paths, layout, metadata, shapes, mxfp4, dtype, quant_settings,
                     raise ModelSerializerException(f"tensor '{name}': {e}") from None
                 for (part, _), value in zip(PARTS[quant_settings.weight_format], parts):
                     put(f"{name}.{part}", value)
-            else:
-                put(name, convert_dtype(array, code, dtype))
+            else:  # a tensor held in fp32 whatever the dtype (expected_tensors) is converted so
+                put(name, convert_dtype(array, code, "float32" if manifest[name][0] == "F32" else dtype))
             drop_mapped_pages(array)  # the source's pages leave this process: one tensor resident at a time
     except BaseException:
         writer.abort()

@@ -81,7 +81,7 @@ class Family:
                     shapes[p + self.norms[role] + ".weight"] = (H,)
             if self.sinks:
                 shapes[p + "self_attn.sinks"] = (c.num_attention_heads,)
-            if self.qk_norm:
+            if self.qk_norm and c.use_qk_norm:
                 whole = self.qk_norm == "whole"
                 shapes[p + "self_attn.q_norm.weight"] = (q_out if whole else D,)
                 shapes[p + "self_attn.k_norm.weight"] = (kv_out if whole else D,)

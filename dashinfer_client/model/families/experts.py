@@ -1,15 +1,18 @@
 """A sparse mixture-of-experts MLP as the families that have one store it, and the config keys they
-share. The runtime computes every such layer alike (native/moe.h): a router linear, a softmax over
-all experts in fp32, the top num_experts_per_tok of it (renormalised to sum to 1 when
-norm_topk_prob), each chosen expert's gated MLP weighted by its probability and summed, plus an
-optional shared expert scaled by sigmoid(x . shared_gate) (Qwen2-MoE).
+share. The runtime computes every such layer alike (native/moe.h): a router linear, its scores in
+fp32 (a softmax over all experts, or each expert's sigmoid: GLM-4.5), the top num_experts_per_tok
+of them (chosen by score + a choice bias where the router has one; renormalised to sum to 1 when
+norm_topk_prob, then times routed_scaling_factor), each chosen expert's gated MLP weighted by its
+score and summed, plus an optional shared expert, scaled by sigmoid(x . shared_gate) (Qwen2-MoE)
+or added as it is (GLM-4.5's, which has no gate).
 
 The tensors of layer i's block, under `model.layers.{i}.{block}.`:
     {router}.weight                      [num_experts, hidden]
     experts.{e}.{gate|up}.weight         [moe_intermediate, hidden]
     experts.{e}.{down}.weight            [hidden, moe_intermediate]
     {shared}.{gate|up|down}_proj.weight  the shared expert, a dense MLP of shared_expert_intermediate
-    {shared_gate}.weight                 [1, hidden]
+    {shared_gate}.weight                 [1, hidden] (where the shared expert has a gate)
+    {choice_bias}                        [num_experts] (where the router has one), held in fp32
 and, with biases (gpt-oss), {router}.bias [num_experts] and each expert projection's .bias.
 """
 import dataclasses
@@ -24,7 +27,8 @@ class ExpertLayout:
     up: str = "up_proj"
     down: str = "down_proj"
     shared: str = "shared_expert"
-    shared_gate: str = "shared_expert_gate"
+    shared_gate: str | None = "shared_expert_gate"  # None: the shared expert is added ungated (GLM-4.5)
+    choice_bias: str | None = None  # a router's bias that picks experts but weighs none (GLM-4.5's)
     biases: bool = False         # the router and every expert projection carry a bias (gpt-oss)
 
     # HF base names (the tensor is {base}.weight) under a layer's prefix "model.layers.{i}."
@@ -34,6 +38,9 @@ class ExpertLayout:
 
     def router_name(self, layer_prefix):
         return f"{layer_prefix}{self.block}.{self.router}"
+
+    def choice_bias_name(self, layer_prefix):
+        return f"{layer_prefix}{self.block}.{self.choice_bias}"
 
     def shared_name(self, layer_prefix, role):
         """The shared expert's gate / up / down projection, or its sigmoid gate (role "gate_weight")."""
@@ -53,18 +60,27 @@ class ExpertLayout:
             out[self.shared_name(layer_prefix, "gate")] = (shared, H)
             out[self.shared_name(layer_prefix, "up")] = (shared, H)
             out[self.shared_name(layer_prefix, "down")] = (H, shared)
-            out[self.shared_name(layer_prefix, "gate_weight")] = (1, H)
+            if self.shared_gate:
+                out[self.shared_name(layer_prefix, "gate_weight")] = (1, H)
         shapes = {f"{base}.weight": shape for base, shape in out.items()}
         if self.biases:
             for base, shape in out.items():
                 shapes[f"{base}.bias"] = shape[:1]
+        if self.choice_bias:
+            shapes[self.choice_bias_name(layer_prefix)] = (config.num_experts,)
         return shapes
+
+    def held_in_fp32(self, names):
+        """The tensors of `names` stored in fp32 whatever the model's dtype: the choice biases, whose
+        small differences pick the experts (transformers keeps them fp32 too)."""
+        suffix = f".{self.block}.{self.choice_bias}"
+        return {n for n in names if self.choice_bias and n.endswith(suffix)}
 
 
 class WithoutEmptySharedExperts:
     """A checkpoint's tensors (keys(), in, shape(name), fetch(name)) less each layer's shared expert of
     0 rows and its sigmoid gate: transformers builds and saves one when shared_expert_intermediate_size
-    is 0 (Qwen2-MoE), and its down projection, of 0 inputs, adds zeros to every token."""
+    (GLM-4.5: n_shared_experts) is 0, and its down projection, of 0 inputs, adds zeros to every token."""
 
     def __init__(self, tensors, layout):
         self.tensors = tensors
@@ -74,7 +90,9 @@ class WithoutEmptySharedExperts:
         for p in layers:
             names = [f"{layout.shared_name(p, role)}.weight" for role in ("gate", "up", "down")]
             if all(n in tensors and math.prod(tensors.shape(n)) == 0 for n in names):
-                self.hidden.update(names + [f"{layout.shared_name(p, 'gate_weight')}.weight"])
+                self.hidden.update(names)
+                if layout.shared_gate:
+                    self.hidden.add(f"{layout.shared_name(p, 'gate_weight')}.weight")
 
     def keys(self):
         return [n for n in self.tensors.keys() if n not in self.hidden]
@@ -89,15 +107,17 @@ class WithoutEmptySharedExperts:
         return self.tensors.fetch(name, *codes)
 
 
-def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False):
+def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False,
+                 count_key="num_experts"):
     """The ModelConfig expert fields from config.json. norm_topk: the family's fixed choice (Mixtral
     always renormalises), else the config's norm_topk_prob. sparse_steps: the config may leave some
-    layers dense (Qwen's decoder_sparse_step and mlp_only_layers)."""
+    layers dense (Qwen's decoder_sparse_step and mlp_only_layers). count_key: the family's name of
+    the expert count (GLM-4.5's n_routed_experts)."""
     layers = r.need("num_hidden_layers")
     # the expert count under either name: each family's own, or the other that transformers 5 writes
-    counts = {k: r.get(k) for k in ("num_experts", "num_local_experts") if r.get(k) is not None}
+    counts = {k: r.get(k) for k in (count_key, "num_local_experts") if r.get(k) is not None}
     if len(set(counts.values())) != 1:
-        r.refuse(f"num_experts / num_local_experts {counts or 'missing'} (one count of experts)")
+        r.refuse(f"{count_key} / num_local_experts {counts or 'missing'} (one count of experts)")
     fields = dict(num_experts=next(iter(counts.values())), num_experts_per_tok=r.need("num_experts_per_tok"),
                   moe_intermediate_size=r.need(inter_key),
                   norm_topk_prob=bool(r.get("norm_topk_prob", False)) if norm_topk is None else norm_topk)

@@ -1,0 +1,68 @@
+"""GLM-4.5 / GLM-4.6 / GLM-4.7 (Glm4MoeForCausalLM; GLM-4.5-Air too): LLaMA's pre-norm layer with
+q/k/v biases, q/k norms per head where use_qk_norm, RoPE on the first half of each head (halves, not
+GLM-4's interleaved pairs), and from layer first_k_dense_replace on a sparse MLP routed as DeepSeek-V3
+routes: each expert's sigmoid score, the top num_experts_per_tok of score + e_score_correction_bias
+(the bias picks, the score weighs), renormalised, times routed_scaling_factor, plus n_shared_experts
+experts' worth of an ungated shared MLP every token runs.
+
+The released checkpoints also hold the multi-token-prediction layers (num_nextn_predict_layers of
+them after the last, speculative decoding's drafts): transformers leaves them unread, and so does
+the view below."""
+import re
+
+from .base import Family
+from .experts import ExpertLayout, WithoutEmptySharedExperts, read_experts
+from .fused_experts import FusedExperts
+
+_LAYOUT = ExpertLayout(shared="shared_experts", shared_gate=None, choice_bias="gate.e_score_correction_bias")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _glm4_moe(hf, r):
+    groups, kept = r.get("n_group", 1), r.get("topk_group", 1)
+    if not (isinstance(groups, int) and isinstance(kept, int) and 1 <= groups <= kept):
+        # every group kept is no limit; DeepSeek-V3's 8 groups of which 4 are kept are one
+        r.refuse(f"n_group={groups!r} with topk_group={kept!r} (experts chosen within the best groups)")
+    layers, dense = r.need("num_hidden_layers"), r.get("first_k_dense_replace", 1)
+    shared = r.get("n_shared_experts", 1)
+    if not isinstance(dense, int) or dense < 0 or not isinstance(shared, int) or shared < 0:
+        r.refuse(f"first_k_dense_replace={dense!r} / n_shared_experts={shared!r}")
+    fields = read_experts(r, count_key="n_routed_experts")
+    scale = r.get("routed_scaling_factor", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        r.refuse(f"routed_scaling_factor={scale!r}")
+    return dict(fields, hidden_act=r.activation("hidden_act", {"silu": "silu"}),
+                attention_bias=bool(r.get("attention_bias", False)), use_qk_norm=bool(r.get("use_qk_norm", False)),
+                shared_expert_intermediate_size=shared * fields["moe_intermediate_size"],
+                dense_mlp_layers=list(range(min(dense, layers))) or None, expert_scoring="sigmoid",
+                routed_scaling_factor=float(scale))
+
+
+class WithoutDraftLayers:
+    """A checkpoint's tensors less those of layers past config.num_hidden_layers (the
+    multi-token-prediction layers GLM-4.5 and DeepSeek-V3 release with the model)."""
+
+    def __init__(self, tensors, config):
+        self.tensors, self.layers = tensors, config.num_hidden_layers
+
+    def _kept(self, name):
+        m = _LAYER.match(name)
+        return not m or int(m.group(1)) < self.layers
+
+    def keys(self):
+        return [n for n in self.tensors.keys() if self._kept(n)]
+
+    def __contains__(self, name):
+        return self._kept(name) and name in self.tensors
+
+    def shape(self, name):
+        return self.tensors.shape(name)
+
+    def fetch(self, name, *codes):
+        return self.tensors.fetch(name, *codes)
+
+
+GLM4_MOE = Family("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",), _glm4_moe, qk_norm="head", experts=_LAYOUT,
+                  checkpoint_view=lambda tensors, config: FusedExperts(
+                      WithoutEmptySharedExperts(WithoutDraftLayers(tensors, config), _LAYOUT), _LAYOUT),
+                  config_defaults={"partial_rotary_factor": 0.5, "norm_topk_prob": True})
