@@ -44,7 +44,7 @@ def load_experts(loader, prefix, out_scale=1.0) -> ExpertWeights:
             shared_gate=loader.vector(layout.shared_name(prefix, "gate_weight") + ".weight").reshape(-1)
             if layout.shared_gate else None)
     if layout.choice_bias:
-        shared["router_choice_bias"] = loader.vector(layout.choice_bias_name(prefix))
+        shared["router_choice_bias"] = loader.vector(layout.choice_bias_name(prefix)).reshape(-1)
     if layout.biases:
         # a whole expert's down bias is its rank's to add; rows split, rank 0 adds it once
         down_bias = shard.expert_split == "experts" or shard.rank == 0

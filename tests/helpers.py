@@ -91,6 +91,11 @@ FAMILY_CONFIGS = {
     "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
                                        moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
                                        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
+    # ERNIE 4.5 MoE: softmax routing with a choice bias, two experts' worth of an ungated shared MLP,
+    # the last layer of 3 dense (moe_layer_end_index 1), interleaved RoPE, tied embeddings
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(head_dim=16, num_hidden_layers=3, moe_num_experts=8, moe_k=2,
+                                                moe_intermediate_size=32, moe_num_shared_experts=2,
+                                                moe_layer_start_index=0, moe_layer_end_index=1)),
     # gpt-oss: sinks, biases everywhere, windows of 8 keys on alternate layers, YaRN (its own factor
     # over a shorter original context, so the scaling shows within 512 positions)
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_hidden_layers=3, intermediate_size=64, num_local_experts=8,

@@ -218,7 +218,7 @@ def in_checkpoint_order(model, name, w):
     interleaved RoPE were reordered at conversion (families/glm4.py HalvedRope)."""
     from dashinfer_client.model.families import family
     from dashinfer_client.model.families.glm4 import QK_ROWS, HalvedRope
-    if family(model.architecture).checkpoint_view is not HalvedRope or not QK_ROWS.match(name):
+    if HalvedRope not in family(model.architecture).checkpoint_views or not QK_ROWS.match(name):
         return w
     order = HalvedRope(None, model.config).order
     return w.reshape(-1, len(order), *w.shape[1:])[:, np.argsort(order)].reshape(w.shape)

@@ -76,7 +76,7 @@ class HuggingFaceModel(SourceModel):
         fam = family(self.architecture)
         if fam.stored_quant == "mxfp4":
             self.config.mxfp4_experts = holds_mxfp4(weights.keys())
-        weights = fam.checkpoint_view(weights, self.config) if fam.checkpoint_view else weights
+        weights = fam.checkpoint_view(weights, self.config)
         unexpected = unexpected_tensors(weights.keys(), self.config, self.architecture)
         if unexpected:
             raise ModelSerializerException(

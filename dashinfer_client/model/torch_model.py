@@ -69,8 +69,7 @@ def serialize_model_from_torch(model_name, model_type, torch_model, model_config
     fam = family(architecture)
     if fam.stored_quant == "mxfp4":  # a module loaded from an MXFP4 checkpoint holds its experts dequantized
         config.mxfp4_experts = holds_mxfp4(state.keys())
-    if fam.checkpoint_view:
-        tensors = fam.checkpoint_view(tensors, config)
+    tensors = fam.checkpoint_view(tensors, config)
     _check_tensors(tensors, config, architecture)
     source_dir = hf.get("_name_or_path") or ""
     report = write_serialized(

@@ -42,9 +42,9 @@ class Family:
     experts: Optional[ExpertLayout] = None  # where a sparse layer's experts are (experts.py)
     sinks: bool = False            # self_attn.sinks: a learned logit per head in attention's softmax (gpt-oss)
     # a checkpoint's tensors under the names and in the layout weight_shapes and the decoder take,
-    # when the family stores them otherwise ((tensors, ModelConfig) -> the same interface: keys, in,
-    # shape, fetch; gpt-oss's fused experts, GLM-4's interleaved RoPE dims)
-    checkpoint_view: Optional[Callable] = None
+    # when the family stores them otherwise: views, each (tensors, ModelConfig) -> the same interface
+    # (keys, in, shape, fetch), applied in order (gpt-oss's fused experts, GLM-4's interleaved RoPE dims)
+    checkpoint_views: tuple = ()
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
     # transformers' config class defaults that differ from what a missing key means here (LLaMA's:
     # rope_theta 10000, no scaling, no window): read in place of a key config.json leaves out
@@ -53,6 +53,12 @@ class Family:
     def __post_init__(self):
         assert set(self.norms) <= set(NORM_ROLES) and self.qk_norm in QK_NORMS, self.name
         assert not (self.experts and (self.fused_gate_up or self.fused_qkv)), self.name
+
+    def checkpoint_view(self, tensors, config):
+        """A checkpoint's tensors through the family's checkpoint_views."""
+        for view in self.checkpoint_views:
+            tensors = view(tensors, config)
+        return tensors
 
     # -- where the tensors are ------------------------------------------------------------------
     def linear(self, role, config):

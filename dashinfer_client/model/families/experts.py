@@ -29,6 +29,7 @@ class ExpertLayout:
     shared: str = "shared_expert"
     shared_gate: str | None = "shared_expert_gate"  # None: the shared expert is added ungated (GLM-4.5)
     choice_bias: str | None = None  # a router's bias that picks experts but weighs none (GLM-4.5's)
+    choice_bias_row: bool = False   # it is stored [1, num_experts] (ERNIE 4.5's), not [num_experts]
     biases: bool = False         # the router and every expert projection carry a bias (gpt-oss)
 
     # HF base names (the tensor is {base}.weight) under a layer's prefix "model.layers.{i}."
@@ -67,7 +68,7 @@ class ExpertLayout:
             for base, shape in out.items():
                 shapes[f"{base}.bias"] = shape[:1]
         if self.choice_bias:
-            shapes[self.choice_bias_name(layer_prefix)] = (config.num_experts,)
+            shapes[self.choice_bias_name(layer_prefix)] = (1,) * self.choice_bias_row + (config.num_experts,)
         return shapes
 
     def held_in_fp32(self, names):
@@ -107,18 +108,24 @@ class WithoutEmptySharedExperts:
         return self.tensors.fetch(name, *codes)
 
 
+def without_empty_shared(layout):
+    """The checkpoint view (families/base.py) of WithoutEmptySharedExperts."""
+    return lambda tensors, config: WithoutEmptySharedExperts(tensors, layout)
+
+
 def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False,
-                 count_key="num_experts"):
+                 count_key="num_experts", top_k_key="num_experts_per_tok"):
     """The ModelConfig expert fields from config.json. norm_topk: the family's fixed choice (Mixtral
     always renormalises), else the config's norm_topk_prob. sparse_steps: the config may leave some
-    layers dense (Qwen's decoder_sparse_step and mlp_only_layers). count_key: the family's name of
-    the expert count (GLM-4.5's n_routed_experts)."""
+    layers dense (Qwen's decoder_sparse_step and mlp_only_layers). count_key, top_k_key: the
+    family's names of the expert count and of the experts a token takes (GLM-4.5's n_routed_experts,
+    ERNIE 4.5's moe_num_experts and moe_k)."""
     layers = r.need("num_hidden_layers")
     # the expert count under either name: each family's own, or the other that transformers 5 writes
     counts = {k: r.get(k) for k in (count_key, "num_local_experts") if r.get(k) is not None}
     if len(set(counts.values())) != 1:
         r.refuse(f"{count_key} / num_local_experts {counts or 'missing'} (one count of experts)")
-    fields = dict(num_experts=next(iter(counts.values())), num_experts_per_tok=r.need("num_experts_per_tok"),
+    fields = dict(num_experts=next(iter(counts.values())), num_experts_per_tok=r.need(top_k_key),
                   moe_intermediate_size=r.need(inter_key),
                   norm_topk_prob=bool(r.get("norm_topk_prob", False)) if norm_topk is None else norm_topk)
     if shared:

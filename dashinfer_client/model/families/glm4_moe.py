@@ -11,8 +11,9 @@ the view below."""
 import re
 
 from .base import Family
-from .experts import ExpertLayout, WithoutEmptySharedExperts, read_experts
-from .fused_experts import FusedExperts
+from .experts import ExpertLayout, read_experts, without_empty_shared
+from .fused_experts import stacked_experts
+from .renamed import Without
 
 _LAYOUT = ExpertLayout(shared="shared_experts", shared_gate=None, choice_bias="gate.e_score_correction_bias")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -38,31 +39,16 @@ def _glm4_moe(hf, r):
                 routed_scaling_factor=float(scale))
 
 
-class WithoutDraftLayers:
-    """A checkpoint's tensors less those of layers past config.num_hidden_layers (the
-    multi-token-prediction layers GLM-4.5 and DeepSeek-V3 release with the model)."""
-
-    def __init__(self, tensors, config):
-        self.tensors, self.layers = tensors, config.num_hidden_layers
-
-    def _kept(self, name):
+def _draft_layers(config):
+    """Whether a tensor name is of a layer past the model's last: the release's multi-token-prediction
+    layers."""
+    def unread(name):
         m = _LAYER.match(name)
-        return not m or int(m.group(1)) < self.layers
-
-    def keys(self):
-        return [n for n in self.tensors.keys() if self._kept(n)]
-
-    def __contains__(self, name):
-        return self._kept(name) and name in self.tensors
-
-    def shape(self, name):
-        return self.tensors.shape(name)
-
-    def fetch(self, name, *codes):
-        return self.tensors.fetch(name, *codes)
+        return bool(m) and int(m.group(1)) >= config.num_hidden_layers
+    return unread
 
 
 GLM4_MOE = Family("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",), _glm4_moe, qk_norm="head", experts=_LAYOUT,
-                  checkpoint_view=lambda tensors, config: FusedExperts(
-                      WithoutEmptySharedExperts(WithoutDraftLayers(tensors, config), _LAYOUT), _LAYOUT),
+                  checkpoint_views=(lambda tensors, config: Without(tensors, _draft_layers(config)),
+                                    without_empty_shared(_LAYOUT), stacked_experts(_LAYOUT)),
                   config_defaults={"partial_rotary_factor": 0.5, "norm_topk_prob": True})

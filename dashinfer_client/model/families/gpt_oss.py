@@ -45,6 +45,6 @@ _DEFAULTS = {"rope_theta": 150000.0, "sliding_window": 128,
              "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                               "truncate": False, "original_max_position_embeddings": 4096}}
 GPT_OSS = Family("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",), _gpt_oss, sinks=True, experts=_LAYOUT,
-                 checkpoint_view=lambda tensors, config: FusedExperts(tensors, _LAYOUT, interleaved=True,
-                                                                      transposed=True),
+                 checkpoint_views=(lambda tensors, config: FusedExperts(tensors, _LAYOUT, interleaved=True,
+                                                                       transposed=True),),
                  stored_quant="mxfp4", config_defaults=_DEFAULTS)

@@ -33,4 +33,4 @@ def _granite4(hf, r):
 
 
 GRANITE4 = Family("granite4", ("GraniteMoeHybridForCausalLM",), ("granitemoehybrid",), _granite4,
-                  fused_gate_up=True, checkpoint_view=lambda tensors, config: Renamed(tensors, _RENAMES))
+                  fused_gate_up=True, checkpoint_views=(lambda tensors, config: Renamed(tensors, _RENAMES),))

@@ -10,5 +10,5 @@ def _helium(hf, r):
                 mlp_bias=bool(r.get("mlp_bias", False)))
 
 
-HELIUM = Family("helium", ("HeliumForCausalLM",), ("helium",), _helium, checkpoint_view=HalvedRope,
+HELIUM = Family("helium", ("HeliumForCausalLM",), ("helium",), _helium, checkpoint_views=(HalvedRope,),
                 config_defaults={"head_dim": 128, "rope_theta": 100000.0})  # HeliumConfig's

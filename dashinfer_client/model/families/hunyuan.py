@@ -29,4 +29,4 @@ def _hunyuan(hf, r):
 
 HUNYUAN = Family("hunyuan_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan_v1_dense",), _hunyuan,
                  qk_norm="head", qk_norm_after_rope=True, own_rope=True,
-                 checkpoint_view=lambda tensors, config: Renamed(tensors, _RENAMES))
+                 checkpoint_views=(lambda tensors, config: Renamed(tensors, _RENAMES),))

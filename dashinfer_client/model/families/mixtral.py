@@ -15,4 +15,4 @@ def _mixtral(hf, r):
 
 _LAYOUT = ExpertLayout(block="block_sparse_moe", gate="w1", up="w3", down="w2")
 MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), _mixtral, experts=_LAYOUT,
-                 checkpoint_view=stacked_experts(_LAYOUT), config_defaults={"rope_theta": 1e6})
+                 checkpoint_views=(stacked_experts(_LAYOUT),), config_defaults={"rope_theta": 1e6})

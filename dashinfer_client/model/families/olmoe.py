@@ -15,4 +15,4 @@ def _olmoe(hf, r):
 
 
 OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe, qk_norm="whole", experts=ExpertLayout(), gguf_arch="olmoe",
-               checkpoint_view=stacked_experts(ExpertLayout()))
+               checkpoint_views=(stacked_experts(ExpertLayout()),))

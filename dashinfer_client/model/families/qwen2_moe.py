@@ -1,8 +1,8 @@
 """Qwen1.5-MoE / Qwen2-MoE: Qwen2's attention (q/k/v biases under qkv_bias) over Qwen3-MoE's
 sparse MLP plus a shared expert every token runs, scaled by sigmoid(x . shared_expert_gate)."""
 from .base import Family
-from .experts import ExpertLayout, WithoutEmptySharedExperts, read_experts
-from .fused_experts import FusedExperts
+from .experts import ExpertLayout, read_experts, without_empty_shared
+from .fused_experts import stacked_experts
 
 _LAYOUT = ExpertLayout()
 
@@ -16,5 +16,4 @@ def _qwen2_moe(hf, r):
 
 
 QWEN2_MOE = Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe, experts=_LAYOUT, gguf_arch="qwen2moe",
-                   checkpoint_view=lambda tensors, config: FusedExperts(WithoutEmptySharedExperts(tensors, _LAYOUT),
-                                                                        _LAYOUT))
+                   checkpoint_views=(without_empty_shared(_LAYOUT), stacked_experts(_LAYOUT)))

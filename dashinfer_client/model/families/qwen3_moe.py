@@ -21,4 +21,4 @@ def _qwen3_moe(hf, r):
 
 
 QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _qwen3_moe, qk_norm="head",
-                   experts=ExpertLayout(), gguf_arch="qwen3moe", checkpoint_view=stacked_experts(ExpertLayout()))
+                   experts=ExpertLayout(), gguf_arch="qwen3moe", checkpoint_views=(stacked_experts(ExpertLayout()),))

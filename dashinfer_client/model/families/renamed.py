@@ -1,6 +1,7 @@
 """A checkpoint's tensors under the names a family's layer takes, where its checkpoints store some
 under others (Granite 4's shared_mlp, Hunyuan's query_layernorm): each name a pattern matches is
-shown as the pattern's replacement, its tensor unchanged."""
+shown as the pattern's replacement, its tensor unchanged; and without those the model does not
+read (the multi-token-prediction layers GLM-4.5 and ERNIE 4.5 release beside theirs)."""
 import re
 
 
@@ -29,3 +30,22 @@ class Renamed:
 
     def fetch(self, name, *codes):
         return self.tensors.fetch(self.source.get(name, name), *codes)
+
+
+class Without:
+    """tensors (keys, in, shape, fetch) less every name for which unread(name) is true."""
+
+    def __init__(self, tensors, unread):
+        self.tensors, self.unread = tensors, unread
+
+    def keys(self):
+        return [n for n in self.tensors.keys() if not self.unread(n)]
+
+    def __contains__(self, name):
+        return not self.unread(name) and name in self.tensors
+
+    def shape(self, name):
+        return self.tensors.shape(name)
+
+    def fetch(self, name, *codes):
+        return self.tensors.fetch(name, *codes)
