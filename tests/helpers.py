@@ -91,6 +91,12 @@ FAMILY_CONFIGS = {
     "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
                                        moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
                                        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
+    # dots.llm1: GLM-4.5's router with the weights not renormalised, one shared expert, every
+    # projection of attention biased, the last layer of 3 sliding (8 keys)
+    "dots1": ("Dots1Config", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                                  moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+                                  routed_scaling_factor=2.5, norm_topk_prob=False, attention_bias=True,
+                                  sliding_window=8, max_window_layers=2)),
     # ERNIE 4.5 MoE: softmax routing with a choice bias, two experts' worth of an ungated shared MLP,
     # the last layer of 3 dense (moe_layer_end_index 1), interleaved RoPE, tied embeddings
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(head_dim=16, num_hidden_layers=3, moe_num_experts=8, moe_k=2,
