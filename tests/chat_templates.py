@@ -1,6 +1,7 @@
 """Chat templates of the tiny test tokenizers: plain ChatML, ChatML with <think>, Qwen2.5/Hermes
 style tool calls (with and without a tool round trip), Qwen3's reasoning history, gpt-oss's
-harmony, Qwen3-Coder's XML calls, Granite 3.3's and Mistral's tools, with the special tokens each needs."""
+harmony, Qwen3-Coder's XML calls, Granite 3.3's and Mistral's tools, GLM-4.5's <arg_key> calls,
+with the special tokens each needs."""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -190,3 +191,42 @@ MISTRAL = (
     "{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ ']' + eos_token }}"
     "{% elif message.role == 'tool' %}{{ '[TOOL_RESULTS] ' + ({'content': message.content} | tojson) + "
     "'[/TOOL_RESULTS]' }}{% else %}{{ ' ' + message.content + eos_token }}{% endif %}{% endfor %}")
+
+# GLM-4.5's template as it treats tools and reasoning, written small: [gMASK]<sop>, then the tools as
+# JSON lines in <tools> in a system turn that shows the call format; <|system|>, <|user|> (with
+# /nothink when enable_thinking is false), <|assistant|>, whose reasoning after the last user turn is
+# kept in <think>...</think> and is an empty <think></think> elsewhere; its calls as <tool_call>NAME
+# and <arg_key>/<arg_value> lines (a string value as it is, any other as JSON, arguments read with
+# .items(): a mapping); a run of tool results in one <|observation|> turn, each in <tool_response>.
+# The answer opens at <|assistant|> (the model writes <think>); enable_thinking=False closes an empty
+# one. Its <arg_key> selects the glm45 parser, its <think> the think reasoning parser.
+GLM45_SPECIAL = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+GLM45_ADDED = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+GLM45 = (
+    "[gMASK]<sop>"
+    "{%- if tools %}{{- '<|system|>\\n# Tools\\n\\nYou may call functions. Their signatures, one a line, in '"
+    "'<tools></tools>:\\n<tools>\\n' }}{%- for tool in tools %}{{- tool | tojson(ensure_ascii=False) }}{{- '\\n' }}"
+    "{%- endfor %}{{- '</tools>\\n\\nWrite a call as:\\n<tool_call>{function-name}\\n<arg_key>{arg-key-1}</arg_key>\\n'"
+    "'<arg_value>{arg-value-1}</arg_value>\\n...\\n</tool_call>' }}{%- endif %}"
+    "{%- set ns = namespace(last_user=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- set content = m.content if m.content is string else '' %}"
+    "{%- if m.role == 'user' %}{{- '<|user|>\\n' + content }}"
+    "{%- if enable_thinking is defined and not enable_thinking and not content.endswith('/nothink') %}"
+    "{{- '/nothink' }}{%- endif %}"
+    "{%- elif m.role == 'assistant' %}{{- '<|assistant|>' }}{%- set reasoning = '' %}"
+    "{%- if m.reasoning_content is string %}{%- set reasoning = m.reasoning_content %}"
+    "{%- elif '</think>' in content %}{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}"
+    "{%- set content = content.split('</think>')[-1] %}{%- endif %}"
+    "{%- if loop.index0 > ns.last_user and reasoning.strip() %}{{- '\\n<think>' + reasoning.strip() + '</think>' }}"
+    "{%- else %}{{- '\\n<think></think>' }}{%- endif %}"
+    "{%- if content.strip() %}{{- '\\n' + content.strip() }}{%- endif %}"
+    "{%- for tc in m.tool_calls or [] %}{%- set tc = tc.function if tc.function is defined else tc %}"
+    "{{- '\\n<tool_call>' + tc.name + '\\n' }}{%- for k, v in tc.arguments.items() %}"
+    "{{- '<arg_key>' + k + '</arg_key>\\n<arg_value>' }}{{- v if v is string else v | tojson(ensure_ascii=False) }}"
+    "{{- '</arg_value>\\n' }}{%- endfor %}{{- '</tool_call>' }}{%- endfor %}"
+    "{%- elif m.role == 'tool' %}{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|observation|>' }}{%- endif %}{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- elif m.role == 'system' %}{{- '<|system|>\\n' + content }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{{- '\\n<think></think>' }}{%- endif %}{%- endif %}")

@@ -14,7 +14,10 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_templates import GRANITE, GRANITE_TOKENS, HERMES_CHATML, MISTRAL, MISTRAL_TOKENS, QWEN3_CODER
+from dashinfer_client.lark_text import lark_text
+from dashinfer_client.tokenizer import Tokenizer, added_tokens
+from tests.chat_templates import (GLM45, GLM45_ADDED, GLM45_SPECIAL, GRANITE, GRANITE_TOKENS, HERMES_CHATML, MISTRAL,
+                                  MISTRAL_TOKENS, QWEN3_CODER)
 from tests.helpers import tiny_with_template
 from tests.http_server import serving
 
@@ -84,10 +87,12 @@ UNDO_SCHEMA = {"type": "object", "properties": {"steps": {"enum": [1, 2]}}, "req
 UNDO = {"type": "function", "function": {"name": "undo", "parameters": UNDO_SCHEMA}}
 
 
-# Each family's markers as its tokenizer has them: special tokens (Granite's, Mistral's), added tokens
-# that are not special (Qwen's <tool_call> and </tool_call>); (name, template, special, added, marker)
+# Each family's markers as its tokenizer has them: special tokens (Granite's, Mistral's, GLM's roles), added
+# tokens that are not special (Qwen's <tool_call> and </tool_call>, GLM's call tags); (name, template,
+# special, added, marker)
 QWEN_ADDED = ("<tool_call>", "</tool_call>")
 FAMILIES = [("qwen3-coder", QWEN3_CODER, (), QWEN_ADDED, "<tool_call>"),
+            ("glm45", GLM45, GLM45_SPECIAL, GLM45_ADDED, "<tool_call>"),
             ("granite", GRANITE, GRANITE_TOKENS, (), "<|tool_call|>"),
             ("qwen-hermes", HERMES_CHATML, (), QWEN_ADDED, "<tool_call>"),
             ("mistral", MISTRAL, MISTRAL_TOKENS, (), "[TOOL_CALLS]")]
@@ -111,8 +116,10 @@ def test_a_forced_call_in_the_family_format_streams_what_it_answers_whole(format
     arguments meet the schema (the XML values read back by type), and the stream joins into them."""
     server, marker = format_server
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    # thinking off: GLM's template would let the model reason before the call (the others read no such option)
     request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], tool_choice=tool_choice,
-                   parallel_tool_calls=False, max_tokens=200, temperature=0, logprobs=True)
+                   parallel_tool_calls=False, max_tokens=200, temperature=0, logprobs=True,
+                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     whole = client.chat.completions.create(**request)
     assert whole.choices[0].logprobs.content[0].token == marker  # one token: the marker's own
     [call] = whole.choices[0].message.tool_calls
@@ -150,3 +157,41 @@ def test_granite_thinking_comes_back_as_reasoning_and_content_without_its_wrappe
     deltas = [c.choices[0].delta for c in client.chat.completions.create(**request, stream=True) if c.choices]
     assert ("".join(getattr(d, "reasoning_content", None) or "" for d in deltas),
             "".join(d.content or "" for d in deltas)) == expected
+
+
+# GLM-4.5's answer as its template writes a call: the reasoning, then the call's tags (GLM's added
+# tokens), a string value that looks like a number, an integer one
+GLM_ANSWER = ("<think>The user wants a file.</think>\n<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>0755"
+              "</arg_value>\n<arg_key>mode</arg_key>\n<arg_value>420</arg_value>\n</tool_call>")
+
+
+@pytest.fixture(scope="module")
+def glm_server(tmp_path_factory):
+    hf_dir, out = tiny_with_template(tmp_path_factory, "glm45-auto", GLM45, extra_special=GLM45_SPECIAL,
+                                     extra_added=GLM45_ADDED)
+    with serving(out, str(tmp_path_factory.mktemp("glm45-auto-serve") / "serve.log"), "--max-model-len", "2048",
+                 tp=1) as s:
+        yield s, added_tokens(Tokenizer(hf_dir))
+
+
+def test_a_glm_answer_comes_back_as_reasoning_and_a_call_typed_by_the_schema(glm_server):
+    """tool_choice auto: GLM's answer (pinned by a grammar, its tags as their tokens) comes back as
+    reasoning_content and a call whose arguments are the values read by the schema (path a string,
+    though it looks like a number; mode an integer), with no content, whole and streamed."""
+    server, added = glm_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], max_tokens=160, temperature=0,
+                   response_format={"type": "grammar", "grammar": f"start: {lark_text(GLM_ANSWER, added)}"})
+    choice = client.chat.completions.create(**request).choices[0]
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("write_file", '{"path": "0755", "mode": 420}')
+    assert choice.message.reasoning_content == "The user wants a file." and not choice.message.content
+    assert choice.finish_reason == "tool_calls"
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    pieces = [p for d in deltas for p in d.tool_calls or ()]
+    assert pieces[0].function.name == "write_file" and pieces[0].id and len({p.index for p in pieces}) == 1
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "The user wants a file."
+    assert not "".join(d.content or "" for d in deltas) and chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -13,6 +13,7 @@ from dashinfer_client.frontend import OutputProcessor, Prompts
 from dashinfer_client.frontend.parsers import (REASONING_PARSERS, TOOL_PARSERS, ToolCall, reasoning_parser_for,
                                                tool_parser_for)
 from dashinfer_client.tokenizer import added_tokens
+from tests.chat_templates import GLM45_ADDED
 from tests.output_helpers import cut_answer, elements
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
@@ -42,6 +43,10 @@ CASES = [
     ("seed_oss", "Let me look.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
                  "<parameter=unit>C</parameter>\n</function>\n</seed:tool_call>",
      "Let me look.\n", [("get_weather", {"city": "Paris", "unit": "C"})]),
+    ("glm45", "Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+              "</tool_call>", "Let me look.\n", [("get_weather", {"city": "Paris"})]),
+    ("glm47", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>unit</arg_key>"
+              "<arg_value>C</arg_value></tool_call>", "", [("get_weather", {"city": "Oslo", "unit": "C"})]),
     ("json", '{"name": "get_weather", "arguments": {"city": "Kyiv"}}', "", [("get_weather", {"city": "Kyiv"})]),
     ("json", '[{"name": "get_time", "arguments": {"zone": "EST"}}]', "", [("get_time", {"zone": "EST"})]),
     ("json", '{"answer": 42}', '{"answer": 42}', []),  # JSON, but no call: content
@@ -80,6 +85,8 @@ def test_call_ids_are_unique():
     ("{{ '[TOOL_CALLS]' }}{{ messages }}", "mistral", None),
     ("{% if enable_thinking %}<think>{% endif %}<tool_call>", "hermes", "think"),
     ("<tool_call>\n<function={{ name }}>\n<parameter={{ arg }}>\n{{ value }}\n</parameter>", "qwen3_coder", None),
+    ("[gMASK]<sop>{{ '<tool_call>' + name }}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>"
+     "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}", "glm45", "think"),
     ("{{- '<|start_of_role|>available_tools<|end_of_role|>' }}<|tool_call|>", "granite", None),
     ("<|tool_call|>{% if thinking %}Write your thoughts between <think></think> and write your response between "
      "<response></response>{% endif %}", "granite", "granite"),
@@ -140,6 +147,9 @@ def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, f
         jsonschema.validate(json.loads(call.arguments), schemas[call.name])
 
 
+GLM_TIME = "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>"
+
+
 @pytest.mark.parametrize("fmt, special, added, answer", [
     ("mistral", ("[TOOL_CALLS]",), (), '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]'),
     ("granite", ("<|tool_call|>",), (), '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]'),
@@ -147,6 +157,8 @@ def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, f
      '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'),
     ("qwen3_coder", (), ("<tool_call>", "</tool_call>"),
      "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>"),
+    ("glm45", (), GLM45_ADDED, GLM_TIME),  # GLM's tags as its tokenizer has them: added, not special
+    ("glm45", GLM45_ADDED, (), GLM_TIME),  # and as special tokens: still read (special_tokens)
 ])
 def test_a_forced_call_begins_with_the_marker_token_where_the_tokenizer_has_one(tmp_path, fmt, special, added, answer):
     """Mistral's [TOOL_CALLS] and Granite's <|tool_call|> are special tokens of their tokenizers, Qwen's

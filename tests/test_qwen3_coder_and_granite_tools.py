@@ -5,7 +5,6 @@ qwen3_coder parser (a string stays text, other types parsed), json.dumps of them
 text, transformers' apply_chat_template for the prompts, llguidance and jsonschema for the grammars
 of forced calls."""
 import json
-import random
 
 import jsonschema
 import pytest
@@ -15,7 +14,7 @@ from dashinfer_client.frontend.parsers import TOOL_PARSERS
 from dashinfer_client.tokenizer import added_tokens
 from tests.chat_templates import GRANITE, GRANITE_TOKENS, QWEN3_CODER
 from tests.helpers import build_tiny_tokenizer
-from tests.output_helpers import cut_answer, elements
+from tests.output_helpers import cut_answer, elements, random_answer, run_parser
 
 WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
@@ -59,22 +58,11 @@ ANSWERS = [
 ]
 
 
-def _run(parser, chunks):
-    content, calls, parts = [], [], []
-    for chunk in chunks:
-        text, got = parser.feed(chunk)
-        content.append(text)
-        calls += got
-        parts += parser.take_parts()
-    text, got = parser.finish()
-    return "".join(content) + text, calls + got, parts + parser.take_parts()
-
-
 @pytest.mark.parametrize("answer, content, calls", ANSWERS)
 def test_qwen3_coder_calls_read_whole_and_split_everywhere(answer, content, calls):
     splits = [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]
     for chunks in splits:
-        got_content, got_calls, parts = _run(TOOL_PARSERS["qwen3_coder"].for_functions(FUNCTIONS), chunks)
+        got_content, got_calls, parts = run_parser(TOOL_PARSERS["qwen3_coder"].for_functions(FUNCTIONS), chunks)
         assert got_content == content, chunks
         # the values as the schema reads them, in the order written, spaced as json.dumps spaces them
         assert [(c.name, c.arguments) for c in got_calls] == [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
@@ -148,31 +136,10 @@ def test_prompts_with_tools_and_a_round_trip_are_transformers_ids(tmp_path, temp
                 "</parameter>\n<parameter=mode>\n420\n</parameter>\n<parameter=force>\nTrue\n</parameter>\n"
                 '<parameter=tags>\n["a"]\n</parameter>\n</function>') in text
         written = text[text.rindex("<tool_call>"):text.rindex("</tool_call>") + len("</tool_call>")]
-        _, [call], _ = _run(TOOL_PARSERS[fmt].for_functions(FUNCTIONS), [written])
+        _, [call], _ = run_parser(TOOL_PARSERS[fmt].for_functions(FUNCTIONS), [written])
         assert json.loads(call.arguments) == arguments  # what the template wrote reads back as the call
     else:  # Granite's template writes no calls (IBM's granite-io neither): the turn's content only
         assert "<|start_of_role|>assistant<|end_of_role|><|end_of_text|>" in text and "write_file" in text
-
-
-def _random_answer(tokenizer, grammar, seed):
-    """What a model that picks any token the grammar allows writes (llguidance's mask)."""
-    import llguidance
-    import numpy as np
-    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-    ll = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str())
-    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-    assert not matcher.is_error(), matcher.get_error()
-    rng, ids, bits = random.Random(seed), [], allocate_token_bitmask(1, ll.vocab_size)
-    while not matcher.is_stopped() and not (matcher.is_accepting() and rng.random() < 0.6) and len(ids) < 3000:
-        fill_next_token_bitmask(matcher, bits, 0)
-        allowed = np.flatnonzero(np.unpackbits(bits[0].view(np.uint8), bitorder="little")[:ll.vocab_size])
-        allowed = [int(i) for i in allowed if i != ll.eos_token]
-        if not allowed:
-            break
-        ids.append(rng.choice(allowed))
-        assert matcher.consume_token(ids[-1])
-    assert matcher.is_accepting()
-    return tokenizer.decode(ids)
 
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "granite"])
@@ -181,8 +148,8 @@ def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, 
     cls, schemas = TOOL_PARSERS[fmt], {f["name"]: f["parameters"] for f in FUNCTIONS}
     for functions in (FUNCTIONS, [RUN]):  # tool_choice required, then a named function
         for seed in range(6):
-            answer = _random_answer(tokenizer, cls.grammar(functions, parallel, added_tokens(tokenizer)), seed)
-            content, calls, _ = _run(cls.for_functions(functions), [answer])
+            answer = random_answer(tokenizer, cls.grammar(functions, parallel, added_tokens(tokenizer)), seed)
+            content, calls, _ = run_parser(cls.for_functions(functions), [answer])
             assert content.strip() == "" and calls and (parallel or len(calls) == 1), answer
             for call in calls:
                 assert call.name in {f["name"] for f in functions}

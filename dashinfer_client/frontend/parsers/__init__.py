@@ -5,6 +5,9 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
                   <parameter=ARG>VALUE</parameter>...
     seed_oss      the same in <seed:tool_call>              Seed-OSS (its reasoning parser too:
                                                             <seed:think>...</seed:think>)
+    glm45         <tool_call>NAME                           GLM-4.5, GLM-4.6, GLM-4.7 (also named glm47;
+                  <arg_key>ARG</arg_key>                    4.7 writes it without the newlines)
+                  <arg_value>VALUE</arg_value>...</tool_call>
     hermes        <tool_call>{...}</tool_call>              Qwen2.5, Qwen3, Hermes
     llama3_json   {"name", "parameters"}                    Llama 3.1+
     mistral       [TOOL_CALLS][{...}]                       Mistral
@@ -12,15 +15,15 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     json          {"name", "arguments"} (tools in the prompt)  templates that know no tools
     harmony       <|channel|>commentary to=functions.NAME ... gpt-oss (its reasoning parser too:
                   <|message|>{...}<|call|>                  the analysis channel)
-    think         <think>...</think>                        reasoning of Qwen3, DeepSeek-R1 distills
+    think         <think>...</think>                        reasoning of Qwen3, GLM-4.5+, DeepSeek-R1 distills
     granite       <think>...</think><response>...</response>  Granite 3.3's reasoning (its tool parser too)
 
-Every format but harmony reads the text as the user sees it (special tokens skipped); harmony's
-markers are special tokens, so its parsers ask for them (`special_tokens`).
+Every format but harmony and glm45 reads the text as the user sees it (special tokens skipped);
+harmony's markers are special tokens, and GLM's may be, so their parsers ask for them (`special_tokens`).
 """
 # They register themselves, in the order the template test tries them (the first whose markers the
-# template holds): qwen3_coder before hermes, whose <tool_call> its template holds too.
-from . import generic_json, granite, harmony, qwen3_coder, hermes, llama3, mistral, think  # noqa: F401,I001
+# template holds): qwen3_coder and glm45 before hermes, whose <tool_call> their templates hold too.
+from . import generic_json, granite, harmony, qwen3_coder, glm45, hermes, llama3, mistral, think  # noqa: F401,I001
 from .base import REASONING_PARSERS, TOOL_PARSERS, ToolCall, ToolParser
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "ToolParser", "tool_parser_for",

@@ -160,7 +160,8 @@ class CallObjects:
 
 
 def register_tool_parser(cls):
-    TOOL_PARSERS[cls.name] = cls
+    for name in (cls.name, *cls.aliases):
+        TOOL_PARSERS[name] = cls
     return cls
 
 
@@ -175,6 +176,17 @@ def split_held(text: str, tag: str):
         if text.endswith(tag[:n]):
             return text[:-n], text[-n:]
     return text, ""
+
+
+def first_of(text: str, tags):
+    """(where, tag) of the first of `tags` in text; None where none is."""
+    found = [(i, t) for t in tags for i in (text.find(t),) if i >= 0]
+    return min(found) if found else None
+
+
+def split_held_any(text: str, tags):
+    """split_held over several tags: what no tag may begin, and the longest ending that may."""
+    return min((split_held(text, t) for t in tags), key=lambda split: len(split[0]))
 
 
 def call_from(obj, argument_keys=("arguments", "parameters")):
@@ -260,11 +272,13 @@ def lark_json(schema) -> str:
 
 
 class ToolParser:
-    """One model family's tool-call format. name: as --tool-call-parser takes it; markers: strings
-    whose presence in a chat template says the template speaks this format. Subclasses implement
-    feed/finish over their own state, grammar() for tool_choice required / a named function, and
-    text_of() to write past calls back into a prompt when the template cannot."""
+    """One model family's tool-call format. name: as --tool-call-parser takes it (aliases: other names
+    it goes by there); markers: strings whose presence in a chat template says the template speaks
+    this format. Subclasses implement feed/finish over their own state, grammar() for tool_choice
+    required / a named function, and text_of() to write past calls back into a prompt when the
+    template cannot."""
     name = ""
+    aliases = ()
     markers = ()
     template_renders_tools = True  # False: the prompt describes the tools (the template cannot)
     special_tokens = ()  # the special tokens the format's markers are: the decoder keeps these for it

@@ -20,8 +20,8 @@ import json
 import re
 
 from ...lark_text import lark_text
-from .base import ToolCall, ToolCallPart, ToolParser, lark_json, register_reasoning_parser, \
-    register_tool_parser, split_held
+from .base import ToolCall, ToolCallPart, ToolParser, first_of, lark_json, register_reasoning_parser, \
+    register_tool_parser, split_held_any
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -71,13 +71,13 @@ class Messages:
                 end = at + len(MESSAGE)
                 events.append(("open", self.held[:end], channel and channel.group(1), recipient and recipient.group(1)))
                 self.held, self.state = self.held[end:], "body"
-            found = [(i, m) for m in MARKERS for i in (self.held.find(m),) if i >= 0]
-            if not found:
-                out, self.held = _split_held_any(self.held, MARKERS)
+            found = first_of(self.held, MARKERS)
+            if found is None:
+                out, self.held = split_held_any(self.held, MARKERS)
                 if out:
                     events.append(("text", out, None, None))
                 return events
-            at, marker = min(found)
+            at, marker = found
             if at:
                 events.append(("text", self.held[:at], None, None))
             if marker in STRAY:  # a header's marker inside a body says nothing: dropped
@@ -94,11 +94,6 @@ class Messages:
         if self.state == "body":
             return ([("text", held, None, None)] if held else []) + [("close", "", None, None)]
         return [("rest", held, None, None)] if held else []
-
-
-def _split_held_any(text, markers):
-    """split_held over several markers: what no marker may begin, and the longest ending that may."""
-    return min((split_held(text, m) for m in markers), key=lambda split: len(split[0]))
 
 
 @register_reasoning_parser
