@@ -40,3 +40,21 @@ def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
         parser = REASONING_PARSERS[fmt](inside=inside)
         parts = [parser.feed(c) for c in chunks] + [parser.finish()]
         assert "".join(r for r, _ in parts) == reasoning and "".join(c for _, c in parts) == content, chunks
+
+
+# vLLM's parser names (its --tool-call-parser / --reasoning-parser choices) for the formats served here
+VLLM_NAMES = [("--reasoning-parser", "qwen3", "think"), ("--reasoning-parser", "deepseek_r1", "think"),
+              ("--reasoning-parser", "glm45", "think"), ("--reasoning-parser", "ernie45", "think"),
+              ("--reasoning-parser", "openai_gptoss", "harmony"), ("--tool-call-parser", "openai", "harmony"),
+              ("--tool-call-parser", "glm47", "glm45")]
+
+
+@pytest.mark.parametrize("flag,vllm,ours", VLLM_NAMES)
+def test_a_vllm_command_lines_parser_names_are_taken(flag, vllm, ours):
+    """`dashinfer serve` takes the name (argparse's choices) and it picks the same format as ours."""
+    from dashinfer_client.frontend.parsers import reasoning_parser_for, tool_parser_for
+    from dashinfer_server.cli import build_parser
+    args = build_parser().parse_args(["serve", flag, vllm])
+    pick = reasoning_parser_for if flag == "--reasoning-parser" else tool_parser_for
+    chosen = getattr(args, flag.lstrip("-").replace("-", "_"))
+    assert pick(None, chosen) is pick(None, ours)

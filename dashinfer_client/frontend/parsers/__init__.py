@@ -18,6 +18,9 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     think         <think>...</think>                        reasoning of Qwen3, GLM-4.5+, DeepSeek-R1 distills
     granite       <think>...</think><response>...</response>  Granite 3.3's reasoning (its tool parser too)
 
+A parser may go by other names too (`aliases`: vLLM's, so its command lines carry over: openai and
+openai_gptoss for harmony, qwen3 / deepseek_r1 / glm45 / ernie45 for think).
+
 Every format but harmony and glm45 reads the text as the user sees it (special tokens skipped);
 harmony's markers are special tokens, and GLM's may be, so their parsers ask for them (`special_tokens`).
 """

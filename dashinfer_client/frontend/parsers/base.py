@@ -160,13 +160,14 @@ class CallObjects:
 
 
 def register_tool_parser(cls):
-    for name in (cls.name, *cls.aliases):
+    for name in (cls.name, *vars(cls).get("aliases", ())):  # a subclass is not known by its base's aliases
         TOOL_PARSERS[name] = cls
     return cls
 
 
 def register_reasoning_parser(cls):
-    REASONING_PARSERS[cls.name] = cls
+    for name in (cls.name, *vars(cls).get("aliases", ())):
+        REASONING_PARSERS[name] = cls
     return cls
 
 

@@ -100,6 +100,7 @@ class Messages:
 class HarmonyReasoningParser:
     """The analysis channel is the reasoning; every other message passes on as written."""
     name = "harmony"
+    aliases = ("openai_gptoss",)  # vLLM's name
     markers = (CHANNEL,)
     special_tokens = boundary_tokens = MARKERS
     closer = None  # a prompt never opens a message
@@ -133,6 +134,7 @@ class HarmonyReasoningParser:
 @register_tool_parser
 class HarmonyToolParser(ToolParser):
     name = "harmony"
+    aliases = ("openai",)  # vLLM's name
     markers = (CHANNEL,)
     special_tokens = MARKERS
     always = True

@@ -9,6 +9,7 @@ OPEN, CLOSE = "<think>", "</think>"
 @register_reasoning_parser
 class ThinkReasoningParser:
     name = "think"
+    aliases = ("qwen3", "deepseek_r1", "glm45", "ernie45")  # vLLM's names of the same format
     markers = (OPEN,)
     opener, closer = OPEN, CLOSE  # what opens and ends a reasoning (a constrained answer's bounds)
     answer_bounds = None  # the bounds depend on the prompt (Prompts.reasoning_bounds)
