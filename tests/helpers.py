@@ -91,6 +91,10 @@ FAMILY_CONFIGS = {
     "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
                                        moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
                                        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True)),
+    # Granite 3 MoE: Granite's four scalars, 8 experts of 64 rows in every layer
+    "granitemoe": ("GraniteMoeConfig", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64,
+                                            embedding_multiplier=6.0, residual_multiplier=0.4,
+                                            attention_multiplier=0.3, logits_scaling=3.0)),
     # dots.llm1: GLM-4.5's router with the weights not renormalised, one shared expert, every
     # projection of attention biased, the last layer of 3 sliding (8 keys)
     "dots1": ("Dots1Config", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,

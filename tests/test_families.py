@@ -230,20 +230,23 @@ EXPERT = re.compile(r"(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(
 def hf_parameter(params, name):
     """The transformers parameter (or the part of one) a checkpoint tensor loads into: transformers 5
     holds a layer's experts in two 3-D parameters, gate_up_proj [E, 2I, H] and down_proj [E, H, I];
-    gpt-oss's (it has gate_up_proj_bias) are [E, H, 2I] with gate and up alternating, and [E, I, H]."""
+    gpt-oss's (it has gate_up_proj_bias) are [E, H, 2I] with gate and up alternating, and [E, I, H];
+    Granite 3 MoE's sit under block_sparse_moe, every other family's under mlp."""
     m = EXPERT.fullmatch(name)
     if not m:  # Granite 4's MLP is stored as shared_mlp (families/granite4.py)
         return params[name] if name in params else params[name.replace("mlp.gate_up_proj", "shared_mlp.input_linear")
                                                            .replace("mlp.down_proj", "shared_mlp.output_linear")]
-    layer, e, role = m.group(1), int(m.group(2)), m.group(3)
-    if f"{layer}.mlp.experts.gate_up_proj_bias" in params:
+    e, role = int(m.group(2)), m.group(3)
+    layer = next(f"{m.group(1)}.{block}" for block in ("mlp", "block_sparse_moe")
+                 if f"{m.group(1)}.{block}.experts.down_proj" in params)
+    if f"{layer}.experts.gate_up_proj_bias" in params:
         if role == "down_proj":
-            return params[f"{layer}.mlp.experts.down_proj"][e].T
+            return params[f"{layer}.experts.down_proj"][e].T
         first = 0 if role == "gate_proj" else 1
-        return params[f"{layer}.mlp.experts.gate_up_proj"][e][:, first::2].T
+        return params[f"{layer}.experts.gate_up_proj"][e][:, first::2].T
     if role in ("down_proj", "w2"):
-        return params[f"{layer}.mlp.experts.down_proj"][e]
-    gate_up = params[f"{layer}.mlp.experts.gate_up_proj"][e]
+        return params[f"{layer}.experts.down_proj"][e]
+    gate_up = params[f"{layer}.experts.gate_up_proj"][e]
     half = gate_up.shape[0] // 2
     return gate_up[:half] if role in ("gate_proj", "w1") else gate_up[half:]
 

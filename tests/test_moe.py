@@ -1,7 +1,8 @@
 """Mixture-of-experts models against transformers, on tiny random fp32 checkpoints that transformers
 writes (tests/helpers.py FAMILY_CONFIGS: Qwen3-MoE with a dense middle layer, Qwen2-MoE with its
-shared expert, Mixtral with a sliding window, OLMoE, gpt-oss; gpt-oss's MXFP4 checkpoints are
-test_gpt_oss.py's): logits of a prompt and 16 decoded tokens
+shared expert, Mixtral with a sliding window, OLMoE, gpt-oss, GLM-4.5 and dots.llm1's sigmoid
+routers, ERNIE 4.5 MoE, Granite 3 MoE; gpt-oss's MXFP4 checkpoints are test_gpt_oss.py's, the
+releases' configs test_moe_releases.py's): logits of a prompt and 16 decoded tokens
 within 1e-3 of transformers', its greedy tokens, the op-by-op path equal to the native decoder,
 16 greedy tokens on 2 ranks with either expert split, bf16 / int8 / uint4 experts within
 test_families' bounds; and the kernel (native/moe.c) against numpy in float64.
@@ -24,7 +25,7 @@ from tests.test_families import test_logits_match_transformers as logits_match_t
 from tests.test_families import test_op_by_op_reference_equals_native as op_by_op_equals_native
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "dots1"]
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "dots1", "granitemoe"]
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
@@ -103,7 +104,7 @@ def test_stacked_experts_convert_as_the_checkpoint_does(tmp_path, serialized_tin
     loader = serialized_tiny(name)
     hf = load_hf_model(loader.model_path)
     state = hf.state_dict()
-    assert any(n.endswith("mlp.experts.gate_up_proj") for n in state)
+    assert any(n.endswith(".experts.gate_up_proj") for n in state)
     want = DashInferModel(loader.model_output_dir, loader.serialize_model_name)
     hf_class = hf.config.architectures[0]
     Engine().serialize_model_from_torch("m", hf_class, hf, hf.config.to_dict(), str(tmp_path / "torch"))
