@@ -24,6 +24,7 @@ from .errors import ModelSerializerException
 from .model.quant import DEFAULT_GROUPS
 
 QUANT_FORMATS = ("int8", "uint4")
+FLOAT = "none"  # a quant that asks for float weights where the default would quantize (a 4-bit release)
 DEFAULT_DTYPE = "bfloat16"
 GGUF_MAGIC = b"GGUF"
 
@@ -56,8 +57,8 @@ def check_dtype_quant(dtype, quant):
     from .model.serialized import DTYPES
     if dtype not in DTYPES:
         raise ModelSerializerException(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if quant not in (None,) + QUANT_FORMATS:
-        raise ModelSerializerException(f"quant {quant!r} is not one of None, {', '.join(QUANT_FORMATS)}")
+    if quant not in (None, FLOAT) + QUANT_FORMATS:
+        raise ModelSerializerException(f"quant {quant!r} is not one of None, {FLOAT!r}, {', '.join(QUANT_FORMATS)}")
 
 
 def convert_once(make_loader, root, model_dir, prefix, quant):
@@ -83,13 +84,17 @@ def convert_once(make_loader, root, model_dir, prefix, quant):
 def resolve_model(model_path=None, dtype=None, quant=None, cache_dir=None, progress=False):
     """(model_dir, prefix) of the serialized model that model_path names, converting it on first use.
 
-    dtype: "bfloat16" (default for conversions) | "float32" | "float16"; quant: None | "int8" | "uint4".
+    dtype: "bfloat16" (default for conversions) | "float32" | "float16"; quant: None | "int8" | "uint4" |
+    "none". None converts a checkpoint quantized as released at its own width (hf.release_quant: a
+    4-bit AWQ release as uint4) and anything else unquantized; "none" asks for float weights always.
     For an already serialized model, dtype/quant None accept what it holds; a different value is refused.
     """
     from . import default_model
+    from .model.hf import release_quant
     if model_path is None or model_path == default_model.MODEL_NAME:
         check_dtype_quant(dtype or DEFAULT_DTYPE, quant)
-        return default_model.ensure_default_model(dtype or DEFAULT_DTYPE, quant, cache_dir, progress=progress)
+        return default_model.ensure_default_model(dtype or DEFAULT_DTYPE, None if quant == FLOAT else quant,
+                                                  cache_dir, progress=progress)
     if not isinstance(model_path, (str, os.PathLike)):
         raise TypeError(f"model_path must be a path (str) or None, got {type(model_path).__name__}")
     path = os.path.abspath(os.path.expanduser(os.fspath(model_path)))
@@ -111,6 +116,9 @@ def resolve_model(model_path=None, dtype=None, quant=None, cache_dir=None, progr
     else:
         raise ModelSerializerException(f"model_path {path} is a file but not a GGUF model (no GGUF header)")
     dtype = dtype or DEFAULT_DTYPE
+    if quant is None and kind == "hf":
+        quant = release_quant(path)
+    quant = None if quant == FLOAT else quant
     root = cache_root(cache_dir)
     prefix = cached_prefix(path, dtype, quant)
     return convert_once(lambda: loader_class(path, prefix, user_set_data_type=dtype, progress=progress),
@@ -196,7 +204,7 @@ def _check_serialized(model_dir, prefix, dtype, quant):
         raise ModelSerializerException(
             f"the serialized model {model_dir}/{prefix} holds {model.dtype} weights, not {dtype}; "
             "convert the original checkpoint to change the dtype")
-    if quant is not None and quant != held_quant:
+    if quant is not None and (None if quant == FLOAT else quant) != held_quant:
         raise ModelSerializerException(
             f"the serialized model {model_dir}/{prefix} is quantized as {held_quant}, not {quant}; "
             "convert the original checkpoint to change the quantization")

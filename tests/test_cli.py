@@ -217,7 +217,7 @@ def test_convert_help_and_group_size(tmp_path):
     done = dashinfer("convert", "--help")
     assert done.returncode == 0
     whole = " ".join(convert.__doc__.split("\n\n")[0].split())
-    assert whole.endswith("unless --group-size says otherwise.") and whole in " ".join(done.stdout.split())
+    assert whole.endswith("--quant none gives floats.") and whole in " ".join(done.stdout.split())
     one_line_error(dashinfer("convert", "default", str(tmp_path / "o"), "--group-size", "64"), 78,
                    "--group-size needs --quant")
     hf = build_tiny_model(str(tmp_path / "hf"))

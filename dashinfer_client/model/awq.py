@@ -39,6 +39,11 @@ def read_config(q, where):
     return group, bool(q.get("zero_point", True))
 
 
+def release_format(q):
+    """The InstantQuant format of the release's width: AWQ is 4 bits."""
+    return "uint4"
+
+
 def view(tensors, settings, where):
     """The checkpoint's tensors with its AWQ modules' weights dequantized (settings: read_config's)."""
     return AWQWeights(tensors, where, *settings)

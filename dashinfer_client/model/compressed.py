@@ -62,6 +62,15 @@ def read_config(q, where):
     return (blocks.pop() if blocks else None), sizes
 
 
+def release_format(q):
+    """The InstantQuant format of the release's width: uint4 for int4 groups, int8 where any group
+    is 8 bits wide; None where any is FP8 (it converts exactly to the float dtype)."""
+    weights = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values()]
+    if not weights or any(w.get("type") != "int" for w in weights):
+        return None
+    return "int8" if any(w.get("num_bits") == 8 for w in weights) else "uint4"
+
+
 def view(tensors, settings, where):
     """The checkpoint's tensors with its packed int and its FP8 weights dequantized, as
     compressed-tensors computes them (settings: read_config's)."""

@@ -42,6 +42,11 @@ def _e4m3_values() -> np.ndarray:
 E4M3 = _e4m3_values()
 
 
+def release_format(q):
+    """None: an FP8 release converts exactly to the float dtype (int8 would round it again)."""
+    return None
+
+
 def read_config(quantization_config, where):
     """(rows, cols) of the blocks a quant_method "fp8" config's grids of scales cover (None: it names
     none, so every scale must be one a tensor or one a row); what would be computed otherwise is

@@ -35,6 +35,19 @@ VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # withou
 STORED_QUANT = {"fp8": fp8, "compressed-tensors": compressed, "awq": awq}
 
 
+def release_quant(model_dir):
+    """The InstantQuant format of a checkpoint quantized as released, at its own width ("uint4" for a
+    4-bit AWQ or compressed-tensors release, "int8" for an 8-bit one; None for FP8, which converts
+    exactly, and for float checkpoints): what a conversion that names no quantization takes, so a
+    4-bit release is not served as floats four times its size."""
+    try:
+        q = _read_json(os.path.join(model_dir, "config.json"), what="config.json").get("quantization_config")
+    except ModelSerializerException:
+        return None  # the conversion says what is wrong with it
+    module = STORED_QUANT.get(q.get("quant_method")) if isinstance(q, dict) else None
+    return module.release_format(q) if module else None
+
+
 class HuggingFaceModel(SourceModel):
     """HuggingFaceModel(model_path, model_name, in_memory_serialize=False, user_set_data_type=None,
     trust_remote_code=False): DashInfer's loader for a local HF model dir, in its argument order.

@@ -50,8 +50,10 @@ def terminated_cleanly():
 def add_model_options(p) -> None:
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
                    help="weights dtype of a converted model (default bfloat16; a serialized model: what it holds)")
-    p.add_argument("--quant", default=None, choices=("int8", "uint4"),
-                   help="weight-only quantization of the linear layers when converting")
+    p.add_argument("--quant", default=None, choices=("int8", "uint4", "none"),
+                   help="weight-only quantization of the linear layers when converting (default: none, but a "
+                        "checkpoint quantized as released at its own width: a 4-bit AWQ or compressed-tensors "
+                        "release as uint4, an 8-bit one as int8; none: float weights always)")
 
 
 def add_engine_options(p) -> None:

@@ -1,7 +1,8 @@
 """`dashinfer convert SRC OUT`: convert a Hugging Face directory, a GGUF file or the default model
 into the serialized format ({OUT}/{name}.asgraph, .asparam, .tokenizer), to serve with
 `dashinfer serve OUT`. --quant quantizes the linear layers in the groups `dashinfer serve --quant`
-uses (int8: 64, uint4: 32) unless --group-size says otherwise."""
+uses (int8: 64, uint4: 32) unless --group-size says otherwise; without it a checkpoint quantized
+as released keeps its width (a 4-bit AWQ release becomes uint4), --quant none gives floats."""
 import os
 
 from .common import CONFIG_ERROR, DEFAULT_NAMES, CliError, add_model_options, first_paragraph, terminated_cleanly
@@ -25,13 +26,15 @@ def run(args) -> int:
     import dashinfer_client as allspark
     from dashinfer_client.errors import ModelSerializerException
     from dashinfer_client.model.quant import DEFAULT_GROUPS
-    if args.group_size is not None and args.quant is None:
+    from dashinfer_client.model.hf import release_quant
+    if args.group_size is not None and args.quant in (None, "none"):
         raise CliError("--group-size needs --quant int8 or --quant uint4", CONFIG_ERROR)
     src, name = _source(args.src)
     name = args.name or name
-    quant = None if args.quant is None else {
-        "quant_method": "instant_quant", "weight_format": args.quant,
-        "group_size": DEFAULT_GROUPS[args.quant] if args.group_size is None else args.group_size}
+    fmt = release_quant(src) if args.quant is None and os.path.isdir(src) else args.quant
+    quant = None if fmt in (None, "none") else {
+        "quant_method": "instant_quant", "weight_format": fmt,
+        "group_size": DEFAULT_GROUPS[fmt] if args.group_size is None else args.group_size}
     try:
         loader = (allspark.GGUFModel if os.path.isfile(src) else allspark.HuggingFaceModel)(
             src, name, user_set_data_type=args.dtype or "bfloat16")
