@@ -77,6 +77,8 @@ _GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "se
                "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
                "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+# GLM-4.5's pre-MLP norm, as llama.cpp names it
+_GGUF_GLM = {"post_attention_layernorm": "post_attention_norm"}
 # Gemma's four norms, as llama.cpp names them (and stores them: 1 + w)
 _GGUF_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                "post_feedforward_layernorm": "post_ffw_norm"}
@@ -94,13 +96,13 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     from safetensors.numpy import load_file
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
-    from tests.gguf_moe import GGUF_ARCH, write_experts
+    from tests.gguf_moe import DRAFT_LAYERS, GGUF_ARCH, draft_layers, write_experts
     arch = dict(GGUF_ARCH, gemma3_text="gemma3").get(cfg["model_type"], cfg["model_type"])
     gemma = arch.startswith("gemma")
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
     writer = gguf.GGUFWriter(str(gguf_path), arch)
-    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_block_count(cfg["num_hidden_layers"] + DRAFT_LAYERS.get(cfg["model_type"], 0))
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
     writer.add_feed_forward_length(cfg["intermediate_size"])
@@ -138,6 +140,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     writer.add_chat_template(CHATML)
     if cfg["model_type"] in GGUF_ARCH:
         tensors = write_experts(writer, cfg, tensors)
+    renames = _GGUF_GEMMA if gemma else _GGUF_GLM if arch == "glm4moe" else {}
+    gguf_tensors = {}
     for name, w in tensors.items():
         if name.startswith("blk."):
             gname = name
@@ -150,11 +154,14 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
         else:
             layer, rest = name[len("model.layers."):].split(".", 1)
             module, kind = rest.rsplit(".", 1)
-            gname = f"blk.{layer}.{(_GGUF_GEMMA if gemma else {}).get(module) or _GGUF_BLOCK[module]}.{kind}"
+            gname = f"blk.{layer}.{renames.get(module) or _GGUF_BLOCK[module]}.{kind}"
         if gemma and name.endswith("norm.weight"):
             w = w + np.float32(1.0)
         if arch in ("llama", "smollm3") and (".attn_q." in gname or ".attn_k." in gname):  # LlamaModel's
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
+        gguf_tensors[gname] = w
+    gguf_tensors.update(draft_layers(cfg, gguf_tensors))
+    for gname, w in gguf_tensors.items():
         if quant_type and w.ndim >= 2:
             qtype = gguf.GGMLQuantizationType[quant_type]
             writer.add_tensor(gname, gguf.quants.quantize(w, qtype), raw_dtype=qtype)

@@ -1,30 +1,43 @@
 """A tiny HF mixture-of-experts checkpoint's expert tensors and metadata as llama.cpp's converter
-(convert_hf_to_gguf.py: Qwen2MoeModel, Qwen3MoeModel, LlamaModel for Mixtral, OlmoeModel) writes
-them: each projection of a layer's experts stacked into one [experts, out, in] tensor
-(ffn_gate_exps / ffn_up_exps / ffn_down_exps), the router as ffn_gate_inp, Qwen2-MoE's shared
-expert as ffn_*_shexp and its gate as ffn_gate_inp_shexp, and the counts under {arch}.expert_*.
-tests/gguf_builders.py build_tiny_gguf calls it for a checkpoint with experts."""
+(convert_hf_to_gguf.py: Qwen2MoeModel, Qwen3MoeModel, LlamaModel for Mixtral, OlmoeModel,
+Glm4MoeModel) writes them: each projection of a layer's experts stacked into one [experts, out, in]
+tensor (ffn_gate_exps / ffn_up_exps / ffn_down_exps), the router as ffn_gate_inp, the shared
+expert as ffn_*_shexp and Qwen2-MoE's gate of it as ffn_gate_inp_shexp, the counts under
+{arch}.expert_*; GLM-4.5's router (sigmoid gating, its scale and norm, the choice bias as
+exp_probs_b.bias) and the multi-token-prediction layer its releases carry after the last
+(nextn_predict_layers: a copy of the last layer plus nextn.* tensors, which llama.cpp's converter
+keeps). tests/gguf_builders.py build_tiny_gguf calls it for a checkpoint with experts."""
 import re
 
 import numpy as np
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe", "glm4_moe": "glm4moe"}
+DRAFT_LAYERS = {"glm4_moe": 1}  # the multi-token-prediction layers each one's GGUF carries
 _PROJ = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _ROUTER = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate\.weight$")
-_SHARED = re.compile(r"^model\.layers\.(\d+)\.mlp\.shared_expert\.(\w+)_proj\.weight$")
+_SHARED = re.compile(r"^model\.layers\.(\d+)\.mlp\.shared_experts?\.(\w+)_proj\.weight$")
+_CHOICE_BIAS = re.compile(r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$")
 _SHARED_GATE = re.compile(r"^model\.layers\.(\d+)\.mlp\.shared_expert_gate\.weight$")
 
 
 def write_experts(writer, cfg, tensors):
     """Write the expert metadata of config.json dict cfg; returns tensors with the MoE ones replaced
     by their GGUF names (blk.*), the others untouched."""
-    writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+    import gguf
+    writer.add_expert_count(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"])
     writer.add_expert_used_count(cfg["num_experts_per_tok"])
     if cfg.get("moe_intermediate_size"):
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if cfg.get("shared_expert_intermediate_size"):
         writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if cfg["model_type"] == "glm4_moe":
+        writer.add_expert_shared_count(cfg["n_shared_experts"])
+        writer.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        writer.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        writer.add_expert_weights_norm(cfg["norm_topk_prob"])
+        writer.add_nextn_predict_layers(DRAFT_LAYERS["glm4_moe"])
     out, stacks = {}, {}
     for name, w in tensors.items():
         if m := _EXPERT.match(name):
@@ -35,8 +48,25 @@ def write_experts(writer, cfg, tensors):
             out[f"blk.{m.group(1)}.ffn_{m.group(2)}_shexp.weight"] = w
         elif m := _SHARED_GATE.match(name):
             out[f"blk.{m.group(1)}.ffn_gate_inp_shexp.weight"] = w
+        elif m := _CHOICE_BIAS.match(name):
+            out[f"blk.{m.group(1)}.exp_probs_b.bias"] = w
         else:
             out[name] = w
     for (layer, proj), experts in stacks.items():
         out[f"blk.{layer}.ffn_{proj}_exps.weight"] = np.stack([experts[e] for e in sorted(experts)])
+    return out
+
+
+def draft_layers(cfg, gguf_tensors):
+    """The multi-token-prediction layers after the last, as GLM-4.5's GGUF files hold them: the last
+    layer's tensors again under the next index, plus its nextn.* ones (random: nothing reads them)."""
+    last, hidden = cfg["num_hidden_layers"] - 1, cfg["hidden_size"]
+    rng = np.random.default_rng(0)
+    out = {}
+    for d in range(1, DRAFT_LAYERS.get(cfg["model_type"], 0) + 1):
+        out.update({n.replace(f"blk.{last}.", f"blk.{last + d}.", 1): w for n, w in gguf_tensors.items()
+                    if n.startswith(f"blk.{last}.")})
+        out[f"blk.{last + d}.nextn.eh_proj.weight"] = rng.standard_normal((hidden, 2 * hidden)).astype(np.float32)
+        for norm in ("enorm", "hnorm", "shared_head_norm"):
+            out[f"blk.{last + d}.nextn.{norm}.weight"] = np.ones(hidden, np.float32)
     return out

@@ -4,14 +4,17 @@ llama.cpp's converter (convert_hf_to_gguf.py) stacks each projection of a layer'
 3-D tensor, numpy shape [experts, out, in] (GGUF dims reversed): blk.{i}.ffn_gate_exps,
 ffn_up_exps, ffn_down_exps. The router is blk.{i}.ffn_gate_inp [experts, hidden]; Qwen2-MoE's
 shared expert is ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp and its sigmoid gate
-ffn_gate_inp_shexp ([hidden], or [1, hidden]). GGUF architectures: qwen3moe, qwen2moe, olmoe, and
-llama with {arch}.expert_count set (Mixtral). The counts are metadata: {arch}.expert_count,
-expert_used_count, expert_feed_forward_length (Mixtral: feed_forward_length),
-expert_shared_feed_forward_length. A layer without a router keeps a dense MLP (ffn_gate/up/down).
+ffn_gate_inp_shexp ([hidden], or [1, hidden]). GGUF architectures: qwen3moe, qwen2moe, olmoe,
+llama with {arch}.expert_count set (Mixtral), and glm4moe (GLM-4.5: DeepSeek-V3's router, below).
+The counts are metadata: {arch}.expert_count, expert_used_count, expert_feed_forward_length
+(Mixtral: feed_forward_length), expert_shared_feed_forward_length (or, GLM-4.5's,
+expert_shared_count experts' worth of rows). A layer without a router keeps a dense MLP
+(ffn_gate/up/down).
 
-What llama.cpp can also write and this runtime does not compute (sigmoid or grouped routing,
-scaled routing weights, more than one shared expert, fused gate_up experts, a router bias) is
-refused by its key or tensor name.
+glm4moe's router, as llama.cpp reads it: {arch}.expert_gating_func (sigmoid where unset),
+expert_weights_scale, expert_weights_norm, and the choice bias blk.{i}.exp_probs_b.bias. The other
+architectures' llama.cpp routers are the softmax: a file saying otherwise for them, grouped routing,
+fused gate_up experts are refused by key or tensor name.
 """
 import re
 
@@ -24,8 +27,13 @@ SHARED = {"ffn_gate_shexp": "gate", "ffn_up_shexp": "up", "ffn_down_shexp": "dow
 ROUTER = "ffn_gate_inp"
 # llama.cpp's own choice where the GGUF has no {arch}.expert_weights_norm: it renormalises the
 # top-k weights of these architectures (llama: Mixtral) and not of the others
-NORM_TOPK_BY_ARCH = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False}
+NORM_TOPK_BY_ARCH = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False, "glm4moe": False}
 SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX
+SCORING = {1: "softmax", 2: "sigmoid"}  # gguf.ExpertGatingFuncType
+# the architectures whose llama.cpp router reads the gating function, its scale and a choice bias
+# (their default gating where the file names none)
+SIGMOID_ROUTERS = {"glm4moe": 2}
+CHOICE_BIAS = "exp_probs_b"
 _ROUTER_NAME = re.compile(rf"^blk\.(\d+)\.{ROUTER}\.weight$")
 
 
@@ -44,44 +52,78 @@ def expert_fields(meta, a, names, layers, path):
             raise ModelSerializerException(f"GGUF file {path} sets {a}.expert_count but no layer has a router "
                                            f"({ROUTER}): an expert layout this loader does not know")
         return {}
-    refused = [n for n in names if n.split(".")[2:3] == ["ffn_gate_up_exps"] or ".exp_probs_b." in n]
-    if refused:
-        raise ModelSerializerException(f"GGUF file {path}: expert tensor {refused[0]} (fused gate_up experts or a "
-                                       "router bias) is an expert layout this loader does not know")
-    gating = meta.get(f"{a}.expert_gating_func", SOFTMAX_GATING)
-    if gating != SOFTMAX_GATING:
-        raise ModelSerializerException(f"GGUF file {path}: {a}.expert_gating_func {gating!r} is not softmax "
-                                       f"({SOFTMAX_GATING}): a router this runtime does not compute")
-    for key, neutral in (("expert_weights_scale", 1.0), ("expert_group_count", 1), ("expert_group_used_count", 1)):
-        value = meta.get(f"{a}.{key}", neutral)
-        if value not in (neutral, 0):  # llama.cpp reads 0 as unset
-            raise ModelSerializerException(f"GGUF file {path}: {a}.{key} = {value!r}, a router or expert "
-                                           "layout this runtime does not compute")
+    router = _router_fields(meta, a, names, path)
+    inter_key = f"{a}.expert_feed_forward_length" if meta.get(f"{a}.expert_feed_forward_length") \
+        else f"{a}.feed_forward_length"
     key = f"{a}.expert_shared_feed_forward_length"
-    shared = meta.count(key) if meta.get(key) is not None else 0
     count = meta.get(f"{a}.expert_shared_count")
-    if count not in (None, 0, 1) or bool(shared) != any(".ffn_gate_shexp." in n for n in names):
+    has_shared = any(".ffn_gate_shexp." in n for n in names)
+    if meta.get(key) is not None:
+        shared = meta.count(key)
+    elif a in SIGMOID_ROUTERS and isinstance(count, int) and count > 0:
+        shared = count * meta.count(inter_key)  # llama.cpp's GLM-4.5: that many experts' rows
+    else:
+        shared = 0
+    if bool(shared) != has_shared:
         raise ModelSerializerException(
             f"GGUF file {path}: {a}.expert_shared_count {count!r}, shared expert size {shared}: one shared "
             "expert with its ffn_*_shexp tensors, or none, is what this runtime computes")
-    inter_key = f"{a}.expert_feed_forward_length" if meta.get(f"{a}.expert_feed_forward_length") \
-        else f"{a}.feed_forward_length"
     norm = meta.get(f"{a}.expert_weights_norm", NORM_TOPK_BY_ARCH.get(a))
     if norm is None:
         raise ModelSerializerException(f"GGUF file {path}: {a} experts without {a}.expert_weights_norm")
     dense = [i for i in range(layers) if i not in sparse]
     return dict(num_experts=meta.count(f"{a}.expert_count"), num_experts_per_tok=meta.count(f"{a}.expert_used_count"),
                 moe_intermediate_size=meta.count(inter_key), norm_topk_prob=bool(norm),
-                shared_expert_intermediate_size=shared, dense_mlp_layers=dense or None)
+                shared_expert_intermediate_size=shared, dense_mlp_layers=dense or None, **router)
 
 
-def expert_entries(layer, part, family, config):
-    """[(HF name, expert index or None)] of GGUF tensor blk.{layer}.{part}.weight when it is a
-    router, stacked experts or the shared expert's; None otherwise."""
+def _router_fields(meta, a, names, path):
+    """expert_scoring and routed_scaling_factor of the file's router; what llama.cpp does not read
+    for architecture a, or this runtime does not compute, refused by key or tensor name."""
+    fused = [n for n in names if n.split(".")[2:3] == ["ffn_gate_up_exps"]]
+    if fused:
+        raise ModelSerializerException(f"GGUF file {path}: expert tensor {fused[0]} (fused gate_up experts) is an "
+                                       "expert layout this loader does not know")
+    for key in ("expert_group_count", "expert_group_used_count"):
+        value = meta.get(f"{a}.{key}", 1)
+        if value not in (1, 0):  # llama.cpp reads 0 as unset
+            raise ModelSerializerException(f"GGUF file {path}: {a}.{key} = {value!r}, a router or expert "
+                                           "layout this runtime does not compute")
+    if a in SIGMOID_ROUTERS:
+        gating = meta.get(f"{a}.expert_gating_func") or SIGMOID_ROUTERS[a]  # 0: unset
+        if gating not in SCORING:
+            raise ModelSerializerException(f"GGUF file {path}: {a}.expert_gating_func {gating!r} is neither "
+                                           "softmax (1) nor sigmoid (2)")
+        scale = meta.real(f"{a}.expert_weights_scale", 1.0) or 1.0
+        if scale < 0:
+            raise ModelSerializerException(f"GGUF file {path}: {a}.expert_weights_scale = {scale!r}")
+        return dict(expert_scoring=SCORING[gating], routed_scaling_factor=scale)
+    biased = [n for n in names if f".{CHOICE_BIAS}." in n]
+    if biased:
+        raise ModelSerializerException(f"GGUF file {path}: expert tensor {biased[0]} (a router bias) is an "
+                                       f"expert layout this loader does not know for {a}")
+    gating = meta.get(f"{a}.expert_gating_func", SOFTMAX_GATING)
+    if gating != SOFTMAX_GATING:
+        raise ModelSerializerException(f"GGUF file {path}: {a}.expert_gating_func {gating!r} is not softmax "
+                                       f"({SOFTMAX_GATING}): a router this runtime does not compute")
+    scale = meta.get(f"{a}.expert_weights_scale", 1.0)
+    if scale not in (1.0, 0):
+        raise ModelSerializerException(f"GGUF file {path}: {a}.expert_weights_scale = {scale!r}, a router or "
+                                       "expert layout this runtime does not compute")
+    return {}
+
+
+def expert_entries(layer, part, kind, family, config):
+    """[(HF name, expert index or None)] of GGUF tensor blk.{layer}.{part}.{kind} when it is a
+    router, its choice bias, stacked experts or the shared expert's; None otherwise."""
     layout = family.experts
     if layout is None:
         return None
     prefix = f"model.layers.{layer}."
+    if part == CHOICE_BIAS and kind == "bias" and layout.choice_bias:
+        return [(layout.choice_bias_name(prefix), None)]
+    if kind != "weight":
+        return None
     if part in STACKED:
         return [(layout.expert(prefix, e, STACKED[part]) + ".weight", e) for e in range(config.num_experts)]
     if part == ROUTER:

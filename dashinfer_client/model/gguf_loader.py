@@ -1,6 +1,7 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
 Qwen3, Gemma 2/3, Phi-3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE, Qwen2-MoE,
-Mixtral, OLMoE), dequantized with the `gguf` package.
+Mixtral, OLMoE, GLM-4.5), dequantized with the `gguf` package. The multi-token-prediction layers
+llama.cpp keeps after the last ({arch}.nextn_predict_layers of {arch}.block_count) are not read.
 
 GGUF names map onto the family's Hugging Face names (a norm by its role: families/base.py).
 llama.cpp's converter permutes the rows of the LLaMA (and SmolLM3) Q and K projections (its RoPE pairs
@@ -37,6 +38,7 @@ _BLOCK_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 _NORM_ROLES = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_norm": "mlp_in",
                "post_ffw_norm": "mlp_out"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
 def hf_name(gguf_name, family):
@@ -170,8 +172,11 @@ class GGUFWeights:
         self._family = family
         self._tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         for t in reader.tensors:
+            layer = _LAYER.match(t.name)
+            if layer and int(layer.group(1)) >= config.num_hidden_layers:
+                continue  # a multi-token-prediction layer (nextn_predict_layers)
             m = _BLOCK.match(t.name)
-            entries = expert_entries(m.group(1), m.group(2), family, config) if m and m.group(3) == "weight" else None
+            entries = expert_entries(m.group(1), m.group(2), m.group(3), family, config) if m else None
             if entries is None:
                 name = hf_name(t.name, family)
                 if name is None:
@@ -263,7 +268,11 @@ def _gguf_fields(meta, a, names, path):
     hidden = meta.count(f"{a}.embedding_length")
     heads = meta.count(f"{a}.attention.head_count")
     head_dim = meta.count(f"{a}.attention.key_length", hidden // heads)
-    layers = meta.count(f"{a}.block_count")
+    blocks, drafts = meta.count(f"{a}.block_count"), meta.get(f"{a}.nextn_predict_layers") or 0
+    if isinstance(drafts, bool) or not isinstance(drafts, int) or not 0 <= drafts < blocks:
+        raise ModelSerializerException(f"GGUF file {path}: metadata '{a}.nextn_predict_layers' is {drafts!r}, "
+                                       f"not a count of the {blocks} blocks' last ones")
+    layers = blocks - drafts  # llama.cpp's multi-token-prediction layers follow the model's
     rot = meta.count(f"{a}.rope.dimension_count", head_dim)
     eos = [meta.get("tokenizer.ggml.eos_token_id")] + [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
     fields = dict(
@@ -277,6 +286,7 @@ def _gguf_fields(meta, a, names, path):
         tie_word_embeddings="output.weight" not in names,
         attention_bias=a == "qwen2" or "blk.0.attn_q.bias" in names or "blk.0.attn_qkv.bias" in names,
         attention_out_bias="blk.0.attn_output.bias" in names, mlp_bias="blk.0.ffn_down.bias" in names,
+        use_qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=eos_list(list(dict.fromkeys(e for e in eos if e is not None))),
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
