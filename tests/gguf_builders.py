@@ -84,13 +84,14 @@ _GGUF_GEMMA = {"post_attention_layernorm": "post_attention_norm", "pre_feedforwa
                "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokenizer_model="gpt2"):
+def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokenizer_model="gpt2", tokenizer_pre="default"):
     """Write the float32 tiny HF model in hf_dir as a llama.cpp-style GGUF (LLaMA, Qwen2/3, Phi-3,
     Gemma 2/3, and the mixtures of experts of tests/gguf_moe.py) and return its path.
 
     quant_type: None (F32 tensors) or a gguf.GGMLQuantizationType name ("Q8_0", "Q4_1", ...) applied to
     the 2-D weights; the tokenizer (byte-level BPE, no merges) and chat template go into the metadata,
-    the tokenizer under the kind `tokenizer_model` says (None: no vocabulary keys at all).
+    the tokenizer under the kind `tokenizer_model` says (None: no vocabulary keys at all), its text
+    split as `tokenizer_pre` names.
     """
     import gguf
     from safetensors.numpy import load_file
@@ -129,7 +130,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     tokens += [f"<|unused{i}|>" for i in range(cfg["vocab_size"] - len(tokens))]
     if tokenizer_model is not None:
         writer.add_tokenizer_model(tokenizer_model)
-        writer.add_tokenizer_pre("default")
+        writer.add_tokenizer_pre(tokenizer_pre)
         writer.add_token_list(tokens)
         writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIAL_TOKENS or t.startswith("<|unused")
                                 else gguf.TokenType.NORMAL for t in tokens])

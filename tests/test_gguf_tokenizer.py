@@ -133,3 +133,20 @@ def test_families_transformers_rebuilds_its_own_way_are_left_to_it(tmp_path):
     path = build_sentencepiece_gguf(tmp_path / "phi3.gguf", arch="phi3")
     with pytest.raises(Unsupported, match="phi3"):
         write_tokenizer_dir(GGUFReader(path), str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("pre,pieces", [
+    # llama.cpp's LLAMA3 split (GLM-4.5's glm4 too): digits in threes, the space a piece of its own
+    ("llama-bpe", ["hello", "Ġ", "123", "45", "Ġworld"]), ("glm4", ["hello", "Ġ", "123", "45", "Ġworld"]),
+    # Qwen2's: every digit alone
+    ("qwen2", ["hello", "Ġ", "1", "2", "3", "4", "5", "Ġworld"]),
+    # GPT-2's own (a kind not listed): the space joins the digits, which stay together
+    ("default", ["hello", "Ġ12345", "Ġworld"]),
+])
+def test_the_text_splits_as_llama_cpp_splits_it_for_the_files_pre(tmp_path, pre, pieces):
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer as Backend
+    path = build_tiny_gguf(tmp_path / "t.gguf", build_tiny_model(str(tmp_path / "hf")), tokenizer_pre=pre)
+    write_tokenizer_dir(GGUFReader(path), str(tmp_path / "tok"))
+    backend = Backend.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    assert [p for p, _ in backend.pre_tokenizer.pre_tokenize_str("hello 12345 world")] == pieces

@@ -27,7 +27,7 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPLITS = {"llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
-          "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2}
+          "glm4": _LLAMA3, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2}  # glm4: GLM-4.5's, llama.cpp's CHATGLM4
 
 
 # Families whose SentencePiece vocabulary transformers rebuilds its own way (Gemma's respelled
