@@ -1,10 +1,32 @@
 """What the output-side tests share: token ids as the engine's GeneratedElements, an answer cut
 by max_tokens after some of its tokens, its calls as streamed and as whole, a tool parser fed piece by
-piece, and what a model that writes any token a grammar allows answers."""
+piece (and split everywhere), what a model that writes any token a grammar allows answers, and
+whether a grammar accepts a text."""
+import json
 import random
 
 from dashinfer_client.frontend import OutputProcessor
 from dashinfer_client.types import GeneratedElements
+
+# The functions the XML-style formats' tests offer (qwen3_coder, glm45): a value of every JSON type
+WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
+                                     "content": {"type": "string", "maxLength": 40},
+                                     "mode": {"type": "integer", "minimum": 0, "maximum": 999},
+                                     "force": {"type": "boolean"},
+                                     "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                              "maxItems": 2},
+                                     "meta": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                              "required": ["n"], "additionalProperties": False},
+                                     "level": {"enum": ["low", "high"]},
+                                     "ratio": {"type": ["number", "null"], "minimum": 0, "maximum": 1}},
+    "required": ["path", "content"], "additionalProperties": False}}
+# ratio is bounded: a forced number without bounds may be one past float's range (413e6705...), which
+# no JSON reader holds and typed_values keeps as text, out of the schema (qwen3_coder's grammar too)
+RUN = {"name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1,
+                                                                              "maxLength": 8}},
+                                     "required": ["cmd"], "additionalProperties": False}}
+FUNCTIONS = [WRITE, RUN]
 
 
 def elements(ids):
@@ -36,6 +58,55 @@ def run_parser(parser, chunks):
         parts += parser.take_parts()
     text, got = parser.finish()
     return "".join(content) + text, calls + got, parts + parser.take_parts()
+
+
+def assert_read_split_everywhere(parser_class, functions, answer, content, calls):
+    """The answer fed whole, a character at a time and cut in two anywhere gives the same content and
+    calls [(name, arguments)] (each value as the schema reads it, spaced as json.dumps spaces it), and
+    each call's streamed pieces join into its arguments."""
+    for chunks in [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]:
+        got_content, got_calls, parts = run_parser(parser_class.for_functions(functions), chunks)
+        assert got_content == content, chunks
+        assert [(c.name, c.arguments) for c in got_calls] == [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+        for call in got_calls:
+            mine = [p for p in parts if p.id == call.id]
+            assert mine[0].name == call.name and all(p.name is None for p in mine[1:])
+            assert "".join(p.arguments for p in mine) == call.arguments
+
+
+def assert_cut_anywhere_streams_its_calls(tokenizer, tool_parser, answer):
+    """The answer cut after any of its tokens: the calls streamed are the calls whole, ended by length."""
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    for cut in range(len(ids) + 1):
+        deltas, streamed, whole = cut_answer(tokenizer, tool_parser(), ids, cut)
+        assert streamed == whole, cut
+        assert deltas[-1].finish_reason == "length"
+
+
+def assert_forced_answers_meet_the_schema(tokenizer, parser_class, functions, named, parallel):
+    """Random answers the forced-call grammar allows (tool_choice required, then the function `named`
+    alone) are calls of the offered functions whose arguments meet their schemas."""
+    import jsonschema
+
+    from dashinfer_client.tokenizer import added_tokens
+    schemas, added = {f["name"]: f["parameters"] for f in functions}, added_tokens(tokenizer)
+    for offered in (functions, [named]):
+        for seed in range(6):
+            answer = random_answer(tokenizer, parser_class.grammar(offered, parallel, added), seed)
+            content, calls, _ = run_parser(parser_class.for_functions(offered), [answer])
+            assert content.strip() == "" and calls and (parallel or len(calls) == 1), answer
+            for call in calls:
+                assert call.name in {f["name"] for f in offered}
+                jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+def grammar_accepts(tokenizer, grammar, text):
+    """Whether llguidance's matcher of the lark grammar takes text's tokens and ends accepting."""
+    import llguidance
+    ll = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str())
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
 
 
 def random_answer(tokenizer, grammar, seed):

@@ -7,7 +7,6 @@ the arguments' text, transformers' apply_chat_template for the prompts, llguidan
 for the grammars of forced calls."""
 import json
 
-import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
@@ -15,26 +14,10 @@ from dashinfer_client.frontend.parsers import REASONING_PARSERS, TOOL_PARSERS
 from dashinfer_client.tokenizer import Tokenizer, added_tokens
 from tests.chat_templates import GLM45, GLM45_ADDED, GLM45_SPECIAL
 from tests.helpers import build_tiny_tokenizer
-from tests.output_helpers import cut_answer, elements, random_answer, run_parser
+from tests.output_helpers import (FUNCTIONS, RUN, assert_cut_anywhere_streams_its_calls,
+                                  assert_forced_answers_meet_the_schema, assert_read_split_everywhere, elements,
+                                  grammar_accepts, run_parser)
 
-WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
-                                     "content": {"type": "string", "maxLength": 40},
-                                     "mode": {"type": "integer", "minimum": 0, "maximum": 999},
-                                     "force": {"type": "boolean"},
-                                     "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
-                                              "maxItems": 2},
-                                     "meta": {"type": "object", "properties": {"n": {"type": "integer"}},
-                                              "required": ["n"], "additionalProperties": False},
-                                     "level": {"enum": ["low", "high"]},
-                                     "ratio": {"type": ["number", "null"], "minimum": 0, "maximum": 1}},
-    "required": ["path", "content"], "additionalProperties": False}}
-# ratio is bounded: a forced number without bounds may be one past float's range (413e6705...), which
-# no JSON reader holds and typed_values keeps as text, out of the schema (qwen3_coder's grammar too)
-RUN = {"name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1,
-                                                                              "maxLength": 8}},
-                                     "required": ["cmd"], "additionalProperties": False}}
-FUNCTIONS = [WRITE, RUN]
 CODE = '  def f(x):\n    return x < 3 and "q" \\ {}\n\n'  # spaces and newlines of its own at both ends
 
 # (answer, expected content, expected calls as (name, arguments))
@@ -71,15 +54,7 @@ ANSWERS = [
 
 @pytest.mark.parametrize("answer, content, calls", ANSWERS)
 def test_glm_calls_read_whole_and_split_everywhere(answer, content, calls):
-    splits = [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]
-    for chunks in splits:
-        got_content, got_calls, parts = run_parser(TOOL_PARSERS["glm45"].for_functions(FUNCTIONS), chunks)
-        assert got_content == content, chunks
-        assert [(c.name, c.arguments) for c in got_calls] == [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
-        for call in got_calls:  # the streamed pieces join into the call's arguments
-            mine = [p for p in parts if p.id == call.id]
-            assert mine[0].name == call.name and all(p.name is None for p in mine[1:])
-            assert "".join(p.arguments for p in mine) == call.arguments
+    assert_read_split_everywhere(TOOL_PARSERS["glm45"], FUNCTIONS, answer, content, calls)
 
 
 def test_glm47_is_the_same_parser():
@@ -98,11 +73,8 @@ def glm_tokenizer(tmp_path_factory):
 
 
 def test_an_answer_cut_anywhere_streams_the_calls_it_answers(tokenizer):
-    ids = tokenizer(ANSWERS[1][0], add_special_tokens=False)["input_ids"]
-    for cut in range(len(ids) + 1):
-        deltas, streamed, whole = cut_answer(tokenizer, TOOL_PARSERS["glm45"].for_functions(FUNCTIONS), ids, cut)
-        assert streamed == whole, cut
-        assert deltas[-1].finish_reason == "length"
+    assert_cut_anywhere_streams_its_calls(tokenizer, lambda: TOOL_PARSERS["glm45"].for_functions(FUNCTIONS),
+                                          ANSWERS[1][0])
 
 
 @pytest.mark.parametrize("special", [False, True])
@@ -160,15 +132,7 @@ def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, 
                                                                      parallel):
     """Where the tags are GLM's added tokens a text value ends at the </arg_value> token, else at its text."""
     tok = glm_tokenizer if tags_are_tokens else tokenizer
-    cls, schemas = TOOL_PARSERS["glm45"], {f["name"]: f["parameters"] for f in FUNCTIONS}
-    for functions in (FUNCTIONS, [RUN]):  # tool_choice required, then a named function
-        for seed in range(6):
-            answer = random_answer(tok, cls.grammar(functions, parallel, added_tokens(tok)), seed)
-            content, calls, _ = run_parser(cls.for_functions(functions), [answer])
-            assert content.strip() == "" and calls and (parallel or len(calls) == 1), answer
-            for call in calls:
-                assert call.name in {f["name"] for f in functions}
-                jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    assert_forced_answers_meet_the_schema(tok, TOOL_PARSERS["glm45"], FUNCTIONS, RUN, parallel)
 
 
 GOOD = [
@@ -194,11 +158,7 @@ BAD = [
 @pytest.mark.parametrize("tags_are_tokens", [False, True])
 @pytest.mark.parametrize("bad", BAD)
 def test_the_forced_grammar_refuses_what_breaks_the_schema(tokenizer, glm_tokenizer, tags_are_tokens, bad):
-    import llguidance
     tok = glm_tokenizer if tags_are_tokens else tokenizer
     grammar = TOOL_PARSERS["glm45"].grammar(FUNCTIONS, False, added_tokens(tok))
-    ll = llguidance.LLTokenizer(tok.backend_tokenizer.to_str())
     for text, accepted in [(good, True) for good in GOOD] + [(bad, False)]:
-        matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert (all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()) == accepted, text
+        assert grammar_accepts(tok, grammar, text) == accepted, text

@@ -6,7 +6,6 @@ text, transformers' apply_chat_template for the prompts, llguidance and jsonsche
 of forced calls."""
 import json
 
-import jsonschema
 import pytest
 
 from dashinfer_client.frontend import OutputProcessor, Prompts
@@ -14,22 +13,10 @@ from dashinfer_client.frontend.parsers import TOOL_PARSERS
 from dashinfer_client.tokenizer import added_tokens
 from tests.chat_templates import GRANITE, GRANITE_TOKENS, QWEN3_CODER
 from tests.helpers import build_tiny_tokenizer
-from tests.output_helpers import cut_answer, elements, random_answer, run_parser
+from tests.output_helpers import (FUNCTIONS, RUN, assert_cut_anywhere_streams_its_calls,
+                                  assert_forced_answers_meet_the_schema, assert_read_split_everywhere, elements,
+                                  grammar_accepts, run_parser)
 
-WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
-                                     "content": {"type": "string", "maxLength": 40},
-                                     "mode": {"type": "integer", "minimum": 0, "maximum": 999},
-                                     "force": {"type": "boolean"},
-                                     "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
-                                              "maxItems": 2},
-                                     "level": {"enum": ["low", "high"]},
-                                     "ratio": {"type": ["number", "null"]}},
-    "required": ["path", "content"], "additionalProperties": False}}
-RUN = {"name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1,
-                                                                              "maxLength": 8}},
-                                     "required": ["cmd"], "additionalProperties": False}}
-FUNCTIONS = [WRITE, RUN]
 CODE = 'def f(x):\n    return x < 3 and "q" \\ {}\n\n'  # a value that ends in newlines of its own
 
 # (answer, expected content, expected calls as (name, arguments))
@@ -60,16 +47,7 @@ ANSWERS = [
 
 @pytest.mark.parametrize("answer, content, calls", ANSWERS)
 def test_qwen3_coder_calls_read_whole_and_split_everywhere(answer, content, calls):
-    splits = [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]
-    for chunks in splits:
-        got_content, got_calls, parts = run_parser(TOOL_PARSERS["qwen3_coder"].for_functions(FUNCTIONS), chunks)
-        assert got_content == content, chunks
-        # the values as the schema reads them, in the order written, spaced as json.dumps spaces them
-        assert [(c.name, c.arguments) for c in got_calls] == [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
-        for call in got_calls:  # the streamed pieces join into the call's arguments
-            mine = [p for p in parts if p.id == call.id]
-            assert mine[0].name == call.name and all(p.name is None for p in mine[1:])
-            assert "".join(p.arguments for p in mine) == call.arguments
+    assert_read_split_everywhere(TOOL_PARSERS["qwen3_coder"], FUNCTIONS, answer, content, calls)
 
 
 
@@ -99,11 +77,7 @@ def test_a_text_value_streams_as_it_is_written(tokenizer):
                 '{"path": "a", "content": "b"}}]'),
 ])
 def test_an_answer_cut_anywhere_streams_the_calls_it_answers(tokenizer, fmt, answer):
-    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
-    for cut in range(len(ids) + 1):
-        deltas, streamed, whole = cut_answer(tokenizer, TOOL_PARSERS[fmt].for_functions(FUNCTIONS), ids, cut)
-        assert streamed == whole, cut
-        assert deltas[-1].finish_reason == "length"
+    assert_cut_anywhere_streams_its_calls(tokenizer, lambda: TOOL_PARSERS[fmt].for_functions(FUNCTIONS), answer)
 
 
 def _template_tokenizers(tmp_path, template, special=()):
@@ -145,15 +119,7 @@ def test_prompts_with_tools_and_a_round_trip_are_transformers_ids(tmp_path, temp
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "granite"])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, fmt, parallel):
-    cls, schemas = TOOL_PARSERS[fmt], {f["name"]: f["parameters"] for f in FUNCTIONS}
-    for functions in (FUNCTIONS, [RUN]):  # tool_choice required, then a named function
-        for seed in range(6):
-            answer = random_answer(tokenizer, cls.grammar(functions, parallel, added_tokens(tokenizer)), seed)
-            content, calls, _ = run_parser(cls.for_functions(functions), [answer])
-            assert content.strip() == "" and calls and (parallel or len(calls) == 1), answer
-            for call in calls:
-                assert call.name in {f["name"] for f in functions}
-                jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    assert_forced_answers_meet_the_schema(tokenizer, TOOL_PARSERS[fmt], FUNCTIONS, RUN, parallel)
 
 
 @pytest.mark.parametrize("bad", [
@@ -166,13 +132,9 @@ def test_a_forced_answer_of_any_tokens_is_calls_that_meet_the_schema(tokenizer, 
     "<tool_call>\n<function=run>\n<parameter=cmd>\na</parameter>b\n</parameter>\n</function>\n</tool_call>",
 ])
 def test_the_forced_grammar_refuses_what_breaks_the_schema(tokenizer, bad):
-    import llguidance
     grammar = TOOL_PARSERS["qwen3_coder"].grammar(FUNCTIONS, False, added_tokens(tokenizer))
     good = ("<tool_call>\n<function=write_file>\n<parameter=path>\na.py\n</parameter>\n<parameter=content>\n"
             "x <b> y\n\n</parameter>\n<parameter=mode>\n7\n</parameter>\n<parameter=level>\nlow\n</parameter>\n"
             "</function>\n</tool_call>")
-    ll = llguidance.LLTokenizer(tokenizer.backend_tokenizer.to_str())
     for text, accepted in ((good, True), (bad, False)):
-        matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert (all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()) == accepted, text
+        assert grammar_accepts(tokenizer, grammar, text) == accepted, text
