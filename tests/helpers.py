@@ -95,6 +95,10 @@ FAMILY_CONFIGS = {
     "granitemoe": ("GraniteMoeConfig", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64,
                                             embedding_multiplier=6.0, residual_multiplier=0.4,
                                             attention_multiplier=0.3, logits_scaling=3.0)),
+    # MiniMax-M2: whole-projection q/k norms, RoPE on half of each head, GLM's router without a shared
+    # expert or a scale, in every layer
+    "minimax_m2": ("MiniMaxM2Config", dict(head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                                           intermediate_size=64, rotary_dim=8)),
     # dots.llm1: GLM-4.5's router with the weights not renormalised, one shared expert, every
     # projection of attention biased, the last layer of 3 sliding (8 keys)
     "dots1": ("Dots1Config", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,

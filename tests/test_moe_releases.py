@@ -47,6 +47,15 @@ def _ernie_as_released(config):
                 moe_capacity=[8, 8, 8], num_nextn_predict_layers=1, multi_token_pred_lambda=0.3)
 
 
+def _minimax_as_released(config):
+    """config.json as MiniMax's MiniMax-M2 ships it: partial RoPE only as rotary_dim, RoPE's base at the
+    top level, and the keys of its MiniMax-Text lineage that transformers does not read."""
+    rope = config.pop("rope_parameters")
+    return dict(config, rope_theta=rope["rope_theta"], attn_type_list=[1] * config["num_hidden_layers"],
+                qk_norm_type="per_layer", use_qk_norm=True, scoring_func="sigmoid", use_routing_bias=True,
+                shared_intermediate_size=0)
+
+
 def with_tensors(src, make):
     """src's model.safetensors rewritten with the tensors make(weights) adds."""
     from safetensors.torch import load_file, save_file
@@ -73,7 +82,8 @@ def _ernie_mtp_block(weights):
 
 
 @pytest.mark.parametrize("name,released,draft", [("glm4_moe", _as_released, _glm_draft_layer),
-                                                 ("ernie4_5_moe", _ernie_as_released, _ernie_mtp_block)])
+                                                 ("ernie4_5_moe", _ernie_as_released, _ernie_mtp_block),
+                                                 ("minimax_m2", _minimax_as_released, lambda weights: {})])
 def test_a_release_with_its_draft_layer_serves_as_transformers(tmp_path, tiny_checkpoint, name, released, draft):
     """The release's checkpoint holds multi-token-prediction tensors (speculative decoding's drafts):
     transformers leaves them unread, and so does the conversion."""
@@ -82,8 +92,8 @@ def test_a_release_with_its_draft_layer_serves_as_transformers(tmp_path, tiny_ch
     with_tensors(src, draft)
     model, _ = served_as_transformers(tmp_path, str(src), released, f"{name} as released")
     assert model.config.norm_topk_prob
-    assert [model.config.is_moe_layer(i) for i in range(3)] == ([False, True, True] if name == "glm4_moe"
-                                                                  else [True, True, False])
+    sparse = {"glm4_moe": [False, True, True], "ernie4_5_moe": [True, True, False], "minimax_m2": [True, True]}[name]
+    assert [model.config.is_moe_layer(i) for i in range(len(sparse))] == sparse
     assert not any(n.startswith("model.mtp_") or n.startswith("model.layers.3.") for n in model.tensor_names())
 
 
@@ -107,6 +117,7 @@ def test_a_bf16_model_holds_the_choice_bias_in_fp32(tmp_path, tiny_checkpoint):
     ("glm4_moe", dict(n_routed_experts=4, num_local_experts=8), "n_routed_experts / num_local_experts"),
     ("ernie4_5_moe", dict(use_bias=True), "use_bias=true with shared experts"),
     ("ernie4_5_moe", dict(moe_layer_interval=0), "moe_layer_interval=0"),
+    ("minimax_m2", dict(attn_type_list=[0, 1]), r"attn_type_list with \[0\]"),
 ])
 def test_a_routing_this_runtime_lacks_is_refused_by_name(tmp_path, tiny_checkpoint, name, edit, feature):
     """DeepSeek-V3's grouped routing (experts chosen within the best groups only) is not served, nor
