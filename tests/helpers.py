@@ -99,6 +99,11 @@ FAMILY_CONFIGS = {
     # expert or a scale, in every layer
     "minimax_m2": ("MiniMaxM2Config", dict(head_dim=16, num_local_experts=8, num_experts_per_tok=2,
                                            intermediate_size=64, rotary_dim=8)),
+    # Hunyuan-A13B: Hunyuan dense's attention (q/k norms after RoPE, NTK-alpha RoPE) over experts and an
+    # ungated shared MLP in every layer
+    "hunyuan_moe": ("HunYuanMoEV1Config", dict(head_dim=16, num_experts=8, moe_topk=2, intermediate_size=64,
+                                               rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
+                                                                "factor": 1.0, "rope_theta": 10000.0})),
     # dots.llm1: GLM-4.5's router with the weights not renormalised, one shared expert, every
     # projection of attention biased, the last layer of 3 sliding (8 keys)
     "dots1": ("Dots1Config", dict(head_dim=16, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,

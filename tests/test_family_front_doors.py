@@ -19,7 +19,7 @@ NEW_TOKENS = 8
 # mixtures of experts through the same doors (tests/test_moe.py checks their logits); transformers 5
 # hands Qwen3-MoE's experts to serialize_model_from_torch as 3-D parameters, which it refuses
 # (test_moe.py), gpt-oss's family splits its own
-MOE = ["qwen3_moe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "dots1", "granitemoe", "minimax_m2"]
+MOE = ["qwen3_moe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "dots1", "granitemoe", "minimax_m2", "hunyuan_moe"]
 
 
 def chat_ids(hf_dir):

@@ -25,7 +25,7 @@ from tests.test_families import test_logits_match_transformers as logits_match_t
 from tests.test_families import test_op_by_op_reference_equals_native as op_by_op_equals_native
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
-MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "dots1", "granitemoe", "minimax_m2"]
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "dots1", "granitemoe", "minimax_m2", "hunyuan_moe"]
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)

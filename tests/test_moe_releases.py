@@ -56,6 +56,17 @@ def _minimax_as_released(config):
                 shared_intermediate_size=0)
 
 
+def _hunyuan_as_released(config):
+    """config.json as Tencent's Hunyuan-A13B ships it: the expert counts per layer, the keys
+    transformers does not read (num_shared_expert, moe_intermediate_size: one MLP of
+    intermediate_size is what it builds), RoPE as rope_scaling with its NTK alpha."""
+    layers, rope = config["num_hidden_layers"], config.pop("rope_parameters")
+    return dict(config, moe_topk=[config["moe_topk"]] * layers, num_shared_expert=[1] * layers,
+                moe_intermediate_size=[config["intermediate_size"]] * layers, use_mixed_mlp_moe=True,
+                use_qk_norm=True, rope_theta=rope["rope_theta"],
+                rope_scaling={"type": "dynamic", "alpha": rope["alpha"], "factor": 1.0})
+
+
 def with_tensors(src, make):
     """src's model.safetensors rewritten with the tensors make(weights) adds."""
     from safetensors.torch import load_file, save_file
@@ -83,7 +94,8 @@ def _ernie_mtp_block(weights):
 
 @pytest.mark.parametrize("name,released,draft", [("glm4_moe", _as_released, _glm_draft_layer),
                                                  ("ernie4_5_moe", _ernie_as_released, _ernie_mtp_block),
-                                                 ("minimax_m2", _minimax_as_released, lambda weights: {})])
+                                                 ("minimax_m2", _minimax_as_released, lambda weights: {}),
+                                                 ("hunyuan_moe", _hunyuan_as_released, lambda weights: {})])
 def test_a_release_with_its_draft_layer_serves_as_transformers(tmp_path, tiny_checkpoint, name, released, draft):
     """The release's checkpoint holds multi-token-prediction tensors (speculative decoding's drafts):
     transformers leaves them unread, and so does the conversion."""
@@ -92,7 +104,8 @@ def test_a_release_with_its_draft_layer_serves_as_transformers(tmp_path, tiny_ch
     with_tensors(src, draft)
     model, _ = served_as_transformers(tmp_path, str(src), released, f"{name} as released")
     assert model.config.norm_topk_prob
-    sparse = {"glm4_moe": [False, True, True], "ernie4_5_moe": [True, True, False], "minimax_m2": [True, True]}[name]
+    sparse = {"glm4_moe": [False, True, True], "ernie4_5_moe": [True, True, False], "minimax_m2": [True, True],
+              "hunyuan_moe": [True, True]}[name]
     assert [model.config.is_moe_layer(i) for i in range(len(sparse))] == sparse
     assert not any(n.startswith("model.mtp_") or n.startswith("model.layers.3.") for n in model.tensor_names())
 
@@ -118,6 +131,7 @@ def test_a_bf16_model_holds_the_choice_bias_in_fp32(tmp_path, tiny_checkpoint):
     ("ernie4_5_moe", dict(use_bias=True), "use_bias=true with shared experts"),
     ("ernie4_5_moe", dict(moe_layer_interval=0), "moe_layer_interval=0"),
     ("minimax_m2", dict(attn_type_list=[0, 1]), r"attn_type_list with \[0\]"),
+    ("hunyuan_moe", dict(moe_topk=[2, 4]), r"moe_topk=\[2, 4\] \(a count that differs between layers\)"),
 ])
 def test_a_routing_this_runtime_lacks_is_refused_by_name(tmp_path, tiny_checkpoint, name, edit, feature):
     """DeepSeek-V3's grouped routing (experts chosen within the best groups only) is not served, nor

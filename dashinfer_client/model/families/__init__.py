@@ -11,6 +11,7 @@ from .glm4_moe import GLM4_MOE
 from .gpt_oss import GPT_OSS
 from .helium import HELIUM
 from .hunyuan import HUNYUAN
+from .hunyuan_moe import HUNYUAN_MOE
 from .granite import GRANITE
 from .granite4 import GRANITE4
 from .granitemoe import GRANITEMOE
@@ -29,7 +30,8 @@ from .smollm3 import SMOLLM3
 
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
                                  OLMO3, SMOLLM3, EXAONE4, GLM4, ERNIE4_5, SEED_OSS, GRANITE4, HUNYUAN, HELIUM, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS,
-                                 GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2)}
+                                 GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2,
+                                 HUNYUAN_MOE)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}
