@@ -5,13 +5,15 @@ llama.cpp's converter (convert_hf_to_gguf.py) stacks each projection of a layer'
 ffn_up_exps, ffn_down_exps. The router is blk.{i}.ffn_gate_inp [experts, hidden]; Qwen2-MoE's
 shared expert is ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp and its sigmoid gate
 ffn_gate_inp_shexp ([hidden], or [1, hidden]). GGUF architectures: qwen3moe, qwen2moe, olmoe,
-llama with {arch}.expert_count set (Mixtral), and glm4moe (GLM-4.5: DeepSeek-V3's router, below).
+llama with {arch}.expert_count set (Mixtral), glm4moe (GLM-4.5: DeepSeek-V3's router, below) and
+minimax-m2 (the same router, always renormalised, without a shared expert).
 The counts are metadata: {arch}.expert_count, expert_used_count, expert_feed_forward_length
 (Mixtral: feed_forward_length), expert_shared_feed_forward_length (or, GLM-4.5's,
 expert_shared_count experts' worth of rows). A layer without a router keeps a dense MLP
 (ffn_gate/up/down).
 
-glm4moe's router, as llama.cpp reads it: {arch}.expert_gating_func (sigmoid where unset),
+glm4moe's and minimax-m2's router, as llama.cpp reads it: {arch}.expert_gating_func (GLM-4.5:
+sigmoid where unset),
 expert_weights_scale, expert_weights_norm, and the choice bias blk.{i}.exp_probs_b.bias. The other
 architectures' llama.cpp routers are the softmax: a file saying otherwise for them, grouped routing,
 fused gate_up experts are refused by key or tensor name.
@@ -31,8 +33,9 @@ NORM_TOPK_BY_ARCH = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe"
 SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX
 SCORING = {1: "softmax", 2: "sigmoid"}  # gguf.ExpertGatingFuncType
 # the architectures whose llama.cpp router reads the gating function, its scale and a choice bias
-# (their default gating where the file names none)
-SIGMOID_ROUTERS = {"glm4moe": 2}
+# (their default gating where the file names none; None: llama.cpp needs the key)
+SIGMOID_ROUTERS = {"glm4moe": 2, "minimax-m2": None}
+FIXED_NORM = {"minimax-m2": True}  # llama.cpp renormalises these whatever expert_weights_norm says
 CHOICE_BIAS = "exp_probs_b"
 _ROUTER_NAME = re.compile(rf"^blk\.(\d+)\.{ROUTER}\.weight$")
 
@@ -68,7 +71,7 @@ def expert_fields(meta, a, names, layers, path):
         raise ModelSerializerException(
             f"GGUF file {path}: {a}.expert_shared_count {count!r}, shared expert size {shared}: one shared "
             "expert with its ffn_*_shexp tensors, or none, is what this runtime computes")
-    norm = meta.get(f"{a}.expert_weights_norm", NORM_TOPK_BY_ARCH.get(a))
+    norm = FIXED_NORM[a] if a in FIXED_NORM else meta.get(f"{a}.expert_weights_norm", NORM_TOPK_BY_ARCH.get(a))
     if norm is None:
         raise ModelSerializerException(f"GGUF file {path}: {a} experts without {a}.expert_weights_norm")
     dense = [i for i in range(layers) if i not in sparse]
@@ -91,6 +94,8 @@ def _router_fields(meta, a, names, path):
                                            "layout this runtime does not compute")
     if a in SIGMOID_ROUTERS:
         gating = meta.get(f"{a}.expert_gating_func") or SIGMOID_ROUTERS[a]  # 0: unset
+        if gating is None:
+            raise ModelSerializerException(f"GGUF file {path} lacks the metadata key '{a}.expert_gating_func'")
         if gating not in SCORING:
             raise ModelSerializerException(f"GGUF file {path}: {a}.expert_gating_func {gating!r} is neither "
                                            "softmax (1) nor sigmoid (2)")

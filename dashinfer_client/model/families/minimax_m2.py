@@ -30,6 +30,6 @@ def _minimax_m2(hf, r):
 
 
 MINIMAX_M2 = Family("minimax_m2", ("MiniMaxM2ForCausalLM",), ("minimax_m2",), _minimax_m2, qk_norm="whole",
-                    experts=_LAYOUT, checkpoint_views=(lambda tensors, config: Renamed(tensors, _IN_MEMORY),
+                    experts=_LAYOUT, gguf_arch="minimax-m2", checkpoint_views=(lambda tensors, config: Renamed(tensors, _IN_MEMORY),
                                                        stacked_experts(_LAYOUT)),
                     config_defaults={"rope_theta": 5000000.0, "head_dim": 128})
