@@ -1,6 +1,6 @@
 """A tiny HF mixture-of-experts checkpoint's expert tensors and metadata as llama.cpp's converter
 (convert_hf_to_gguf.py: Qwen2MoeModel, Qwen3MoeModel, LlamaModel for Mixtral, OlmoeModel,
-Glm4MoeModel, MiniMaxM2Model) writes them: each projection of a layer's experts stacked into one [experts, out, in]
+Glm4MoeModel, MiniMaxM2Model, Ernie4_5MoeModel) writes them: each projection of a layer's experts stacked into one [experts, out, in]
 tensor (ffn_gate_exps / ffn_up_exps / ffn_down_exps), the router as ffn_gate_inp, the shared
 expert as ffn_*_shexp and Qwen2-MoE's gate of it as ffn_gate_inp_shexp, the counts under
 {arch}.expert_*; GLM-4.5's and MiniMax-M2's router (sigmoid gating, its scale and norm, the choice
@@ -12,13 +12,13 @@ import re
 import numpy as np
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe", "glm4_moe": "glm4moe",
-             "minimax_m2": "minimax-m2"}
+             "minimax_m2": "minimax-m2", "ernie4_5_moe": "ernie4_5-moe"}
 DRAFT_LAYERS = {"glm4_moe": 1}  # the multi-token-prediction layers each one's GGUF carries
 _PROJ = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _ROUTER = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate\.weight$")
 _SHARED = re.compile(r"^model\.layers\.(\d+)\.mlp\.shared_experts?\.(\w+)_proj\.weight$")
-_CHOICE_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp\.gate|block_sparse_moe)\.e_score_correction_bias$")
+_CHOICE_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp\.gate|block_sparse_moe|mlp\.moe_statics)\.e_score_correction_bias$")
 _SHARED_GATE = re.compile(r"^model\.layers\.(\d+)\.mlp\.shared_expert_gate\.weight$")
 
 
@@ -26,14 +26,20 @@ def write_experts(writer, cfg, tensors):
     """Write the expert metadata of config.json dict cfg; returns tensors with the MoE ones replaced
     by their GGUF names (blk.*), the others untouched."""
     import gguf
-    writer.add_expert_count(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"])
-    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    writer.add_expert_count(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+                            or cfg["moe_num_experts"])
+    writer.add_expert_used_count(cfg.get("num_experts_per_tok") or cfg["moe_k"])
     if cfg.get("moe_intermediate_size") or cfg["model_type"] == "minimax_m2":
         writer.add_expert_feed_forward_length(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
     if cfg["model_type"] == "minimax_m2":  # its converter writes the gating from scoring_func
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if cfg.get("shared_expert_intermediate_size"):
         writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if cfg["model_type"] == "ernie4_5_moe":  # Ernie4_5MoeModel's keys, its shared width as it computes it
+        writer.add_expert_shared_count(cfg["moe_num_shared_experts"])
+        writer.add_expert_shared_feed_forward_length(cfg["intermediate_size"] // cfg["num_key_value_heads"])
+        writer.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+        writer.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
     if cfg["model_type"] == "glm4_moe":
         writer.add_expert_shared_count(cfg["n_shared_experts"])
         writer.add_leading_dense_block_count(cfg["first_k_dense_replace"])

@@ -145,6 +145,8 @@ def test_serialize_from_torch_refuses_a_foreign_config_without_model_type(tmp_pa
 # Gemma's own (head_dim, 10000, every 2nd / 6th layer global), so these checkpoints use them. Gemma
 # 3's attention soft-cap, written to the file, is one transformers ignores
 GGUF_CASES = {"qwen3": {}, "phi3": {},
+              # ERNIE-4.5-0.3B's shape: no biases (its RoPE over interleaved pairs, as llama.cpp's NORM rope)
+              "ernie4_5": dict(use_bias=False),
               # llama.cpp rotates no 4th layer, whatever config.json said: the checkpoint's interval is 4
               "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4, use_sliding_window=False,
                               sliding_window=None),

@@ -5,8 +5,9 @@ llama.cpp's converter (convert_hf_to_gguf.py) stacks each projection of a layer'
 ffn_up_exps, ffn_down_exps. The router is blk.{i}.ffn_gate_inp [experts, hidden]; Qwen2-MoE's
 shared expert is ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp and its sigmoid gate
 ffn_gate_inp_shexp ([hidden], or [1, hidden]). GGUF architectures: qwen3moe, qwen2moe, olmoe,
-llama with {arch}.expert_count set (Mixtral), glm4moe (GLM-4.5: DeepSeek-V3's router, below) and
-minimax-m2 (the same router, always renormalised, without a shared expert).
+llama with {arch}.expert_count set (Mixtral), glm4moe (GLM-4.5: DeepSeek-V3's router, below),
+minimax-m2 (the same router, always renormalised, without a shared expert) and ernie4_5-moe (the
+softmax, always renormalised, with a choice bias). A shared expert's width is its tensors' rows.
 The counts are metadata: {arch}.expert_count, expert_used_count, expert_feed_forward_length
 (Mixtral: feed_forward_length), expert_shared_feed_forward_length (or, GLM-4.5's,
 expert_shared_count experts' worth of rows). A layer without a router keeps a dense MLP
@@ -35,7 +36,7 @@ SCORING = {1: "softmax", 2: "sigmoid"}  # gguf.ExpertGatingFuncType
 # the architectures whose llama.cpp router reads the gating function, its scale and a choice bias
 # (their default gating where the file names none; None: llama.cpp needs the key)
 SIGMOID_ROUTERS = {"glm4moe": 2, "minimax-m2": None}
-FIXED_NORM = {"minimax-m2": True}  # llama.cpp renormalises these whatever expert_weights_norm says
+FIXED_NORM = {"minimax-m2": True, "ernie4_5-moe": True}  # llama.cpp renormalises these whatever the key says
 CHOICE_BIAS = "exp_probs_b"
 _ROUTER_NAME = re.compile(rf"^blk\.(\d+)\.{ROUTER}\.weight$")
 
@@ -55,22 +56,18 @@ def expert_fields(meta, a, names, layers, path):
             raise ModelSerializerException(f"GGUF file {path} sets {a}.expert_count but no layer has a router "
                                            f"({ROUTER}): an expert layout this loader does not know")
         return {}
-    router = _router_fields(meta, a, names, path)
+    router = _router_fields(meta, a, names, path, gguf_family(a, meta).experts)
     inter_key = f"{a}.expert_feed_forward_length" if meta.get(f"{a}.expert_feed_forward_length") \
         else f"{a}.feed_forward_length"
-    key = f"{a}.expert_shared_feed_forward_length"
-    count = meta.get(f"{a}.expert_shared_count")
-    has_shared = any(".ffn_gate_shexp." in n for n in names)
-    if meta.get(key) is not None:
-        shared = meta.count(key)
-    elif a in SIGMOID_ROUTERS and isinstance(count, int) and count > 0:
-        shared = count * meta.count(inter_key)  # llama.cpp's GLM-4.5: that many experts' rows
-    else:
-        shared = 0
-    if bool(shared) != has_shared:
+    shexp = next((t for n, t in names.items() if n.endswith(".ffn_up_shexp.weight")), None)
+    # its rows (numpy shape [rows, hidden]): ERNIE's converter writes intermediate_size / kv heads as
+    # the key, equal to them only by its models' shapes
+    shared = int(shexp.shape[-1]) if shexp is not None else 0
+    said = meta.get(f"{a}.expert_shared_feed_forward_length") or meta.get(f"{a}.expert_shared_count")
+    if said and not shared:
         raise ModelSerializerException(
-            f"GGUF file {path}: {a}.expert_shared_count {count!r}, shared expert size {shared}: one shared "
-            "expert with its ffn_*_shexp tensors, or none, is what this runtime computes")
+            f"GGUF file {path}: its metadata gives a shared expert ({a}.expert_shared_feed_forward_length / "
+            "expert_shared_count) but no layer has its ffn_*_shexp tensors")
     norm = FIXED_NORM[a] if a in FIXED_NORM else meta.get(f"{a}.expert_weights_norm", NORM_TOPK_BY_ARCH.get(a))
     if norm is None:
         raise ModelSerializerException(f"GGUF file {path}: {a} experts without {a}.expert_weights_norm")
@@ -80,7 +77,7 @@ def expert_fields(meta, a, names, layers, path):
                 shared_expert_intermediate_size=shared, dense_mlp_layers=dense or None, **router)
 
 
-def _router_fields(meta, a, names, path):
+def _router_fields(meta, a, names, path, layout):
     """expert_scoring and routed_scaling_factor of the file's router; what llama.cpp does not read
     for architecture a, or this runtime does not compute, refused by key or tensor name."""
     fused = [n for n in names if n.split(".")[2:3] == ["ffn_gate_up_exps"]]
@@ -104,7 +101,7 @@ def _router_fields(meta, a, names, path):
             raise ModelSerializerException(f"GGUF file {path}: {a}.expert_weights_scale = {scale!r}")
         return dict(expert_scoring=SCORING[gating], routed_scaling_factor=scale)
     biased = [n for n in names if f".{CHOICE_BIAS}." in n]
-    if biased:
+    if biased and not layout.choice_bias:
         raise ModelSerializerException(f"GGUF file {path}: expert tensor {biased[0]} (a router bias) is an "
                                        f"expert layout this loader does not know for {a}")
     gating = meta.get(f"{a}.expert_gating_func", SOFTMAX_GATING)

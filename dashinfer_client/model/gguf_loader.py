@@ -1,13 +1,15 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
-Qwen3, Gemma 2/3, Phi-3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE, Qwen2-MoE,
-Mixtral, OLMoE, GLM-4.5), dequantized with the `gguf` package. The multi-token-prediction layers
+Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
+Qwen2-MoE, Mixtral, OLMoE, GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE), dequantized with the `gguf` package. The multi-token-prediction layers
 llama.cpp keeps after the last ({arch}.nextn_predict_layers of {arch}.block_count) are not read.
 
 GGUF names map onto the family's Hugging Face names (a norm by its role: families/base.py).
 llama.cpp's converter permutes the rows of the LLaMA (and SmolLM3) Q and K projections (its RoPE pairs
 neighbouring dims, HF's pairs the two halves of a head); the permutation is undone exactly as
 transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor).
-Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w).
+Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w). The
+family's checkpoint views then apply as to its HF checkpoints (ERNIE's interleaved RoPE: llama.cpp
+rotates its pairs as HF does, so its rows are reordered as theirs are).
 Hyper-parameters come from the GGUF metadata, the tokenizer from gguf_tokenizer.py (transformers'
 GGUF conversion for the tokenizer kinds that module does not build).
 """
@@ -119,7 +121,9 @@ class GGUFModel(SourceModel):
     def _open_weights(self, load_format):
         if load_format != "auto":
             raise ModelSerializerException(f"load_format={load_format!r}: a GGUF file is neither; use 'auto'")
-        return GGUFWeights(self._open_reader(), self.config, self._gguf_arch, self._family, self.model_path)
+        # the family's views over the HF-named tensors (ERNIE's interleaved RoPE dims reordered, ...)
+        return self._family.checkpoint_view(
+            GGUFWeights(self._open_reader(), self.config, self._gguf_arch, self._family, self.model_path), self.config)
 
     def free_model(self):
         self._reader = None
@@ -197,8 +201,10 @@ class GGUFWeights:
         dims = tuple(int(d) for d in reversed(t.shape))
         if expert is not None:
             return dims[1:]
-        if len(dims) == 1 and self._family.experts and name.endswith(f".{self._family.experts.shared_gate}.weight"):
-            return (1,) + dims  # Qwen2-MoE's shared expert gate, which llama.cpp reads as a vector
+        layout = self._family.experts
+        if len(dims) == 1 and layout and (name.endswith(f".{layout.shared_gate}.weight") or (
+                layout.choice_bias_row and name.endswith(f".{layout.choice_bias}"))):
+            return (1,) + dims  # Qwen2-MoE's shared expert gate, ERNIE's choice bias: rows of one there
         return dims
 
     def fetch(self, name):

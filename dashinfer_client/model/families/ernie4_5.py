@@ -11,4 +11,5 @@ def _ernie4_5(hf, r):
 
 
 ERNIE4_5 = Family("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), _ernie4_5, checkpoint_views=(HalvedRope,),
+                  gguf_arch="ernie4_5",
                   config_defaults={"head_dim": 128, "tie_word_embeddings": True, "rope_theta": 500000.0})

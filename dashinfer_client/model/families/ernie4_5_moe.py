@@ -44,6 +44,7 @@ _IN_MEMORY = {r"(model\.layers\.\d+\.mlp\.)gate\.(moe_statics\.e_score_correctio
 
 
 ERNIE4_5_MOE = Family("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ("ernie4_5_moe",), _ernie4_5_moe, experts=_LAYOUT,
+                      gguf_arch="ernie4_5-moe",
                       checkpoint_views=(HalvedRope, lambda tensors, config: Without(Renamed(tensors, _IN_MEMORY), _mtp),
                                         without_empty_shared(_LAYOUT), stacked_experts(_LAYOUT)),
                       config_defaults={"head_dim": 128, "tie_word_embeddings": True, "rope_theta": 500000.0})
