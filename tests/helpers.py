@@ -136,6 +136,25 @@ def tiny_config(arch="llama", uneven=False, **overrides):
     return getattr(transformers, class_name)(**kwargs)
 
 
+def randomized(model):
+    """model with its weights drawn with std 1/sqrt(fan_in) (not transformers' 0.02), so that a wrong
+    tensor anywhere changes the logits visibly; norms near 1."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.ndim >= 2 else 0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            # GLM-4.5's choice bias, which transformers starts at 0: drawn with std 0.5 (the scores lie
+            # in (0, 1)) it reorders experts, and no two of this model's experts come within 0.0035 of a
+            # tie (measured), which the rounding of a bf16 / int8 run could flip
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn_like(b))
+    return model
+
+
 def build_tiny_model(out_dir, arch="llama", dtype="float32", weights="safetensors", uneven=False, seed=0,
                      **config_overrides):
     """Write a random tiny model into out_dir and return out_dir.
@@ -149,19 +168,7 @@ def build_tiny_model(out_dir, arch="llama", dtype="float32", weights="safetensor
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
     config = tiny_config(arch, uneven, **config_overrides)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.ndim >= 2 else 0.1 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            # GLM-4.5's choice bias, which transformers starts at 0: drawn with std 0.5 (the scores lie
-            # in (0, 1)) it reorders experts, and no two of this model's experts come within 0.0035 of a
-            # tie (measured), which the rounding of a bf16 / int8 run could flip
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.5 * torch.randn_like(b))
+    model = randomized(AutoModelForCausalLM.from_config(config))
     model = model.to(getattr(torch, dtype)).eval()
     os.makedirs(out_dir, exist_ok=True)
     if weights in ("safetensors", "sharded"):

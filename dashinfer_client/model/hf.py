@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ModelSerializerException
 from ..tokenizer import CHAT_TEMPLATE_DIR
-from . import awq, compressed, fp8
+from . import awq, compressed, fp8, multimodal
 from .arch import normalize_hf_config
 from .families import family, family_for_hf
 from .families.fused_experts import holds_mxfp4
@@ -59,19 +59,21 @@ class HuggingFaceModel(SourceModel):
         if not os.path.isdir(self.model_path):
             raise ModelSerializerException(f"model directory {self.model_path} does not exist")
         hf = _read_json(path, what="config.json")
+        self._wrapper = multimodal.wrapper_of(hf)  # a vision-language checkpoint: its text model is served
+        text = multimodal.text_config(hf) if self._wrapper else hf
         self._stored = None  # a checkpoint quantized as released: (its quant_method, its settings)
         if hf.get("quantization_config"):
             quant = hf["quantization_config"]
             method = quant.get("quant_method", "?")
             if method in STORED_QUANT:
                 self._stored = method, STORED_QUANT[method].read_config(quant, path)
-            elif method != family_for_hf(hf)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
+            elif method != family_for_hf(text)[0].stored_quant:  # gpt-oss's MXFP4 experts: kept as stored
                 raise ModelSerializerException(
                     f"{path}: checkpoints already quantized ({method}) are not supported; use a float checkpoint "
                     "(or an FP8, compressed-tensors or AWQ one) and enable_quant=True (InstantQuant)")
         gen_path = os.path.join(self.model_path, "generation_config.json")
         gen = _read_json(gen_path, what="generation_config.json") if os.path.exists(gen_path) else {}
-        arch, config = normalize_hf_config(hf, gen)
+        arch, config = normalize_hf_config(text, gen)
         generation = {k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"}
         generation["eos_token_id"] = list(config.eos_token_id)
         return arch, config, generation
@@ -83,6 +85,11 @@ class HuggingFaceModel(SourceModel):
 
     def _open_weights(self, load_format):
         weights = HFWeights(self.model_path, load_format)
+        if self._wrapper:
+            weights = multimodal.text_tensors(weights)
+            # transformers ties by the wrapper's own config (its class default where the file says
+            # nothing), which releases leave out: a checkpoint holds lm_head exactly when it is untied
+            self.config.tie_word_embeddings = "lm_head.weight" not in weights
         if self._stored:  # dequantized at conversion
             method, settings = self._stored
             weights = STORED_QUANT[method].view(weights, settings, self.model_path)

@@ -44,4 +44,8 @@ def _gemma3(hf, r):
 
 GEMMA3 = Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",), _gemma3, gguf_arch="gemma3",
                 norms=GEMMA_NORMS, norm_offset=1.0, qk_norm="head",
-                config_defaults={"sliding_window": 4096})  # Gemma3TextConfig's
+                # Gemma3TextConfig's, which the text_config of Gemma 3's released 4B-27B models leaves to it
+                config_defaults={"sliding_window": 4096, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+                                 "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+                                 "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                 "head_dim": 256, "query_pre_attn_scalar": 256})

@@ -18,4 +18,5 @@ def _qwen2(hf, r):
                 **qwen_window(hf, r))
 
 
-QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), _qwen2, gguf_arch="qwen2")
+# the language models of Qwen2-VL and Qwen2.5-VL (multimodal.py) are Qwen2's
+QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text"), _qwen2, gguf_arch="qwen2")

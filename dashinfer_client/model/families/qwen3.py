@@ -10,4 +10,5 @@ def _qwen3(hf, r):
                 attention_out_bias=bias, **qwen_window(hf, r))
 
 
-QWEN3 = Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _qwen3, gguf_arch="qwen3", qk_norm="head")
+# Qwen3-VL's language model (multimodal.py) is Qwen3's
+QWEN3 = Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3", "qwen3_vl_text"), _qwen3, gguf_arch="qwen3", qk_norm="head")

@@ -1,0 +1,100 @@
+"""Vision-language checkpoints served as their text models (dashinfer_client/model/multimodal.py):
+tiny random *ForConditionalGeneration models that transformers writes (Gemma 3, Mistral 3, Qwen2.5-VL,
+Qwen3-VL: a language model of the tests' tiny shape beside a one-layer vision tower), converted, give
+transformers' own logits and greedy tokens for text prompts (the vision tower unread); their configs
+as the releases spell them (Gemma 3's sparse text_config, Qwen2.5-VL's flat 4.x config with its
+mrope rope_scaling) read as transformers reads them."""
+import json
+import os
+
+import pytest
+
+from dashinfer_client.model import DashInferModel
+from tests.helpers import TINY, build_tiny_tokenizer, randomized, serialize
+from tests.test_family_configs import served_as_transformers
+from tests.test_families import test_logits_match_transformers as logits_match_transformers
+
+IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+              patch_size=14)
+QWEN_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=TINY["hidden_size"])
+# (config class, its text config beyond TINY, its vision config)
+WRAPPERS = {
+    "gemma3": ("Gemma3Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+                                    layer_types=["sliding_attention", "full_attention"]), VISION),
+    "mistral3": ("Mistral3Config", dict(head_dim=16, sliding_window=None), dict(VISION, model_type="pixtral", head_dim=16)),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "mrope_section": [2, 3, 3]}),
+                   dict(QWEN_VISION, fullatt_block_indexes=[0])),
+    "qwen3_vl": ("Qwen3VLConfig", dict(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                     "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+                 dict(QWEN_VISION, deepstack_visual_indexes=[])),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """checkpoint(name) -> the directory of a tiny random vision-language model transformers wrote."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            import torch
+            import transformers
+            class_name, text, vision = WRAPPERS[name]
+            torch.manual_seed(0)
+            config = getattr(transformers, class_name)(text_config=dict(TINY, **IDS, **text), vision_config=vision, **IDS)
+            out = str(tmp_path_factory.mktemp(name) / "hf")
+            randomized(transformers.AutoModelForImageTextToText.from_config(config)).eval().save_pretrained(out)
+            build_tiny_tokenizer(out)
+            built[name] = out
+        return built[name]
+    return get
+
+
+def transformers_model(path):
+    import torch
+    from transformers import AutoModelForImageTextToText
+    hf = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    hf.set_attn_implementation("eager")  # the attention function cache_rounding wraps
+    return hf
+
+
+@pytest.mark.parametrize("name", WRAPPERS)
+def test_the_text_model_gives_transformers_logits(tmp_path, checkpoint, name):
+    src = checkpoint(name)
+    with open(os.path.join(src, "config.json")) as f:
+        assert json.load(f)["architectures"][0].endswith("ForConditionalGeneration")
+    serialize(src, tmp_path).free_model()
+    model = DashInferModel(str(tmp_path), "tiny")
+    assert not [n for n in model.tensor_names() if "vision" in n or "visual" in n or "projector" in n]
+    logits_match_transformers((name, model, transformers_model(src)))
+
+
+def _gemma3_as_released(config):
+    """config.json as Google's gemma-3-4b-it ships it: text_config names only what differs from
+    Gemma3TextConfig's defaults (the rest, here RMSNorm's eps, the context, the activation, tying,
+    come from them); 4.x's rope keys."""
+    text = config["text_config"]
+    for key in ("rms_norm_eps", "max_position_embeddings", "hidden_activation", "tie_word_embeddings",
+                "rope_parameters"):
+        text.pop(key, None)
+    text.update(rope_theta=1000000.0, rope_local_base_freq=10000.0)
+    return config
+
+
+def _qwen2_5_vl_as_released(config):
+    """config.json as Qwen2.5-VL's 4.49-era releases ship it: the language model's keys at the top
+    level beside vision_config, RoPE as rope_scaling {"type": "mrope", "mrope_section"}."""
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    text.pop("model_type")
+    return dict(config, **text, rope_theta=rope["rope_theta"],
+                rope_scaling={"type": "mrope", "mrope_section": rope["mrope_section"]})
+
+
+@pytest.mark.parametrize("name,edit", [("gemma3", _gemma3_as_released), ("qwen2_5_vl", _qwen2_5_vl_as_released)])
+def test_configs_as_released_read_as_transformers_reads_them(tmp_path, checkpoint, name, edit, monkeypatch):
+    import tests.test_family_configs as configs
+    monkeypatch.setattr(configs, "load_hf_model", transformers_model)
+    served_as_transformers(tmp_path, checkpoint(name), edit, f"{name} as released")
