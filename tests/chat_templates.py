@@ -1,7 +1,7 @@
 """Chat templates of the tiny test tokenizers: plain ChatML, ChatML with <think>, Qwen2.5/Hermes
 style tool calls (with and without a tool round trip), Qwen3's reasoning history, gpt-oss's
 harmony, Qwen3-Coder's XML calls, Granite 3.3's and Mistral's tools, GLM-4.5's <arg_key> calls,
-with the special tokens each needs."""
+MiniMax-M2's <invoke> calls, with the special tokens each needs."""
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -230,3 +230,52 @@ GLM45 = (
     "{%- elif m.role == 'system' %}{{- '<|system|>\\n' + content }}{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|assistant|>' }}"
     "{%- if enable_thinking is defined and not enable_thinking %}{{- '\\n<think></think>' }}{%- endif %}{%- endif %}")
+
+# MiniMax-M2's template (M2.1's is the same) as it treats tools and reasoning, written small: ]~!b[ (its BOS)
+# and the role markers ]~b]system, ]~b]user, ]~b]ai, ]~b]tool, each turn ended by [e~[ and a newline;
+# the system turn (a default one when the conversation brings none) lists the tools, each function's
+# JSON in <tool></tool> within <tools>, and shows the call format; an assistant turn's reasoning
+# (`reasoning_content`, else what its content holds before </think>, which MiniMax's clients send
+# back in the content) is written back in <think> only after the last user turn (a tool-call loop);
+# its calls as one <minimax:tool_call> block of <invoke name="..."> lines, each argument a
+# <parameter name="..."> (a string value as it is, any other as JSON, read with .items(): a
+# mapping); a run of tool results in one ]~b]tool turn, each in <response>. The answer opens inside
+# <think> (]~b]ai then <think> and a newline: M2 always reasons). Its <minimax:tool_call> selects the
+# minimax_m2 parser, its <think> the think reasoning parser.
+MINIMAX_SPECIAL = ("]~!b[", "]~b]", "[e~[")
+MINIMAX_ADDED = ("<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>")
+MINIMAX_M2 = (
+    "{%- if messages and messages[0].role == 'system' %}{%- set system = messages[0].content %}"
+    "{%- set conversation = messages[1:] %}{%- else %}{%- set system = 'You are a helpful assistant.' %}"
+    "{%- set conversation = messages %}{%- endif %}"
+    "{%- set ns = namespace(last_user=-1) %}{%- for m in conversation %}{%- if m.role == 'user' %}"
+    "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{{- ']~!b[]~b]system\\n' + system }}"
+    "{%- if tools %}{{- '\\n\\n# Tools\\nYou may call one or more tools to assist with the user query.\\nHere are the '"
+    "'tools available in JSONSchema format:\\n\\n<tools>\\n' }}{%- for tool in tools %}"
+    "{{- '<tool>' + (tool.function | tojson(ensure_ascii=False)) + '</tool>\\n' }}{%- endfor %}"
+    "{{- '</tools>\\n\\nWhen making tool calls, use XML format to invoke tools and pass parameters:\\n\\n'"
+    "'<minimax:tool_call>\\n<invoke name=\"tool-name-1\">\\n<parameter name=\"param-key-1\">param-value-1</parameter>\\n'"
+    "'<parameter name=\"param-key-2\">param-value-2</parameter>\\n...\\n</invoke>\\n</minimax:tool_call>' }}{%- endif %}"
+    "{{- '[e~[\\n' }}"
+    "{%- set last = namespace(called=false) %}{%- for m in conversation %}"
+    "{%- set content = m.content if m.content is string else '' %}"
+    "{%- if m.role == 'assistant' %}{{- ']~b]ai\\n' }}{%- set reasoning = '' %}"
+    "{%- if m.reasoning_content is string %}{%- set reasoning = m.reasoning_content %}"
+    "{%- elif '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].strip('\\n').split('<think>')[-1].strip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].strip('\\n') %}{%- endif %}"
+    "{%- if reasoning and loop.index0 > ns.last_user %}{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- content }}{%- if m.tool_calls %}{{- '\\n<minimax:tool_call>\\n' }}{%- for tc in m.tool_calls %}"
+    "{%- set tc = tc.function if tc.function is defined else tc %}{{- '<invoke name=\"' + tc.name + '\">\\n' }}"
+    "{%- for k, v in tc.arguments.items() %}{{- '<parameter name=\"' + k + '\">' }}"
+    "{{- v if v is string else v | tojson(ensure_ascii=False) }}{{- '</parameter>\\n' }}{%- endfor %}"
+    "{{- '</invoke>\\n' }}{%- endfor %}{{- '</minimax:tool_call>' }}{%- endif %}"
+    "{%- set last.called = m.tool_calls is defined and m.tool_calls %}{{- '[e~[\\n' }}"
+    "{%- elif m.role == 'tool' %}{%- if not last.called %}"
+    "{{- raise_exception('Message has tool role, but there was no previous assistant message with a tool call!') }}"
+    "{%- endif %}{%- if loop.first or conversation[loop.index0 - 1].role != 'tool' %}{{- ']~b]tool' }}{%- endif %}"
+    "{{- '\\n<response>' + content + '</response>' }}"
+    "{%- if loop.last or conversation[loop.index0 + 1].role != 'tool' %}{{- '[e~[\\n' }}{%- endif %}"
+    "{%- elif m.role == 'user' %}{{- ']~b]user\\n' + content + '[e~[\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- ']~b]ai\\n<think>\\n' }}{%- endif %}")

@@ -8,7 +8,7 @@ import random
 from dashinfer_client.frontend import OutputProcessor
 from dashinfer_client.types import GeneratedElements
 
-# The functions the XML-style formats' tests offer (qwen3_coder, glm45): a value of every JSON type
+# The functions the XML-style formats' tests offer (qwen3_coder, glm45, minimax_m2): a value of every JSON type
 WRITE = {"name": "write_file", "description": "Write a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
                                      "content": {"type": "string", "maxLength": 40},

@@ -16,8 +16,8 @@ import pytest
 
 from dashinfer_client.lark_text import lark_text
 from dashinfer_client.tokenizer import Tokenizer, added_tokens
-from tests.chat_templates import (GLM45, GLM45_ADDED, GLM45_SPECIAL, GRANITE, GRANITE_TOKENS, HERMES_CHATML, MISTRAL,
-                                  MISTRAL_TOKENS, QWEN3_CODER)
+from tests.chat_templates import (GLM45, GLM45_ADDED, GLM45_SPECIAL, GRANITE, GRANITE_TOKENS, HERMES_CHATML,
+                                  MINIMAX_ADDED, MINIMAX_M2, MINIMAX_SPECIAL, MISTRAL, MISTRAL_TOKENS, QWEN3_CODER)
 from tests.helpers import tiny_with_template
 from tests.http_server import serving
 
@@ -87,24 +87,28 @@ UNDO_SCHEMA = {"type": "object", "properties": {"steps": {"enum": [1, 2]}}, "req
 UNDO = {"type": "function", "function": {"name": "undo", "parameters": UNDO_SCHEMA}}
 
 
-# Each family's markers as its tokenizer has them: special tokens (Granite's, Mistral's, GLM's roles), added
-# tokens that are not special (Qwen's <tool_call> and </tool_call>, GLM's call tags); (name, template,
-# special, added, marker)
+# Each family's markers as its tokenizer has them: special tokens (Granite's, Mistral's, GLM's and MiniMax's
+# roles), added tokens that are not special (Qwen's <tool_call> and </tool_call>, GLM's call tags, MiniMax's
+# block tags); (name, template, special, added, marker, the server's own flags). MiniMax's template opens
+# <think> in every prompt (no switch turns it off), where a random model would reason until max_tokens:
+# its server reads no reasoning (--reasoning-parser none), so the forced call starts the answer.
 QWEN_ADDED = ("<tool_call>", "</tool_call>")
-FAMILIES = [("qwen3-coder", QWEN3_CODER, (), QWEN_ADDED, "<tool_call>"),
-            ("glm45", GLM45, GLM45_SPECIAL, GLM45_ADDED, "<tool_call>"),
-            ("granite", GRANITE, GRANITE_TOKENS, (), "<|tool_call|>"),
-            ("qwen-hermes", HERMES_CHATML, (), QWEN_ADDED, "<tool_call>"),
-            ("mistral", MISTRAL, MISTRAL_TOKENS, (), "[TOOL_CALLS]")]
+FAMILIES = [("qwen3-coder", QWEN3_CODER, (), QWEN_ADDED, "<tool_call>", ()),
+            ("glm45", GLM45, GLM45_SPECIAL, GLM45_ADDED, "<tool_call>", ()),
+            ("minimax-m2", MINIMAX_M2, MINIMAX_SPECIAL, MINIMAX_ADDED, "<minimax:tool_call>",
+             ("--reasoning-parser", "none")),
+            ("granite", GRANITE, GRANITE_TOKENS, (), "<|tool_call|>", ()),
+            ("qwen-hermes", HERMES_CHATML, (), QWEN_ADDED, "<tool_call>", ()),
+            ("mistral", MISTRAL, MISTRAL_TOKENS, (), "[TOOL_CALLS]", ())]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda p: p[0])
 def format_server(tmp_path_factory, request):
-    name, template, special, added, marker = request.param
+    name, template, special, added, marker, flags = request.param
     _, out = tiny_with_template(tmp_path_factory, name, template, extra_special=special, extra_added=added)
     # the byte-level test tokenizer spends a token a byte on the templates' tool listings
     with serving(out, str(tmp_path_factory.mktemp(name + "-serve") / "serve.log"), "--max-model-len", "2048",
-                 tp=1) as s:
+                 *flags, tp=1) as s:
         yield s, marker
 
 
@@ -194,4 +198,47 @@ def test_a_glm_answer_comes_back_as_reasoning_and_a_call_typed_by_the_schema(glm
     assert pieces[0].function.name == "write_file" and pieces[0].id and len({p.index for p in pieces}) == 1
     assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "The user wants a file."
+    assert not "".join(d.content or "" for d in deltas) and chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+# MiniMax-M2's answer as its template writes a call: the reasoning inside the <think> the prompt opened,
+# its close, then the block (its tags MiniMax's added tokens) of two invokes: a string value that looks
+# like a number, an integer one, an enum's integer
+MINIMAX_ANSWER = ('The user wants a file.\n</think>\n\n<minimax:tool_call>\n<invoke name="write_file">\n'
+                  '<parameter name="path">0755</parameter>\n<parameter name="mode">420</parameter>\n</invoke>\n'
+                  '<invoke name="undo">\n<parameter name="steps">2</parameter>\n</invoke>\n</minimax:tool_call>')
+
+
+@pytest.fixture(scope="module")
+def minimax_server(tmp_path_factory):
+    hf_dir, out = tiny_with_template(tmp_path_factory, "minimax-auto", MINIMAX_M2, extra_special=MINIMAX_SPECIAL,
+                                     extra_added=MINIMAX_ADDED)
+    with serving(out, str(tmp_path_factory.mktemp("minimax-auto-serve") / "serve.log"), "--max-model-len", "2048",
+                 tp=1) as s:
+        yield s, added_tokens(Tokenizer(hf_dir))
+
+
+def test_a_minimax_answer_comes_back_as_reasoning_and_calls_typed_by_the_schema(minimax_server):
+    """tool_choice auto: MiniMax's answer (pinned by a grammar, the block's tags as their tokens) comes
+    back as reasoning_content (the template opened <think>; the think parser is the template's) and two
+    calls whose arguments are the values read by the schema (path a string, though it looks like a
+    number; mode and steps integers), with no content, whole and streamed."""
+    server, added = minimax_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], max_tokens=300, temperature=0,
+                   response_format={"type": "grammar", "grammar": f"start: {lark_text(MINIMAX_ANSWER, added)}"})
+    choice = client.chat.completions.create(**request).choices[0]
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("write_file", '{"path": "0755", "mode": 420}'), ("undo", '{"steps": 2}')]
+    assert choice.message.reasoning_content == "The user wants a file.\n" and not choice.message.content
+    assert choice.finish_reason == "tool_calls"
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    pieces = [p for d in deltas for p in d.tool_calls or ()]
+    assert [(p.index, p.function.name) for p in pieces if p.id] == [(0, "write_file"), (1, "undo")]
+    for call in choice.message.tool_calls:
+        index = [p.index for p in pieces if p.function.name == call.function.name][0]
+        assert "".join(p.function.arguments or "" for p in pieces if p.index == index) == call.function.arguments
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "The user wants a file.\n"
     assert not "".join(d.content or "" for d in deltas) and chunks[-1].choices[0].finish_reason == "tool_calls"

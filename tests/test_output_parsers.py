@@ -13,7 +13,7 @@ from dashinfer_client.frontend import OutputProcessor, Prompts
 from dashinfer_client.frontend.parsers import (REASONING_PARSERS, TOOL_PARSERS, ToolCall, reasoning_parser_for,
                                                tool_parser_for)
 from dashinfer_client.tokenizer import added_tokens
-from tests.chat_templates import GLM45_ADDED
+from tests.chat_templates import GLM45_ADDED, MINIMAX_ADDED
 from tests.output_helpers import cut_answer, elements
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
@@ -87,6 +87,8 @@ def test_call_ids_are_unique():
     ("<tool_call>\n<function={{ name }}>\n<parameter={{ arg }}>\n{{ value }}\n</parameter>", "qwen3_coder", None),
     ("[gMASK]<sop>{{ '<tool_call>' + name }}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>"
      "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}", "glm45", "think"),
+    ("]~!b[]~b]system{{ '<minimax:tool_call>\\n<invoke name=\"' + name + '\">' }}]~b]ai\n<think>\n", "minimax_m2",
+     "think"),
     ("{{- '<|start_of_role|>available_tools<|end_of_role|>' }}<|tool_call|>", "granite", None),
     ("<|tool_call|>{% if thinking %}Write your thoughts between <think></think> and write your response between "
      "<response></response>{% endif %}", "granite", "granite"),
@@ -148,6 +150,8 @@ def test_forced_call_grammar_accepts_the_format_and_only_the_schema(tokenizer, f
 
 
 GLM_TIME = "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>"
+MINIMAX_TIME = ('<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="zone">UTC</parameter>\n</invoke>\n'
+                '</minimax:tool_call>')
 
 
 @pytest.mark.parametrize("fmt, special, added, answer", [
@@ -159,6 +163,8 @@ GLM_TIME = "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_va
      "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>"),
     ("glm45", (), GLM45_ADDED, GLM_TIME),  # GLM's tags as its tokenizer has them: added, not special
     ("glm45", GLM45_ADDED, (), GLM_TIME),  # and as special tokens: still read (special_tokens)
+    ("minimax_m2", (), MINIMAX_ADDED[2:], MINIMAX_TIME),  # MiniMax's block tags: added tokens, not special
+    ("minimax_m2", MINIMAX_ADDED[2:], (), MINIMAX_TIME),  # and as special tokens: still read (special_tokens)
 ])
 def test_a_forced_call_begins_with_the_marker_token_where_the_tokenizer_has_one(tmp_path, fmt, special, added, answer):
     """Mistral's [TOOL_CALLS] and Granite's <|tool_call|> are special tokens of their tokenizers, Qwen's

@@ -46,7 +46,7 @@ def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
 VLLM_NAMES = [("--reasoning-parser", "qwen3", "think"), ("--reasoning-parser", "deepseek_r1", "think"),
               ("--reasoning-parser", "glm45", "think"), ("--reasoning-parser", "ernie45", "think"),
               ("--reasoning-parser", "openai_gptoss", "harmony"), ("--tool-call-parser", "openai", "harmony"),
-              ("--tool-call-parser", "glm47", "glm45")]
+              ("--reasoning-parser", "minimax_m2", "think"), ("--tool-call-parser", "glm47", "glm45")]
 
 
 @pytest.mark.parametrize("flag,vllm,ours", VLLM_NAMES)

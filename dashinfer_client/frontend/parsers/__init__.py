@@ -8,6 +8,10 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     glm45         <tool_call>NAME                           GLM-4.5, GLM-4.6, GLM-4.7 (also named glm47;
                   <arg_key>ARG</arg_key>                    4.7 writes it without the newlines)
                   <arg_value>VALUE</arg_value>...</tool_call>
+    minimax_m2    <minimax:tool_call>                       MiniMax-M2, M2.1 (its reasoning: think)
+                  <invoke name="NAME">
+                  <parameter name="ARG">VALUE</parameter>...
+                  </invoke>...</minimax:tool_call>
     hermes        <tool_call>{...}</tool_call>              Qwen2.5, Qwen3, Hermes
     llama3_json   {"name", "parameters"}                    Llama 3.1+
     mistral       [TOOL_CALLS][{...}]                       Mistral
@@ -15,18 +19,21 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     json          {"name", "arguments"} (tools in the prompt)  templates that know no tools
     harmony       <|channel|>commentary to=functions.NAME ... gpt-oss (its reasoning parser too:
                   <|message|>{...}<|call|>                  the analysis channel)
-    think         <think>...</think>                        reasoning of Qwen3, GLM-4.5+, DeepSeek-R1 distills
+    think         <think>...</think>                        reasoning of Qwen3, GLM-4.5+, MiniMax-M2, DeepSeek-R1
+                                                            distills
     granite       <think>...</think><response>...</response>  Granite 3.3's reasoning (its tool parser too)
 
 A parser may go by other names too (`aliases`: vLLM's, so its command lines carry over: openai and
-openai_gptoss for harmony, qwen3 / deepseek_r1 / glm45 / ernie45 for think).
+openai_gptoss for harmony, qwen3 / deepseek_r1 / glm45 / ernie45 / minimax_m2 for think).
 
-Every format but harmony and glm45 reads the text as the user sees it (special tokens skipped);
-harmony's markers are special tokens, and GLM's may be, so their parsers ask for them (`special_tokens`).
+Every format but harmony, glm45 and minimax_m2 reads the text as the user sees it (special tokens
+skipped); harmony's markers are special tokens, and GLM's and MiniMax's may be, so their parsers ask
+for them (`special_tokens`).
 """
 # They register themselves, in the order the template test tries them (the first whose markers the
-# template holds): qwen3_coder and glm45 before hermes, whose <tool_call> their templates hold too.
-from . import generic_json, granite, harmony, qwen3_coder, glm45, hermes, llama3, mistral, think  # noqa: F401,I001
+# template holds): qwen3_coder and glm45 before hermes, whose <tool_call> their templates hold too
+# (minimax_m2's <minimax:tool_call> is no other's marker).
+from . import generic_json, granite, harmony, qwen3_coder, glm45, minimax_m2, hermes, llama3, mistral, think  # noqa: F401,I001
 from .base import REASONING_PARSERS, TOOL_PARSERS, ToolCall, ToolParser
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ToolCall", "ToolParser", "tool_parser_for",

@@ -40,6 +40,7 @@ class Glm45ToolParser(TypedValuesToolParser):
     markers = (KEY,)  # its template holds <tool_call> too: chosen before hermes
     special_tokens = (OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END)
     head_states = ("name", "head")  # -> params <-> key -> pair -> value
+    value_ends = VALUE_ENDS
 
     def _content(self, content, calls):
         at = self.held.find(OPEN)
@@ -108,19 +109,6 @@ class Glm45ToolParser(TypedValuesToolParser):
         if VALUE.startswith(rest):
             return False
         self.state = "params"  # a key without a value: left out
-        return True
-
-    def _value(self, content, calls):
-        found = first_of(self.held, VALUE_ENDS)
-        if found is None:
-            out, self.held = split_held_any(self.held, VALUE_ENDS)
-            self._add_value(out)
-            return False
-        at, tag = found
-        self._add_value(self.held[:at])
-        self.held = self.held[at + len(tag):] if tag == VALUE_END else self.held[at:]
-        self._close_value()
-        self.state = "params"
         return True
 
     @classmethod

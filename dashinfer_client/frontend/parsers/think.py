@@ -1,5 +1,5 @@
 """Reasoning between `<think>` and `</think>` at the start of the answer (Qwen3, QwQ,
-DeepSeek-R1 distills; Seed-OSS's `<seed:think>`). A template that opens the tag in the prompt (the
+DeepSeek-R1 distills, MiniMax-M2; Seed-OSS's `<seed:think>`). A template that opens the tag in the prompt (the
 answer starts inside it) is told by `inside`; an answer that never closes it is all reasoning."""
 from .base import register_reasoning_parser, split_held
 
@@ -9,7 +9,7 @@ OPEN, CLOSE = "<think>", "</think>"
 @register_reasoning_parser
 class ThinkReasoningParser:
     name = "think"
-    aliases = ("qwen3", "deepseek_r1", "glm45", "ernie45")  # vLLM's names of the same format
+    aliases = ("qwen3", "deepseek_r1", "glm45", "ernie45", "minimax_m2")  # vLLM's names of the same format
     markers = (OPEN,)
     opener, closer = OPEN, CLOSE  # what opens and ends a reasoning (a constrained answer's bounds)
     answer_bounds = None  # the bounds depend on the prompt (Prompts.reasoning_bounds)

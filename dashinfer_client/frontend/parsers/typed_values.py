@@ -1,5 +1,6 @@
 """What the formats that write each argument as raw text in tags share (qwen3_coder's
-<parameter=ARG>VALUE</parameter>, glm45's <arg_key>ARG</arg_key><arg_value>VALUE</arg_value>): a
+<parameter=ARG>VALUE</parameter>, glm45's <arg_key>ARG</arg_key><arg_value>VALUE</arg_value>,
+minimax_m2's <parameter name="ARG">VALUE</parameter>): a
 value read by its parameter's JSON-schema type as vLLM's qwen3_coder parser reads it, the
 arguments streamed as a JSON object while the values come, and the forced-call grammar of each
 function's values.
@@ -17,7 +18,7 @@ import ast
 import json
 
 from ...lark_text import added_pieces, lark_text
-from .base import ToolCall, ToolCallPart, ToolParser, lark_json
+from .base import ToolCall, ToolCallPart, ToolParser, first_of, lark_json, split_held_any
 
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict,
          "array": list, "null": type(None)}
@@ -27,8 +28,10 @@ class TypedValuesToolParser(ToolParser):
     """A state machine over the answer's text: subclasses write each state `s` as a step
     `_s(content, calls)`, True when it moved on, False when it waits for more text; the answer
     starts in "content". head_states: the states in which the call's opening tag and name are still
-    text (`opened`), content where the answer ends there."""
+    text (`opened`), content where the answer ends there. value_ends: a raw value's closing tag, then
+    the tags that begin the call's next part (a value missing its closing tag ends where they begin)."""
     head_states = ()
+    value_ends = ()
 
     def __init__(self, functions=()):
         self.properties = {f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in functions}
@@ -83,6 +86,21 @@ class TypedValuesToolParser(ToolParser):
     def _close_value(self):
         self._send('"' if self.schema is None else json.dumps(read_value(self.value, self.schema), ensure_ascii=False))
         self.count += 1
+
+    def _value(self, content, calls):
+        """A value's raw text, nothing stripped, streamed as it comes: up to its closing tag (passed) or the
+        next part's tag (left for the "params" state, which reads the next part)."""
+        found = first_of(self.held, self.value_ends)
+        if found is None:
+            out, self.held = split_held_any(self.held, self.value_ends)
+            self._add_value(out)
+            return False
+        at, tag = found
+        self._add_value(self.held[:at])
+        self.held = self.held[at + len(tag):] if tag == self.value_ends[0] else self.held[at:]
+        self._close_value()
+        self.state = "params"
+        return True
 
     def _end(self, calls):
         self._send("}")
