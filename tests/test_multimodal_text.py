@@ -1,6 +1,6 @@
 """Vision-language checkpoints served as their text models (dashinfer_client/model/multimodal.py):
 tiny random *ForConditionalGeneration models that transformers writes (Gemma 3, Mistral 3, Qwen2.5-VL,
-Qwen3-VL: a language model of the tests' tiny shape beside a one-layer vision tower), converted, give
+Qwen3-VL, LLaVA 1.5 and NeXT, InternVL: a language model of the tests' tiny shape beside a one-layer vision tower), converted, give
 transformers' own logits and greedy tokens for text prompts (the vision tower unread); their configs
 as the releases spell them (Gemma 3's sparse text_config, Qwen2.5-VL's flat 4.x config with its
 mrope rope_scaling) read as transformers reads them."""
@@ -29,6 +29,10 @@ WRAPPERS = {
     "qwen3_vl": ("Qwen3VLConfig", dict(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                      "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
                  dict(QWEN_VISION, deepstack_visual_indexes=[])),
+    "llava": ("LlavaConfig", dict(model_type="llama"), dict(VISION, model_type="clip_vision_model", projection_dim=32)),
+    "llava_next": ("LlavaNextConfig", dict(model_type="mistral", head_dim=16, sliding_window=None),
+                   dict(VISION, model_type="clip_vision_model", projection_dim=32)),
+    "internvl": ("InternVLConfig", dict(model_type="qwen2"), dict(VISION, image_size=[28, 28], patch_size=[14, 14])),
 }
 
 

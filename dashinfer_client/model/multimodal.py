@@ -1,5 +1,6 @@
 """Checkpoints of vision-language models served as their text models: Gemma 3 from 4B up, Mistral
-Small 3.1 / 3.2 and Magistral, Qwen2-VL, Qwen2.5-VL and Qwen3-VL ship as *ForConditionalGeneration
+Small 3.1 / 3.2 and Magistral, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA (1.5, NeXT, OneVision) and
+InternVL (transformers' own format: InternVLForConditionalGeneration) ship as *ForConditionalGeneration
 with the language model's config in text_config (Qwen2(.5)-VL's older releases: flat, beside
 vision_config) and its tensors under language_model.model / model.language_model (Qwen2(.5)-VL:
 model.*). For text prompts that language model is all transformers runs: the vision tower and
@@ -15,12 +16,15 @@ from .families.renamed import Renamed, Without
 # wrapper architecture -> the text config's model_type where its text_config may not say it
 WRAPPERS = {"Gemma3ForConditionalGeneration": "gemma3_text", "Mistral3ForConditionalGeneration": "mistral",
             "Qwen2VLForConditionalGeneration": "qwen2_vl_text", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl_text",
-            "Qwen3VLForConditionalGeneration": "qwen3_vl_text"}
+            "Qwen3VLForConditionalGeneration": "qwen3_vl_text", "LlavaForConditionalGeneration": "llama",
+            "LlavaNextForConditionalGeneration": "llama", "LlavaOnevisionForConditionalGeneration": "qwen2",
+            "InternVLForConditionalGeneration": "qwen2"}
 # keys a released text_config leaves to the top level of config.json
 _TOP_LEVEL = ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
 _TEXT = {r"^(?:language_model\.model|model\.language_model)\.(.*)$": r"model.\1",
          r"^language_model\.lm_head\.(.*)$": r"lm_head.\1"}
-_VISION = re.compile(r"^(?:model\.)?(?:vision_tower|vision_model|visual|multi_modal_projector|mm_projector)\.")
+_VISION = re.compile(r"^(?:model\.)?(?:vision_tower\.|vision_model\.|visual\.|multi_modal_projector\.|mm_projector\."
+                     r"|image_newline$)")  # image_newline: LLaVA-NeXT's separator embedding
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
