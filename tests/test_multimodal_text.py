@@ -1,6 +1,6 @@
 """Vision-language checkpoints served as their text models (dashinfer_client/model/multimodal.py):
 tiny random *ForConditionalGeneration models that transformers writes (Gemma 3, Mistral 3, Qwen2.5-VL,
-Qwen3-VL, LLaVA 1.5 and NeXT, InternVL: a language model of the tests' tiny shape beside a one-layer vision tower), converted, give
+Qwen3-VL and its MoE, LLaVA 1.5 and NeXT, InternVL: a language model of the tests' tiny shape beside a one-layer vision tower), converted, give
 transformers' own logits and greedy tokens for text prompts (the vision tower unread); their configs
 as the releases spell them (Gemma 3's sparse text_config, Qwen2.5-VL's flat 4.x config with its
 mrope rope_scaling) read as transformers reads them."""
@@ -29,6 +29,10 @@ WRAPPERS = {
     "qwen3_vl": ("Qwen3VLConfig", dict(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                      "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
                  dict(QWEN_VISION, deepstack_visual_indexes=[])),
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", dict(head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+                     dict(QWEN_VISION, deepstack_visual_indexes=[])),
     "llava": ("LlavaConfig", dict(model_type="llama"), dict(VISION, model_type="clip_vision_model", projection_dim=32)),
     "llava_next": ("LlavaNextConfig", dict(model_type="mistral", head_dim=16, sliding_window=None),
                    dict(VISION, model_type="clip_vision_model", projection_dim=32)),
@@ -102,3 +106,23 @@ def test_configs_as_released_read_as_transformers_reads_them(tmp_path, checkpoin
     import tests.test_family_configs as configs
     monkeypatch.setattr(configs, "load_hf_model", transformers_model)
     served_as_transformers(tmp_path, checkpoint(name), edit, f"{name} as released")
+
+
+def test_qwen3_vl_moe_experts_as_released_stacked_in_out(tmp_path, checkpoint, monkeypatch):
+    """Qwen3-VL-MoE's releases stack each layer's experts [E, hidden, 2 x inter] and [E, inter, hidden]
+    (transposed from transformers 5's), which transformers transposes on load where the shape says so:
+    read alike, the same logits."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import tests.test_family_configs as configs
+    src = tmp_path / "released"
+    shutil.copytree(checkpoint("qwen3_vl_moe"), src)
+    weights = load_file(str(src / "model.safetensors"))
+    stacked = [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert stacked
+    save_file({n: w.transpose(1, 2).contiguous() if n in stacked else w for n, w in weights.items()},
+              str(src / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(configs, "load_hf_model", transformers_model)
+    served_as_transformers(tmp_path, str(src), lambda c: c, "qwen3_vl_moe as released")

@@ -1,5 +1,6 @@
 """Checkpoints of vision-language models served as their text models: Gemma 3 from 4B up, Mistral
-Small 3.1 / 3.2 and Magistral, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA (1.5, NeXT, OneVision) and
+Small 3.1 / 3.2 and Magistral, Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and its MoE: its releases' experts
+stacked [E, in, out], which fused_experts.py reads by their shape), LLaVA (1.5, NeXT, OneVision) and
 InternVL (transformers' own format: InternVLForConditionalGeneration) ship as *ForConditionalGeneration
 with the language model's config in text_config (Qwen2(.5)-VL's older releases: flat, beside
 vision_config) and its tensors under language_model.model / model.language_model (Qwen2(.5)-VL:
@@ -18,7 +19,10 @@ WRAPPERS = {"Gemma3ForConditionalGeneration": "gemma3_text", "Mistral3ForConditi
             "Qwen2VLForConditionalGeneration": "qwen2_vl_text", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl_text",
             "Qwen3VLForConditionalGeneration": "qwen3_vl_text", "LlavaForConditionalGeneration": "llama",
             "LlavaNextForConditionalGeneration": "llama", "LlavaOnevisionForConditionalGeneration": "qwen2",
-            "InternVLForConditionalGeneration": "qwen2"}
+            "InternVLForConditionalGeneration": "qwen2", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe_text"}
+# what a wrapper's language model computes whatever its text_config says (Qwen3-VL-MoE's router always
+# renormalises its top k)
+FIXED = {"Qwen3VLMoeForConditionalGeneration": {"norm_topk_prob": True}}
 # keys a released text_config leaves to the top level of config.json
 _TOP_LEVEL = ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
 _TEXT = {r"^(?:language_model\.model|model\.language_model)\.(.*)$": r"model.\1",
@@ -48,7 +52,7 @@ def text_config(hf):
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(text.get(key), dict):
             text[key] = _without_mrope(text[key])
-    return text
+    return dict(text, **FIXED.get(wrapper, {}))
 
 
 def _without_mrope(params):

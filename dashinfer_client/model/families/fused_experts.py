@@ -59,17 +59,20 @@ class FusedExperts:
     and up rows alternate (gpt-oss) rather than come in halves; transposed: float weights are
     stored [in, out]."""
 
-    def __init__(self, tensors, layout, interleaved=False, transposed=False):
+    def __init__(self, tensors, layout, interleaved=False, transposed=False, config=None):
         self.tensors = tensors
         self.split = split_interleaved_gate_up if interleaved else split_halves
-        self.transposed = transposed
         self.views = {}  # our name -> (checkpoint name, expert, which rows: "gate" | "up" | None)
+        self.transposed = set()  # the fused tensors stored [E, in, out]
         fused_layers = set()
         for name in tensors.keys():
             m = _FUSED.match(name)
             if not m:
                 self.views[name] = (name, None, None)
                 continue
+            if transposed or (config is not None and m["part"] == "" and _stored_in_out(tensors.shape(name), m["proj"],
+                                                                                        config)):
+                self.transposed.add(name)
             fused_layers.add(m["layer"])
             roles = ("gate", "up") if m["proj"] == "gate_up" else ("down",)
             for e in range(tensors.shape(name)[0]):
@@ -100,7 +103,7 @@ class FusedExperts:
         if e is None:
             return tuple(shape)
         shape = shape[1:]
-        if self.transposed and name.endswith(".weight") and len(shape) == 2:
+        if source in self.transposed and name.endswith(".weight") and len(shape) == 2:
             shape = shape[::-1]
         if rows:
             shape = (shape[0] // 2,) + tuple(shape[1:])
@@ -115,7 +118,7 @@ class FusedExperts:
         if e is None:
             return array, code
         t = array[e]
-        if self.transposed and name.endswith(".weight"):
+        if source in self.transposed and name.endswith(".weight"):
             t = t.T  # [in, out] -> [out, in]
         if rows:
             t = self.split(t)[0 if rows == "gate" else 1]
@@ -129,5 +132,14 @@ class FusedExperts:
 
 
 def stacked_experts(layout):
-    """The checkpoint view of a family whose experts transformers 5 stacks (gate and up in halves)."""
-    return lambda tensors, config: FusedExperts(tensors, layout)
+    """The checkpoint view of a family whose experts transformers 5 stacks (gate and up in halves),
+    either way round: Qwen3-VL-MoE's releases store them [E, in, out], which transformers transposes
+    where the shape says so (its Transpose(check_dims))."""
+    return lambda tensors, config: FusedExperts(tensors, layout, config=config)
+
+
+def _stored_in_out(shape, proj, config):
+    """Whether a fused stack [E, a, b] is [E, in, out]: its shape is that and not [E, out, in]."""
+    inter, hidden = config.moe_intermediate_size, config.hidden_size
+    out_in = (2 * inter, hidden) if proj == "gate_up" else (hidden, inter)
+    return tuple(shape[1:]) != out_in and tuple(shape[1:]) == out_in[::-1]

@@ -20,5 +20,6 @@ def _qwen3_moe(hf, r):
                 attention_out_bias=bias, **qwen_moe_window(hf, r), **read_experts(r, sparse_steps=True))
 
 
-QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _qwen3_moe, qk_norm="head",
+# Qwen3-VL-MoE's language model (multimodal.py) is Qwen3-MoE's
+QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe", "qwen3_vl_moe_text"), _qwen3_moe, qk_norm="head",
                    experts=ExpertLayout(), gguf_arch="qwen3moe", checkpoint_views=(stacked_experts(ExpertLayout()),))
