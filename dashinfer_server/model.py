@@ -20,7 +20,7 @@ import numpy as np
 from dashinfer_client import settings
 from dashinfer_client.model.families import family
 from dashinfer_client.model.safetensors_io import drop_mapped_pages
-from dashinfer_server.rope import identity_table, rope_table
+from dashinfer_server.rope import identity_table, query_scales, rope_table
 
 from . import kernels as K
 from . import op_profile
@@ -94,6 +94,8 @@ class DecoderModel:
         self.cos_sin = [nope if i in (cfg.nope_layers or ()) else local if cfg.layer_window(i) else table
                         for i in range(cfg.num_hidden_layers)]
         self.windows = [cfg.layer_window(i) for i in range(cfg.num_hidden_layers)]
+        self.q_scale = None if cfg.query_scale_beta is None else \
+            query_scales(cfg.query_scale_beta, cfg.query_scale_period, max_positions)
         self.kv = KVCache(kv_mode, cfg.num_hidden_layers, num_blocks, kv_heads, block_size, d)
         # attention's keyword arguments per layer, built once: the caches and their scales/zeros
         self.kv_args = [{n: a for n, a in arrays.items() if not n.endswith("cache")}
@@ -131,7 +133,7 @@ class DecoderModel:
             n_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, norm_topk=int(cfg.norm_topk_prob),
             expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
             shared_inter=self.shared_inter, qk_after_rope=int(self.family.qk_norm_after_rope),
-            scoring=cfg.expert_scoring, routed_scale=cfg.routed_scaling_factor)
+            scoring=cfg.expert_scoring, routed_scale=cfg.routed_scaling_factor, q_scale=self.q_scale)
 
     def forward(self, plan: StepPlan, score=None) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -218,6 +220,8 @@ class DecoderModel:
             K.rope(q3, k3, positions, self.cos_sin[i])
             if layer.q_norm is not None and self.family.qk_norm_after_rope:  # Hunyuan's order
                 self._qk_norm(layer, q, k, q3, k3, t)
+            if self.q_scale is not None:
+                q3 *= self.q_scale[positions][:, None, None]
             cache, extra = self.kv.layers[i], self.kv_args[i]
             K.kv_write(k3, v3, slots, **cache)
             K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,

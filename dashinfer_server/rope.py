@@ -121,3 +121,10 @@ def identity_table(rotary_dim: int, max_pos: int) -> np.ndarray:
     table = np.zeros((max_pos, rotary_dim), np.float32)
     table[:, :rotary_dim // 2] = 1.0
     return table
+
+
+def query_scales(beta: float, period: int, max_pos: int) -> np.ndarray:
+    """float32 [max_pos]: 1 + beta * log(1 + floor(p / period)), the factor of a query at position p
+    after RoPE (Ministral 3's llama-4 attention scaling), in transformers' float32 arithmetic."""
+    steps = np.floor(np.arange(max_pos, dtype=np.float32) / np.float32(period))
+    return (np.float32(1.0) + np.float32(beta) * np.log(np.float32(1.0) + steps)).astype(np.float32)

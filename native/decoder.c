@@ -70,6 +70,11 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         dn_rope(d->q, d->n_heads, qw, d->k, d->n_kv_heads, kvw, positions, l->cos_sin, T, D,
                 d->rot_dim);
         if (l->q_norm && d->qk_after_rope && qk_norm(d, l, comm, timeout, T, err, errlen)) return -1;
+        for (int t = 0; d->q_scale && t < T; t++) {
+            float *q = d->q + (size_t)t * qw;
+            const float s = d->q_scale[positions[t]];
+            for (int j = 0; j < qw; j++) q[j] *= s;
+        }
         dn_kv_write(&l->kv, d->k, d->v, slots, T);
         if (dn_attention(&l->kv, d->q, block_tables, max_blocks, q_offsets, context_lens, B,
                          d->n_heads, d->group, d->q_head0, d->scale, l->window, d->softcap,

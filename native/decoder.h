@@ -45,6 +45,8 @@ typedef struct {
      * head out of its sum of squares, so the allreduce counts every head once) */
     int qk_whole, q_total, k_total, k_shared_first;
     int qk_after_rope; /* the q/k norms follow RoPE (Hunyuan) instead of preceding it */
+    const float *q_scale; /* [max_pos]: each query row times its position's factor after RoPE (Ministral
+                             3's llama-4 scaling), or NULL */
     dn_moe_shape moe;           /* the sparse layers' routing and expert widths */
     dn_moe_scratch *moe_scratch; /* NULL when every layer is dense */
     dn_layer_t *layers;

@@ -155,18 +155,19 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"layers", "workspace", "n_heads", "eps", "scale", "group", "q_head0",
                              "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
                              "k_shared_first", "n_experts", "top_k", "norm_topk", "expert0",
-                             "expert_step", "shared_inter", "qk_after_rope", "scoring", "routed_scale", NULL};
-    PyObject *layers, *ws;
+                             "expert_step", "shared_inter", "qk_after_rope", "scoring", "routed_scale", "q_scale",
+                             NULL};
+    PyObject *layers, *ws, *q_scale = Py_None;
     int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
     int q_total = 0, k_total = 0, n_experts = 0, top_k = 0, norm_topk = 0, expert0 = 0, expert_step = 1;
     int shared_inter = 0, qk_after_rope = 0, sigmoid;
     double eps, scale, softcap = 0.0, routed_scale = 1.0;
     const char *act = "silu", *scoring = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisd:decoder_new", kwlist, &layers, &ws,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisdO:decoder_new", kwlist, &layers, &ws,
                                      &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
                                      &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first,
                                      &n_experts, &top_k, &norm_topk, &expert0, &expert_step,
-                                     &shared_inter, &qk_after_rope, &scoring, &routed_scale))
+                                     &shared_inter, &qk_after_rope, &scoring, &routed_scale, &q_scale))
         return NULL;
     if (dn_moe_parse_scoring("decoder_new", scoring, &sigmoid)) return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
@@ -245,6 +246,11 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
             goto fail;
         }
     }
+    if (q_scale != Py_None) { /* read at every position a rope table holds */
+        Py_buffer *qs = dn_take(a, q_scale, "q_scale", 'f', 1, 0);
+        if (!qs || dn_check_dim(a, qs, "q_scale", 0, d->max_pos)) goto fail;
+        d->q_scale = qs->buf;
+    }
     if (sparse && !(d->moe_scratch = dn_moe_scratch_new(&d->moe, d->max_tokens))) {
         PyErr_NoMemory();
         goto fail;
@@ -317,10 +323,11 @@ PyMethodDef dn_decoder_methods[] = {
      "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
      "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0, n_experts=0,\n"
      "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0, qk_after_rope=0, scoring='softmax',\n"
-     "routed_scale=1.0) -> decoder\n"
+     "routed_scale=1.0, q_scale=None) -> decoder\n"
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
      "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's;\n"
-     "qk_after_rope: the q/k norms follow RoPE)\n"
+     "qk_after_rope: the q/k norms follow RoPE; q_scale: float32 [max_pos], each query row times its\n"
+     "position's factor after RoPE)\n"
      "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
      "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
      "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"

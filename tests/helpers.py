@@ -63,6 +63,11 @@ FAMILY_CONFIGS = {
     "mistral": ("MistralConfig", dict(sliding_window=8)),
     "ministral": ("MinistralConfig", dict(head_dim=16, sliding_window=8,
                                           layer_types=["sliding_attention", "full_attention"])),
+    # Ministral 3: YaRN over an original context of 16 positions, past which each query is scaled
+    # (llama-4's 1 + 0.1 log(1 + floor(p / 16))): a 45-token prompt reaches the third step
+    "ministral3": ("Ministral3Config", dict(head_dim=16, sliding_window=None, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})),
     "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
                                     attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),

@@ -23,6 +23,11 @@ WRAPPERS = {
     "gemma3": ("Gemma3Config", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
                                     layer_types=["sliding_attention", "full_attention"]), VISION),
     "mistral3": ("Mistral3Config", dict(head_dim=16, sliding_window=None), dict(VISION, model_type="pixtral", head_dim=16)),
+    # Ministral 3's releases: Mistral 3's wrapper over a ministral3 text model (queries scaled past 16)
+    "ministral3": ("Mistral3Config", dict(model_type="ministral3", head_dim=16, sliding_window=None, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}),
+                   dict(VISION, model_type="pixtral", head_dim=16)),
     "qwen2_5_vl": ("Qwen2_5_VLConfig", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                              "mrope_section": [2, 3, 3]}),
                    dict(QWEN_VISION, fullatt_block_indexes=[0])),

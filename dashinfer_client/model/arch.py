@@ -47,6 +47,10 @@ class ModelConfig:
     nope_layers: Optional[list] = None  # layers that rotate nothing: no positional encoding (SmolLM3)
     use_qk_norm: bool = True           # False: the family's q/k norms are left out (GLM-4.5's use_qk_norm)
     attention_scale: Optional[float] = None   # the scores' scale; None: head_dim ** -0.5
+    # each query times 1 + query_scale_beta * log(1 + floor(position / query_scale_period)) after RoPE
+    # (Ministral 3's llama_4_scaling_beta over its original context); None: 1
+    query_scale_beta: Optional[float] = None
+    query_scale_period: Optional[int] = None
     attn_logit_softcap: Optional[float] = None  # scores -> cap * tanh(scores / cap)
     final_logit_softcap: Optional[float] = None
     embedding_multiplier: float = 1.0  # the embeddings are multiplied by it (Gemma, Granite)
@@ -123,6 +127,11 @@ class ModelConfig:
                 not isinstance(i, int) or not 0 <= i < self.num_hidden_layers for i in self.nope_layers)):
             raise ModelSerializerException(f"{where}: nope_layers must list layer indices, got {self.nope_layers!r}")
         self._validate_experts(where)
+        if (self.query_scale_beta is None) != (self.query_scale_period is None) or (
+                self.query_scale_period is not None and not (isinstance(self.query_scale_period, int)
+                                                             and self.query_scale_period > 0)):
+            raise ModelSerializerException(f"{where}: query_scale_beta and query_scale_period come together, the "
+                                           f"period a positive integer, got {self.query_scale_period!r}")
         for name in ("attention_scale", "attn_logit_softcap", "final_logit_softcap", "rope_local_theta"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -15,7 +15,7 @@ from .hunyuan_moe import HUNYUAN_MOE
 from .granite import GRANITE
 from .granite4 import GRANITE4
 from .granitemoe import GRANITEMOE
-from .llama import LLAMA, MISTRAL, SEED_OSS
+from .llama import LLAMA, MINISTRAL3, MISTRAL, SEED_OSS
 from .minimax_m2 import MINIMAX_M2
 from .mixtral import MIXTRAL
 from .olmo2 import OLMO2
@@ -31,7 +31,7 @@ from .smollm3 import SMOLLM3
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
                                  OLMO3, SMOLLM3, EXAONE4, GLM4, ERNIE4_5, SEED_OSS, GRANITE4, HUNYUAN, HELIUM, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS,
                                  GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2,
-                                 HUNYUAN_MOE)}
+                                 HUNYUAN_MOE, MINISTRAL3)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}
