@@ -48,9 +48,11 @@ EMBEDDING_DROP_TOKENS = 64
 class Workspace:
     """Activation buffers for up to `max_tokens` tokens and `max_seqs` sampled rows."""
 
-    def __init__(self, max_tokens, max_seqs, hidden, q_width, kv_width, inter, vocab_r, vocab):
+    def __init__(self, max_tokens, max_seqs, hidden, q_width, kv_width, inter, vocab_r, vocab, parallel=False):
         f = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
         self.res, self.h, self.o = f(max_tokens, hidden), f(max_tokens, hidden), f(max_tokens, hidden)
+        if parallel:  # a parallel block's MLP output beside the attention's (native/decoder.h)
+            self.o2 = f(max_tokens, hidden)
         self.q, self.attn = f(max_tokens, q_width), f(max_tokens, q_width)
         self.k, self.v = f(max_tokens, kv_width), f(max_tokens, kv_width)
         self.gate_up, self.act = f(max_tokens, 2 * inter), f(max_tokens, inter)
@@ -101,7 +103,7 @@ class DecoderModel:
         self.kv_args = [{n: a for n, a in arrays.items() if not n.endswith("cache")}
                         | dict(group=self.shard.group, q_head0=self.shard.q_head0) for arrays in self.kv.layers]
         self.ws = Workspace(max_tokens, max_seqs, cfg.hidden_size, heads * d, kv_heads * d, inter,
-                            vocab_r, cfg.vocab_size)
+                            vocab_r, cfg.vocab_size, parallel=self.family.parallel_block)
         self.scale = cfg.attention_scale or 1.0 / math.sqrt(d)
         # a whole-projection q/k norm spans every rank's heads: the widths it divides by, and
         # whether this rank's first kv head is summed by the rank before (which also holds it)
@@ -133,7 +135,8 @@ class DecoderModel:
             n_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, norm_topk=int(cfg.norm_topk_prob),
             expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
             shared_inter=self.shared_inter, qk_after_rope=int(self.family.qk_norm_after_rope),
-            scoring=cfg.expert_scoring, routed_scale=cfg.routed_scaling_factor, q_scale=self.q_scale)
+            scoring=cfg.expert_scoring, routed_scale=cfg.routed_scaling_factor, q_scale=self.q_scale,
+            layer_norm=int(self.family.layer_norm), parallel=int(self.family.parallel_block))
 
     def forward(self, plan: StepPlan, score=None) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -173,7 +176,7 @@ class DecoderModel:
         last_h, h = ws.last[:s], ws.h[:s]
         np.take(o, rows, axis=0, out=last_h)
         np.take(res, rows, axis=0, out=h)
-        K.rms_norm(last_h, w.final_norm, self.cfg.rms_norm_eps, last_h, residual=h)
+        K.rms_norm(last_h, w.final_norm, self.cfg.rms_norm_eps, last_h, residual=h, centered=self.family.layer_norm)
         K.linear(last_h, w.lm_head, None, ws.logits_r[:s])
         self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s], last=last)
         logits = ws.logits[:s]
@@ -201,13 +204,15 @@ class DecoderModel:
         softcap = self.cfg.attn_logit_softcap or 0.0
         tables, q_offsets, context_lens = plan.block_tables, plan.q_offsets, plan.context_lens
         linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
+        centered = self.family.layer_norm  # Cohere's LayerNorms
 
         def sublayer_input(norm, prev):  # norm(res + prev), or res += prev without a norm
             if norm is None:
                 if prev is not None:
                     res[...] += prev
                 return res
-            rms_norm(res if prev is None else prev, norm, eps, h, **({} if prev is None else {"residual": res}))
+            rms_norm(res if prev is None else prev, norm, eps, h, centered=centered,
+                     **({} if prev is None else {"residual": res}))
             return h
 
         for i, layer in enumerate(w.layers):
@@ -227,22 +232,33 @@ class DecoderModel:
             K.attention(q3, cache["k_cache"], cache["v_cache"], tables, q_offsets, context_lens,
                         attn3, scale, window=self.windows[i], softcap=softcap, sinks=layer.sinks, **extra)
             linear(attn, layer.o, layer.o_bias, o)
+            if self.family.parallel_block:  # the MLP of the same input; one allreduce of the sum
+                o2 = ws.o2[:t]
+                self._dense_mlp(layer, x, gate_up, act, o2)
+                o += o2
+                allreduce_(o)
+                continue
             allreduce_(o)
             if layer.attn_out_norm is not None:
                 rms_norm(o, layer.attn_out_norm, eps, o)
             x = sublayer_input(layer.mlp_norm, o)
             if layer.moe is not None:
                 moe_forward(K, layer.moe, x, o, self.cfg, self.shard.experts, self.cfg.hidden_act)
-            elif layer.gate_up_bias is None:
-                K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
             else:
-                linear(x, layer.gate_up, layer.gate_up_bias, gate_up)
-                K.glu_mul(gate_up, act, act=self.cfg.hidden_act)
-            if layer.moe is None:
-                linear(act, layer.down, layer.down_bias, o)
+                self._dense_mlp(layer, x, gate_up, act, o)
             allreduce_(o)
             if layer.mlp_out_norm is not None:
                 rms_norm(o, layer.mlp_out_norm, eps, o)
+
+    def _dense_mlp(self, layer, x, gate_up, act, out):
+        """out = the layer's gated MLP of x (native/decoder.c's dense_mlp)."""
+        K = self.kernels
+        if layer.gate_up_bias is None:
+            K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
+        else:
+            K.linear(x, layer.gate_up, layer.gate_up_bias, gate_up)
+            K.glu_mul(gate_up, act, act=self.cfg.hidden_act)
+        K.linear(act, layer.down, layer.down_bias, out)
 
     def _qk_norm(self, layer, q, k, q3, k3, t):
         """q and k through their norms (native/decoder.c's qk_norm)."""

@@ -34,22 +34,23 @@ static int qk_norm(const dn_decoder_t *d, const dn_layer_t *l, dn_comm *comm, do
 static const float *sublayer_input(const dn_decoder_t *d, const float *norm, const float *prev, int T) {
     const int H = d->hidden;
     if (norm) {
-        dn_rms_norm(prev ? prev : d->res, norm, prev ? d->res : NULL, d->h, T, H, d->eps);
+        (d->layer_norm ? dn_layer_norm : dn_rms_norm)(prev ? prev : d->res, norm, prev ? d->res : NULL, d->h, T, H,
+                                                     d->eps);
         return d->h;
     }
     if (prev) dn_add(d->res, prev, (long)T * H);
     return d->res;
 }
 
-/* o = the gated MLP of x: 0, or -1 when a kernel has no scratch memory. */
-static int dense_mlp(const dn_decoder_t *d, const dn_layer_t *l, const float *x, int T) {
+/* out = the gated MLP of x: 0, or -1 when a kernel has no scratch memory. */
+static int dense_mlp(const dn_decoder_t *d, const dn_layer_t *l, const float *x, int T, float *out) {
     if (l->gate_up_bias) {
         if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) return -1;
         dn_glu_mul(d->gate_up, d->act, T, d->inter, d->glu);
     } else if (dn_linear_glu(&l->gate_up, x, T, d->glu, d->gate_up, d->act)) {
         return -1;
     }
-    return dn_linear(&l->down, d->act, T, l->down_bias, d->o);
+    return dn_linear(&l->down, d->act, T, l->down_bias, out);
 }
 
 int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
@@ -81,10 +82,16 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
                          l->sinks, d->attn) ||
             dn_linear(&l->o, d->attn, T, l->o_bias, d->o))
             goto no_memory;
+        if (d->parallel) { /* the MLP of the same input; one allreduce sums both ranks' parts */
+            if (dense_mlp(d, l, x, T, d->o2)) goto no_memory;
+            dn_add(d->o, d->o2, (long)T * H);
+            if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
+            continue;
+        }
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         if (l->attn_out_norm) dn_rms_norm(d->o, l->attn_out_norm, NULL, d->o, T, H, d->eps);
         x = sublayer_input(d, l->mlp_norm, d->o, T);
-        if (l->moe ? dn_moe(&d->moe, l->moe, d->moe_scratch, x, T, d->o) : dense_mlp(d, l, x, T))
+        if (l->moe ? dn_moe(&d->moe, l->moe, d->moe_scratch, x, T, d->o) : dense_mlp(d, l, x, T, d->o))
             goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         if (l->mlp_out_norm) dn_rms_norm(d->o, l->mlp_out_norm, NULL, d->o, T, H, d->eps);

@@ -45,14 +45,18 @@ typedef struct {
      * head out of its sum of squares, so the allreduce counts every head once) */
     int qk_whole, q_total, k_total, k_shared_first;
     int qk_after_rope; /* the q/k norms follow RoPE (Hunyuan) instead of preceding it */
+    int layer_norm;    /* the sub-layers' norms are LayerNorms without a bias (Cohere), not RMSNorms */
+    int parallel;      /* attention and MLP both read the layer's one norm and their sum joins the
+                          residual (Cohere): o2 holds the MLP's output meanwhile */
     const float *q_scale; /* [max_pos]: each query row times its position's factor after RoPE (Ministral
                              3's llama-4 scaling), or NULL */
     dn_moe_shape moe;           /* the sparse layers' routing and expert widths */
     dn_moe_scratch *moe_scratch; /* NULL when every layer is dense */
     dn_layer_t *layers;
     /* workspace, max_tokens rows each: res, h, o [hidden]; q, attn [n_heads * head_dim];
-     * k, v [n_kv_heads * head_dim]; gate_up [2 * inter]; act [inter]; norm_ss [2] */
-    float *res, *h, *o, *q, *k, *v, *attn, *gate_up, *act, *norm_ss;
+     * k, v [n_kv_heads * head_dim]; gate_up [2 * inter]; act [inter]; norm_ss [2]; o2 [hidden]
+     * (parallel only, else NULL) */
+    float *res, *h, *o, *q, *k, *v, *attn, *gate_up, *act, *norm_ss, *o2;
 } dn_decoder_t;
 
 /* Every layer over the T tokens whose embeddings are in res: leaves the last layer's output in

@@ -180,6 +180,29 @@ void dn_rms_norm(const float *x, const float *weight, float *residual, float *ou
             out + (size_t)m * N, N, eps);
 }
 
+/* LayerNorm's row in double sums (as rms_row_portable; Cohere's models are its only users, off
+ * the MLP's and attention's hot loops) */
+static void layer_row(const float *x, const float *w, float *res, float *out, int n, float eps) {
+    double sum = 0.0, ss = 0.0;
+    if (res) {
+        for (int i = 0; i < n; i++) res[i] += x[i];
+        x = res;
+    }
+    for (int i = 0; i < n; i++) sum += x[i];
+    const float mean = (float)(sum / n);
+    for (int i = 0; i < n; i++) ss += (double)(x[i] - mean) * (x[i] - mean);
+    const float s = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * s * w[i];
+}
+
+void dn_layer_norm(const float *x, const float *weight, float *residual, float *out, int M, int N, float eps) {
+    int nt = dn_team_for((long)M * N, RMS_SERIAL_FLOATS);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && M > 1)
+    for (int m = 0; m < M; m++)
+        layer_row(x + (size_t)m * N, weight, residual ? residual + (size_t)m * N : NULL, out + (size_t)m * N,
+                  N, eps);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* RoPE */
 

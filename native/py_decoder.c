@@ -156,18 +156,19 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
                              "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
                              "k_shared_first", "n_experts", "top_k", "norm_topk", "expert0",
                              "expert_step", "shared_inter", "qk_after_rope", "scoring", "routed_scale", "q_scale",
-                             NULL};
+                             "layer_norm", "parallel", NULL};
     PyObject *layers, *ws, *q_scale = Py_None;
     int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
     int q_total = 0, k_total = 0, n_experts = 0, top_k = 0, norm_topk = 0, expert0 = 0, expert_step = 1;
-    int shared_inter = 0, qk_after_rope = 0, sigmoid;
+    int shared_inter = 0, qk_after_rope = 0, sigmoid, layer_norm = 0, parallel = 0;
     double eps, scale, softcap = 0.0, routed_scale = 1.0;
     const char *act = "silu", *scoring = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisdO:decoder_new", kwlist, &layers, &ws,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisdOii:decoder_new", kwlist, &layers, &ws,
                                      &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
                                      &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first,
                                      &n_experts, &top_k, &norm_topk, &expert0, &expert_step,
-                                     &shared_inter, &qk_after_rope, &scoring, &routed_scale, &q_scale))
+                                     &shared_inter, &qk_after_rope, &scoring, &routed_scale, &q_scale,
+                                     &layer_norm, &parallel))
         return NULL;
     if (dn_moe_parse_scoring("decoder_new", scoring, &sigmoid)) return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
@@ -209,7 +210,13 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     }
     d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
     d->softcap = (float)softcap, d->glu = glu, d->qk_whole = !!qk_whole, d->qk_after_rope = !!qk_after_rope;
-    d->k_shared_first = !!k_shared_first;
+    d->k_shared_first = !!k_shared_first, d->layer_norm = !!layer_norm, d->parallel = !!parallel;
+    if (d->parallel) { /* the MLP's output beside the attention's */
+        Py_buffer *o2 = dn_take(a, field(ws, "o2"), "o2", 'f', 2, 1);
+        if (!o2 || dn_check_dim(a, o2, "o2", 0, v[0]->shape[0]) || dn_check_dim(a, o2, "o2", 1, v[0]->shape[1]))
+            goto fail;
+        d->o2 = o2->buf;
+    }
     d->max_tokens = (int)v[0]->shape[0], d->hidden = (int)v[0]->shape[1];
     d->inter = (int)v[8]->shape[1];
     if (v[3]->shape[1] % n_heads) {
@@ -323,11 +330,12 @@ PyMethodDef dn_decoder_methods[] = {
      "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
      "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0, n_experts=0,\n"
      "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0, qk_after_rope=0, scoring='softmax',\n"
-     "routed_scale=1.0, q_scale=None) -> decoder\n"
+     "routed_scale=1.0, q_scale=None, layer_norm=0, parallel=0) -> decoder\n"
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
      "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's;\n"
      "qk_after_rope: the q/k norms follow RoPE; q_scale: float32 [max_pos], each query row times its\n"
-     "position's factor after RoPE)\n"
+     "position's factor after RoPE; layer_norm: the sub-layer norms are LayerNorms without a bias;\n"
+     "parallel: attention and MLP read one norm and their sum joins the residual, workspace o2 beside)\n"
      "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
      "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
      "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"

@@ -28,10 +28,11 @@ static int disjoint(dn_args *a, Py_buffer *w, const char *wname, Py_buffer *v, c
 }
 
 static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"x", "weight", "eps", "out", "residual", NULL};
+    static char *names[] = {"x", "weight", "eps", "out", "residual", "centered", NULL};
     PyObject *ox, *ow, *oo, *orr = Py_None;
     double eps;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdO|O:rms_norm", names, &ox, &ow, &eps, &oo, &orr))
+    int centered = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdO|Op:rms_norm", names, &ox, &ow, &eps, &oo, &orr, &centered))
         return NULL;
     dn_args a = {.fn = "rms_norm"};
     Py_buffer *x = dn_take(&a, ox, "x", 'f', 2, 0);
@@ -54,7 +55,7 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kw) {
         (r && (disjoint(&a, r, "residual", x, "x") || disjoint(&a, r, "residual", w, "weight"))))
         return dn_done(&a, NULL);
     Py_BEGIN_ALLOW_THREADS
-    dn_rms_norm(x->buf, w->buf, r ? r->buf : NULL, o->buf, (int)M, (int)N, (float)eps);
+    (centered ? dn_layer_norm : dn_rms_norm)(x->buf, w->buf, r ? r->buf : NULL, o->buf, (int)M, (int)N, (float)eps);
     Py_END_ALLOW_THREADS
     return dn_done(&a, NULL);
 }
@@ -166,9 +167,10 @@ static PyObject *py_embedding(PyObject *self, PyObject *args, PyObject *kw) {
 
 PyMethodDef dn_elementwise_methods[] = {
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
-     "rms_norm(x, weight, eps, out, residual=None): out = x / sqrt(mean(x^2) + eps) * weight per "
-     "row; x, out float32 [M, N] (out may be x), weight [N]. With residual [M, N]: residual += x "
-     "in place first and the norm is taken of it."},
+     "rms_norm(x, weight, eps, out, residual=None, centered=False): out = x / sqrt(mean(x^2) + eps) * "
+     "weight per row; x, out float32 [M, N] (out may be x), weight [N]. With residual [M, N]: residual += x "
+     "in place first and the norm is taken of it. centered: LayerNorm without a bias, the row's mean "
+     "taken out first."},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
      "rope(q, k, positions, cos_sin): rotary embedding in place, half-rotation layout, over the "
      "first R dims of each head (R, the rotary dim, is the table's width; the rest pass through). "

@@ -59,6 +59,12 @@ FAMILY_CONFIGS = {
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there
     "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=8)),
     "phi3": ("Phi3Config", dict(sliding_window=None)),
+    # Cohere: one LayerNorm a layer feeding attention and MLP in parallel, interleaved RoPE, q/k/v/o
+    # biased, logits scaled
+    "cohere": ("CohereConfig", dict(head_dim=16, attention_bias=True, logit_scale=0.5, layer_norm_eps=1e-5)),
+    # Cohere2: a sliding layer (8 keys) with RoPE, then a full one without
+    "cohere2": ("Cohere2Config", dict(head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                                      logit_scale=0.5)),
     # windows of 8 keys: a 45-token prompt crosses them many times
     "mistral": ("MistralConfig", dict(sliding_window=8)),
     "ministral": ("MinistralConfig", dict(head_dim=16, sliding_window=8,

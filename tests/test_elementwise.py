@@ -66,6 +66,22 @@ def test_rms_norm_matches_transformers(isa, M, N):
     assert np.abs(out - want).max() < TOL
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("M,N", [(1, 7), (37, 1000), (5, 4096)])
+def test_centered_rms_norm_is_coheres_layer_norm(isa, M, N, residual):
+    """centered=True: the row's mean taken out first, as transformers' CohereLayerNorm computes (a
+    residual added first, as for rms_norm); rows with a large common offset keep their precision."""
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+    norm = CohereLayerNorm(N, eps=1e-5)
+    x, res = rand(M, N, seed=9, scale=4.0) + np.float32(30.0), rand(M, N, seed=10) if residual else None
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(rand(N, seed=11)))
+        want = norm(torch.from_numpy(x + res if residual else x)).numpy()
+    out = np.empty_like(x)
+    K.rms_norm(x, norm.weight.detach().numpy(), 1e-5, out, residual=res, centered=True)
+    assert np.abs(out - want).max() < TOL
+
+
 # --------------------------------------------------------------------------------------------
 # glu_mul: act(gate) * up
 

@@ -45,6 +45,8 @@ class Family:
     # when the family stores them otherwise: views, each (tensors, ModelConfig) -> the same interface
     # (keys, in, shape, fetch), applied in order (gpt-oss's fused experts, GLM-4's interleaved RoPE dims)
     checkpoint_views: tuple = ()
+    layer_norm: bool = False       # the norms are LayerNorms without a bias (Cohere's), not RMSNorms
+    parallel_block: bool = False   # attention and MLP read the layer's one norm, their sum joins the residual
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
     # transformers' config class defaults that differ from what a missing key means here (LLaMA's:
     # rope_theta 10000, no scaling, no window): read in place of a key config.json leaves out
