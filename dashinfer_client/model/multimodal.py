@@ -1,7 +1,8 @@
 """Checkpoints of vision-language models served as their text models: Gemma 3 from 4B up, Mistral
 Small 3.1 / 3.2 and Magistral, Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and its MoE: its releases' experts
-stacked [E, in, out], which fused_experts.py reads by their shape), LLaVA (1.5, NeXT, OneVision) and
-InternVL (transformers' own format: InternVLForConditionalGeneration) ship as *ForConditionalGeneration
+stacked [E, in, out], which fused_experts.py reads by their shape), LLaVA (1.5, NeXT, OneVision),
+InternVL (transformers' own format: InternVLForConditionalGeneration), GLM-4.1V / 4.6V-Flash and
+GLM-4.5V / 4.6V ship as *ForConditionalGeneration
 with the language model's config in text_config (Qwen2(.5)-VL's older releases: flat, beside
 vision_config) and its tensors under language_model.model / model.language_model (Qwen2(.5)-VL:
 model.*). For text prompts that language model is all transformers runs: the vision tower and
@@ -19,7 +20,8 @@ WRAPPERS = {"Gemma3ForConditionalGeneration": "gemma3_text", "Mistral3ForConditi
             "Qwen2VLForConditionalGeneration": "qwen2_vl_text", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl_text",
             "Qwen3VLForConditionalGeneration": "qwen3_vl_text", "LlavaForConditionalGeneration": "llama",
             "LlavaNextForConditionalGeneration": "llama", "LlavaOnevisionForConditionalGeneration": "qwen2",
-            "InternVLForConditionalGeneration": "qwen2", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe_text"}
+            "InternVLForConditionalGeneration": "qwen2", "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe_text",
+            "Glm4vForConditionalGeneration": "glm4v_text", "Glm4vMoeForConditionalGeneration": "glm4v_moe_text"}
 # what a wrapper's language model computes whatever its text_config says (Qwen3-VL-MoE's router always
 # renormalises its top k)
 FIXED = {"Qwen3VLMoeForConditionalGeneration": {"norm_topk_prob": True}}

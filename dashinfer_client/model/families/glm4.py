@@ -43,7 +43,7 @@ def _glm4(hf, r):
     return dict(hidden_act=r.activation("hidden_act", {"silu": "silu"}), attention_bias=bias, attention_out_bias=False)
 
 
-GLM4 = Family("glm4", ("Glm4ForCausalLM",), ("glm4",), _glm4, fused_gate_up=True, checkpoint_views=(HalvedRope,),
+GLM4 = Family("glm4", ("Glm4ForCausalLM",), ("glm4", "glm4v_text"), _glm4, fused_gate_up=True, checkpoint_views=(HalvedRope,),
               norms={"attn_in": "input_layernorm", "attn_out": "post_self_attn_layernorm",
                      "mlp_in": "post_attention_layernorm", "mlp_out": "post_mlp_layernorm"},
               config_defaults={"head_dim": 128, "partial_rotary_factor": 0.5})  # Glm4Config's

@@ -57,7 +57,7 @@ def _draft_layers(config):
 
 SIGMOID_VIEWS = (without_empty_shared(SIGMOID_LAYOUT), stacked_experts(SIGMOID_LAYOUT))
 # llama.cpp names the pre-MLP norm post_attention_norm in GLM-4.5's GGUF files
-GLM4_MOE = Family("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",), _glm4_moe, qk_norm="head", experts=SIGMOID_LAYOUT,
+GLM4_MOE = Family("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe", "glm4v_moe_text"), _glm4_moe, qk_norm="head", experts=SIGMOID_LAYOUT,
                   gguf_arch="glm4moe", gguf_names={"post_attention_norm": "post_attention_layernorm"},
                   checkpoint_views=(lambda tensors, config: Without(tensors, _draft_layers(config)), *SIGMOID_VIEWS),
                   config_defaults={"partial_rotary_factor": 0.5, "norm_topk_prob": True})
