@@ -163,82 +163,50 @@ def test_granite_thinking_comes_back_as_reasoning_and_content_without_its_wrappe
             "".join(d.content or "" for d in deltas)) == expected
 
 
-# GLM-4.5's answer as its template writes a call: the reasoning, then the call's tags (GLM's added
-# tokens), a string value that looks like a number, an integer one
+# Answers as GLM-4.5's and MiniMax-M2's templates write calls, their tags the families' added tokens:
+# GLM's reasoning, then a call; MiniMax's reasoning inside the <think> the prompt opened, its close,
+# then a block of two invokes. Each has a string value that looks like a number and integer ones.
 GLM_ANSWER = ("<think>The user wants a file.</think>\n<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>0755"
               "</arg_value>\n<arg_key>mode</arg_key>\n<arg_value>420</arg_value>\n</tool_call>")
-
-
-@pytest.fixture(scope="module")
-def glm_server(tmp_path_factory):
-    hf_dir, out = tiny_with_template(tmp_path_factory, "glm45-auto", GLM45, extra_special=GLM45_SPECIAL,
-                                     extra_added=GLM45_ADDED)
-    with serving(out, str(tmp_path_factory.mktemp("glm45-auto-serve") / "serve.log"), "--max-model-len", "2048",
-                 tp=1) as s:
-        yield s, added_tokens(Tokenizer(hf_dir))
-
-
-def test_a_glm_answer_comes_back_as_reasoning_and_a_call_typed_by_the_schema(glm_server):
-    """tool_choice auto: GLM's answer (pinned by a grammar, its tags as their tokens) comes back as
-    reasoning_content and a call whose arguments are the values read by the schema (path a string,
-    though it looks like a number; mode an integer), with no content, whole and streamed."""
-    server, added = glm_server
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], max_tokens=160, temperature=0,
-                   response_format={"type": "grammar", "grammar": f"start: {lark_text(GLM_ANSWER, added)}"})
-    choice = client.chat.completions.create(**request).choices[0]
-    [call] = choice.message.tool_calls
-    assert (call.function.name, call.function.arguments) == ("write_file", '{"path": "0755", "mode": 420}')
-    assert choice.message.reasoning_content == "The user wants a file." and not choice.message.content
-    assert choice.finish_reason == "tool_calls"
-
-    chunks = list(client.chat.completions.create(**request, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    pieces = [p for d in deltas for p in d.tool_calls or ()]
-    assert pieces[0].function.name == "write_file" and pieces[0].id and len({p.index for p in pieces}) == 1
-    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
-    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "The user wants a file."
-    assert not "".join(d.content or "" for d in deltas) and chunks[-1].choices[0].finish_reason == "tool_calls"
-
-
-# MiniMax-M2's answer as its template writes a call: the reasoning inside the <think> the prompt opened,
-# its close, then the block (its tags MiniMax's added tokens) of two invokes: a string value that looks
-# like a number, an integer one, an enum's integer
 MINIMAX_ANSWER = ('The user wants a file.\n</think>\n\n<minimax:tool_call>\n<invoke name="write_file">\n'
                   '<parameter name="path">0755</parameter>\n<parameter name="mode">420</parameter>\n</invoke>\n'
                   '<invoke name="undo">\n<parameter name="steps">2</parameter>\n</invoke>\n</minimax:tool_call>')
+WRITTEN = ("write_file", '{"path": "0755", "mode": 420}')
+# family -> (template, its special and added tokens, the answer, its reasoning, its calls)
+PINNED = {"glm45": (GLM45, GLM45_SPECIAL, GLM45_ADDED, GLM_ANSWER, "The user wants a file.", [WRITTEN]),
+          "minimax_m2": (MINIMAX_M2, MINIMAX_SPECIAL, MINIMAX_ADDED, MINIMAX_ANSWER, "The user wants a file.\n",
+                         [WRITTEN, ("undo", '{"steps": 2}')])}
 
 
-@pytest.fixture(scope="module")
-def minimax_server(tmp_path_factory):
-    hf_dir, out = tiny_with_template(tmp_path_factory, "minimax-auto", MINIMAX_M2, extra_special=MINIMAX_SPECIAL,
-                                     extra_added=MINIMAX_ADDED)
-    with serving(out, str(tmp_path_factory.mktemp("minimax-auto-serve") / "serve.log"), "--max-model-len", "2048",
-                 tp=1) as s:
-        yield s, added_tokens(Tokenizer(hf_dir))
+@pytest.fixture(scope="module", params=PINNED)
+def pinned_server(request, tmp_path_factory):
+    template, special, added, *answer = PINNED[request.param]
+    hf_dir, out = tiny_with_template(tmp_path_factory, f"{request.param}-auto", template, extra_special=special,
+                                     extra_added=added)
+    with serving(out, str(tmp_path_factory.mktemp(f"{request.param}-auto-serve") / "serve.log"), "--max-model-len",
+                 "2048", tp=1) as s:
+        yield s, added_tokens(Tokenizer(hf_dir)), *answer
 
 
-def test_a_minimax_answer_comes_back_as_reasoning_and_calls_typed_by_the_schema(minimax_server):
-    """tool_choice auto: MiniMax's answer (pinned by a grammar, the block's tags as their tokens) comes
-    back as reasoning_content (the template opened <think>; the think parser is the template's) and two
-    calls whose arguments are the values read by the schema (path a string, though it looks like a
-    number; mode and steps integers), with no content, whole and streamed."""
-    server, added = minimax_server
+def test_a_pinned_answer_comes_back_as_reasoning_and_calls_typed_by_the_schema(pinned_server):
+    """tool_choice auto: the family's answer (pinned by a grammar, its tags as their tokens) comes back
+    as reasoning_content (the template's reasoning parser) and calls whose arguments are the values
+    read by the schema (path a string, though it looks like a number; mode and steps integers), with no
+    content, whole and streamed (each call's pieces joining into its arguments)."""
+    server, added, answer, reasoning, calls = pinned_server
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     request = dict(model="tiny", messages=ASK, tools=[WRITE, UNDO], max_tokens=300, temperature=0,
-                   response_format={"type": "grammar", "grammar": f"start: {lark_text(MINIMAX_ANSWER, added)}"})
+                   response_format={"type": "grammar", "grammar": f"start: {lark_text(answer, added)}"})
     choice = client.chat.completions.create(**request).choices[0]
-    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
-        ("write_file", '{"path": "0755", "mode": 420}'), ("undo", '{"steps": 2}')]
-    assert choice.message.reasoning_content == "The user wants a file.\n" and not choice.message.content
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == calls
+    assert choice.message.reasoning_content == reasoning and not choice.message.content
     assert choice.finish_reason == "tool_calls"
 
     chunks = list(client.chat.completions.create(**request, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     pieces = [p for d in deltas for p in d.tool_calls or ()]
-    assert [(p.index, p.function.name) for p in pieces if p.id] == [(0, "write_file"), (1, "undo")]
-    for call in choice.message.tool_calls:
-        index = [p.index for p in pieces if p.function.name == call.function.name][0]
-        assert "".join(p.function.arguments or "" for p in pieces if p.index == index) == call.function.arguments
-    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "The user wants a file.\n"
+    assert [(p.index, p.function.name) for p in pieces if p.id] == [(i, name) for i, (name, _) in enumerate(calls)]
+    for i, (_, arguments) in enumerate(calls):
+        assert "".join(p.function.arguments or "" for p in pieces if p.index == i) == arguments
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
     assert not "".join(d.content or "" for d in deltas) and chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -23,7 +23,7 @@ import json
 import re
 
 from ...lark_text import lark_text
-from .base import first_of, register_tool_parser, split_held, split_held_any
+from .base import first_of, register_tool_parser, split_held_any
 from .typed_values import TypedValuesToolParser, function_rules, written
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -43,14 +43,7 @@ class Glm45ToolParser(TypedValuesToolParser):
     value_ends = VALUE_ENDS
 
     def _content(self, content, calls):
-        at = self.held.find(OPEN)
-        if at < 0:
-            out, self.held = split_held(self.held, OPEN)
-            content.append(out)
-            return False
-        content.append(self.held[:at])
-        self.opened, self.held, self.state = OPEN, self.held[at + len(OPEN):], "name"
-        return True
+        return self._open(content, OPEN, "name")
 
     def _name(self, content, calls):
         found = first_of(self.held, ("\n", "<"))

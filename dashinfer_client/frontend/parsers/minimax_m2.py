@@ -30,7 +30,7 @@ import json
 import re
 
 from ...lark_text import lark_text
-from .base import first_of, register_tool_parser, split_held, split_held_any
+from .base import first_of, register_tool_parser, split_held_any
 from .typed_values import TypedValuesToolParser, function_rules, written
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
@@ -56,27 +56,11 @@ class MinimaxM2ToolParser(TypedValuesToolParser):
     value_ends = VALUE_ENDS  # typed_values' _value: raw text up to </parameter> or the next part's tag
 
     def _content(self, content, calls):
-        at = self.held.find(OPEN)
-        if at < 0:
-            out, self.held = split_held(self.held, OPEN)
-            content.append(out)
-            return False
-        content.append(self.held[:at])
-        self.opened, self.held, self.state = OPEN, self.held[at + len(OPEN):], "head"
-        return True
+        return self._open(content, OPEN, "head")
 
     def _head(self, content, calls):
         """After the block's opening tag: a call where an invoke follows it."""
-        rest = self.held.lstrip()
-        if rest.startswith(INVOKE):
-            self.opened += self.held[:len(self.held) - len(rest)] + INVOKE
-            self.held, self.state = rest[len(INVOKE):], "name"
-            return True
-        if INVOKE.startswith(rest):
-            return False
-        content.append(self.opened)  # not a call: the text as written
-        self.state = "content"
-        return True
+        return self._expect(content, INVOKE, "name")
 
     def _name(self, content, calls):
         at = self.held.find(">")

@@ -46,16 +46,7 @@ class Qwen3CoderToolParser(TypedValuesToolParser):
         return True
 
     def _wrapper(self, content, calls):
-        rest = self.held.lstrip()
-        if rest.startswith(FUNCTION):
-            self.opened += self.held[:len(self.held) - len(rest) + len(FUNCTION)]
-            self.held, self.state = rest[len(FUNCTION):], "name"
-            return True
-        if FUNCTION.startswith(rest):
-            return False
-        content.append(self.opened)  # not a call: the text as written
-        self.state = "content"
-        return True
+        return self._expect(content, FUNCTION, "name")
 
     def _name(self, content, calls):
         at = self.held.find(">")

@@ -18,7 +18,7 @@ import ast
 import json
 
 from ...lark_text import added_pieces, lark_text
-from .base import ToolCall, ToolCallPart, ToolParser, first_of, lark_json, split_held_any
+from .base import ToolCall, ToolCallPart, ToolParser, first_of, lark_json, split_held, split_held_any
 
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict,
          "array": list, "null": type(None)}
@@ -43,6 +43,32 @@ class TypedValuesToolParser(ToolParser):
     @classmethod
     def for_functions(cls, functions):
         return cls(functions)
+
+    def _open(self, content, tag, then):
+        """Content up to `tag`, which opens a call (held back while the text may begin it): the
+        state after it is `then`."""
+        at = self.held.find(tag)
+        if at < 0:
+            out, self.held = split_held(self.held, tag)
+            content.append(out)
+            return False
+        content.append(self.held[:at])
+        self.opened, self.held, self.state = tag, self.held[at + len(tag):], then
+        return True
+
+    def _expect(self, content, tag, then):
+        """`tag` after any whitespace (the state after it `then`); where it cannot come, the call's
+        text so far is content as written."""
+        rest = self.held.lstrip()
+        if rest.startswith(tag):
+            self.opened += self.held[:len(self.held) - len(rest) + len(tag)]
+            self.held, self.state = rest[len(tag):], then
+            return True
+        if tag.startswith(rest):
+            return False
+        content.append(self.opened)
+        self.state = "content"
+        return True
 
     def feed(self, text):
         self.held += text
