@@ -84,13 +84,10 @@ def expected_tensors(config, architecture, dtype, quantization):
         quantized = set(quantization["quantized"])
     shapes = weight_shapes(config, architecture)
     mxfp4 = mxfp4_tensors(config, shapes)
-    experts = family(architecture).experts
-    fp32 = experts.held_in_fp32(shapes) if experts else set()
+    fp32 = family(architecture).held_in_fp32(shapes)
     out = {}
     for name, shape in shapes.items():
-        if name in fp32:
-            out[name] = ("F32", shape)
-        elif name in mxfp4:
+        if name in mxfp4:
             n, k = shape
             out[f"{name}.{MXFP4_PARTS[0]}"] = ("U8", (n, k // 2))
             out[f"{name}.{MXFP4_PARTS[1]}"] = ("U8", (n, k // 32))
@@ -98,7 +95,7 @@ def expected_tensors(config, architecture, dtype, quantization):
             for (part, part_code), part_shape in zip(PARTS[settings.weight_format], settings.packed_shapes(*shape)):
                 out[f"{name}.{part}"] = (part_code, part_shape)
         else:
-            out[name] = (code, shape)
+            out[name] = ("F32" if name in fp32 else code, shape)
     return out
 
 
@@ -135,8 +132,7 @@ def write_serialized(model_dir, prefix, *, model_name, architecture, config, dty
     mxfp4 = mxfp4_tensors(config, shapes)
     if quant_settings is not None:
         quantization = {"method": "instant_quant", "weight_format": quant_settings.weight_format,
-                        "group_size": quant_settings.group_size,
-                        "compute_method": quant_settings.compute_method,
+                        "group_size": quant_settings.group_size, "compute_method": quant_settings.compute_method,
                         "quantized": [n for n in quant_settings.quantized_names(shapes) if n not in mxfp4]}
     manifest = expected_tensors(config, architecture, dtype, quantization)
     layout = [(n, c, s) for n, (c, s) in manifest.items()]

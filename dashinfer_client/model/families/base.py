@@ -112,6 +112,10 @@ class Family:
             shapes["lm_head.weight"] = (c.vocab_size, H)
         return shapes
 
+    def held_in_fp32(self, names):
+        """The tensors of `names` stored in fp32 whatever the model's dtype (experts.py's choice biases)."""
+        return self.experts.held_in_fp32(names) if self.experts else set()
+
     def is_norm(self, name):
         """Whether an HF tensor name is one of this family's RMSNorm weights (Gemma's w - 1 ones)."""
         return name.endswith("norm.weight")
