@@ -136,7 +136,8 @@ class DecoderModel:
             expert0=experts.start if experts else 0, expert_step=experts.step if experts else 1,
             shared_inter=self.shared_inter, qk_after_rope=int(self.family.qk_norm_after_rope),
             scoring=cfg.expert_scoring, routed_scale=cfg.routed_scaling_factor, q_scale=self.q_scale,
-            layer_norm=int(self.family.layer_norm), parallel=int(self.family.parallel_block))
+            layer_norm=int(self.family.layer_norm), parallel=int(self.family.parallel_block),
+            gated=int(self.family.gated_mlp))
 
     def forward(self, plan: StepPlan, score=None) -> np.ndarray:
         """Run the step; on rank 0 return the logits [S, V] of plan.sample_rows (a view into
@@ -251,9 +252,12 @@ class DecoderModel:
                 rms_norm(o, layer.mlp_out_norm, eps, o)
 
     def _dense_mlp(self, layer, x, gate_up, act, out):
-        """out = the layer's gated MLP of x (native/decoder.c's dense_mlp)."""
+        """out = the layer's MLP of x (native/decoder.c's dense_mlp)."""
         K = self.kernels
-        if layer.gate_up_bias is None:
+        if not self.family.gated_mlp:  # plain: relu2 (Arcee's), as dn_act_rows computes it
+            K.linear(x, layer.gate_up, layer.gate_up_bias, act)
+            np.square(np.maximum(act, np.float32(0)), out=act)
+        elif layer.gate_up_bias is None:
             K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
         else:
             K.linear(x, layer.gate_up, layer.gate_up_bias, gate_up)

@@ -268,7 +268,8 @@ class WeightLoader:
 
             o_base, down_base = f"{p}.self_attn.o_proj", f"{p}.mlp.down_proj"
             sparse = cfg.is_moe_layer(i)
-            gate_bias, up_bias = (None, None) if sparse else (bias("gate"), bias("up"))
+            mlp = ("gate", "up") if fam.gated_mlp else ("up",)  # a plain MLP's "gate_up" is up alone
+            mlp_bias = None if sparse or bias("up") is None else np.concatenate([bias(role) for role in mlp])
             layers.append(LayerWeights(
                 attn_norm=norm("attn_in"), attn_out_norm=norm("attn_out"),
                 mlp_norm=norm("mlp_in"), mlp_out_norm=norm("mlp_out"),
@@ -279,8 +280,8 @@ class WeightLoader:
                 q_bias=bias("q"), k_bias=bias("k"), v_bias=bias("v"),
                 o=self.linear((o_base, None, q_rows), scale=out_scale),
                 o_bias=self._scaled(self.bias(o_base), out_scale) if first else None,
-                gate_up=None if sparse else self.linear(part("gate"), part("up")),
-                gate_up_bias=None if gate_bias is None else np.concatenate([gate_bias, up_bias]),
+                gate_up=None if sparse else self.linear(*map(part, mlp)),
+                gate_up_bias=mlp_bias,
                 down=None if sparse else self.linear((down_base, None, (i0, i1)), scale=out_scale),
                 down_bias=self._scaled(self.bias(down_base), out_scale) if first and not sparse else None,
                 moe=load_experts(self, f"{p}.", out_scale) if sparse else None,

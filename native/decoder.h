@@ -39,13 +39,15 @@ typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, inter, max_tokens, max_pos, rot_dim;
     int group, q_head0; /* query head h reads kv head (h + q_head0) / group (attention.h) */
     float eps, scale, softcap; /* softcap 0: none */
-    dn_act glu;                /* the gated MLP's activation (glu.h) */
+    dn_act glu;                /* the MLP's activation (glu.h) */
     /* whole-projection q/k norms over tensor-parallel ranks: the widths of the whole q and k rows,
      * and whether this rank's first kv head is cached by the rank before (it then leaves that
      * head out of its sum of squares, so the allreduce counts every head once) */
     int qk_whole, q_total, k_total, k_shared_first;
     int qk_after_rope; /* the q/k norms follow RoPE (Hunyuan) instead of preceding it */
     int layer_norm;    /* the sub-layers' norms are LayerNorms without a bias (Cohere), not RMSNorms */
+    int gated;         /* the dense MLP is gated (gate_up: gate rows then up rows), else plain: act(x up) down
+                          (Arcee: gate_up holds up's rows alone) */
     int parallel;      /* attention and MLP both read the layer's one norm and their sum joins the
                           residual (Cohere): o2 holds the MLP's output meanwhile */
     const float *q_scale; /* [max_pos]: each query row times its position's factor after RoPE (Ministral

@@ -180,6 +180,13 @@ void dn_rms_norm(const float *x, const float *weight, float *residual, float *ou
             out + (size_t)m * N, N, eps);
 }
 
+void dn_act_rows(const float *x, float *out, long n, dn_act act) {
+    int nt = dn_team_for(n, RMS_SERIAL_FLOATS);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (long i = 0; i < n; i++)
+        out[i] = act == DN_ACT_RELU2 ? (x[i] > 0.0f ? x[i] * x[i] : 0.0f) : dn_glu_scalar(x[i], 1.0f, act);
+}
+
 /* LayerNorm's row in double sums (as rms_row_portable; Cohere's models are its only users, off
  * the MLP's and attention's hot loops) */
 static void layer_row(const float *x, const float *w, float *res, float *out, int n, float eps) {

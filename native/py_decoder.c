@@ -92,7 +92,7 @@ static int take_layer(dn_args held[3], PyObject *layer, dn_decoder_t *d, dn_laye
     }
     if (check_fields(layer)) return -1;
     dn_args *a = &held[0];
-    int64_t H = d->hidden, D = d->head_dim, qw = (int64_t)d->n_heads * D, I = d->inter;
+    int64_t H = d->hidden, D = d->head_dim, qw = (int64_t)d->n_heads * D, I = d->inter, GU = (d->gated ? 2 : 1) * I;
     /* the cache first: it gives the kv heads */
     PyObject *cache[6];
     for (int i = 0; i < 6; i++) cache[i] = field(layer, KV_FIELDS[i]);
@@ -107,7 +107,7 @@ static int take_layer(dn_args held[3], PyObject *layer, dn_decoder_t *d, dn_laye
                    {"q_norm", &l->q_norm, qk_whole ? qw : D}, {"k_norm", &l->k_norm, qk_whole ? kvw : D},
                    {"q_bias", &l->q_bias, qw},      {"k_bias", &l->k_bias, kvw},
                    {"v_bias", &l->v_bias, kvw},     {"o_bias", &l->o_bias, H},
-                   {"gate_up_bias", &l->gate_up_bias, 2 * I}, {"down_bias", &l->down_bias, H},
+                   {"gate_up_bias", &l->gate_up_bias, GU}, {"down_bias", &l->down_bias, H},
                    {"sinks", &l->sinks, d->n_heads}};
     for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
         *vectors[i].v = take_vector(a, field(layer, vectors[i].name), vectors[i].name, vectors[i].n, 1);
@@ -122,7 +122,7 @@ static int take_layer(dn_args held[3], PyObject *layer, dn_decoder_t *d, dn_laye
         dn_linear_w *w;
         int64_t n, k;
     } linears[] = {{"q", &l->q, qw, H},  {"k", &l->k, kvw, H},          {"v", &l->v, kvw, H},
-                   {"o", &l->o, H, qw}, {"gate_up", &l->gate_up, 2 * I, H}, {"down", &l->down, H, I}};
+                   {"o", &l->o, H, qw}, {"gate_up", &l->gate_up, GU, H}, {"down", &l->down, H, I}};
     int sparse = field(layer, "router") != Py_None;
     if (sparse && !d->moe.n_experts) {
         PyErr_SetString(PyExc_ValueError, "decoder_new: a layer has a router but n_experts is 0");
@@ -156,19 +156,19 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
                              "softcap", "act", "rot_dim", "qk_whole", "q_total", "k_total",
                              "k_shared_first", "n_experts", "top_k", "norm_topk", "expert0",
                              "expert_step", "shared_inter", "qk_after_rope", "scoring", "routed_scale", "q_scale",
-                             "layer_norm", "parallel", NULL};
+                             "layer_norm", "parallel", "gated", NULL};
     PyObject *layers, *ws, *q_scale = Py_None;
     int n_heads, group = 0, q_head0 = 0, rot_dim = 0, qk_whole = 0, k_shared_first = 0;
     int q_total = 0, k_total = 0, n_experts = 0, top_k = 0, norm_topk = 0, expert0 = 0, expert_step = 1;
-    int shared_inter = 0, qk_after_rope = 0, sigmoid, layer_norm = 0, parallel = 0;
+    int shared_inter = 0, qk_after_rope = 0, sigmoid, layer_norm = 0, parallel = 0, gated = 1;
     double eps, scale, softcap = 0.0, routed_scale = 1.0;
     const char *act = "silu", *scoring = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisdOii:decoder_new", kwlist, &layers, &ws,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidd|iidsiiiiiiiiiiiisdOiii:decoder_new", kwlist, &layers, &ws,
                                      &n_heads, &eps, &scale, &group, &q_head0, &softcap, &act,
                                      &rot_dim, &qk_whole, &q_total, &k_total, &k_shared_first,
                                      &n_experts, &top_k, &norm_topk, &expert0, &expert_step,
                                      &shared_inter, &qk_after_rope, &scoring, &routed_scale, &q_scale,
-                                     &layer_norm, &parallel))
+                                     &layer_norm, &parallel, &gated))
         return NULL;
     if (dn_moe_parse_scoring("decoder_new", scoring, &sigmoid)) return NULL;
     if (!PyList_Check(layers) || PyList_GET_SIZE(layers) < 1)
@@ -179,7 +179,9 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     if (n_heads < 1) return PyErr_Format(PyExc_ValueError, "decoder_new: n_heads must be >= 1");
     dn_args act_arg = {.fn = "decoder_new"};
     dn_act glu;
-    if (dn_parse_act(&act_arg, act, &glu)) return NULL;
+    if (dn_parse_mlp_act(&act_arg, act, &glu)) return NULL;
+    if (gated && glu == DN_ACT_RELU2)
+        return PyErr_Format(PyExc_ValueError, "decoder_new: act 'relu2' is a plain MLP's (gated=0)");
     if (!(softcap >= 0.0) || isinf(softcap))
         return PyErr_Format(PyExc_ValueError, "decoder_new: softcap must be 0 (none) or positive");
     int n_layers = (int)PyList_GET_SIZE(layers);
@@ -210,7 +212,7 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     }
     d->n_layers = n_layers, d->n_heads = n_heads, d->eps = (float)eps, d->scale = (float)scale;
     d->softcap = (float)softcap, d->glu = glu, d->qk_whole = !!qk_whole, d->qk_after_rope = !!qk_after_rope;
-    d->k_shared_first = !!k_shared_first, d->layer_norm = !!layer_norm, d->parallel = !!parallel;
+    d->k_shared_first = !!k_shared_first, d->layer_norm = !!layer_norm, d->parallel = !!parallel, d->gated = !!gated;
     if (d->parallel) { /* the MLP's output beside the attention's */
         Py_buffer *o2 = dn_take(a, field(ws, "o2"), "o2", 'f', 2, 1);
         if (!o2 || dn_check_dim(a, o2, "o2", 0, v[0]->shape[0]) || dn_check_dim(a, o2, "o2", 1, v[0]->shape[1]))
@@ -330,12 +332,13 @@ PyMethodDef dn_decoder_methods[] = {
      "decoder_new(layers, workspace, n_heads, eps, scale, group=0, q_head0=0, softcap=0.0,\n"
      "act='silu', rot_dim=0, qk_whole=0, q_total=0, k_total=0, k_shared_first=0, n_experts=0,\n"
      "top_k=0, norm_topk=0, expert0=0, expert_step=1, shared_inter=0, qk_after_rope=0, scoring='softmax',\n"
-     "routed_scale=1.0, q_scale=None, layer_norm=0, parallel=0) -> decoder\n"
+     "routed_scale=1.0, q_scale=None, layer_norm=0, parallel=0, gated=1) -> decoder\n"
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
      "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's;\n"
      "qk_after_rope: the q/k norms follow RoPE; q_scale: float32 [max_pos], each query row times its\n"
      "position's factor after RoPE; layer_norm: the sub-layer norms are LayerNorms without a bias;\n"
-     "parallel: attention and MLP read one norm and their sum joins the residual, workspace o2 beside)\n"
+     "parallel: attention and MLP read one norm and their sum joins the residual, workspace o2 beside;\n"
+     "gated 0: a plain MLP, gate_up holding up's rows alone, act(x up) down)\n"
      "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
      "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
      "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"

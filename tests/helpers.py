@@ -59,6 +59,8 @@ FAMILY_CONFIGS = {
     # NoPE on the 2nd layer of 2 (interval 2), and a window of 8 keys there
     "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=8)),
     "phi3": ("Phi3Config", dict(sliding_window=None)),
+    # Arcee AFM: a plain MLP (relu^2, no gate), its projections biased
+    "arcee": ("ArceeConfig", dict(head_dim=16, mlp_bias=True, attention_bias=True)),
     # Cohere: one LayerNorm a layer feeding attention and MLP in parallel, interleaved RoPE, q/k/v/o
     # biased, logits scaled
     "cohere": ("CohereConfig", dict(head_dim=16, attention_bias=True, logit_scale=0.5, layer_norm_eps=1e-5)),

@@ -225,6 +225,8 @@ BAD_CALLS = [
     (TypeError, "gate_up must be float32", lambda: K.glu_mul(np.zeros((2, 8), np.float16), f32(2, 4))),
     (ValueError, "gate_up must be a C-contiguous", lambda: K.glu_mul(f32(8, 2).T, f32(2, 4))),
     (ValueError, "act must be 'silu', 'gelu_tanh' or 'clamped_swiglu', got 'gelu'", lambda: K.glu_mul(f32(2, 8), f32(2, 4), act="gelu")),
+    # a plain MLP's activation (Arcee's, decoder_new with gated=0) is no gate's
+    (ValueError, "got 'relu2'", lambda: K.glu_mul(f32(2, 8), f32(2, 4), act="relu2")),
     (TypeError, "argument 3 must be str", lambda: K.glu_mul(f32(2, 8), f32(2, 4), act=1)),
     # embedding
     (TypeError, "table must be a float32 or uint16", lambda: K.embedding(np.zeros(2, np.int32), np.zeros((5, 4)), f32(2, 4))),

@@ -47,6 +47,7 @@ class Family:
     checkpoint_views: tuple = ()
     layer_norm: bool = False       # the norms are LayerNorms without a bias (Cohere's), not RMSNorms
     parallel_block: bool = False   # attention and MLP read the layer's one norm, their sum joins the residual
+    gated_mlp: bool = True         # False: a plain MLP, down(act(up(x))) (Arcee's)
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
     # transformers' config class defaults that differ from what a missing key means here (LLaMA's:
     # rope_theta 10000, no scaling, no window): read in place of a key config.json leaves out
@@ -97,6 +98,8 @@ class Family:
                     {"self_attn.q_proj": q_out, "self_attn.k_proj": kv_out, "self_attn.v_proj": kv_out})
             mlp = {"mlp.gate_up_proj": 2 * inter} if self.fused_gate_up else {"mlp.gate_proj": inter,
                                                                                "mlp.up_proj": inter}
+            if not self.gated_mlp:
+                mlp = {"mlp.up_proj": inter}
             linears = [(attn, H, c.attention_bias), ({"self_attn.o_proj": H}, q_out, c.attention_out_bias)]
             if not c.is_moe_layer(i):
                 linears += [(mlp, H, c.mlp_bias), ({"mlp.down_proj": H}, inter, c.mlp_bias)]
