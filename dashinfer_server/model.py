@@ -254,9 +254,14 @@ class DecoderModel:
     def _dense_mlp(self, layer, x, gate_up, act, out):
         """out = the layer's MLP of x (native/decoder.c's dense_mlp)."""
         K = self.kernels
-        if not self.family.gated_mlp:  # plain: relu2 (Arcee's), as dn_act_rows computes it
+        if not self.family.gated_mlp:  # plain: relu2 (Arcee's) or xielu (Apertus'), as dn_act_rows computes them
             K.linear(x, layer.gate_up, layer.gate_up_bias, act)
-            np.square(np.maximum(act, np.float32(0)), out=act)
+            if layer.act_params is None:
+                np.square(np.maximum(act, np.float32(0)), out=act)
+            else:
+                ap, an, beta, eps = layer.act_params
+                act[...] = np.where(act > 0, ap * act * act + beta * act,
+                                    (np.expm1(np.minimum(act, eps)) - act) * an + beta * act)
         elif layer.gate_up_bias is None:
             K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
         else:

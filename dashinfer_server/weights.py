@@ -50,6 +50,7 @@ class LayerWeights:
     down: np.ndarray | None           # packed [H, I_r]     (row-parallel: partial sums)
     down_bias: np.ndarray | None      # [H], on rank 0 only
     sinks: np.ndarray | None = None   # [heads_r] f32: attention sink logits of this rank's heads (gpt-oss)
+    act_params: np.ndarray | None = None  # [4] f32: a plain MLP's xielu (alpha_p, alpha_n, beta, eps) as applied
     moe: ExpertWeights | None = None  # a sparse layer's router and experts, in place of gate_up / down
 
 
@@ -276,6 +277,7 @@ class WeightLoader:
                 q_norm=self._qk_norm(f"{p}.self_attn.q_norm.weight", q_rows),
                 k_norm=self._qk_norm(f"{p}.self_attn.k_norm.weight", kv_rows),
                 sinks=self.vector(f"{p}.self_attn.sinks", (h0, h1)) if fam.sinks else None,
+                act_params=self._xielu(f"{p}.mlp.act_fn") if cfg.hidden_act == "xielu" else None,
                 q=self.linear(part("q")), k=self.linear(part("k")), v=self.linear(part("v")),
                 q_bias=bias("q"), k_bias=bias("k"), v_bias=bias("v"),
                 o=self.linear((o_base, None, q_rows), scale=out_scale),
@@ -297,6 +299,13 @@ class WeightLoader:
             # speed-up at 1.6x (int8) / 2.4x (uint4); the embedding lookup stays exact on the bf16 table
             lm_head=self.linear((head, shard.vocab), quantize_float=True),
         )
+
+    def _xielu(self, base):
+        """xIELU's parameters as the activation applies them (transformers' XIELUActivation):
+        softplus(alpha_p), beta + softplus(alpha_n), beta, eps."""
+        ap, an, beta, eps = (self.vector(f"{base}.{n}").reshape(-1)[0] for n in ("alpha_p", "alpha_n", "beta", "eps"))
+        softplus = lambda v: np.log1p(np.exp(v, dtype=np.float32), dtype=np.float32)  # noqa: E731
+        return np.array([softplus(ap), beta + softplus(an), beta, eps], np.float32)
 
     def _qk_norm(self, name, rows):
         """A q/k norm weight: the same [D] for every head, or this rank's slice of a whole one."""

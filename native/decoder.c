@@ -46,7 +46,7 @@ static const float *sublayer_input(const dn_decoder_t *d, const float *norm, con
 static int dense_mlp(const dn_decoder_t *d, const dn_layer_t *l, const float *x, int T, float *out) {
     if (!d->gated) { /* a plain MLP: act(x up^T + b) down^T */
         if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) return -1;
-        dn_act_rows(d->gate_up, d->act, (long)T * d->inter, d->glu);
+        dn_act_rows(d->gate_up, d->act, (long)T * d->inter, d->glu, l->act_params);
     } else if (l->gate_up_bias) {
         if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) return -1;
         dn_glu_mul(d->gate_up, d->act, T, d->inter, d->glu);

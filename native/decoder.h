@@ -31,6 +31,7 @@ typedef struct {
     const float *q_bias, *k_bias, *v_bias, *o_bias, *gate_up_bias, *down_bias; /* or NULL */
     const float *cos_sin; /* this layer's rope table [max_pos, rot_dim] */
     const float *sinks;   /* [n_heads] attention sink logits of this rank's query heads, or NULL */
+    const float *act_params; /* [4]: the plain MLP's xielu parameters (dn_act_rows), or NULL */
     int window;           /* keys a query sees at most, itself included; 0: the whole context */
     dn_kv_cache_t kv;
 } dn_layer_t;

@@ -180,11 +180,17 @@ void dn_rms_norm(const float *x, const float *weight, float *residual, float *ou
             out + (size_t)m * N, N, eps);
 }
 
-void dn_act_rows(const float *x, float *out, long n, dn_act act) {
+static inline float xielu(float x, const float *p) {
+    return x > 0.0f ? p[0] * x * x + p[2] * x : (expm1f(x < p[3] ? x : p[3]) - x) * p[1] + p[2] * x;
+}
+
+void dn_act_rows(const float *x, float *out, long n, dn_act act, const float *params) {
     int nt = dn_team_for(n, RMS_SERIAL_FLOATS);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (long i = 0; i < n; i++)
-        out[i] = act == DN_ACT_RELU2 ? (x[i] > 0.0f ? x[i] * x[i] : 0.0f) : dn_glu_scalar(x[i], 1.0f, act);
+        out[i] = act == DN_ACT_RELU2   ? (x[i] > 0.0f ? x[i] * x[i] : 0.0f)
+                 : act == DN_ACT_XIELU ? xielu(x[i], params)
+                                       : dn_glu_scalar(x[i], 1.0f, act);
 }
 
 /* LayerNorm's row in double sums (as rms_row_portable; Cohere's models are its only users, off

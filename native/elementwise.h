@@ -37,8 +37,10 @@ void dn_glu_mul(const float *gate_up, /* [M, 2I] */
                 float *out,           /* [M, I] */
                 int M, int I, dn_act act);
 
-/* out = act(x) for n floats of a plain (ungated) MLP: relu2 (Arcee's), or silu / gelu_tanh. */
-void dn_act_rows(const float *x, float *out, long n, dn_act act);
+/* out = act(x) for n floats of a plain (ungated) MLP: relu2 (Arcee's), xielu (Apertus': with params
+ * {alpha_p, alpha_n, beta, eps} as the activation uses them, softplus'd: x > 0 ? alpha_p x^2 + beta x
+ * : (expm1(min(x, eps)) - x) alpha_n + beta x), or silu / gelu_tanh. */
+void dn_act_rows(const float *x, float *out, long n, dn_act act, const float *params);
 
 /* out[i] = act(gate[i]) * up[i] for n floats, on the calling thread (a GEMM's store). */
 void dn_glu_row(const float *gate, const float *up, float *out, int n, dn_act act);

@@ -10,8 +10,11 @@
 #pragma once
 #include <math.h>
 
-/* DN_ACT_RELU2, max(x, 0)^2, is a plain (ungated) MLP's only (Arcee's: dn_act_rows), never a GLU's */
-typedef enum { DN_ACT_SILU = 0, DN_ACT_GELU_TANH = 1, DN_ACT_CLAMPED_SWIGLU = 2, DN_ACT_RELU2 = 3 } dn_act;
+/* DN_ACT_RELU2, max(x, 0)^2 (Arcee's), and DN_ACT_XIELU (Apertus': dn_act_rows) are a plain (ungated)
+ * MLP's only, never a GLU's */
+typedef enum {
+    DN_ACT_SILU = 0, DN_ACT_GELU_TANH = 1, DN_ACT_CLAMPED_SWIGLU = 2, DN_ACT_RELU2 = 3, DN_ACT_XIELU = 4
+} dn_act;
 
 /* gpt-oss's swiglu_limit and swiglu_alpha (its config's defaults, which its checkpoints keep) */
 #define SWIGLU_LIMIT 7.0f

@@ -13,7 +13,7 @@
 static const char *const LAYER_FIELDS[] = {
     "attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm", "q", "k", "v", "o",
     "gate_up", "down", "q_bias", "k_bias", "v_bias", "o_bias", "gate_up_bias", "down_bias",
-    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", "sinks", NULL};
+    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", "sinks", "act_params", NULL};
 static const char *const KV_FIELDS[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
 
 typedef struct {
@@ -108,10 +108,14 @@ static int take_layer(dn_args held[3], PyObject *layer, dn_decoder_t *d, dn_laye
                    {"q_bias", &l->q_bias, qw},      {"k_bias", &l->k_bias, kvw},
                    {"v_bias", &l->v_bias, kvw},     {"o_bias", &l->o_bias, H},
                    {"gate_up_bias", &l->gate_up_bias, GU}, {"down_bias", &l->down_bias, H},
-                   {"sinks", &l->sinks, d->n_heads}};
+                   {"sinks", &l->sinks, d->n_heads}, {"act_params", &l->act_params, 4}};
     for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
         *vectors[i].v = take_vector(a, field(layer, vectors[i].name), vectors[i].name, vectors[i].n, 1);
         if (PyErr_Occurred()) return -1;
+    }
+    if ((d->glu == DN_ACT_XIELU) != !!l->act_params) {
+        PyErr_SetString(PyExc_ValueError, "decoder_new: act 'xielu' and each layer's act_params come together");
+        return -1;
     }
     if (!l->q_norm != !l->k_norm) {
         PyErr_SetString(PyExc_ValueError, "decoder_new: q_norm and k_norm come together");
@@ -180,8 +184,8 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args, PyObject *kw) {
     dn_args act_arg = {.fn = "decoder_new"};
     dn_act glu;
     if (dn_parse_mlp_act(&act_arg, act, &glu)) return NULL;
-    if (gated && glu == DN_ACT_RELU2)
-        return PyErr_Format(PyExc_ValueError, "decoder_new: act 'relu2' is a plain MLP's (gated=0)");
+    if (gated && (glu == DN_ACT_RELU2 || glu == DN_ACT_XIELU))
+        return PyErr_Format(PyExc_ValueError, "decoder_new: act '%s' is a plain MLP's (gated=0)", act);
     if (!(softcap >= 0.0) || isinf(softcap))
         return PyErr_Format(PyExc_ValueError, "decoder_new: softcap must be 0 (none) or positive");
     int n_layers = (int)PyList_GET_SIZE(layers);

@@ -107,20 +107,20 @@ int dn_check_dim(dn_args *a, Py_buffer *v, const char *name, int dim, Py_ssize_t
     return -1;
 }
 
-/* The first n of dn_act's names: the GLU's three, or a plain MLP's relu2 too */
+/* The first n of dn_act's names: the GLU's three, or a plain MLP's relu2 and xielu too */
 static int parse_act(dn_args *a, const char *name, dn_act *act, int n) {
-    static const char *const names[] = {"silu", "gelu_tanh", "clamped_swiglu", "relu2"}; /* dn_act's order */
+    static const char *const names[] = {"silu", "gelu_tanh", "clamped_swiglu", "relu2", "xielu"}; /* dn_act's order */
     for (int i = 0; i < n; i++)
         if (!name ? i == 0 : strcmp(name, names[i]) == 0) {
             *act = (dn_act)i;
             return 0;
         }
     PyErr_Format(PyExc_ValueError, n == 3 ? "%s: act must be 'silu', 'gelu_tanh' or 'clamped_swiglu', got '%s'"
-                                          : "%s: act must be 'silu', 'gelu_tanh', 'clamped_swiglu' or 'relu2', got '%s'",
+                                          : "%s: act must be 'silu', 'gelu_tanh', 'clamped_swiglu', 'relu2' or 'xielu', got '%s'",
                  a->fn, name);
     return -1;
 }
 
 int dn_parse_act(dn_args *a, const char *name, dn_act *act) { return parse_act(a, name, act, 3); }
 
-int dn_parse_mlp_act(dn_args *a, const char *name, dn_act *act) { return parse_act(a, name, act, 4); }
+int dn_parse_mlp_act(dn_args *a, const char *name, dn_act *act) { return parse_act(a, name, act, 5); }

@@ -46,5 +46,5 @@ static inline Py_ssize_t dn_numel(const Py_buffer *v) {
  * into *act: 0, or
  * -1 with a ValueError naming the choices. */
 int dn_parse_act(dn_args *a, const char *name, dn_act *act);
-/* The same, a plain MLP's relu2 taken too (decoder_new, whose gated says which MLP it runs). */
+/* The same, a plain MLP's relu2 and xielu taken too (decoder_new, whose gated says which MLP it runs). */
 int dn_parse_mlp_act(dn_args *a, const char *name, dn_act *act);

@@ -61,6 +61,10 @@ FAMILY_CONFIGS = {
     "phi3": ("Phi3Config", dict(sliding_window=None)),
     # Arcee AFM: a plain MLP (relu^2, no gate), its projections biased
     "arcee": ("ArceeConfig", dict(head_dim=16, mlp_bias=True, attention_bias=True)),
+    # Apertus: a plain MLP of xIELU (learned scalars per layer), q/k norms, Llama 3's RoPE
+    "apertus": ("ApertusConfig", dict(head_dim=16, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})),
     # Cohere: one LayerNorm a layer feeding attention and MLP in parallel, interleaved RoPE, q/k/v/o
     # biased, logits scaled
     "cohere": ("CohereConfig", dict(head_dim=16, attention_bias=True, logit_scale=0.5, layer_norm_eps=1e-5)),

@@ -23,7 +23,7 @@ from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
 FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss",
-            "granite4", "hunyuan", "helium", "cohere", "cohere2", "arcee", "phi3", "mistral", "ministral", "ministral3", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
+            "granite4", "hunyuan", "helium", "cohere", "cohere2", "arcee", "apertus", "phi3", "mistral", "ministral", "ministral3", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
             "qwen2-yarn"]
 TOLERANCE = 1e-3
 

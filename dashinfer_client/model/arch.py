@@ -14,7 +14,7 @@ from .families.base import ConfigReader
 from .rope_scaling import config_rotary_dim, resolve_rope_scaling, rope_of
 
 
-ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu", "relu2")  # native/glu.h's (relu2: a plain MLP's)
+ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu", "relu2", "xielu")  # native/glu.h's (relu2, xielu: a plain MLP's)
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class ModelConfig:
     pad_token_id: Optional[int]
     attention_out_bias: bool = False   # o_proj carries a bias
     mlp_bias: bool = False             # gate/up/down carry biases
-    hidden_act: str = "silu"           # the MLP's activation: silu | gelu_tanh | clamped_swiglu (gpt-oss) | relu2 (Arcee's plain MLP)
+    hidden_act: str = "silu"           # the MLP's activation: silu | gelu_tanh | clamped_swiglu (gpt-oss) | relu2 / xielu (a plain MLP's: Arcee, Apertus)
     rotary_dim: Optional[int] = None   # dims of a head RoPE rotates (partial rotary); None: head_dim
     layer_types: Optional[list] = None  # per layer full_attention | sliding_attention; None: all full
     sliding_window: Optional[int] = None  # keys a sliding layer's query sees, itself included

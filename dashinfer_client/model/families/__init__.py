@@ -1,6 +1,7 @@
 """The model families this runtime serves, one module each (base.py says what a Family declares)."""
 from ...errors import ModelSerializerException
 from .ernie4_5 import ERNIE4_5
+from .apertus import APERTUS
 from .arcee import ARCEE
 from .cohere import COHERE, COHERE2
 from .dots1 import DOTS1
@@ -33,7 +34,8 @@ from .smollm3 import SMOLLM3
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
                                  OLMO3, SMOLLM3, EXAONE4, GLM4, ERNIE4_5, SEED_OSS, GRANITE4, HUNYUAN, HELIUM, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS,
                                  GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2,
-                                 HUNYUAN_MOE, MINISTRAL3, COHERE, COHERE2, ARCEE)}
+                                 HUNYUAN_MOE, MINISTRAL3, COHERE, COHERE2, ARCEE,
+                                 APERTUS)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}

@@ -24,6 +24,9 @@ LLAMA_NORMS = {"attn_in": "input_layernorm", "mlp_in": "post_attention_layernorm
 QK_NORMS = (None, "head", "whole")  # none | one [head_dim] weight for every head | [heads * head_dim]
 
 
+XIELU_PARAMS = {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()}  # transformers' XIELUActivation's
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str                      # our architecture name, stored in the serialized model
@@ -110,6 +113,8 @@ class Family:
                         shapes[p + name + ".bias"] = (rows,)
             if c.is_moe_layer(i):
                 shapes.update(self.experts.shapes(p, c))
+            if c.hidden_act == "xielu":  # its learned scalars (Apertus): two parameters, two constants
+                shapes.update({f"{p}mlp.act_fn.{n}": s for n, s in XIELU_PARAMS.items()})
         shapes["model.norm.weight"] = (H,)
         if not c.tie_word_embeddings:
             shapes["lm_head.weight"] = (c.vocab_size, H)
