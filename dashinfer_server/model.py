@@ -45,6 +45,18 @@ def expert_split() -> str:
 EMBEDDING_DROP_TOKENS = 64
 
 
+def _plain_act(u, name, params):
+    """A plain MLP's activation of u (native/elementwise.c's dn_act_rows): relu2 (Arcee, Nemotron),
+    xielu (Apertus, params: alpha_p, alpha_n, beta, eps as applied), gelu_tanh (StarCoder2)."""
+    if name == "relu2":
+        return np.square(np.maximum(u, np.float32(0)))
+    if name == "xielu":
+        ap, an, beta, eps = params
+        return np.where(u > 0, ap * u * u + beta * u, (np.expm1(np.minimum(u, eps)) - u) * an + beta * u)
+    z = u * (np.float32(1.5957691216057308) + np.float32(0.07135481627260025) * u * u)  # glu.h's GELU_Z1, Z3
+    return u / (np.float32(1) + np.exp(-z))
+
+
 class Workspace:
     """Activation buffers for up to `max_tokens` tokens and `max_seqs` sampled rows."""
 
@@ -177,7 +189,8 @@ class DecoderModel:
         last_h, h = ws.last[:s], ws.h[:s]
         np.take(o, rows, axis=0, out=last_h)
         np.take(res, rows, axis=0, out=h)
-        K.rms_norm(last_h, w.final_norm, self.cfg.rms_norm_eps, last_h, residual=h, centered=self.family.layer_norm)
+        K.rms_norm(last_h, w.final_norm, self.cfg.rms_norm_eps, last_h, residual=h, centered=self.family.layer_norm,
+                   bias=w.final_norm_bias)
         K.linear(last_h, w.lm_head, None, ws.logits_r[:s])
         self.group.gather_vocab(ws.logits_r[:s], ws.logits[:s], last=last)
         logits = ws.logits[:s]
@@ -207,17 +220,17 @@ class DecoderModel:
         linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
         centered = self.family.layer_norm  # Cohere's LayerNorms
 
-        def sublayer_input(norm, prev):  # norm(res + prev), or res += prev without a norm
+        def sublayer_input(norm, prev, bias=None):  # norm(res + prev), or res += prev without a norm
             if norm is None:
                 if prev is not None:
                     res[...] += prev
                 return res
-            rms_norm(res if prev is None else prev, norm, eps, h, centered=centered,
+            rms_norm(res if prev is None else prev, norm, eps, h, centered=centered, bias=bias,
                      **({} if prev is None else {"residual": res}))
             return h
 
         for i, layer in enumerate(w.layers):
-            x = sublayer_input(layer.attn_norm, o if i else None)
+            x = sublayer_input(layer.attn_norm, o if i else None, layer.attn_norm_bias)
             linear(x, layer.q, layer.q_bias, q)
             linear(x, layer.k, layer.k_bias, k)
             linear(x, layer.v, layer.v_bias, v)
@@ -242,7 +255,7 @@ class DecoderModel:
             allreduce_(o)
             if layer.attn_out_norm is not None:
                 rms_norm(o, layer.attn_out_norm, eps, o)
-            x = sublayer_input(layer.mlp_norm, o)
+            x = sublayer_input(layer.mlp_norm, o, layer.mlp_norm_bias)
             if layer.moe is not None:
                 moe_forward(K, layer.moe, x, o, self.cfg, self.shard.experts, self.cfg.hidden_act)
             else:
@@ -254,14 +267,9 @@ class DecoderModel:
     def _dense_mlp(self, layer, x, gate_up, act, out):
         """out = the layer's MLP of x (native/decoder.c's dense_mlp)."""
         K = self.kernels
-        if not self.family.gated_mlp:  # plain: relu2 (Arcee's) or xielu (Apertus'), as dn_act_rows computes them
+        if not self.family.gated_mlp:  # plain: act(up(x)), as dn_act_rows computes it
             K.linear(x, layer.gate_up, layer.gate_up_bias, act)
-            if layer.act_params is None:
-                np.square(np.maximum(act, np.float32(0)), out=act)
-            else:
-                ap, an, beta, eps = layer.act_params
-                act[...] = np.where(act > 0, ap * act * act + beta * act,
-                                    (np.expm1(np.minimum(act, eps)) - act) * an + beta * act)
+            act[...] = _plain_act(act, self.cfg.hidden_act, layer.act_params)
         elif layer.gate_up_bias is None:
             K.linear_glu(x, layer.gate_up, gate_up, act, act=self.cfg.hidden_act)
         else:

@@ -51,6 +51,8 @@ class LayerWeights:
     down_bias: np.ndarray | None      # [H], on rank 0 only
     sinks: np.ndarray | None = None   # [heads_r] f32: attention sink logits of this rank's heads (gpt-oss)
     act_params: np.ndarray | None = None  # [4] f32: a plain MLP's xielu (alpha_p, alpha_n, beta, eps) as applied
+    attn_norm_bias: np.ndarray | None = None  # [H] f32: a LayerNorm's bias (StarCoder2, Nemotron)
+    mlp_norm_bias: np.ndarray | None = None
     moe: ExpertWeights | None = None  # a sparse layer's router and experts, in place of gate_up / down
 
 
@@ -60,6 +62,7 @@ class ModelWeights:
     layers: list
     final_norm: np.ndarray   # [H] f32
     lm_head: np.ndarray      # packed [V_r, H]
+    final_norm_bias: np.ndarray | None = None  # [H] f32: a LayerNorm's bias
 
 
 HUGE_PAGE = 2 << 20
@@ -267,6 +270,9 @@ class WeightLoader:
             def norm(role):
                 return self.norm(f"{p}.{fam.norms[role]}.weight") if role in fam.norms else None
 
+            def norm_bias(role):
+                return self.bias(f"{p}.{fam.norms[role]}") if role in fam.norms else None
+
             o_base, down_base = f"{p}.self_attn.o_proj", f"{p}.mlp.down_proj"
             sparse = cfg.is_moe_layer(i)
             mlp = ("gate", "up") if fam.gated_mlp else ("up",)  # a plain MLP's "gate_up" is up alone
@@ -278,6 +284,7 @@ class WeightLoader:
                 k_norm=self._qk_norm(f"{p}.self_attn.k_norm.weight", kv_rows),
                 sinks=self.vector(f"{p}.self_attn.sinks", (h0, h1)) if fam.sinks else None,
                 act_params=self._xielu(f"{p}.mlp.act_fn") if cfg.hidden_act == "xielu" else None,
+                attn_norm_bias=norm_bias("attn_in"), mlp_norm_bias=norm_bias("mlp_in"),
                 q=self.linear(part("q")), k=self.linear(part("k")), v=self.linear(part("v")),
                 q_bias=bias("q"), k_bias=bias("k"), v_bias=bias("v"),
                 o=self.linear((o_base, None, q_rows), scale=out_scale),
@@ -293,7 +300,7 @@ class WeightLoader:
         return ModelWeights(
             embedding=np.ascontiguousarray(_float(self.tensor("model.embed_tokens.weight"))),
             layers=layers,
-            final_norm=self.norm("model.norm.weight"),
+            final_norm=self.norm("model.norm.weight"), final_norm_bias=self.bias("model.norm"),
             # the output head (the embedding when tied) is quantized whenever the layers are
             # (HEAD_BITS): in bf16 it is 15% of Qwen2-1.5B's bytes and would cap the decode
             # speed-up at 1.6x (int8) / 2.4x (uint4); the embedding lookup stays exact on the bf16 table

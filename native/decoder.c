@@ -31,11 +31,15 @@ static int qk_norm(const dn_decoder_t *d, const dn_layer_t *l, dn_comm *comm, do
 }
 
 /* The input of a sub-layer: norm(res + prev) into h, or (no norm) res += prev and res itself. */
-static const float *sublayer_input(const dn_decoder_t *d, const float *norm, const float *prev, int T) {
+static const float *sublayer_input(const dn_decoder_t *d, const float *norm, const float *bias, const float *prev,
+                                   int T) {
     const int H = d->hidden;
+    if (norm && d->layer_norm) {
+        dn_layer_norm(prev ? prev : d->res, norm, bias, prev ? d->res : NULL, d->h, T, H, d->eps);
+        return d->h;
+    }
     if (norm) {
-        (d->layer_norm ? dn_layer_norm : dn_rms_norm)(prev ? prev : d->res, norm, prev ? d->res : NULL, d->h, T, H,
-                                                     d->eps);
+        dn_rms_norm(prev ? prev : d->res, norm, prev ? d->res : NULL, d->h, T, H, d->eps);
         return d->h;
     }
     if (prev) dn_add(d->res, prev, (long)T * H);
@@ -64,7 +68,7 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
     for (int i = 0; i < d->n_layers; i++) {
         const dn_layer_t *l = &d->layers[i];
         /* the previous layer's output o joins the residual stream as this layer reads it */
-        const float *x = sublayer_input(d, l->attn_norm, i ? d->o : NULL, T);
+        const float *x = sublayer_input(d, l->attn_norm, l->attn_norm_bias, i ? d->o : NULL, T);
         /* one parallel region: a decode step's narrow k and v GEMVs (a few panels each) fill
          * the threads the q GEMV leaves idle instead of forking a team of their own */
         const dn_linear_job qkv[3] = {{&l->q, x, T, l->q_bias, d->q}, {&l->k, x, T, l->k_bias, d->k},
@@ -93,7 +97,7 @@ int dn_decoder_run(const dn_decoder_t *d, dn_comm *comm, double timeout, int T,
         }
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;
         if (l->attn_out_norm) dn_rms_norm(d->o, l->attn_out_norm, NULL, d->o, T, H, d->eps);
-        x = sublayer_input(d, l->mlp_norm, d->o, T);
+        x = sublayer_input(d, l->mlp_norm, l->mlp_norm_bias, d->o, T);
         if (l->moe ? dn_moe(&d->moe, l->moe, d->moe_scratch, x, T, d->o) : dense_mlp(d, l, x, T, d->o))
             goto no_memory;
         if (comm && dn_comm_allreduce(comm, d->o, (size_t)T * H, timeout, err, errlen)) return -1;

@@ -24,6 +24,7 @@
 
 typedef struct {
     const float *attn_norm, *attn_out_norm, *mlp_norm, *mlp_out_norm; /* [hidden] or NULL */
+    const float *attn_norm_bias, *mlp_norm_bias; /* [hidden]: a LayerNorm's biases (StarCoder2), or NULL */
     const float *q_norm, *k_norm; /* [head_dim] per head, or [n_heads * head_dim] / [n_kv_heads *
                                      head_dim] of a whole-projection norm; or NULL */
     dn_linear_w q, k, v, o, gate_up, down; /* gate_up: gate rows, then up rows; unset when moe */
@@ -46,7 +47,7 @@ typedef struct {
      * head out of its sum of squares, so the allreduce counts every head once) */
     int qk_whole, q_total, k_total, k_shared_first;
     int qk_after_rope; /* the q/k norms follow RoPE (Hunyuan) instead of preceding it */
-    int layer_norm;    /* the sub-layers' norms are LayerNorms without a bias (Cohere), not RMSNorms */
+    int layer_norm;    /* the sub-layers' norms are LayerNorms (Cohere, StarCoder2, Nemotron), not RMSNorms */
     int gated;         /* the dense MLP is gated (gate_up: gate rows then up rows), else plain: act(x up) down
                           (Arcee: gate_up holds up's rows alone) */
     int parallel;      /* attention and MLP both read the layer's one norm and their sum joins the

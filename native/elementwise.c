@@ -195,7 +195,7 @@ void dn_act_rows(const float *x, float *out, long n, dn_act act, const float *pa
 
 /* LayerNorm's row in double sums (as rms_row_portable; Cohere's models are its only users, off
  * the MLP's and attention's hot loops) */
-static void layer_row(const float *x, const float *w, float *res, float *out, int n, float eps) {
+static void layer_row(const float *x, const float *w, const float *b, float *res, float *out, int n, float eps) {
     double sum = 0.0, ss = 0.0;
     if (res) {
         for (int i = 0; i < n; i++) res[i] += x[i];
@@ -205,14 +205,15 @@ static void layer_row(const float *x, const float *w, float *res, float *out, in
     const float mean = (float)(sum / n);
     for (int i = 0; i < n; i++) ss += (double)(x[i] - mean) * (x[i] - mean);
     const float s = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * s * w[i];
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * s * w[i] + (b ? b[i] : 0.0f);
 }
 
-void dn_layer_norm(const float *x, const float *weight, float *residual, float *out, int M, int N, float eps) {
+void dn_layer_norm(const float *x, const float *weight, const float *bias, float *residual, float *out, int M, int N,
+                   float eps) {
     int nt = dn_team_for((long)M * N, RMS_SERIAL_FLOATS);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && M > 1)
     for (int m = 0; m < M; m++)
-        layer_row(x + (size_t)m * N, weight, residual ? residual + (size_t)m * N : NULL, out + (size_t)m * N,
+        layer_row(x + (size_t)m * N, weight, bias, residual ? residual + (size_t)m * N : NULL, out + (size_t)m * N,
                   N, eps);
 }
 

@@ -16,9 +16,10 @@ void dn_rms_norm(const float *x,   /* [M, N] */
                  float *out,       /* [M, N] */
                  int M, int N, float eps);
 
-/* The same with the row's mean taken out first (LayerNorm without a bias: Cohere's):
- * out = (x - mean) / sqrt(mean((x - mean)^2) + eps) * weight. */
-void dn_layer_norm(const float *x, const float *weight, float *residual, float *out, int M, int N, float eps);
+/* The same with the row's mean taken out first (LayerNorm: Cohere's, without a bias; StarCoder2's and
+ * Nemotron's with one): out = (x - mean) / sqrt(mean((x - mean)^2) + eps) * weight + bias (bias NULL: 0). */
+void dn_layer_norm(const float *x, const float *weight, const float *bias, float *residual, float *out, int M, int N,
+                   float eps);
 
 /* Rotary embedding in place, half-rotation (neox) layout as transformers' rotate_half, over the
  * first R dims of each head of D (partial rotary when R < D; the rest pass through): with

@@ -13,7 +13,8 @@
 static const char *const LAYER_FIELDS[] = {
     "attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm", "q_norm", "k_norm", "q", "k", "v", "o",
     "gate_up", "down", "q_bias", "k_bias", "v_bias", "o_bias", "gate_up_bias", "down_bias",
-    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", "sinks", "act_params", NULL};
+    "k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero", "cos_sin", "window", "sinks", "act_params",
+    "attn_norm_bias", "mlp_norm_bias", NULL};
 static const char *const KV_FIELDS[6] = {"k_cache", "v_cache", "k_scale", "v_scale", "k_zero", "v_zero"};
 
 typedef struct {
@@ -108,10 +109,15 @@ static int take_layer(dn_args held[3], PyObject *layer, dn_decoder_t *d, dn_laye
                    {"q_bias", &l->q_bias, qw},      {"k_bias", &l->k_bias, kvw},
                    {"v_bias", &l->v_bias, kvw},     {"o_bias", &l->o_bias, H},
                    {"gate_up_bias", &l->gate_up_bias, GU}, {"down_bias", &l->down_bias, H},
-                   {"sinks", &l->sinks, d->n_heads}, {"act_params", &l->act_params, 4}};
+                   {"sinks", &l->sinks, d->n_heads}, {"act_params", &l->act_params, 4},
+                   {"attn_norm_bias", &l->attn_norm_bias, H}, {"mlp_norm_bias", &l->mlp_norm_bias, H}};
     for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
         *vectors[i].v = take_vector(a, field(layer, vectors[i].name), vectors[i].name, vectors[i].n, 1);
         if (PyErr_Occurred()) return -1;
+    }
+    if ((l->attn_norm_bias || l->mlp_norm_bias) && !d->layer_norm) {
+        PyErr_SetString(PyExc_ValueError, "decoder_new: norm biases are LayerNorms' (layer_norm=1)");
+        return -1;
     }
     if ((d->glu == DN_ACT_XIELU) != !!l->act_params) {
         PyErr_SetString(PyExc_ValueError, "decoder_new: act 'xielu' and each layer's act_params come together");

@@ -28,22 +28,25 @@ static int disjoint(dn_args *a, Py_buffer *w, const char *wname, Py_buffer *v, c
 }
 
 static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"x", "weight", "eps", "out", "residual", "centered", NULL};
-    PyObject *ox, *ow, *oo, *orr = Py_None;
+    static char *names[] = {"x", "weight", "eps", "out", "residual", "centered", "bias", NULL};
+    PyObject *ox, *ow, *oo, *orr = Py_None, *ob = Py_None;
     double eps;
     int centered = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdO|Op:rms_norm", names, &ox, &ow, &eps, &oo, &orr, &centered))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdO|OpO:rms_norm", names, &ox, &ow, &eps, &oo, &orr, &centered, &ob))
         return NULL;
     dn_args a = {.fn = "rms_norm"};
     Py_buffer *x = dn_take(&a, ox, "x", 'f', 2, 0);
     Py_buffer *w = x ? dn_take(&a, ow, "weight", 'f', 1, 0) : NULL;
     Py_buffer *o = w ? dn_take(&a, oo, "out", 'f', 2, 1) : NULL;
     Py_buffer *r = o ? dn_take_opt(&a, orr, "residual", 'f', 2, 1) : NULL;
+    Py_buffer *b = o && !PyErr_Occurred() ? dn_take_opt(&a, ob, "bias", 'f', 1, 0) : NULL;
     if (!o || PyErr_Occurred()) return dn_done(&a, NULL);
+    if (b && !centered) return dn_fail(&a, PyExc_ValueError, "a bias is a LayerNorm's (centered=True)");
     Py_ssize_t M = x->shape[0], N = x->shape[1];
     if (fits_int(&a, x, "x") || dn_check_dim(&a, w, "weight", 0, N) ||
         dn_check_dim(&a, o, "out", 0, M) || dn_check_dim(&a, o, "out", 1, N) ||
-        (r && (dn_check_dim(&a, r, "residual", 0, M) || dn_check_dim(&a, r, "residual", 1, N))))
+        (r && (dn_check_dim(&a, r, "residual", 0, M) || dn_check_dim(&a, r, "residual", 1, N))) ||
+        (b && dn_check_dim(&a, b, "bias", 0, N)))
         return dn_done(&a, NULL);
     if (N == 0) return dn_fail(&a, PyExc_ValueError, "rows of x are empty (N = 0)");
     if (!(eps >= 0.0 && eps < 1.0)) /* NaN fails too */
@@ -55,7 +58,10 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kw) {
         (r && (disjoint(&a, r, "residual", x, "x") || disjoint(&a, r, "residual", w, "weight"))))
         return dn_done(&a, NULL);
     Py_BEGIN_ALLOW_THREADS
-    (centered ? dn_layer_norm : dn_rms_norm)(x->buf, w->buf, r ? r->buf : NULL, o->buf, (int)M, (int)N, (float)eps);
+    if (centered)
+        dn_layer_norm(x->buf, w->buf, b ? b->buf : NULL, r ? r->buf : NULL, o->buf, (int)M, (int)N, (float)eps);
+    else
+        dn_rms_norm(x->buf, w->buf, r ? r->buf : NULL, o->buf, (int)M, (int)N, (float)eps);
     Py_END_ALLOW_THREADS
     return dn_done(&a, NULL);
 }
@@ -169,8 +175,8 @@ PyMethodDef dn_elementwise_methods[] = {
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
      "rms_norm(x, weight, eps, out, residual=None, centered=False): out = x / sqrt(mean(x^2) + eps) * "
      "weight per row; x, out float32 [M, N] (out may be x), weight [N]. With residual [M, N]: residual += x "
-     "in place first and the norm is taken of it. centered: LayerNorm without a bias, the row's mean "
-     "taken out first."},
+     "in place first and the norm is taken of it. centered: LayerNorm, the row's mean taken out first, "
+     "plus bias [N] where given."},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
      "rope(q, k, positions, cos_sin): rotary embedding in place, half-rotation layout, over the "
      "first R dims of each head (R, the rotary dim, is the table's width; the rest pass through). "

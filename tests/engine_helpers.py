@@ -14,7 +14,7 @@ API_MAX_BATCH = 16
 # How AsCacheDefault stores K/V of an fp32 model.
 DEFAULT_KV_FORMAT = "fp32"
 # transformers' modeling modules whose eager attention cache_rounding wraps
-HF_MODULES = ("llama", "mistral", "ministral", "ministral3", "cohere", "cohere2", "arcee", "apertus", "qwen2", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss", "granitemoehybrid", "hunyuan_v1_dense", "helium", "phi3", "gemma2", "gemma3", "qwen3_moe",
+HF_MODULES = ("llama", "mistral", "ministral", "ministral3", "cohere", "cohere2", "arcee", "apertus", "nemotron", "starcoder2", "qwen2", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss", "granitemoehybrid", "hunyuan_v1_dense", "helium", "phi3", "gemma2", "gemma3", "qwen3_moe",
               "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "ernie4_5_moe", "dots1", "granitemoe", "minimax_m2", "hunyuan_v1_moe")
 DECODE_STEPS = 16  # tokens the logits tests decode after the prompt
 BLOCK = 16         # their KV block size

@@ -65,6 +65,10 @@ FAMILY_CONFIGS = {
     "apertus": ("ApertusConfig", dict(head_dim=16, rope_parameters={
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64})),
+    # Nemotron: LayerNorm1P (1 + w, a bias), RoPE on half of each head, a plain relu^2 MLP
+    "nemotron": ("NemotronConfig", dict(head_dim=16, partial_rotary_factor=0.5, norm_eps=1e-5)),
+    # StarCoder2: biased LayerNorms and projections, a plain GELU-tanh MLP (c_fc, c_proj), windows of 8
+    "starcoder2": ("Starcoder2Config", dict(head_dim=16, use_bias=True, sliding_window=8, norm_epsilon=1e-5)),
     # Cohere: one LayerNorm a layer feeding attention and MLP in parallel, interleaved RoPE, q/k/v/o
     # biased, logits scaled
     "cohere": ("CohereConfig", dict(head_dim=16, attention_bias=True, logit_scale=0.5, layer_norm_eps=1e-5)),

@@ -82,6 +82,19 @@ def test_centered_rms_norm_is_coheres_layer_norm(isa, M, N, residual):
     assert np.abs(out - want).max() < TOL
 
 
+@pytest.mark.parametrize("M,N", [(1, 7), (37, 1000)])
+def test_centered_rms_norm_with_a_bias_is_torchs_layer_norm(isa, M, N):
+    """centered with a bias (StarCoder2's, Nemotron's LayerNorms): torch's layer_norm; a bias without
+    centered is refused (an RMSNorm has none)."""
+    x, w, b = rand(M, N, seed=12, scale=3.0) + np.float32(-7.0), rand(N, seed=13), rand(N, seed=14)
+    want = torch.nn.functional.layer_norm(torch.from_numpy(x), (N,), torch.from_numpy(w), torch.from_numpy(b), 1e-5)
+    out = np.empty_like(x)
+    K.rms_norm(x, w, 1e-5, out, centered=True, bias=b)
+    assert np.abs(out - want.numpy()).max() < TOL
+    with pytest.raises(ValueError, match="a bias is a LayerNorm's"):
+        K.rms_norm(x, w, 1e-5, out, bias=b)
+
+
 # --------------------------------------------------------------------------------------------
 # glu_mul: act(gate) * up
 

@@ -23,7 +23,7 @@ from tests.quant_reference import stored_parts
 from tests.test_parallel import HERE, MPIEXEC, group_env, result_of
 
 FAMILIES = ["llama-bias", "qwen3", "granite", "olmo2", "olmo3", "smollm3", "exaone4", "glm4", "ernie4_5", "seed_oss",
-            "granite4", "hunyuan", "helium", "cohere", "cohere2", "arcee", "apertus", "phi3", "mistral", "ministral", "ministral3", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
+            "granite4", "hunyuan", "helium", "cohere", "cohere2", "arcee", "apertus", "nemotron", "starcoder2", "phi3", "mistral", "ministral", "ministral3", "qwen2-window", "gemma2", "gemma3", "phi4-mini",
             "qwen2-yarn"]
 TOLERANCE = 1e-3
 
@@ -235,9 +235,11 @@ def hf_parameter(params, name):
     gpt-oss's (it has gate_up_proj_bias) are [E, H, 2I] with gate and up alternating, and [E, I, H];
     Granite 3 MoE's sit under block_sparse_moe, every other family's under mlp."""
     m = EXPERT.fullmatch(name)
-    if not m:  # Granite 4's MLP is stored as shared_mlp (families/granite4.py)
-        return params[name] if name in params else params[name.replace("mlp.gate_up_proj", "shared_mlp.input_linear")
-                                                           .replace("mlp.down_proj", "shared_mlp.output_linear")]
+    if not m:  # Granite 4's MLP is stored as shared_mlp (families/granite4.py), StarCoder2's as c_fc / c_proj
+        renamed = [name.replace("mlp.gate_up_proj", "shared_mlp.input_linear").replace("mlp.down_proj",
+                                                                                      "shared_mlp.output_linear"),
+                   name.replace("mlp.up_proj", "mlp.c_fc").replace("mlp.down_proj", "mlp.c_proj")]
+        return params[next(n for n in [name, *renamed] if n in params)]
     e, role = int(m.group(2)), m.group(3)
     layer = next(f"{m.group(1)}.{block}" for block in ("mlp", "block_sparse_moe")
                  if f"{m.group(1)}.{block}.experts.down_proj" in params)

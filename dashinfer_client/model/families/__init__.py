@@ -20,6 +20,7 @@ from .granite4 import GRANITE4
 from .granitemoe import GRANITEMOE
 from .llama import LLAMA, MINISTRAL3, MISTRAL, SEED_OSS
 from .minimax_m2 import MINIMAX_M2
+from .nemotron import NEMOTRON
 from .mixtral import MIXTRAL
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
@@ -30,12 +31,13 @@ from .qwen2_moe import QWEN2_MOE
 from .qwen3 import QWEN3
 from .qwen3_moe import QWEN3_MOE
 from .smollm3 import SMOLLM3
+from .starcoder2 import STARCODER2
 
 FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
                                  OLMO3, SMOLLM3, EXAONE4, GLM4, ERNIE4_5, SEED_OSS, GRANITE4, HUNYUAN, HELIUM, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS,
                                  GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2,
                                  HUNYUAN_MOE, MINISTRAL3, COHERE, COHERE2, ARCEE,
-                                 APERTUS)}
+                                 APERTUS, NEMOTRON, STARCODER2)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}

@@ -48,7 +48,9 @@ class Family:
     # when the family stores them otherwise: views, each (tensors, ModelConfig) -> the same interface
     # (keys, in, shape, fetch), applied in order (gpt-oss's fused experts, GLM-4's interleaved RoPE dims)
     checkpoint_views: tuple = ()
-    layer_norm: bool = False       # the norms are LayerNorms without a bias (Cohere's), not RMSNorms
+    layer_norm: bool = False       # the norms are LayerNorms (Cohere's without a bias), not RMSNorms
+    norm_bias: bool = False        # the LayerNorms carry biases (StarCoder2, Nemotron)
+    norm_eps_key: str = "rms_norm_eps"  # config.json's name of the norms' eps
     parallel_block: bool = False   # attention and MLP read the layer's one norm, their sum joins the residual
     gated_mlp: bool = True         # False: a plain MLP, down(act(up(x))) (Arcee's)
     stored_quant: Optional[str] = None  # a config.json quantization_config quant_method the family serves
@@ -91,6 +93,8 @@ class Family:
             for role in NORM_ROLES:
                 if role in self.norms:
                     shapes[p + self.norms[role] + ".weight"] = (H,)
+                    if self.norm_bias:
+                        shapes[p + self.norms[role] + ".bias"] = (H,)
             if self.sinks:
                 shapes[p + "self_attn.sinks"] = (c.num_attention_heads,)
             if self.qk_norm and c.use_qk_norm:
@@ -116,6 +120,8 @@ class Family:
             if c.hidden_act == "xielu":  # its learned scalars (Apertus): two parameters, two constants
                 shapes.update({f"{p}mlp.act_fn.{n}": s for n, s in XIELU_PARAMS.items()})
         shapes["model.norm.weight"] = (H,)
+        if self.norm_bias:
+            shapes["model.norm.bias"] = (H,)
         if not c.tie_word_embeddings:
             shapes["lm_head.weight"] = (c.vocab_size, H)
         return shapes

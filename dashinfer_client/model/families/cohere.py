@@ -27,7 +27,8 @@ def _cohere2(hf, r):
     return dict(_cohere(hf, r), layer_types=types, sliding_window=window, nope_layers=full or None)
 
 
-_COMMON = dict(norms=_NORMS, layer_norm=True, parallel_block=True, checkpoint_views=(HalvedRope,))
+_COMMON = dict(norms=_NORMS, layer_norm=True, parallel_block=True, checkpoint_views=(HalvedRope,),
+               norm_eps_key="layer_norm_eps")
 COHERE = Family("cohere", ("CohereForCausalLM",), ("cohere",), _cohere, **_COMMON,
                 config_defaults={"tie_word_embeddings": True, "rope_theta": 500000.0})  # CohereConfig's
 COHERE2 = Family("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), _cohere2, **_COMMON,
