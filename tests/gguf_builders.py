@@ -76,7 +76,8 @@ _GGUF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "se
                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+               "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "mlp.c_fc": "ffn_up",
+               "mlp.c_proj": "ffn_down"}
 # GLM-4.5's pre-MLP norm, as llama.cpp names it
 _GGUF_GLM = {"post_attention_layernorm": "post_attention_norm"}
 # Gemma's four norms, as llama.cpp names them (and stores them: 1 + w)
@@ -109,7 +110,10 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "starcoder2":  # LayerNorms
+        writer.add_layer_norm_eps(cfg["norm_epsilon"])
+    else:
+        writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     theta = rope_theta or (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
     writer.add_rope_freq_base(theta)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -148,8 +152,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
             gname = name
         elif name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gname = "output_norm.weight"
+        elif name in ("model.norm.weight", "model.norm.bias"):
+            gname = "output_norm." + name.rsplit(".", 1)[1]
         elif name == "lm_head.weight":
             gname = "output.weight"
         else:

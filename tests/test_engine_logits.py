@@ -160,8 +160,10 @@ def test_native_decoder_refuses_a_bad_plan(arch_models):
         new([dict(layer, q_norm=np.ones(decoder.cfg.head_dim, np.float32))])
     with pytest.raises(ValueError, match="window -1"):
         new([dict(layer, window=-1)])
-    with pytest.raises(ValueError, match="act must be .silu., .gelu_tanh. or .clamped_swiglu., got .relu."):
+    with pytest.raises(ValueError, match="act must be .silu., .gelu_tanh., .clamped_swiglu., .relu2. or .xielu., got .relu."):
         K.decoder_new([layer], workspace, decoder.heads, 1e-5, 0.1, act="relu")
+    with pytest.raises(ValueError, match="act 'relu2' is a plain MLP's .gated=0."):  # Arcee's, with no gate
+        K.decoder_new([layer], workspace, decoder.heads, 1e-5, 0.1, act="relu2")
 
 
 def test_native_decoder_takes_attention_sinks(arch_models):

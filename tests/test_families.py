@@ -147,6 +147,9 @@ def test_serialize_from_torch_refuses_a_foreign_config_without_model_type(tmp_pa
 GGUF_CASES = {"qwen3": {}, "phi3": {},
               # ERNIE-4.5-0.3B's shape: no biases (its RoPE over interleaved pairs, as llama.cpp's NORM rope)
               "ernie4_5": dict(use_bias=False),
+              # LayerNorms with biases, a plain GELU-tanh MLP, biases everywhere (no window: GGUF keeps
+              # StarCoder2's as llama.cpp reads it, and these prompts stay inside 4096)
+              "starcoder2": dict(sliding_window=None),
               # llama.cpp rotates no 4th layer, whatever config.json said: the checkpoint's interval is 4
               "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4, use_sliding_window=False,
                               sliding_window=None),

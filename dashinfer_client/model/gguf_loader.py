@@ -1,5 +1,5 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
-Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
+Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
 Qwen2-MoE, Mixtral, OLMoE, GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE), dequantized with the `gguf` package. The multi-token-prediction layers
 llama.cpp keeps after the last ({arch}.nextn_predict_layers of {arch}.block_count) are not read.
 
@@ -32,6 +32,7 @@ from .safetensors_io import drop_mapped_pages
 from .source import SourceModel
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output_norm.bias": "model.norm.bias",
                  "output.weight": "lm_head.weight"}
 _BLOCK_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
@@ -40,6 +41,7 @@ _BLOCK_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 _NORM_ROLES = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_norm": "mlp_in",
                "post_ffw_norm": "mlp_out"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+LAYER_NORM_ARCHS = ("starcoder2",)  # their norms are LayerNorms: eps under layer_norm_epsilon
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -285,7 +287,8 @@ def _gguf_fields(meta, a, names, path):
         vocab_size=meta.count(f"{a}.vocab_size", int(names["token_embd.weight"].shape[-1])), hidden_size=hidden,
         intermediate_size=meta.count(f"{a}.feed_forward_length"), num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=meta.count(f"{a}.attention.head_count_kv", heads),
-        head_dim=head_dim, rms_norm_eps=meta.real(f"{a}.attention.layer_norm_rms_epsilon"),
+        head_dim=head_dim, rms_norm_eps=meta.real(f"{a}.attention.layer_norm_epsilon" if a in LAYER_NORM_ARCHS
+                                                  else f"{a}.attention.layer_norm_rms_epsilon"),
         rope_theta=meta.real(f"{a}.rope.freq_base", 10000.0), rope_scaling=_rope_scaling(meta, a, path),
         rotary_dim=rot if rot != head_dim else None,
         max_position_embeddings=meta.count(f"{a}.context_length"),
@@ -298,6 +301,8 @@ def _gguf_fields(meta, a, names, path):
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
     fields.update(expert_fields(meta, a, names, layers, path))
     window = meta.count(f"{a}.attention.sliding_window", fields["max_position_embeddings"])
+    if a == "starcoder2":  # llama.cpp's: GELU-tanh in its plain MLP
+        fields["hidden_act"] = "gelu_tanh"
     if a in ("gemma2", "gemma3"):
         # llama.cpp: every other layer sliding (Gemma 2), five of six (Gemma 3); scores scaled by
         # head_dim ** -0.5 (query_pre_attn_scalar is head_dim but in the 27B models); the sliding
