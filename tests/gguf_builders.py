@@ -99,7 +99,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
     from tests.gguf_moe import DRAFT_LAYERS, GGUF_ARCH, draft_layers, write_experts
-    arch = dict(GGUF_ARCH, gemma3_text="gemma3").get(cfg["model_type"], cfg["model_type"])
+    arch = dict(GGUF_ARCH, gemma3_text="gemma3", cohere="command-r").get(cfg["model_type"], cfg["model_type"])
     gemma = arch.startswith("gemma")
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
@@ -110,8 +110,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    if arch == "starcoder2":  # LayerNorms
-        writer.add_layer_norm_eps(cfg["norm_epsilon"])
+    if arch in ("starcoder2", "command-r"):  # LayerNorms
+        writer.add_layer_norm_eps(cfg.get("norm_epsilon") or cfg["layer_norm_eps"])
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     theta = rope_theta or (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
@@ -123,6 +123,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
         writer.add_rope_dimension_count(rotary)
     if cfg.get("sliding_window"):
         writer.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("logit_scale"):  # Cohere's
+        writer.add_logit_scale(cfg["logit_scale"])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key):
             writer.add_float32(f"{arch}.{key}", cfg[key])

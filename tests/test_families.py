@@ -150,6 +150,8 @@ GGUF_CASES = {"qwen3": {}, "phi3": {},
               # LayerNorms with biases, a plain GELU-tanh MLP, biases everywhere (no window: GGUF keeps
               # StarCoder2's as llama.cpp reads it, and these prompts stay inside 4096)
               "starcoder2": dict(sliding_window=None),
+              # Command R / Aya Expanse: its parallel block, LayerNorms, interleaved RoPE, logit scale
+              "cohere": dict(attention_bias=False),
               # llama.cpp rotates no 4th layer, whatever config.json said: the checkpoint's interval is 4
               "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4, use_sliding_window=False,
                               sliding_window=None),

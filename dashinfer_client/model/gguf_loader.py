@@ -1,5 +1,5 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
-Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
+Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, Command R, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
 Qwen2-MoE, Mixtral, OLMoE, GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE), dequantized with the `gguf` package. The multi-token-prediction layers
 llama.cpp keeps after the last ({arch}.nextn_predict_layers of {arch}.block_count) are not read.
 
@@ -41,7 +41,7 @@ _BLOCK_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 _NORM_ROLES = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_norm": "mlp_in",
                "post_ffw_norm": "mlp_out"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-LAYER_NORM_ARCHS = ("starcoder2",)  # their norms are LayerNorms: eps under layer_norm_epsilon
+LAYER_NORM_ARCHS = ("starcoder2", "command-r")  # their norms are LayerNorms: eps under layer_norm_epsilon
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -303,6 +303,11 @@ def _gguf_fields(meta, a, names, path):
     window = meta.count(f"{a}.attention.sliding_window", fields["max_position_embeddings"])
     if a == "starcoder2":  # llama.cpp's: GELU-tanh in its plain MLP
         fields["hidden_act"] = "gelu_tanh"
+    if a == "command-r":  # Cohere's logits scale; Command R+'s q/k LayerNorms per head are not served
+        fields["logits_multiplier"] = meta.real(f"{a}.logit_scale", 1.0)
+        if "blk.0.attn_q_norm.weight" in names:
+            raise ModelSerializerException(f"GGUF file {path}: {a} with attn_q_norm / attn_k_norm (Command R+'s "
+                                           "LayerNorms of q and k per head) is not supported")
     if a in ("gemma2", "gemma3"):
         # llama.cpp: every other layer sliding (Gemma 2), five of six (Gemma 3); scores scaled by
         # head_dim ** -0.5 (query_pre_attn_scalar is head_dim but in the 27B models); the sliding

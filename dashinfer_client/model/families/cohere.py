@@ -29,7 +29,7 @@ def _cohere2(hf, r):
 
 _COMMON = dict(norms=_NORMS, layer_norm=True, parallel_block=True, checkpoint_views=(HalvedRope,),
                norm_eps_key="layer_norm_eps")
-COHERE = Family("cohere", ("CohereForCausalLM",), ("cohere",), _cohere, **_COMMON,
+COHERE = Family("cohere", ("CohereForCausalLM",), ("cohere",), _cohere, **_COMMON, gguf_arch="command-r",
                 config_defaults={"tie_word_embeddings": True, "rope_theta": 500000.0})  # CohereConfig's
 COHERE2 = Family("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), _cohere2, **_COMMON,
                  config_defaults={"tie_word_embeddings": True, "sliding_window": 4096})  # Cohere2Config's
