@@ -32,9 +32,20 @@ GRANITE_THINK = [
 ]
 
 
+# Hunyuan's (vLLM's hunyuan_a13b reading): the reasoning, then the answer in <answer>...</answer>
+HUNYUAN_THINK = [
+    ("<think>\nWeigh it.\n</think>\n<answer>\nIt is 4.\n</answer>", False, "\nWeigh it.\n", "\nIt is 4.\n"),
+    ("<answer>It is 4.</answer>", False, "", "It is 4."),               # thinking off
+    ("It is 4.", False, "", "It is 4."),
+    ("<think>a</think><answer>b </ans", False, "a", "b </ans"),          # cut by max_tokens inside the tag
+    ("4 <answer>not at the start</answer>", False, "", "4 <answer>not at the start</answer>"),
+]
+
+
 @pytest.mark.parametrize("fmt, answer, inside, reasoning, content",
                          [("think", *case) for case in THINK] + [("granite", *case) for case in GRANITE_THINK]
-                         + [("seed_oss", *case) for case in SEED_THINK])
+                         + [("seed_oss", *case) for case in SEED_THINK]
+                         + [("hunyuan", *case) for case in HUNYUAN_THINK])
 def test_think_split_everywhere(fmt, answer, inside, reasoning, content):
     for chunks in [[answer], list(answer)] + [[answer[:k], answer[k:]] for k in range(1, len(answer))]:
         parser = REASONING_PARSERS[fmt](inside=inside)

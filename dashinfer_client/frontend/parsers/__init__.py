@@ -22,6 +22,7 @@ of one for a chat template (or by name: `dashinfer serve --tool-call-parser / --
     think         <think>...</think>                        reasoning of Qwen3, GLM-4.5+, MiniMax-M2, DeepSeek-R1
                                                             distills
     granite       <think>...</think><response>...</response>  Granite 3.3's reasoning (its tool parser too)
+    hunyuan       <think>...</think><answer>...</answer>    Hunyuan's reasoning (also named hunyuan_a13b)
 
 A parser may go by other names too (`aliases`: vLLM's, so its command lines carry over: openai and
 openai_gptoss for harmony, qwen3 / deepseek_r1 / glm45 / ernie45 / minimax_m2 for think).

@@ -1,5 +1,6 @@
 """Reasoning between `<think>` and `</think>` at the start of the answer (Qwen3, QwQ,
-DeepSeek-R1 distills, MiniMax-M2; Seed-OSS's `<seed:think>`). A template that opens the tag in the prompt (the
+DeepSeek-R1 distills, MiniMax-M2; Seed-OSS's `<seed:think>`; Hunyuan's, whose answer then sits in
+`<answer>...</answer>`). A template that opens the tag in the prompt (the
 answer starts inside it) is told by `inside`; an answer that never closes it is all reasoning."""
 from .base import register_reasoning_parser, split_held
 
@@ -60,3 +61,51 @@ class SeedThinkReasoningParser(ThinkReasoningParser):
     markers = ("<seed:think>",)
     opener, closer = "<seed:think>", "</seed:think>"
     tags = boundary_tokens = (opener, closer)
+
+
+class WrappedAnswerReasoningParser(ThinkReasoningParser):
+    """The reasoning as `think` reads it, then the answer inside a wrapper (answer_tags: its opening
+    and closing tags), the tags no part of the content; an answer without the wrapper is content as
+    written. Granite 3.3's <response> (granite.py) and Hunyuan's <answer> are its two."""
+    answer_tags = ("", "")
+
+    def __init__(self, inside=False):
+        super().__init__(inside)
+        self.wrapper, self.content = "start", ""  # wrapper -> "open" (its tag taken) -> "done"
+
+    def feed(self, text):
+        reasoning, content = super().feed(text)
+        return reasoning, self._unwrapped(content, False)
+
+    def finish(self):
+        reasoning, content = super().finish()
+        return reasoning, self._unwrapped(content, True)
+
+    def _unwrapped(self, content, final) -> str:
+        opener, closer = self.answer_tags
+        self.content += content
+        if self.wrapper == "start":
+            if not final and opener.startswith(self.content):
+                return ""  # maybe the opening tag: not told apart yet
+            self.wrapper = "open" if self.content.startswith(opener) else "done"
+            if self.wrapper == "open":
+                self.content = self.content[len(opener):]
+        if self.wrapper == "open":
+            end = self.content.find(closer)
+            if end >= 0:
+                self.content, self.wrapper = self.content[:end] + self.content[end + len(closer):], "done"
+            elif not final:
+                out, self.content = split_held(self.content, closer)
+                return out
+        out, self.content = self.content, ""
+        return out
+
+
+@register_reasoning_parser
+class HunyuanReasoningParser(WrappedAnswerReasoningParser):
+    """Hunyuan (A13B, the dense 0.5B-7B): <think>...</think>, then the answer in <answer>...</answer>
+    (vLLM's hunyuan_a13b reads it so)."""
+    name = "hunyuan"
+    aliases = ("hunyuan_a13b",)
+    markers = ("<answer>",)
+    answer_tags = ("<answer>", "</answer>")
