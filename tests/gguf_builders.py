@@ -119,12 +119,17 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rope = cfg.get("rope_parameters") or {}
     rotary = int(head_dim * rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0))
-    if arch in ("llama", "smollm3") or rotary != head_dim:
+    if arch in ("llama", "smollm3", "granite", "granitemoe") or rotary != head_dim:
         writer.add_rope_dimension_count(rotary)
     if cfg.get("sliding_window"):
         writer.add_sliding_window(cfg["sliding_window"])
     if cfg.get("logit_scale"):  # Cohere's
         writer.add_logit_scale(cfg["logit_scale"])
+    if arch in ("granite", "granitemoe"):  # GraniteModel's scalars
+        writer.add_attention_scale(cfg["attention_multiplier"])
+        writer.add_embedding_scale(cfg["embedding_multiplier"])
+        writer.add_residual_scale(cfg["residual_multiplier"])
+        writer.add_logit_scale(cfg["logits_scaling"])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key):
             writer.add_float32(f"{arch}.{key}", cfg[key])
@@ -164,7 +169,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
             gname = f"blk.{layer}.{renames.get(module) or _GGUF_BLOCK[module]}.{kind}"
         if gemma and name.endswith("norm.weight"):
             w = w + np.float32(1.0)
-        if arch in ("llama", "smollm3") and (".attn_q." in gname or ".attn_k." in gname):  # LlamaModel's
+        if arch in ("llama", "smollm3", "granite", "granitemoe") and (".attn_q." in gname or ".attn_k." in gname):
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)
         gguf_tensors[gname] = w
     gguf_tensors.update(draft_layers(cfg, gguf_tensors))

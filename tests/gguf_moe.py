@@ -1,6 +1,6 @@
 """A tiny HF mixture-of-experts checkpoint's expert tensors and metadata as llama.cpp's converter
 (convert_hf_to_gguf.py: Qwen2MoeModel, Qwen3MoeModel, LlamaModel for Mixtral, OlmoeModel,
-Glm4MoeModel, MiniMaxM2Model, Ernie4_5MoeModel) writes them: each projection of a layer's experts stacked into one [experts, out, in]
+Glm4MoeModel, MiniMaxM2Model, Ernie4_5MoeModel, GraniteMoeModel) writes them: each projection of a layer's experts stacked into one [experts, out, in]
 tensor (ffn_gate_exps / ffn_up_exps / ffn_down_exps), the router as ffn_gate_inp, the shared
 expert as ffn_*_shexp and Qwen2-MoE's gate of it as ffn_gate_inp_shexp, the counts under
 {arch}.expert_*; GLM-4.5's and MiniMax-M2's router (sigmoid gating, its scale and norm, the choice
@@ -12,10 +12,12 @@ import re
 import numpy as np
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe", "glm4_moe": "glm4moe",
-             "minimax_m2": "minimax-m2", "ernie4_5_moe": "ernie4_5-moe"}
+             "minimax_m2": "minimax-m2", "ernie4_5_moe": "ernie4_5-moe", "granitemoe": "granitemoe"}
 DRAFT_LAYERS = {"glm4_moe": 1}  # the multi-token-prediction layers each one's GGUF carries
 _PROJ = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
+# Granite 3 MoE's stacks (GraniteMoeModel splits input_linear into the gate's and up's halves)
+_GRANITE_STACKS = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.(input_linear|output_linear|router\.layer)\.weight$")
 _ROUTER = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate\.weight$")
 _SHARED = re.compile(r"^model\.layers\.(\d+)\.mlp\.shared_experts?\.(\w+)_proj\.weight$")
 _CHOICE_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp\.gate|block_sparse_moe|mlp\.moe_statics)\.e_score_correction_bias$")
@@ -59,6 +61,13 @@ def write_experts(writer, cfg, tensors):
             out[f"blk.{m.group(1)}.ffn_gate_inp_shexp.weight"] = w
         elif m := _CHOICE_BIAS.match(name):
             out[f"blk.{m.group(1)}.exp_probs_b.bias"] = w
+        elif m := _GRANITE_STACKS.match(name):
+            layer = m.group(1)
+            if m.group(2) == "input_linear":
+                half = w.shape[1] // 2
+                out[f"blk.{layer}.ffn_gate_exps.weight"], out[f"blk.{layer}.ffn_up_exps.weight"] = w[:, :half], w[:, half:]
+            else:
+                out[f"blk.{layer}.{'ffn_down_exps' if m.group(2) == 'output_linear' else 'ffn_gate_inp'}.weight"] = w
         else:
             out[name] = w
     for (layer, proj), experts in stacks.items():

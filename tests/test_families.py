@@ -152,6 +152,8 @@ GGUF_CASES = {"qwen3": {}, "phi3": {},
               "starcoder2": dict(sliding_window=None),
               # Command R / Aya Expanse: its parallel block, LayerNorms, interleaved RoPE, logit scale
               "cohere": dict(attention_bias=False),
+              # Granite 3: its four scalars, Q/K permuted as llama.cpp's LlamaModel does
+              "granite": {},
               # llama.cpp rotates no 4th layer, whatever config.json said: the checkpoint's interval is 4
               "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4, use_sliding_window=False,
                               sliding_window=None),

@@ -17,7 +17,7 @@ from tests.test_families import TOLERANCE, prompt_of
 # Qwen3-MoE with its middle layer dense (a layer without a router keeps ffn_gate/up/down), Qwen2-MoE
 # with its shared expert, Mixtral as llama.cpp writes it (general.architecture llama, Q/K permuted)
 CASES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe", "glm4_moe": "glm4moe",
-         "minimax_m2": "minimax-m2", "ernie4_5_moe": "ernie4_5-moe"}
+         "minimax_m2": "minimax-m2", "ernie4_5_moe": "ernie4_5-moe", "granitemoe": "granitemoe"}
 
 
 def _converted(gguf_path, out_dir):

@@ -36,7 +36,8 @@ SCORING = {1: "softmax", 2: "sigmoid"}  # gguf.ExpertGatingFuncType
 # the architectures whose llama.cpp router reads the gating function, its scale and a choice bias
 # (their default gating where the file names none; None: llama.cpp needs the key)
 SIGMOID_ROUTERS = {"glm4moe": 2, "minimax-m2": None}
-FIXED_NORM = {"minimax-m2": True, "ernie4_5-moe": True}  # llama.cpp renormalises these whatever the key says
+# llama.cpp renormalises these whatever the key says (Granite 3 MoE: the softmax of the top k logits)
+FIXED_NORM = {"minimax-m2": True, "ernie4_5-moe": True, "granitemoe": True}
 CHOICE_BIAS = "exp_probs_b"
 _ROUTER_NAME = re.compile(rf"^blk\.(\d+)\.{ROUTER}\.weight$")
 

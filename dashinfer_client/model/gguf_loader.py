@@ -1,10 +1,10 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
-Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, Command R, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
+Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, Command R, Granite 3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
 Qwen2-MoE, Mixtral, OLMoE, GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE), dequantized with the `gguf` package. The multi-token-prediction layers
 llama.cpp keeps after the last ({arch}.nextn_predict_layers of {arch}.block_count) are not read.
 
 GGUF names map onto the family's Hugging Face names (a norm by its role: families/base.py).
-llama.cpp's converter permutes the rows of the LLaMA (and SmolLM3) Q and K projections (its RoPE pairs
+llama.cpp's converter permutes the rows of the LLaMA (and SmolLM3, Granite) Q and K projections (its RoPE pairs
 neighbouring dims, HF's pairs the two halves of a head); the permutation is undone exactly as
 transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor).
 Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w). The
@@ -42,6 +42,7 @@ _NORM_ROLES = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_n
                "post_ffw_norm": "mlp_out"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 LAYER_NORM_ARCHS = ("starcoder2", "command-r")  # their norms are LayerNorms: eps under layer_norm_epsilon
+PERMUTED = ("llama", "smollm3", "granite", "granitemoe")  # Q/K rows permuted by llama.cpp's LlamaModel
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -174,7 +175,7 @@ class GGUFWeights:
     def __init__(self, reader, config, gguf_arch, family, path):
         self.path = path
         self._config = config
-        self._permute = gguf_arch in ("llama", "smollm3")  # llama.cpp's SmolLM3Model is its LlamaModel
+        self._permute = gguf_arch in PERMUTED  # llama.cpp's converters of these are its LlamaModel
         self._family = family
         self._tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         for t in reader.tensors:
@@ -301,6 +302,11 @@ def _gguf_fields(meta, a, names, path):
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
     fields.update(expert_fields(meta, a, names, layers, path))
     window = meta.count(f"{a}.attention.sliding_window", fields["max_position_embeddings"])
+    if a in ("granite", "granitemoe"):  # Granite's four scalars as llama.cpp's GraniteModel writes them
+        attention = meta.real(f"{a}.attention.scale", 0.0)
+        fields.update(embedding_multiplier=meta.real(f"{a}.embedding_scale", 1.0),
+                      residual_multiplier=meta.real(f"{a}.residual_scale", 1.0),
+                      attention_scale=attention or None, logits_multiplier=1.0 / meta.real(f"{a}.logit_scale"))
     if a == "starcoder2":  # llama.cpp's: GELU-tanh in its plain MLP
         fields["hidden_act"] = "gelu_tanh"
     if a == "command-r":  # Cohere's logits scale; Command R+'s q/k LayerNorms per head are not served

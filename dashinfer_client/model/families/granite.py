@@ -14,4 +14,4 @@ def _granite(hf, r):
                 logits_multiplier=1.0 / float(r.need("logits_scaling")))
 
 
-GRANITE = Family("granite", ("GraniteForCausalLM",), ("granite",), _granite)
+GRANITE = Family("granite", ("GraniteForCausalLM",), ("granite",), _granite, gguf_arch="granite")

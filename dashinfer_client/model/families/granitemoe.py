@@ -23,4 +23,5 @@ def _granitemoe(hf, r):
 
 
 GRANITEMOE = Family("granitemoe", ("GraniteMoeForCausalLM",), ("granitemoe",), _granitemoe, experts=_LAYOUT,
+                    gguf_arch="granitemoe",
                     checkpoint_views=(lambda tensors, config: Renamed(tensors, _RENAMES), stacked_experts(_LAYOUT)))
