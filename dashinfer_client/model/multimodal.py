@@ -2,10 +2,9 @@
 Small 3.1 / 3.2 and Magistral, Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and its MoE: its releases' experts
 stacked [E, in, out], which fused_experts.py reads by their shape), LLaVA (1.5, NeXT, OneVision),
 InternVL (transformers' own format: InternVLForConditionalGeneration), GLM-4.1V / 4.6V-Flash and
-GLM-4.5V / 4.6V ship as *ForConditionalGeneration
-with the language model's config in text_config (Qwen2(.5)-VL's older releases: flat, beside
-vision_config) and its tensors under language_model.model / model.language_model (Qwen2(.5)-VL:
-model.*). For text prompts that language model is all transformers runs: the vision tower and
+GLM-4.5V / 4.6V ship as *ForConditionalGeneration with the language model's config in text_config
+(Qwen2(.5)-VL's older releases: flat, beside vision_config) and its tensors under
+language_model.model / model.language_model (Qwen2(.5)-VL: model.*). For text prompts that language model is all transformers runs: the vision tower and
 projector are left unread, and the text family converts as it would its own checkpoint.
 
 M-RoPE (the Qwen-VL models' positions per time / height / width section) gives every section the
