@@ -110,8 +110,8 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    if arch in ("starcoder2", "command-r"):  # LayerNorms
-        writer.add_layer_norm_eps(cfg.get("norm_epsilon") or cfg["layer_norm_eps"])
+    if arch in ("starcoder2", "command-r", "nemotron"):  # LayerNorms
+        writer.add_layer_norm_eps(cfg.get("norm_epsilon") or cfg.get("norm_eps") or cfg["layer_norm_eps"])
     else:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     theta = rope_theta or (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
@@ -167,7 +167,7 @@ def build_tiny_gguf(gguf_path, hf_dir, quant_type=None, rope_theta=None, tokeniz
             layer, rest = name[len("model.layers."):].split(".", 1)
             module, kind = rest.rsplit(".", 1)
             gname = f"blk.{layer}.{renames.get(module) or _GGUF_BLOCK[module]}.{kind}"
-        if gemma and name.endswith("norm.weight"):
+        if (gemma or arch == "nemotron") and name.endswith("norm.weight"):  # stored 1 + w (LayerNorm1P too)
             w = w + np.float32(1.0)
         if arch in ("llama", "smollm3", "granite", "granitemoe") and (".attn_q." in gname or ".attn_k." in gname):
             w = _llama_cpp_permute(w, heads, heads if ".attn_q." in gname else kv)

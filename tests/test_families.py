@@ -154,6 +154,8 @@ GGUF_CASES = {"qwen3": {}, "phi3": {},
               "cohere": dict(attention_bias=False),
               # Granite 3: its four scalars, Q/K permuted as llama.cpp's LlamaModel does
               "granite": {},
+              # Nemotron: LayerNorm1P (stored 1 + w), partial RoPE, a plain relu^2 MLP
+              "nemotron": {},
               # llama.cpp rotates no 4th layer, whatever config.json said: the checkpoint's interval is 4
               "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4, use_sliding_window=False,
                               sliding_window=None),

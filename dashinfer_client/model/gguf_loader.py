@@ -1,5 +1,5 @@
 """GGUFModel: a llama.cpp GGUF file of a family llama.cpp's converter writes (LLaMA, SmolLM3, Qwen2,
-Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, Command R, Granite 3, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
+Qwen3, Gemma 2/3, Phi-3, ERNIE 4.5, StarCoder2, Command R, Granite 3, Nemotron, and the mixtures of experts of gguf_experts.py: Qwen3-MoE,
 Qwen2-MoE, Mixtral, OLMoE, GLM-4.5, MiniMax-M2, ERNIE 4.5 MoE), dequantized with the `gguf` package. The multi-token-prediction layers
 llama.cpp keeps after the last ({arch}.nextn_predict_layers of {arch}.block_count) are not read.
 
@@ -7,7 +7,8 @@ GGUF names map onto the family's Hugging Face names (a norm by its role: familie
 llama.cpp's converter permutes the rows of the LLaMA (and SmolLM3, Granite) Q and K projections (its RoPE pairs
 neighbouring dims, HF's pairs the two halves of a head); the permutation is undone exactly as
 transformers' own GGUF loader does it (transformers.modeling_gguf_pytorch_utils.LlamaTensorProcessor).
-Other families are not permuted. Gemma's RMSNorm weights are stored as 1 + w (HF keeps w). The
+Other families are not permuted. Gemma's RMSNorm weights and Nemotron's LayerNorm1P ones are stored
+as 1 + w (HF keeps w). The
 family's checkpoint views then apply as to its HF checkpoints (ERNIE's interleaved RoPE: llama.cpp
 rotates its pairs as HF does, so its rows are reordered as theirs are).
 Hyper-parameters come from the GGUF metadata, the tokenizer from gguf_tokenizer.py (transformers'
@@ -41,7 +42,7 @@ _BLOCK_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 _NORM_ROLES = {"attn_norm": "attn_in", "post_attention_norm": "attn_out", "ffn_norm": "mlp_in",
                "post_ffw_norm": "mlp_out"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-LAYER_NORM_ARCHS = ("starcoder2", "command-r")  # their norms are LayerNorms: eps under layer_norm_epsilon
+LAYER_NORM_ARCHS = ("starcoder2", "command-r", "nemotron")  # LayerNorms: eps under layer_norm_epsilon
 PERMUTED = ("llama", "smollm3", "granite", "granitemoe")  # Q/K rows permuted by llama.cpp's LlamaModel
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -307,8 +308,8 @@ def _gguf_fields(meta, a, names, path):
         fields.update(embedding_multiplier=meta.real(f"{a}.embedding_scale", 1.0),
                       residual_multiplier=meta.real(f"{a}.residual_scale", 1.0),
                       attention_scale=attention or None, logits_multiplier=1.0 / meta.real(f"{a}.logit_scale"))
-    if a == "starcoder2":  # llama.cpp's: GELU-tanh in its plain MLP
-        fields["hidden_act"] = "gelu_tanh"
+    if a in ("starcoder2", "nemotron"):  # llama.cpp's plain MLPs: GELU-tanh, ReLU^2
+        fields["hidden_act"] = "gelu_tanh" if a == "starcoder2" else "relu2"
     if a == "command-r":  # Cohere's logits scale; Command R+'s q/k LayerNorms per head are not served
         fields["logits_multiplier"] = meta.real(f"{a}.logit_scale", 1.0)
         if "blk.0.attn_q_norm.weight" in names:

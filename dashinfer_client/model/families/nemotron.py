@@ -11,5 +11,6 @@ def _nemotron(hf, r):
 
 
 NEMOTRON = Family("nemotron", ("NemotronForCausalLM",), ("nemotron",), _nemotron, gated_mlp=False, layer_norm=True,
+                  gguf_arch="nemotron",
                   norm_bias=True, norm_offset=1.0, norm_eps_key="norm_eps",
                   config_defaults={"partial_rotary_factor": 0.5})  # NemotronConfig's
