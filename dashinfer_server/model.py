@@ -218,7 +218,7 @@ class DecoderModel:
         softcap = self.cfg.attn_logit_softcap or 0.0
         tables, q_offsets, context_lens = plan.block_tables, plan.q_offsets, plan.context_lens
         linear, rms_norm, allreduce_ = K.linear, K.rms_norm, self.group.allreduce_
-        centered = self.family.layer_norm  # Cohere's LayerNorms
+        centered = self.family.layer_norm  # LayerNorms (Cohere, StarCoder2, Nemotron)
 
         def sublayer_input(norm, prev, bias=None):  # norm(res + prev), or res += prev without a norm
             if norm is None:

@@ -276,7 +276,8 @@ class WeightLoader:
             o_base, down_base = f"{p}.self_attn.o_proj", f"{p}.mlp.down_proj"
             sparse = cfg.is_moe_layer(i)
             mlp = ("gate", "up") if fam.gated_mlp else ("up",)  # a plain MLP's "gate_up" is up alone
-            mlp_bias = None if sparse or bias("up") is None else np.concatenate([bias(role) for role in mlp])
+            mlp_biases = [] if sparse else [bias(role) for role in mlp]
+            mlp_bias = np.concatenate(mlp_biases) if mlp_biases and all(b is not None for b in mlp_biases) else None
             layers.append(LayerWeights(
                 attn_norm=norm("attn_in"), attn_out_norm=norm("attn_out"),
                 mlp_norm=norm("mlp_in"), mlp_out_norm=norm("mlp_out"),

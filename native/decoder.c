@@ -46,7 +46,7 @@ static const float *sublayer_input(const dn_decoder_t *d, const float *norm, con
     return d->res;
 }
 
-/* out = the gated MLP of x: 0, or -1 when a kernel has no scratch memory. */
+/* out = the dense MLP of x, gated or plain: 0, or -1 when a kernel has no scratch memory. */
 static int dense_mlp(const dn_decoder_t *d, const dn_layer_t *l, const float *x, int T, float *out) {
     if (!d->gated) { /* a plain MLP: act(x up^T + b) down^T */
         if (dn_linear(&l->gate_up, x, T, l->gate_up_bias, d->gate_up)) return -1;

@@ -3,14 +3,16 @@
  *
  * One layer, each optional piece NULL / 0 when the model's family lacks it
  * (dashinfer_client/model/families/base.py):
- *   x = attn_norm ? norm(res) : res
+ *   x = attn_norm ? norm(res) : res      (norm: RMSNorm, or LayerNorm (+ bias) where layer_norm)
  *   q, k, v = x Wq + bq, x Wk + bk, x Wv + bv;  q, k = qk_norm(q), qk_norm(k);  RoPE(q, k)
- *   (qk_after_rope: RoPE(q, k) first, then the norms)
+ *   (qk_after_rope: RoPE(q, k) first, then the norms);  q *= q_scale[position] where set
  *   a = attention(q, cache; window, softcap, sinks) Wo + bo   (allreduced);  a = attn_out_norm(a)
  *   res += a;  x = mlp_norm ? norm(res) : res
  *   m = (glu(x Wgate + bgate) * (x Wup + bup)) Wdown + bdown   (allreduced);  m = mlp_out_norm(m)
+ *       or, where !gated, m = act(x Wup + bup) Wdown + bdown
  *       or, in a sparse layer, m = the mixture of experts of x (moe.h)  (allreduced)
  *   res += m
+ * (parallel: attention and the MLP both read the first x, and res += a + m once.)
  * The residual adds are fused into the next norm where there is one. */
 #pragma once
 #include <stddef.h>

@@ -193,8 +193,8 @@ void dn_act_rows(const float *x, float *out, long n, dn_act act, const float *pa
                                        : dn_glu_scalar(x[i], 1.0f, act);
 }
 
-/* LayerNorm's row in double sums (as rms_row_portable; Cohere's models are its only users, off
- * the MLP's and attention's hot loops) */
+/* LayerNorm's row in double sums (as rms_row_portable; only the LayerNorm families use it: two rows
+ * a layer, off the MLP's and attention's hot loops) */
 static void layer_row(const float *x, const float *w, const float *b, float *res, float *out, int n, float eps) {
     double sum = 0.0, ss = 0.0;
     if (res) {

@@ -346,11 +346,13 @@ PyMethodDef dn_decoder_methods[] = {
      "(native/decoder.h: act, the MLP's activation; rot_dim 0: head_dim; qk_whole with q_total /\n"
      "k_total, whole-projection q/k norms and the widths they span over all ranks, 0: this rank's;\n"
      "qk_after_rope: the q/k norms follow RoPE; q_scale: float32 [max_pos], each query row times its\n"
-     "position's factor after RoPE; layer_norm: the sub-layer norms are LayerNorms without a bias;\n"
+     "position's factor after RoPE; layer_norm: the sub-layer norms are LayerNorms (biased where the\n"
+     "layer has attn_norm_bias / mlp_norm_bias);\n"
      "parallel: attention and MLP read one norm and their sum joins the residual, workspace o2 beside;\n"
      "gated 0: a plain MLP, gate_up holding up's rows alone, act(x up) down)\n"
      "layers: a list, per layer a dict: float32 norms attn_norm, attn_out_norm, mlp_norm,\n"
-     "mlp_out_norm, q_norm, k_norm; packed weights q, k, v, o, gate_up, down; float32 biases\n"
+     "mlp_out_norm, q_norm, k_norm, attn_norm_bias, mlp_norm_bias; act_params, float32 [4], the\n"
+     "xielu activation's parameters; packed weights q, k, v, o, gate_up, down; float32 biases\n"
      "q_bias, k_bias, v_bias, o_bias, gate_up_bias, down_bias (norms and biases absent or None:\n"
      "none); the layer's KV cache k_cache, v_cache, k_scale, v_scale, k_zero, v_zero (as attention\n"
      "takes them); cos_sin, its rope table [max_pos, rot_dim]; window (int, 0: none). A sparse layer\n"
@@ -358,7 +360,8 @@ PyMethodDef dn_decoder_methods[] = {
      "moe() takes them instead of gate_up and down, routed as n_experts .. routed_scale say. A field it\n"
      "does not know is an error.\n"
      "workspace: a dict with the float32 [max_tokens, width] arrays res, h, o, q, k, v, attn,\n"
-     "gate_up, act, norm_ss (other entries are not read). The decoder holds every array until it dies."},
+     "gate_up, act, norm_ss, and o2 where parallel (other entries are not read).\n"
+     "The decoder holds every array until it dies."},
     {"decoder_run", (PyCFunction)(void (*)(void))py_decoder_run, METH_VARARGS | METH_KEYWORDS,
      "decoder_run(decoder, positions, slots, block_tables, q_offsets, context_lens, comm=None,\n"
      "timeout=60.0): every layer over the T tokens whose embeddings are in workspace res[:T]\n"

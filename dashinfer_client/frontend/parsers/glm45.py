@@ -51,9 +51,7 @@ class Glm45ToolParser(TypedValuesToolParser):
         if found is None and not NOT_NAME.search(name):
             return False
         if found is None or not name or NOT_NAME.search(name):
-            content.append(self.opened)  # not a call: the text as written
-            self.state = "content"
-            return True
+            return self._not_a_call(content)
         self.opened += self.held[:found[0]]
         self.function, self.held, self.state = name, self.held[found[0]:], "head"
         return True
@@ -67,9 +65,7 @@ class Glm45ToolParser(TypedValuesToolParser):
             return True
         if KEY.startswith(rest) or CLOSE.startswith(rest):
             return False
-        content.append(self.opened)  # not a call: the text as written
-        self.state = "content"
-        return True
+        return self._not_a_call(content)
 
     def _params(self, content, calls):
         found = first_of(self.held, (KEY, CLOSE))

@@ -69,9 +69,7 @@ class MinimaxM2ToolParser(TypedValuesToolParser):
             return False
         name = unquoted(text)
         if at < 0 or not name or NOT_NAME.search(name):
-            content.append(self.opened)  # not a call: the text as written
-            self.state = "content"
-            return True
+            return self._not_a_call(content)
         self._begin(name)
         self.held, self.state = self.held[at + 1:], "params"
         return True

@@ -54,9 +54,7 @@ class Qwen3CoderToolParser(TypedValuesToolParser):
         if at < 0 and not any(c in name for c in "<\n"):
             return False
         if at < 0 or not name.strip() or any(c in name for c in "<\n"):
-            content.append(self.opened)  # not a call: the text as written
-            self.state = "content"
-            return True
+            return self._not_a_call(content)
         self._begin(name.strip())
         self.held, self.state = self.held[at + 1:], "params"
         return True

@@ -66,6 +66,10 @@ class TypedValuesToolParser(ToolParser):
             return True
         if tag.startswith(rest):
             return False
+        return self._not_a_call(content)
+
+    def _not_a_call(self, content):
+        """What the tag opened is no call: its text so far is content as written (state "content")."""
         content.append(self.opened)
         self.state = "content"
         return True

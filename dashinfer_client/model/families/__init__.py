@@ -1,10 +1,10 @@
 """The model families this runtime serves, one module each (base.py says what a Family declares)."""
 from ...errors import ModelSerializerException
-from .ernie4_5 import ERNIE4_5
 from .apertus import APERTUS
 from .arcee import ARCEE
 from .cohere import COHERE, COHERE2
 from .dots1 import DOTS1
+from .ernie4_5 import ERNIE4_5
 from .ernie4_5_moe import ERNIE4_5_MOE
 from .exaone4 import EXAONE4
 from .gemma2 import GEMMA2
@@ -12,16 +12,16 @@ from .gemma3 import GEMMA3
 from .glm4 import GLM4
 from .glm4_moe import GLM4_MOE
 from .gpt_oss import GPT_OSS
-from .helium import HELIUM
-from .hunyuan import HUNYUAN
-from .hunyuan_moe import HUNYUAN_MOE
 from .granite import GRANITE
 from .granite4 import GRANITE4
 from .granitemoe import GRANITEMOE
+from .helium import HELIUM
+from .hunyuan import HUNYUAN
+from .hunyuan_moe import HUNYUAN_MOE
 from .llama import LLAMA, MINISTRAL3, MISTRAL, SEED_OSS
 from .minimax_m2 import MINIMAX_M2
-from .nemotron import NEMOTRON
 from .mixtral import MIXTRAL
+from .nemotron import NEMOTRON
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
 from .olmoe import OLMOE
@@ -33,11 +33,13 @@ from .qwen3_moe import QWEN3_MOE
 from .smollm3 import SMOLLM3
 from .starcoder2 import STARCODER2
 
-FAMILIES = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
-                                 OLMO3, SMOLLM3, EXAONE4, GLM4, ERNIE4_5, SEED_OSS, GRANITE4, HUNYUAN, HELIUM, QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS,
-                                 GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2,
-                                 HUNYUAN_MOE, MINISTRAL3, COHERE, COHERE2, ARCEE,
-                                 APERTUS, NEMOTRON, STARCODER2)}
+FAMILIES = {f.name: f for f in (
+    # dense
+    LLAMA, MISTRAL, MINISTRAL3, SEED_OSS, ARCEE, APERTUS, HELIUM, NEMOTRON, STARCODER2, QWEN2, QWEN3, GEMMA2,
+    GEMMA3, PHI3, GRANITE, GRANITE4, OLMO2, OLMO3, SMOLLM3, EXAONE4, GLM4, ERNIE4_5, HUNYUAN, COHERE, COHERE2,
+    # mixture of experts
+    QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE, GPT_OSS, GLM4_MOE, ERNIE4_5_MOE, DOTS1, GRANITEMOE, MINIMAX_M2,
+    HUNYUAN_MOE)}
 _BY_CLASS = {c: f for f in FAMILIES.values() for c in f.hf_classes}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 BY_GGUF = {f.gguf_arch: f for f in FAMILIES.values() if f.gguf_arch}

@@ -18,6 +18,8 @@ and, with biases (gpt-oss), {router}.bias [num_experts] and each expert projecti
 import dataclasses
 import math
 
+from .renamed import Without
+
 
 @dataclasses.dataclass(frozen=True)
 class ExpertLayout:
@@ -78,39 +80,25 @@ class ExpertLayout:
         return {n for n in names if self.choice_bias and n.endswith(suffix)}
 
 
-class WithoutEmptySharedExperts:
-    """A checkpoint's tensors (keys(), in, shape(name), fetch(name)) less each layer's shared expert of
-    0 rows and its sigmoid gate: transformers builds and saves one when shared_expert_intermediate_size
-    (GLM-4.5: n_shared_experts) is 0, and its down projection, of 0 inputs, adds zeros to every token."""
-
-    def __init__(self, tensors, layout):
-        self.tensors = tensors
-        gate = f"{layout.shared_name('', 'gate')}.weight"
-        layers = [n.removesuffix(gate) for n in tensors.keys() if n.endswith("." + gate)]
-        self.hidden = set()
-        for p in layers:
-            names = [f"{layout.shared_name(p, role)}.weight" for role in ("gate", "up", "down")]
-            if all(n in tensors and math.prod(tensors.shape(n)) == 0 for n in names):
-                self.hidden.update(names)
-                if layout.shared_gate:
-                    self.hidden.add(f"{layout.shared_name(p, 'gate_weight')}.weight")
-
-    def keys(self):
-        return [n for n in self.tensors.keys() if n not in self.hidden]
-
-    def __contains__(self, name):
-        return name not in self.hidden and name in self.tensors
-
-    def shape(self, name):
-        return self.tensors.shape(name)
-
-    def fetch(self, name, *codes):
-        return self.tensors.fetch(name, *codes)
+def _empty_shared_experts(tensors, layout):
+    """The names of each layer's shared expert of 0 rows and of its sigmoid gate."""
+    gate = f"{layout.shared_name('', 'gate')}.weight"
+    layers = [n.removesuffix(gate) for n in tensors.keys() if n.endswith("." + gate)]
+    empty = set()
+    for p in layers:
+        names = [f"{layout.shared_name(p, role)}.weight" for role in ("gate", "up", "down")]
+        if all(n in tensors and math.prod(tensors.shape(n)) == 0 for n in names):
+            empty.update(names)
+            if layout.shared_gate:
+                empty.add(f"{layout.shared_name(p, 'gate_weight')}.weight")
+    return empty
 
 
 def without_empty_shared(layout):
-    """The checkpoint view (families/base.py) of WithoutEmptySharedExperts."""
-    return lambda tensors, config: WithoutEmptySharedExperts(tensors, layout)
+    """The checkpoint view (families/base.py) that hides each layer's shared expert of 0 rows and its
+    sigmoid gate: transformers builds and saves one when shared_expert_intermediate_size (GLM-4.5:
+    n_shared_experts) is 0, and its down projection, of 0 inputs, adds zeros to every token."""
+    return lambda tensors, config: Without(tensors, _empty_shared_experts(tensors, layout).__contains__)
 
 
 def read_experts(r, *, inter_key="moe_intermediate_size", norm_topk=None, shared=False, sparse_steps=False,

@@ -2,13 +2,11 @@
 attention and MLP output times residual_multiplier before the residual add, attention scores
 scaled by attention_multiplier (not head_dim ** -0.5), and the logits divided by logits_scaling."""
 from .base import Family
+from .llama import llama_fields
 
 
 def _granite(hf, r):
-    bias = bool(r.get("attention_bias", False))
-    return dict(hidden_act=r.activation("hidden_act", {"silu": "silu"}), attention_bias=bias,
-                attention_out_bias=bias, mlp_bias=bool(r.get("mlp_bias", False)),
-                embedding_multiplier=float(r.need("embedding_multiplier")),
+    return dict(llama_fields(r), embedding_multiplier=float(r.need("embedding_multiplier")),
                 residual_multiplier=float(r.need("residual_multiplier")),
                 attention_scale=float(r.need("attention_multiplier")),
                 logits_multiplier=1.0 / float(r.need("logits_scaling")))

@@ -6,10 +6,16 @@ layer_types names; Ministral 3 with its queries scaled past the original context
 from .base import Family
 
 
-def _llama(hf, r):
+def llama_fields(r, activations=None):
+    """LLaMA's layer from config.json: hidden_act of `activations` (SiLU), attention_bias biasing q, k,
+    v and o, mlp_bias the MLP (Granite's, Arcee's and Nemotron's layers read alike)."""
     bias = bool(r.get("attention_bias", False))
-    return dict(hidden_act=r.activation("hidden_act", {"silu": "silu"}), attention_bias=bias,
+    return dict(hidden_act=r.activation("hidden_act", activations or {"silu": "silu"}), attention_bias=bias,
                 attention_out_bias=bias, mlp_bias=bool(r.get("mlp_bias", False)))
+
+
+def _llama(hf, r):
+    return llama_fields(r)
 
 
 def _mistral(hf, r):

@@ -2,15 +2,13 @@
 LayerNorm1P norms (a LayerNorm of weight 1 + w, with a bias), RoPE on part of each head
 (partial_rotary_factor), and a plain MLP, down(relu(up(x))^2)."""
 from .base import Family
+from .llama import llama_fields
 
 
 def _nemotron(hf, r):
-    bias = bool(r.get("attention_bias", False))
-    return dict(hidden_act=r.activation("hidden_act", {"relu2": "relu2"}), attention_bias=bias, attention_out_bias=bias,
-                mlp_bias=bool(r.get("mlp_bias", False)))
+    return llama_fields(r, {"relu2": "relu2"})
 
 
-NEMOTRON = Family("nemotron", ("NemotronForCausalLM",), ("nemotron",), _nemotron, gated_mlp=False, layer_norm=True,
-                  gguf_arch="nemotron",
-                  norm_bias=True, norm_offset=1.0, norm_eps_key="norm_eps",
+NEMOTRON = Family("nemotron", ("NemotronForCausalLM",), ("nemotron",), _nemotron, gguf_arch="nemotron", gated_mlp=False,
+                  layer_norm=True, norm_bias=True, norm_offset=1.0, norm_eps_key="norm_eps",
                   config_defaults={"partial_rotary_factor": 0.5})  # NemotronConfig's

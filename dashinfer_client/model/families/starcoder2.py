@@ -16,8 +16,7 @@ def _starcoder2(hf, r):
                 attention_out_bias=bias, mlp_bias=bias, layer_types=types, sliding_window=window)
 
 
-STARCODER2 = Family("starcoder2", ("Starcoder2ForCausalLM",), ("starcoder2",), _starcoder2, gated_mlp=False,
-                    gguf_arch="starcoder2",
-                    layer_norm=True, norm_bias=True, norm_eps_key="norm_epsilon",
+STARCODER2 = Family("starcoder2", ("Starcoder2ForCausalLM",), ("starcoder2",), _starcoder2, gguf_arch="starcoder2",
+                    gated_mlp=False, layer_norm=True, norm_bias=True, norm_eps_key="norm_epsilon",
                     checkpoint_views=(lambda tensors, config: Renamed(tensors, _RENAMES),),
                     config_defaults={"tie_word_embeddings": True, "sliding_window": None})  # Starcoder2Config's
